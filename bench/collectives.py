@@ -1,0 +1,149 @@
+"""Allreduce bandwidth: kolo vs torch.distributed (gloo), interleaved in one job.
+
+    kolorun -np 2 python bench/collectives.py [--min-bytes 4096] [--max-bytes 268435456]
+
+Both libraries run in the same 2 processes; for every size the two are timed alternately
+(several rounds, median per library), so machine noise hits both alike. Prints one line per
+size with time, algbw and busbw (nccl-tests definitions: algbw = S / t,
+busbw = algbw * 2 (n - 1) / n) and the ratio kolo / gloo of busbw, and writes JSON to
+bench/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import socket
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import kolo
+import kolo.torch as hvd
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def human(nbytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}"
+    return f"{nbytes} B"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def probe(op, tensor: torch.Tensor) -> float:
+    """Seconds per call from a warm-up call and 3 timed ones (every rank makes the same calls)."""
+    op(tensor)
+    start = time.perf_counter()
+    for _ in range(3):
+        op(tensor)
+    return (time.perf_counter() - start) / 3
+
+
+def agreed_calls(seconds_per_call: float, budget_s: float) -> int:
+    local = torch.tensor([max(3, int(budget_s / max(seconds_per_call, 1e-9)))])
+    return int(hvd.allreduce(local, op=hvd.Min, name="bench.calls").item())
+
+
+def timed(op, tensor: torch.Tensor, calls: int) -> float:
+    hvd.barrier()
+    start = time.perf_counter()
+    for _ in range(calls):
+        op(tensor)
+    elapsed = torch.tensor([time.perf_counter() - start])
+    return float(hvd.allreduce(elapsed, op=hvd.Max, name="bench.elapsed").item()) / calls
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--min-bytes", type=int, default=4096)
+    parser.add_argument("--max-bytes", type=int, default=256 << 20)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--budget", type=float, default=0.4, help="seconds per timing")
+    args = parser.parse_args()
+
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    try:
+        os.sched_setaffinity(0, {hvd.local_rank() % os.cpu_count()})
+    except (AttributeError, OSError):
+        pass
+    port = hvd.broadcast_object(free_port() if rank == 0 else None, root_rank=0)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size
+    )
+
+    def kolo_allreduce(t: torch.Tensor) -> None:
+        hvd.allreduce_(t, op=hvd.Sum, name="bench")
+
+    def gloo_allreduce(t: torch.Tensor) -> None:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+
+    results = []
+    nbytes = args.min_bytes
+    factor = 2 * (size - 1) / size
+    while nbytes <= args.max_bytes:
+        tensor = torch.ones(nbytes // 4, dtype=torch.float32)
+        calls = {
+            name: agreed_calls(probe(op, tensor), args.budget)
+            for name, op in (("kolo", kolo_allreduce), ("gloo", gloo_allreduce))
+        }
+        samples: dict[str, list[float]] = {"kolo": [], "gloo": []}
+        for _ in range(args.rounds):
+            samples["kolo"].append(timed(kolo_allreduce, tensor, calls["kolo"]))
+            samples["gloo"].append(timed(gloo_allreduce, tensor, calls["gloo"]))
+        row = {"op": "allreduce", "dtype": "float32", "bytes": nbytes, "ranks": size}
+        for name, times in samples.items():
+            seconds = statistics.median(times)
+            algbw = nbytes / seconds / 1e9
+            row[name] = {"time_us": seconds * 1e6, "algbw_GBps": algbw, "busbw_GBps": algbw * factor}
+        row["ratio_busbw_kolo_over_gloo"] = row["kolo"]["busbw_GBps"] / row["gloo"]["busbw_GBps"]
+        results.append(row)
+        if rank == 0:
+            k, g = row["kolo"], row["gloo"]
+            print(
+                f"allreduce fp32 {human(nbytes):>9}: "
+                f"kolo {k['time_us']:10.1f} us algbw {k['algbw_GBps']:6.3f} busbw {k['busbw_GBps']:6.3f} GB/s | "
+                f"gloo {g['time_us']:10.1f} us algbw {g['algbw_GBps']:6.3f} busbw {g['busbw_GBps']:6.3f} GB/s | "
+                f"ratio {row['ratio_busbw_kolo_over_gloo']:.2f}x",
+                flush=True,
+            )
+        nbytes *= 4
+
+    if rank == 0:
+        RESULTS.mkdir(exist_ok=True)
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        out = RESULTS / f"collectives-{stamp}.json"
+        out.write_text(
+            json.dumps(
+                {
+                    "bench": "collectives",
+                    "kolo_version": kolo.__version__,
+                    "torch_version": torch.__version__,
+                    "host": platform.node(),
+                    "cpus": os.cpu_count(),
+                    "ranks": size,
+                    "results": results,
+                },
+                indent=2,
+            )
+        )
+        print(f"wrote {out}", flush=True)
+    dist.destroy_process_group()
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+//! allgather: ring with one block per rank (ranks may differ in the first dimension).
+
+use super::allreduce::no_mesh;
+use super::{check_tensor, invalid, label, ring_allgather, row_bytes, row_segments, Session};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::transport::{Buffers, StreamPlan};
+use crate::wire::{OpDescriptor, OpKind};
+
+pub(crate) fn allgather<'a>(
+    session: &mut Session,
+    name: &str,
+    input: &[u8],
+    shape: &[i64],
+    dtype: DType,
+    alloc: impl FnOnce(&[u64]) -> Result<&'a mut [u8]>,
+) -> Result<Vec<u64>> {
+    let kind = OpKind::Allgather;
+    let mut desc = OpDescriptor { dtype, shape: shape.to_vec(), ..OpDescriptor::new(kind, name) };
+    desc.invalid = check_first_dim(shape)
+        .and_then(|()| check_tensor(name, input.len(), shape, dtype, "input"))
+        .err()
+        .map(|m| invalid(kind, name, m));
+    let (descs, tag) = session.negotiate(desc)?;
+    let what = label(kind, name);
+    let (rank, size) = (session.rank, session.size);
+    // Validated on every rank: non-negative first dims, same row size.
+    let rows: Vec<u64> = descs.iter().map(|d| d.shape.first().map_or(0, |&r| r as u64)).collect();
+    let segs = row_bytes(shape, dtype)
+        .map_err(Error::InvalidArgument)
+        .and_then(|row| row_segments(&rows, row))
+        .map_err(|e| session.abandon(&what, e))?;
+    let total = segs.last().map_or(0, |s| s.end);
+    let output = match alloc(&rows) {
+        Ok(output) if output.len() == total => output,
+        Ok(output) => {
+            let e = Error::InvalidArgument(format!(
+                "{what}: the output buffer holds {} bytes but the gathered tensor needs {total} bytes ({} rows)",
+                output.len(),
+                rows.iter().sum::<u64>()
+            ));
+            return Err(session.abandon(&what, e));
+        }
+        Err(e) => return Err(session.abandon(&what, e)),
+    };
+    output[segs[rank].clone()].copy_from_slice(input);
+    if size == 1 {
+        return Ok(rows);
+    }
+    let (mut sends, mut recvs) = (Vec::with_capacity(size), Vec::with_capacity(size));
+    ring_allgather(&segs, rank, &mut sends, &mut recvs);
+    let plan = StreamPlan {
+        tag,
+        send_to: Some((rank + 1) % size),
+        recv_from: Some((rank + size - 1) % size),
+        credit: sends[0].len(),
+        send_blocks: &sends,
+        recv_blocks: &recvs,
+    };
+    let mesh = session.mesh.as_mut().ok_or_else(no_mesh)?;
+    mesh.run_stream(&what, &plan, Buffers::InPlace(output), &mut [], |_, _, _| {
+        Err(Error::Internal("allgather has nothing to reduce".into()))
+    })?;
+    Ok(rows)
+}
+
+/// Allgather, alltoall and reducescatter split along the first dimension.
+pub(crate) fn check_first_dim(shape: &[i64]) -> Result<(), String> {
+    if shape.is_empty() {
+        return Err("the tensor is a scalar but the collective splits along the first dimension; reshape it \
+                    to [1] first"
+            .into());
+    }
+    Ok(())
+}

@@ -1,0 +1,88 @@
+//! allreduce: ring reduce-scatter then ring allgather, in place.
+
+use super::{check_tensor, even_segments, invalid, label, ring_allgather, ring_reduce_scatter, Session};
+use crate::dtype::{DType, ReduceOp};
+use crate::error::Result;
+use crate::reduce;
+use crate::transport::{Buffers, StreamPlan, CHUNK};
+use crate::wire::{OpDescriptor, OpKind};
+
+/// The reduction arguments shared by allreduce and reducescatter.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Reduction {
+    pub op: ReduceOp,
+    pub prescale: f64,
+    pub postscale: f64,
+}
+
+impl Reduction {
+    /// The factor applied to the reduced result: postscale, divided by `size` for `Average`.
+    pub(crate) fn result_factor(&self, size: usize) -> f64 {
+        if self.op == ReduceOp::Average {
+            self.postscale / size as f64
+        } else {
+            self.postscale
+        }
+    }
+
+    pub(crate) fn descriptor(&self, kind: OpKind, name: &str, dtype: DType, shape: &[i64]) -> OpDescriptor {
+        OpDescriptor {
+            dtype,
+            shape: shape.to_vec(),
+            op: Some(self.op),
+            prescale: self.prescale,
+            postscale: self.postscale,
+            ..OpDescriptor::new(kind, name)
+        }
+    }
+}
+
+pub(crate) fn allreduce(
+    session: &mut Session,
+    name: &str,
+    buf: &mut [u8],
+    shape: &[i64],
+    dtype: DType,
+    reduction: Reduction,
+) -> Result<()> {
+    let kind = OpKind::Allreduce;
+    let mut desc = reduction.descriptor(kind, name, dtype, shape);
+    desc.invalid = check_tensor(name, buf.len(), shape, dtype, "input")
+        .and_then(|()| reduce::check_reduction(dtype, reduction.op, reduction.prescale, reduction.postscale))
+        .err()
+        .map(|m| invalid(kind, name, m));
+    let (_, tag) = session.negotiate(desc)?;
+    let (rank, size) = (session.rank, session.size);
+    let factor = reduction.result_factor(size);
+    reduce::scale(dtype, buf, reduction.prescale)?;
+    if size == 1 {
+        return reduce::scale(dtype, buf, factor);
+    }
+    let segs = even_segments(buf.len() / dtype.size(), dtype.size(), size);
+    let (mut sends, mut recvs) = (Vec::with_capacity(2 * size), Vec::with_capacity(2 * size));
+    ring_reduce_scatter(&segs, rank, &mut sends, &mut recvs);
+    let last_reduce = recvs.len() - 1;
+    ring_allgather(&segs, rank, &mut sends, &mut recvs);
+    let plan = StreamPlan {
+        tag,
+        send_to: Some((rank + 1) % size),
+        recv_from: Some((rank + size - 1) % size),
+        credit: sends[0].len(),
+        send_blocks: &sends,
+        recv_blocks: &recvs,
+    };
+    let what = label(kind, name);
+    let Session { mesh, scratch, .. } = session;
+    let Some(mesh) = mesh.as_mut() else { return Err(no_mesh()) };
+    mesh.run_stream(&what, &plan, Buffers::InPlace(buf), scratch.get(CHUNK), |block, dst, src| {
+        reduce::reduce_into(dtype, reduction.op, dst, src)?;
+        if block == last_reduce {
+            reduce::scale(dtype, dst, factor)?;
+        }
+        Ok(())
+    })
+}
+
+pub(crate) fn no_mesh() -> crate::error::Error {
+    crate::error::Error::Internal("a multi-rank session has no mesh".into())
+}

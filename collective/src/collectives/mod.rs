@@ -1,0 +1,398 @@
+//! allreduce, allgather, broadcast, alltoall, reducescatter and barrier on CPU memory.
+//!
+//! Every collective starts with a *negotiation*: each rank sends every other rank a compact
+//! [`OpDescriptor`] (collective, name, dtype, shape, op, root, scale factors, alltoall splits)
+//! and checks that all ranks agree. If they do not, every rank fails with the same
+//! [`Error::Mismatch`] naming the ranks and what differs, before any tensor bytes move, so the
+//! communicator stays usable. A rank whose own arguments are invalid still takes part (its
+//! descriptor carries the error): it reports [`Error::InvalidArgument`], the others a mismatch.
+//!
+//! The data then moves over the [`Mesh`](crate::transport::Mesh):
+//!
+//! - allreduce: ring reduce-scatter then ring allgather, pipelined chunk by chunk;
+//! - reducescatter: the ring reduce-scatter alone, with Horovod's uneven row split
+//!   ([`reducescatter_rows`]);
+//! - allgather: ring allgather with one block per rank (sizes may differ, even be zero);
+//! - broadcast: a pipelined chain from the root;
+//! - alltoall: pairwise exchange (step k: send to rank + k, receive from rank - k);
+//! - barrier: the negotiation alone.
+
+mod allgather;
+pub(crate) mod allreduce;
+mod alltoall;
+mod broadcast;
+mod reducescatter;
+
+pub(crate) use allgather::allgather;
+pub(crate) use allreduce::allreduce;
+pub(crate) use alltoall::alltoall;
+pub(crate) use broadcast::broadcast;
+pub(crate) use reducescatter::reducescatter;
+
+use std::ops::Range;
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::transport::{Failure, Mesh, RecvBlock};
+use crate::wire::{OpDescriptor, OpKind, MAX_DIMS, MAX_NAME_LEN};
+
+/// Rows of a `rows`-row tensor that each of `size` ranks receives from a reducescatter
+/// (Horovod's split: `rows / size` each, plus one for the first `rows % size` ranks).
+pub fn reducescatter_rows(rows: u64, size: usize) -> Vec<u64> {
+    let size = size.max(1) as u64;
+    (0..size).map(|r| rows / size + u64::from(r < rows % size)).collect()
+}
+
+/// Returns once every rank reached the barrier: the negotiation alone.
+pub(crate) fn barrier(session: &mut Session) -> Result<()> {
+    session.negotiate(OpDescriptor::new(OpKind::Barrier, "")).map(|_| ())
+}
+
+/// A buffer with 8-byte alignment, reused across collectives.
+#[derive(Debug, Default)]
+pub(crate) struct AlignedBuf(Vec<u64>);
+
+impl AlignedBuf {
+    /// The first `len` bytes, growing the buffer if needed.
+    pub(crate) fn get(&mut self, len: usize) -> &mut [u8] {
+        let words = len.div_ceil(8);
+        if self.0.len() < words {
+            self.0.resize(words, 0);
+        }
+        &mut bytemuck::cast_slice_mut::<u64, u8>(&mut self.0)[..len]
+    }
+
+    /// Gives memory back when the buffer grew beyond `keep` bytes.
+    pub(crate) fn trim(&mut self, keep: usize) {
+        if self.0.len() * 8 > keep {
+            self.0 = Vec::new();
+        }
+    }
+}
+
+/// One rank's view of the job for running collectives: its mesh (none for a single rank), the
+/// collective sequence number, and reusable buffers.
+#[derive(Debug)]
+pub(crate) struct Session {
+    pub(crate) mesh: Option<Mesh>,
+    pub(crate) rank: usize,
+    pub(crate) size: usize,
+    seq: u64,
+    scratch: AlignedBuf,
+    work: AlignedBuf,
+}
+
+impl Session {
+    pub(crate) fn new(mesh: Option<Mesh>, rank: usize, size: usize) -> Self {
+        Session { mesh, rank, size, seq: 0, scratch: AlignedBuf::default(), work: AlignedBuf::default() }
+    }
+
+    fn mesh(&mut self) -> Result<&mut Mesh> {
+        self.mesh
+            .as_mut()
+            .ok_or_else(|| Error::Internal(format!("no data-plane mesh for a job of {} ranks", self.size)))
+    }
+
+    /// Runs the negotiation for `desc`: on success every rank's descriptor, indexed by rank,
+    /// and the tag of this collective's data frames.
+    fn negotiate(&mut self, desc: OpDescriptor) -> Result<(Vec<OpDescriptor>, u32)> {
+        if self.size == 1 {
+            return match desc.invalid {
+                Some(message) => Err(Error::InvalidArgument(message)),
+                None => Ok((vec![desc], 0)),
+            };
+        }
+        let tag = self.seq as u32;
+        self.seq += 1;
+        let (rank, size) = (self.rank, self.size);
+        let what = label(desc.kind, &desc.name);
+        let mesh = self.mesh()?;
+        let payloads = mesh.exchange(&what, tag, &desc.encode(), OpDescriptor::max_encoded_len(size))?;
+        let mut descs = Vec::with_capacity(size);
+        for (peer, payload) in payloads.iter().enumerate() {
+            match OpDescriptor::decode(payload, size) {
+                Ok(d) => descs.push(d),
+                Err(source) => return Err(mesh.fail(Failure::Frame { peer, source }, &what)),
+            }
+        }
+        check_agreement(&descs, rank)?;
+        Ok((descs, tag))
+    }
+
+    /// Gives up on the current collective after the negotiation (e.g. the output allocation
+    /// failed): peers are told, the mesh becomes unusable, and `error` is returned.
+    fn abandon(&mut self, what: &str, error: Error) -> Error {
+        let rank = self.rank;
+        if let Some(mesh) = self.mesh.as_mut() {
+            mesh.break_links(&format!("rank {rank} abandoned {what}: {error}"));
+        }
+        error
+    }
+}
+
+/// "allreduce 'grad.3'", or "allreduce" for an unnamed tensor.
+pub(crate) fn label(kind: OpKind, name: &str) -> String {
+    if name.is_empty() {
+        kind.name().to_owned()
+    } else {
+        format!("{kind} '{name}'")
+    }
+}
+
+/// Checks that every rank's descriptor agrees with rank 0's. The error is the same on every
+/// rank (it depends only on the descriptors), except that a rank whose own arguments were
+/// invalid reports its own [`Error::InvalidArgument`].
+pub(crate) fn check_agreement(descs: &[OpDescriptor], me: usize) -> Result<()> {
+    if let Some(message) = descs.get(me).and_then(|d| d.invalid.clone()) {
+        return Err(Error::InvalidArgument(message));
+    }
+    if let Some((j, d)) = descs.iter().enumerate().find(|(_, d)| d.invalid.is_some()) {
+        return Err(Error::Mismatch(format!(
+            "{}: rank {j} passed invalid arguments, so no rank ran it: {}",
+            label(d.kind, &d.name),
+            d.invalid.as_deref().unwrap_or_default()
+        )));
+    }
+    let Some(first) = descs.first() else { return Ok(()) };
+    for (j, d) in descs.iter().enumerate().skip(1) {
+        if let Some(difference) = difference(first, d, j) {
+            return Err(Error::Mismatch(difference));
+        }
+    }
+    Ok(())
+}
+
+/// What differs between rank 0's descriptor `a` and rank `j`'s `b`, if anything.
+fn difference(a: &OpDescriptor, b: &OpDescriptor, j: usize) -> Option<String> {
+    const ORDER: &str = "every rank must run the same collectives in the same order";
+    if a.kind != b.kind {
+        return Some(format!(
+            "mismatched collectives: rank 0 called {} but rank {j} called {}; {ORDER}",
+            label(a.kind, &a.name),
+            label(b.kind, &b.name)
+        ));
+    }
+    if a.name != b.name {
+        return Some(format!("{}: rank 0 called it '{}' but rank {j} called it '{}'; {ORDER}", a.kind, a.name, b.name));
+    }
+    let what = label(a.kind, &a.name);
+    if a.kind == OpKind::Barrier {
+        return None;
+    }
+    let first_dim_free = matches!(a.kind, OpKind::Allgather | OpKind::Alltoall);
+    let shapes_agree = if first_dim_free {
+        a.shape.len() == b.shape.len() && a.shape.get(1..) == b.shape.get(1..)
+    } else {
+        a.shape == b.shape
+    };
+    if a.dtype != b.dtype || !shapes_agree {
+        let note = if first_dim_free { " (all dimensions but the first must match)" } else { "" };
+        return Some(format!(
+            "{what}: rank 0 has {} {:?} but rank {j} has {} {:?}{note}",
+            a.dtype, a.shape, b.dtype, b.shape
+        ));
+    }
+    if a.op != b.op {
+        let name = |op: Option<crate::dtype::ReduceOp>| op.map_or("none", |op| op.name());
+        return Some(format!("{what}: rank 0 uses op {} but rank {j} uses op {}", name(a.op), name(b.op)));
+    }
+    if a.prescale.to_bits() != b.prescale.to_bits() || a.postscale.to_bits() != b.postscale.to_bits() {
+        return Some(format!(
+            "{what}: rank 0 uses prescale_factor {} and postscale_factor {} but rank {j} uses {} and {}",
+            a.prescale, a.postscale, b.prescale, b.postscale
+        ));
+    }
+    if a.root != b.root {
+        return Some(format!("{what}: rank 0 uses root rank {} but rank {j} uses root rank {}", a.root, b.root));
+    }
+    None
+}
+
+/// Elements of `shape`, or why it is not a valid shape.
+fn element_count(shape: &[i64]) -> Result<usize, String> {
+    if shape.len() > MAX_DIMS {
+        return Err(format!("shape has {} dimensions; at most {MAX_DIMS} are supported", shape.len()));
+    }
+    shape.iter().try_fold(1usize, |acc, &d| {
+        let d = usize::try_from(d).map_err(|_| format!("shape {shape:?} has a negative dimension"))?;
+        acc.checked_mul(d).ok_or_else(|| format!("shape {shape:?} has too many elements"))
+    })
+}
+
+/// Bytes of one row (all dimensions but the first) of `shape`.
+fn row_bytes(shape: &[i64], dtype: DType) -> Result<usize, String> {
+    let rest = shape.get(1..).unwrap_or_default();
+    element_count(rest)?
+        .checked_mul(dtype.size())
+        .ok_or_else(|| format!("shape {shape:?} has too many elements"))
+}
+
+/// Checks the common arguments: name length, shape, and that `len` bytes hold the tensor.
+fn check_tensor(name: &str, len: usize, shape: &[i64], dtype: DType, buffer: &str) -> Result<(), String> {
+    if name.len() > MAX_NAME_LEN {
+        return Err(format!("the tensor name is {} bytes long; at most {MAX_NAME_LEN} are supported", name.len()));
+    }
+    let count = element_count(shape)?;
+    let need = count
+        .checked_mul(dtype.size())
+        .ok_or_else(|| format!("shape {shape:?} has too many elements"))?;
+    if len != need {
+        return Err(format!(
+            "the {buffer} buffer holds {len} bytes but shape {shape:?} of {dtype} needs {need} bytes ({count} \
+             elements of {} bytes); pass a contiguous buffer of exactly that size",
+            dtype.size()
+        ));
+    }
+    Ok(())
+}
+
+/// Prefixes `message` with the collective's label.
+fn invalid(kind: OpKind, name: &str, message: String) -> String {
+    format!("{}: {message}", label(kind, name))
+}
+
+/// Byte ranges of consecutive blocks of `rows[i] * row_bytes` bytes.
+fn row_segments(rows: &[u64], row_bytes: usize) -> Result<Vec<Range<usize>>> {
+    let mut out = Vec::with_capacity(rows.len());
+    let mut at = 0usize;
+    for &r in rows {
+        let len = usize::try_from(r)
+            .ok()
+            .and_then(|r| r.checked_mul(row_bytes))
+            .ok_or_else(|| Error::InvalidArgument(format!("{r} rows of {row_bytes} bytes do not fit in memory")))?;
+        let end = at
+            .checked_add(len)
+            .ok_or_else(|| Error::InvalidArgument("the result does not fit in memory".into()))?;
+        out.push(at..end);
+        at = end;
+    }
+    Ok(out)
+}
+
+/// `size` nearly equal element-aligned byte ranges covering `count` elements of `elem` bytes.
+fn even_segments(count: usize, elem: usize, size: usize) -> Vec<Range<usize>> {
+    let (base, extra) = (count / size, count % size);
+    let mut at = 0;
+    (0..size)
+        .map(|r| {
+            let len = (base + usize::from(r < extra)) * elem;
+            let range = at..at + len;
+            at += len;
+            range
+        })
+        .collect()
+}
+
+/// `(rank - k) mod size`.
+fn back(rank: usize, k: usize, size: usize) -> usize {
+    (rank + size - k % size) % size
+}
+
+/// The ring reduce-scatter's blocks: step s sends segment rank-s-1 and reduces segment
+/// rank-s-2 into place, so rank r ends with segment r fully reduced. Sending is gated on
+/// receiving: the segment sent at step s+1 is the one reduced at step s.
+fn ring_reduce_scatter(segs: &[Range<usize>], rank: usize, sends: &mut Vec<Range<usize>>, recvs: &mut Vec<RecvBlock>) {
+    let size = segs.len();
+    for s in 0..size - 1 {
+        sends.push(segs[back(rank, s + 1, size)].clone());
+        recvs.push(RecvBlock { range: segs[back(rank, s + 2, size)].clone(), reduce: true });
+    }
+}
+
+/// The ring allgather's blocks: step s sends segment rank-s (first its own, then what it just
+/// received) and stores segment rank-s-1.
+fn ring_allgather(segs: &[Range<usize>], rank: usize, sends: &mut Vec<Range<usize>>, recvs: &mut Vec<RecvBlock>) {
+    let size = segs.len();
+    for s in 0..size - 1 {
+        sends.push(segs[back(rank, s, size)].clone());
+        recvs.push(RecvBlock { range: segs[back(rank, s + 1, size)].clone(), reduce: false });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::ReduceOp;
+
+    fn desc(kind: OpKind, name: &str, dtype: DType, shape: &[i64]) -> OpDescriptor {
+        OpDescriptor { dtype, shape: shape.to_vec(), op: Some(ReduceOp::Sum), ..OpDescriptor::new(kind, name) }
+    }
+
+    fn mismatch(descs: &[OpDescriptor]) -> String {
+        match check_agreement(descs, 0) {
+            Err(Error::Mismatch(m)) => {
+                // Every rank reports the same message.
+                for me in 1..descs.len() {
+                    match check_agreement(descs, me) {
+                        Err(Error::Mismatch(other)) => assert_eq!(other, m),
+                        other => panic!("rank {me}: {other:?}"),
+                    }
+                }
+                m
+            }
+            other => panic!("expected a mismatch, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn mismatches_name_the_ranks_and_the_difference() {
+        let a = desc(OpKind::Allreduce, "grad.3", DType::F32, &[4, 5]);
+        let b = desc(OpKind::Allreduce, "grad.3", DType::F32, &[4, 6]);
+        assert_eq!(
+            mismatch(&[a.clone(), a.clone(), b.clone()]),
+            "allreduce 'grad.3': rank 0 has float32 [4, 5] but rank 2 has float32 [4, 6]"
+        );
+        let renamed = desc(OpKind::Allreduce, "grad.4", DType::F32, &[4, 5]);
+        assert!(mismatch(&[a.clone(), renamed]).contains("rank 0 called it 'grad.3' but rank 1 called it 'grad.4'"));
+        let other_kind = desc(OpKind::Broadcast, "grad.3", DType::F32, &[4, 5]);
+        assert!(mismatch(&[a.clone(), other_kind]).contains("rank 0 called allreduce 'grad.3' but rank 1 called broadcast"));
+        let avg = OpDescriptor { op: Some(ReduceOp::Average), ..a.clone() };
+        assert!(mismatch(&[a.clone(), avg]).contains("rank 0 uses op Sum but rank 1 uses op Average"));
+        let scaled = OpDescriptor { prescale: 2.0, ..a.clone() };
+        assert!(mismatch(&[a.clone(), scaled]).contains("prescale_factor 1 and postscale_factor 1 but rank 1 uses 2 and 1"));
+        let rooted = OpDescriptor { root: 1, ..a.clone() };
+        assert!(mismatch(&[a.clone(), rooted]).contains("rank 0 uses root rank 0 but rank 1 uses root rank 1"));
+        let gathered = |rows| desc(OpKind::Allgather, "g", DType::I8, &[rows, 3]);
+        assert!(check_agreement(&[gathered(1), gathered(0)], 1).is_ok());
+        let wide = desc(OpKind::Allgather, "g", DType::I8, &[1, 4]);
+        assert!(mismatch(&[gathered(1), wide]).contains("(all dimensions but the first must match)"));
+    }
+
+    #[test]
+    fn an_invalid_rank_reports_its_own_error_and_the_others_a_mismatch() {
+        let good = desc(OpKind::Allreduce, "x", DType::F32, &[2]);
+        let bad = OpDescriptor { invalid: Some("allreduce 'x': bad buffer".into()), ..good.clone() };
+        let descs = [good.clone(), bad, good];
+        assert!(matches!(check_agreement(&descs, 1), Err(Error::InvalidArgument(m)) if m == "allreduce 'x': bad buffer"));
+        assert!(matches!(check_agreement(&descs, 0), Err(Error::Mismatch(m)) if m.contains("rank 1 passed invalid arguments")));
+    }
+
+    #[test]
+    fn splits_and_segments() {
+        assert_eq!(reducescatter_rows(7, 3), vec![3, 2, 2]);
+        assert_eq!(reducescatter_rows(2, 3), vec![1, 1, 0]);
+        assert_eq!(even_segments(5, 4, 2), vec![0..12, 12..20]);
+        assert_eq!(row_segments(&[1, 0, 2], 3).unwrap(), vec![0..3, 3..3, 3..9]);
+        assert!(row_segments(&[u64::MAX], 2).is_err());
+        assert_eq!(element_count(&[]), Ok(1));
+        assert!(element_count(&[2, -1]).is_err());
+        assert!(element_count(&[i64::MAX, i64::MAX]).is_err());
+        assert!(check_tensor("x", 7, &[2], DType::F32, "input").unwrap_err().contains("needs 8 bytes"));
+    }
+
+    #[test]
+    fn ring_blocks_chain_sends_to_earlier_receives() {
+        for size in 2..6 {
+            let segs = even_segments(100, 1, size);
+            for rank in 0..size {
+                let (mut sends, mut recvs) = (Vec::new(), Vec::new());
+                ring_reduce_scatter(&segs, rank, &mut sends, &mut recvs);
+                assert_eq!(recvs.last().unwrap().range, segs[rank], "rank {rank} ends owning its segment");
+                ring_allgather(&segs, rank, &mut sends, &mut recvs);
+                for i in 1..sends.len() {
+                    assert_eq!(sends[i], recvs[i - 1].range, "send {i} forwards receive {}", i - 1);
+                }
+            }
+        }
+    }
+}

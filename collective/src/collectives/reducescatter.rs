@@ -1,0 +1,88 @@
+//! reducescatter: the ring reduce-scatter with Horovod's uneven row split.
+
+use super::allgather::check_first_dim;
+use super::allreduce::{no_mesh, Reduction};
+use super::{invalid, label, reducescatter_rows, ring_reduce_scatter, row_bytes, row_segments, Session};
+use super::check_tensor;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::reduce;
+use crate::transport::{Buffers, StreamPlan, CHUNK};
+use crate::wire::OpKind;
+
+/// Work buffers larger than this are released after each reducescatter.
+const KEEP_WORK: usize = 64 << 20;
+
+pub(crate) fn reducescatter(
+    session: &mut Session,
+    name: &str,
+    input: &[u8],
+    output: &mut [u8],
+    shape: &[i64],
+    dtype: DType,
+    reduction: Reduction,
+) -> Result<()> {
+    let kind = OpKind::Reducescatter;
+    let (rank, size) = (session.rank, session.size);
+    let mut desc = reduction.descriptor(kind, name, dtype, shape);
+    desc.invalid = check_first_dim(shape)
+        .and_then(|()| check_tensor(name, input.len(), shape, dtype, "input"))
+        .and_then(|()| reduce::check_reduction(dtype, reduction.op, reduction.prescale, reduction.postscale))
+        .and_then(|()| check_output(output.len(), shape, dtype, rank, size))
+        .err()
+        .map(|m| invalid(kind, name, m));
+    let (_, tag) = session.negotiate(desc)?;
+    let what = label(kind, name);
+    let factor = reduction.result_factor(size);
+    if size == 1 {
+        output.copy_from_slice(input);
+        reduce::scale(dtype, output, reduction.prescale)?;
+        return reduce::scale(dtype, output, factor);
+    }
+    let rows = reducescatter_rows(shape.first().map_or(0, |&r| r as u64), size);
+    let segs = row_bytes(shape, dtype)
+        .map_err(Error::InvalidArgument)
+        .and_then(|row| row_segments(&rows, row))
+        .map_err(|e| session.abandon(&what, e))?;
+    let Session { mesh, scratch, work, .. } = session;
+    let mesh = mesh.as_mut().ok_or_else(no_mesh)?;
+    let work_buf = work.get(input.len());
+    work_buf.copy_from_slice(input);
+    reduce::scale(dtype, work_buf, reduction.prescale)?;
+    let (mut sends, mut recvs) = (Vec::with_capacity(size), Vec::with_capacity(size));
+    ring_reduce_scatter(&segs, rank, &mut sends, &mut recvs);
+    let last_reduce = recvs.len() - 1;
+    let plan = StreamPlan {
+        tag,
+        send_to: Some((rank + 1) % size),
+        recv_from: Some((rank + size - 1) % size),
+        credit: sends[0].len(),
+        send_blocks: &sends,
+        recv_blocks: &recvs,
+    };
+    mesh.run_stream(&what, &plan, Buffers::InPlace(work_buf), scratch.get(CHUNK), |block, dst, src| {
+        reduce::reduce_into(dtype, reduction.op, dst, src)?;
+        if block == last_reduce {
+            reduce::scale(dtype, dst, factor)?;
+        }
+        Ok(())
+    })?;
+    output.copy_from_slice(&work_buf[segs[rank].clone()]);
+    work.trim(KEEP_WORK);
+    Ok(())
+}
+
+fn check_output(len: usize, shape: &[i64], dtype: DType, rank: usize, size: usize) -> Result<(), String> {
+    let rows = shape.first().copied().unwrap_or(0).max(0) as u64;
+    let mine = reducescatter_rows(rows, size)[rank];
+    let row = row_bytes(shape, dtype)?;
+    let need = usize::try_from(mine).ok().and_then(|m| m.checked_mul(row));
+    if need != Some(len) {
+        return Err(format!(
+            "the output buffer holds {len} bytes but rank {rank} receives {mine} of the {rows} rows ({} bytes); \
+             rank r receives rows/size rows, plus one if r < rows % size",
+            need.map_or_else(|| "too many".to_owned(), |n| n.to_string())
+        ));
+    }
+    Ok(())
+}

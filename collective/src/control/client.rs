@@ -1,0 +1,512 @@
+//! [`DriverClient`]: the worker side of the driver service — connect, register, share small
+//! values, report failures, and keep a heartbeat and an abort watcher running in the
+//! background.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tonic::codegen::InterceptedService;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Request, Status};
+
+use crate::abort::{AbortCause, AbortSignal};
+use crate::control::auth::AddSecret;
+use crate::control::env::{DRIVER_ADDR, JOB_SECRET};
+use crate::control::ids::{JobId, JobSecret};
+use crate::control::proto::driver_client::DriverClient as RawClient;
+use crate::control::proto::{
+    AbortEvent, FailureReport, HeartbeatRequest, KvGetRequest, KvPutRequest, LeaveRequest,
+    RegisterReply, RegisterRequest, WatchAbortRequest,
+};
+use crate::error::{Error, Result};
+use crate::runtime;
+
+/// The bound on short calls (put, failure report, heartbeat, leave).
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// Extra time a client allows on top of the server-side bound of a waiting call.
+const CALL_SLACK: Duration = Duration::from_secs(15);
+/// Pause between attempts to re-open a broken abort stream.
+const RETRY_PAUSE: Duration = Duration::from_millis(250);
+
+/// Client timing knobs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientOptions {
+    /// How long [`DriverClient::connect`] keeps retrying an unreachable driver.
+    pub connect_timeout: Duration,
+    /// How often the background task sends a heartbeat.
+    pub heartbeat_interval: Duration,
+    /// How long the driver may stay unreachable before the worker aborts itself.
+    pub lost_after: Duration,
+}
+
+impl Default for ClientOptions {
+    /// Connect for up to 30 s; heartbeat every second; give up on the driver after 5 s.
+    fn default() -> Self {
+        Self {
+            connect_timeout: Duration::from_secs(30),
+            heartbeat_interval: Duration::from_secs(1),
+            lost_after: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What a worker tells the driver about itself when it registers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskInfo {
+    /// Its task index (`KOLO_TASK_INDEX`).
+    pub task_index: u32,
+    /// Its host hash ([`crate::control::host_hash`]).
+    pub host_hash: String,
+    /// Its hostname, for messages.
+    pub hostname: String,
+    /// Where its data plane listens (a concrete address peers can reach).
+    pub data_addr: SocketAddr,
+    /// Its process id.
+    pub pid: u32,
+}
+
+/// One peer in the job, as registration reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerInfo {
+    /// Its rank.
+    pub rank: u32,
+    /// Its task index.
+    pub task_index: u32,
+    /// Its host hash.
+    pub host_hash: String,
+    /// Its hostname.
+    pub hostname: String,
+    /// Where its data plane listens.
+    pub data_addr: SocketAddr,
+}
+
+/// A worker's assignment: its rank values, every peer in rank order, and the job id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Registration {
+    /// Global rank.
+    pub rank: u32,
+    /// Number of ranks.
+    pub size: u32,
+    /// Position among the ranks on this host.
+    pub local_rank: u32,
+    /// Number of ranks on this host.
+    pub local_size: u32,
+    /// Ordinal of this host among the hosts with this local rank.
+    pub cross_rank: u32,
+    /// Number of hosts with this local rank.
+    pub cross_size: u32,
+    /// Every rank (including this one), indexed by rank.
+    pub peers: Vec<PeerInfo>,
+    /// The job id.
+    pub job_id: JobId,
+}
+
+impl Registration {
+    fn from_reply(reply: RegisterReply, addr: &str) -> Result<Self> {
+        let bad = |what: String| Error::Rendezvous(format!("the job driver at {addr} sent {what}"));
+        let job_id = JobId::from_slice(&reply.job_id)
+            .ok_or_else(|| bad(format!("a job id of {} bytes", reply.job_id.len())))?;
+        let peers = reply
+            .peers
+            .into_iter()
+            .map(|peer| {
+                let data_addr = peer.data_addr.parse().map_err(|_| {
+                    bad(format!(
+                        "an invalid data address {:?} for rank {}",
+                        peer.data_addr, peer.rank
+                    ))
+                })?;
+                Ok(PeerInfo {
+                    rank: peer.rank,
+                    task_index: peer.task_index,
+                    host_hash: peer.host_hash,
+                    hostname: peer.hostname,
+                    data_addr,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let in_rank_order = peers.iter().enumerate().all(|(i, p)| p.rank as usize == i);
+        if peers.len() != reply.size as usize || !in_rank_order || reply.rank >= reply.size {
+            return Err(bad(format!(
+                "an inconsistent peer list ({} peers for size {})",
+                peers.len(),
+                reply.size
+            )));
+        }
+        Ok(Self {
+            rank: reply.rank,
+            size: reply.size,
+            local_rank: reply.local_rank,
+            local_size: reply.local_size,
+            cross_rank: reply.cross_rank,
+            cross_size: reply.cross_size,
+            peers,
+            job_id,
+        })
+    }
+}
+
+type Raw = RawClient<InterceptedService<Channel, AddSecret>>;
+
+/// A connection to the job driver; every call carries the job secret. Cheap to clone (clones
+/// share the connection and the background tasks' stop switch).
+#[derive(Debug, Clone)]
+pub struct DriverClient {
+    addr: String,
+    raw: Raw,
+    options: ClientOptions,
+    stop: Arc<watch::Sender<bool>>,
+}
+
+impl DriverClient {
+    /// Connects to the driver at `addr` (`host:port`), retrying until
+    /// `options.connect_timeout`; a `Rendezvous` error names the address when it stays
+    /// unreachable. Must run on the global runtime (e.g. inside [`runtime::block_on`]).
+    pub async fn connect(addr: &str, secret: &JobSecret, options: ClientOptions) -> Result<Self> {
+        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|err| {
+                Error::Config(format!(
+                    "{DRIVER_ADDR}={addr:?} is not a usable address: {err}"
+                ))
+            })?
+            .connect_timeout(options.connect_timeout.min(Duration::from_secs(5)))
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(5))
+            .keep_alive_timeout(Duration::from_secs(10))
+            .keep_alive_while_idle(true);
+        let deadline = Instant::now() + options.connect_timeout;
+        let mut pause = Duration::from_millis(50);
+        let channel = loop {
+            match endpoint.connect().await {
+                Ok(channel) => break channel,
+                Err(err) if Instant::now() + pause >= deadline => {
+                    return Err(Error::Rendezvous(format!(
+                        "could not reach the job driver at {addr} within {:?}: {}. Check that the \
+                         launcher (kolorun, or the Spark/Ray driver) is still running and that \
+                         this host can reach {addr} (firewall; kolorun --network-interface)",
+                        options.connect_timeout,
+                        error_chain(&err)
+                    )));
+                }
+                Err(err) => log::debug!(
+                    "job driver at {addr} not reachable yet: {}",
+                    error_chain(&err)
+                ),
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(1));
+        };
+        let raw = RawClient::with_interceptor(channel, AddSecret::new(secret)?);
+        Ok(Self {
+            addr: addr.to_owned(),
+            raw,
+            options,
+            stop: Arc::new(watch::channel(false).0),
+        })
+    }
+
+    /// The driver's address as given to [`DriverClient::connect`].
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// Registers `task` and waits (up to `start_timeout` plus slack) until every task has
+    /// registered; returns this worker's assignment. Errors are `Rendezvous` with the driver's
+    /// explanation (wrong secret, start timeout naming the missing tasks, duplicate index).
+    pub async fn register(&self, task: &TaskInfo, start_timeout: Duration) -> Result<Registration> {
+        let request = RegisterRequest {
+            task_index: task.task_index,
+            host_hash: task.host_hash.clone(),
+            hostname: task.hostname.clone(),
+            data_addr: task.data_addr.to_string(),
+            pid: task.pid,
+        };
+        let bound = start_timeout + CALL_SLACK;
+        let reply = self
+            .call(
+                bound,
+                "registering",
+                self.raw.clone().register(timed(request, bound)),
+            )
+            .await?;
+        Registration::from_reply(reply, &self.addr)
+    }
+
+    /// Stores `value` under `key` in the job's key-value space.
+    pub async fn kv_put(&self, key: &str, value: Vec<u8>) -> Result<()> {
+        let request = KvPutRequest {
+            key: key.to_owned(),
+            value,
+        };
+        self.call(
+            CALL_TIMEOUT,
+            "storing a key",
+            self.raw.clone().kv_put(timed(request, CALL_TIMEOUT)),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// The value of `key`, waiting up to `timeout` for someone to put it (the driver bounds
+    /// the wait at 10 minutes); `Error::Timeout` when it stays unset.
+    pub async fn kv_get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        let request = KvGetRequest {
+            key: key.to_owned(),
+            timeout_ms,
+        };
+        let bound = timeout.min(crate::control::driver_state::MAX_KV_WAIT) + CALL_SLACK;
+        match self
+            .call_raw(bound, self.raw.clone().kv_get(timed(request, bound)))
+            .await
+        {
+            Ok(reply) => Ok(reply.value),
+            Err(CallError::Status(status)) if status.code() == Code::NotFound => {
+                Err(Error::Timeout {
+                    what: format!("waiting for key {key:?} in the job driver's key-value store"),
+                    after: timeout,
+                })
+            }
+            Err(err) => Err(self.map_call_error(err, "reading a key", bound)),
+        }
+    }
+
+    /// Reports that `rank` failed with `message`; the driver aborts the job with it.
+    pub async fn report_failure(&self, rank: u32, message: &str) -> Result<()> {
+        let request = FailureReport {
+            rank,
+            message: message.to_owned(),
+        };
+        self.call(
+            CALL_TIMEOUT,
+            "reporting a failure",
+            self.raw
+                .clone()
+                .report_failure(timed(request, CALL_TIMEOUT)),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Stops the background tasks and tells the driver that `rank` finished cleanly (so its
+    /// silence is not a failure). Call at shutdown.
+    pub async fn leave(&self, rank: u32) -> Result<()> {
+        self.stop_background();
+        let request = LeaveRequest { rank };
+        self.call(
+            CALL_TIMEOUT,
+            "leaving the job",
+            self.raw.clone().leave(timed(request, CALL_TIMEOUT)),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Spawns, on the global runtime, the heartbeat loop and the abort watcher for `rank`:
+    /// an abort broadcast sets `abort` with the driver's cause; a driver that stays unreachable
+    /// for `lost_after` (or whose abort stream ends) sets it with "lost connection to the job
+    /// driver at ADDR". Both stop at [`DriverClient::stop_background`] / [`DriverClient::leave`]
+    /// or once `abort` is set.
+    pub fn start_background(&self, rank: u32, abort: AbortSignal) -> Result<()> {
+        let runtime = runtime::handle()?;
+        runtime.spawn(heartbeat_loop(self.clone(), rank, abort.clone()));
+        runtime.spawn(abort_watcher(self.clone(), rank, abort));
+        Ok(())
+    }
+
+    /// Stops the background tasks (idempotent).
+    pub fn stop_background(&self) {
+        self.stop.send_replace(true);
+    }
+
+    async fn call<T>(
+        &self,
+        bound: Duration,
+        during: &str,
+        call: impl std::future::Future<Output = std::result::Result<tonic::Response<T>, Status>>,
+    ) -> Result<T> {
+        self.call_raw(bound, call)
+            .await
+            .map_err(|err| self.map_call_error(err, during, bound))
+    }
+
+    async fn call_raw<T>(
+        &self,
+        bound: Duration,
+        call: impl std::future::Future<Output = std::result::Result<tonic::Response<T>, Status>>,
+    ) -> std::result::Result<T, CallError> {
+        match tokio::time::timeout(bound, call).await {
+            Ok(Ok(response)) => Ok(response.into_inner()),
+            Ok(Err(status)) => Err(CallError::Status(status)),
+            Err(_) => Err(CallError::NoAnswer),
+        }
+    }
+
+    fn map_call_error(&self, err: CallError, during: &str, bound: Duration) -> Error {
+        let addr = &self.addr;
+        let status = match err {
+            CallError::NoAnswer => {
+                return Error::Timeout {
+                    what: format!("{during} with the job driver at {addr}"),
+                    after: bound,
+                }
+            }
+            CallError::Status(status) => status,
+        };
+        match status.code() {
+            Code::Unauthenticated => Error::Rendezvous(format!(
+                "the job driver at {addr} refused this worker: wrong job secret ({JOB_SECRET} does \
+                 not match the driver's; was this process started by another kolorun or job?)"
+            )),
+            Code::DeadlineExceeded
+            | Code::Aborted
+            | Code::FailedPrecondition
+            | Code::InvalidArgument => Error::Rendezvous(status.message().to_owned()),
+            Code::Unavailable => Error::Rendezvous(format!(
+                "the job driver at {addr} is unavailable while {during}: {}",
+                status.message()
+            )),
+            _ => Error::Status(status),
+        }
+    }
+}
+
+enum CallError {
+    Status(Status),
+    NoAnswer,
+}
+
+fn timed<T>(message: T, bound: Duration) -> Request<T> {
+    let mut request = Request::new(message);
+    request.set_timeout(bound);
+    request
+}
+
+fn lost_connection(addr: &str, reason: &str) -> AbortCause {
+    AbortCause {
+        rank: None,
+        host: String::new(),
+        message: format!("lost connection to the job driver at {addr}: {reason}"),
+    }
+}
+
+fn cause_from(event: AbortEvent) -> AbortCause {
+    AbortCause {
+        rank: event.rank,
+        host: event.host,
+        message: event.message,
+    }
+}
+
+/// An error with its sources, for messages (`transport error: ...: connection refused`).
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(inner) = source {
+        text.push_str(": ");
+        text.push_str(&inner.to_string());
+        source = inner.source();
+    }
+    text
+}
+
+async fn heartbeat_loop(client: DriverClient, rank: u32, abort: AbortSignal) {
+    let mut stop = client.stop.subscribe();
+    let interval = client.options.heartbeat_interval;
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failing_since: Option<Instant> = None;
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            _ = stop.wait_for(|stopped| *stopped) => return,
+        }
+        if abort.is_aborted() {
+            return;
+        }
+        let bound = (interval * 2).max(Duration::from_secs(2));
+        let sent = client
+            .call_raw(
+                bound,
+                client
+                    .raw
+                    .clone()
+                    .heartbeat(timed(HeartbeatRequest { rank }, bound)),
+            )
+            .await;
+        if *stop.borrow() {
+            return;
+        }
+        let reason = match sent {
+            Ok(_) => {
+                failing_since = None;
+                continue;
+            }
+            Err(CallError::Status(status)) => format!("heartbeats fail: {}", status.message()),
+            Err(CallError::NoAnswer) => "heartbeats get no answer".to_owned(),
+        };
+        let since = *failing_since.get_or_insert_with(Instant::now);
+        log::debug!("rank {rank}: {reason}");
+        if since.elapsed() >= client.options.lost_after {
+            abort.abort(lost_connection(
+                &client.addr,
+                &format!("{reason} (for {:?})", client.options.lost_after),
+            ));
+            return;
+        }
+    }
+}
+
+async fn abort_watcher(client: DriverClient, rank: u32, abort: AbortSignal) {
+    let mut stop = client.stop.subscribe();
+    let mut failing_since: Option<Instant> = None;
+    loop {
+        let mut raw = client.raw.clone();
+        let opened = tokio::select! {
+            opened = client.call_raw(CALL_TIMEOUT, raw.watch_abort(WatchAbortRequest { rank })) => opened,
+            _ = stop.wait_for(|stopped| *stopped) => return,
+        };
+        let reason = match opened {
+            Ok(mut stream) => {
+                failing_since = None;
+                let next = tokio::select! {
+                    next = stream.message() => next,
+                    _ = stop.wait_for(|stopped| *stopped) => return,
+                };
+                match next {
+                    Ok(Some(event)) => {
+                        let cause = cause_from(event);
+                        log::warn!("rank {rank}: the job driver broadcast an abort: {cause}");
+                        abort.abort(cause);
+                        return;
+                    }
+                    Ok(None) => {
+                        abort.abort(lost_connection(&client.addr, "the driver shut down"));
+                        return;
+                    }
+                    Err(status) => format!("the abort stream broke: {}", status.message()),
+                }
+            }
+            Err(CallError::Status(status)) => {
+                format!("cannot watch for aborts: {}", status.message())
+            }
+            Err(CallError::NoAnswer) => "no answer to the abort watch".to_owned(),
+        };
+        if abort.is_aborted() {
+            return;
+        }
+        let since = *failing_since.get_or_insert_with(Instant::now);
+        log::debug!("rank {rank}: {reason}");
+        if since.elapsed() >= client.options.lost_after {
+            abort.abort(lost_connection(&client.addr, &reason));
+            return;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(RETRY_PAUSE) => {}
+            _ = stop.wait_for(|stopped| *stopped) => return,
+        }
+    }
+}

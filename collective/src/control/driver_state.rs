@@ -1,0 +1,489 @@
+//! The job driver's state machine: registrations and the rank assignment, the start deadline,
+//! the key-value space, heartbeats and the abort flag. The gRPC handlers are thin wrappers.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tonic::Status;
+
+use crate::abort::AbortCause;
+use crate::control::assign::assign_ranks;
+use crate::control::ids::JobId;
+use crate::control::proto::{Peer, RegisterReply, RegisterRequest};
+use crate::control::service::{DriverConfig, PeerAssignment};
+
+/// The longest a `KvGet` may wait, whatever the caller asks.
+pub(crate) const MAX_KV_WAIT: Duration = Duration::from_secs(600);
+
+/// Slack on top of the start timeout before a waiting `Register` gives up by itself (the
+/// deadline task normally answers first).
+const REGISTER_SLACK: Duration = Duration::from_secs(5);
+
+/// How many missing task indices an error message lists.
+const LISTED_MISSING: usize = 16;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Registered {
+    host_hash: String,
+    hostname: String,
+    data_addr: SocketAddr,
+    pid: u32,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) enum Phase {
+    Waiting,
+    Complete(Arc<Vec<PeerAssignment>>),
+    TimedOut(String),
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    tasks: BTreeMap<u32, Registered>,
+    /// Last heartbeat per rank, for ranks still expected to send them.
+    last_seen: HashMap<u32, Instant>,
+    /// Tasks known to have finished cleanly (their heartbeats are not expected).
+    finished_tasks: BTreeSet<u32>,
+    kv: HashMap<String, Vec<u8>>,
+}
+
+/// Everything the driver knows about one job.
+#[derive(Debug)]
+pub(crate) struct JobState {
+    num_tasks: usize,
+    job_id: JobId,
+    start_timeout: Duration,
+    heartbeat_timeout: Duration,
+    started: Instant,
+    inner: Mutex<Inner>,
+    phase: watch::Sender<Phase>,
+    abort: watch::Sender<Option<AbortCause>>,
+    kv_version: watch::Sender<u64>,
+    shutdown: watch::Sender<bool>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // The state stays consistent under every early exit, so a poisoned lock is still usable.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl JobState {
+    pub(crate) fn new(config: &DriverConfig) -> Self {
+        Self {
+            num_tasks: config.num_tasks,
+            job_id: config.job_id,
+            start_timeout: config.start_timeout,
+            heartbeat_timeout: config.heartbeat_timeout,
+            started: Instant::now(),
+            inner: Mutex::new(Inner::default()),
+            phase: watch::channel(Phase::Waiting).0,
+            abort: watch::channel(None).0,
+            kv_version: watch::channel(0).0,
+            shutdown: watch::channel(false).0,
+        }
+    }
+
+    /// When registration must be complete.
+    pub(crate) fn start_deadline(&self) -> Instant {
+        self.started + self.start_timeout
+    }
+
+    pub(crate) fn heartbeat_timeout(&self) -> Duration {
+        self.heartbeat_timeout
+    }
+
+    /// Records a registration (validated); completes the assignment when it is the last one.
+    pub(crate) fn register(&self, request: &RegisterRequest) -> Result<(), Status> {
+        if let Some(cause) = self.abort_cause() {
+            return Err(Status::aborted(format!("cannot join the job: {cause}")));
+        }
+        let index = request.task_index;
+        if index as usize >= self.num_tasks {
+            return Err(Status::invalid_argument(format!(
+                "task index {index} is out of range: this job has {} task(s), indices 0..={}",
+                self.num_tasks,
+                self.num_tasks - 1
+            )));
+        }
+        let data_addr = parse_data_addr(&request.data_addr)?;
+        let entry = Registered {
+            host_hash: request.host_hash.clone(),
+            hostname: request.hostname.clone(),
+            data_addr,
+            pid: request.pid,
+        };
+        let mut inner = lock(&self.inner);
+        if let Some(existing) = inner.tasks.get(&index) {
+            if *existing == entry {
+                return Ok(()); // A retried call: registration is idempotent.
+            }
+            return Err(Status::invalid_argument(format!(
+                "task index {index} is already registered (pid {} on host {}); every worker \
+                 needs its own KOLO_TASK_INDEX",
+                existing.pid, existing.hostname
+            )));
+        }
+        if let Phase::TimedOut(message) = &*self.phase.borrow() {
+            return Err(Status::deadline_exceeded(message.clone()));
+        }
+        inner.tasks.insert(index, entry);
+        log::debug!(
+            "task {index} registered (host {}, pid {}); {} of {}",
+            request.hostname,
+            request.pid,
+            inner.tasks.len(),
+            self.num_tasks
+        );
+        if inner.tasks.len() == self.num_tasks {
+            let peers = self.assign(&inner.tasks);
+            let now = Instant::now();
+            for peer in &peers {
+                if !inner.finished_tasks.contains(&peer.task_index) {
+                    inner.last_seen.insert(peer.rank, now);
+                }
+            }
+            log::info!(
+                "job {}: all {} task(s) registered on {} host(s); ranks assigned",
+                self.job_id,
+                self.num_tasks,
+                peers.iter().filter(|p| p.local_rank == 0).count()
+            );
+            self.phase.send_replace(Phase::Complete(Arc::new(peers)));
+        }
+        Ok(())
+    }
+
+    fn assign(&self, tasks: &BTreeMap<u32, Registered>) -> Vec<PeerAssignment> {
+        let input: Vec<(u32, String)> = tasks
+            .iter()
+            .map(|(index, task)| (*index, task.host_hash.clone()))
+            .collect();
+        assign_ranks(&input)
+            .into_iter()
+            .zip(tasks.values())
+            .map(|(a, task)| PeerAssignment {
+                task_index: a.task_index,
+                rank: a.rank,
+                size: a.size,
+                local_rank: a.local_rank,
+                local_size: a.local_size,
+                cross_rank: a.cross_rank,
+                cross_size: a.cross_size,
+                host_hash: task.host_hash.clone(),
+                hostname: task.hostname.clone(),
+                data_addr: task.data_addr,
+                pid: task.pid,
+            })
+            .collect()
+    }
+
+    /// Waits until the assignment is complete (then answers `task_index`'s registration), the
+    /// start deadline passed, the job was aborted or the driver shuts down.
+    pub(crate) async fn await_assignment(&self, task_index: u32) -> Result<RegisterReply, Status> {
+        let mut phase = self.phase.subscribe();
+        let mut abort = self.abort.subscribe();
+        let mut shutdown = self.shutdown.subscribe();
+        let limit = self.start_deadline() + REGISTER_SLACK;
+        let waited = tokio::time::timeout_at(limit, async {
+            tokio::select! {
+                _ = phase.wait_for(|p| !matches!(p, Phase::Waiting)) => {}
+                _ = abort.wait_for(Option::is_some) => {}
+                _ = shutdown.wait_for(|down| *down) => {}
+            }
+        })
+        .await;
+        let current = self.phase.borrow().clone();
+        match current {
+            Phase::Complete(peers) => return self.reply(task_index, &peers),
+            Phase::TimedOut(message) => return Err(Status::deadline_exceeded(message)),
+            Phase::Waiting => {}
+        }
+        if let Some(cause) = self.abort_cause() {
+            return Err(Status::aborted(format!(
+                "the job was aborted while waiting for every task to register: {cause}"
+            )));
+        }
+        if *self.shutdown.borrow() {
+            return Err(Status::unavailable(
+                "the job driver shut down before every task registered",
+            ));
+        }
+        match waited {
+            Err(_) => Err(Status::deadline_exceeded(
+                self.timeout_message(&lock(&self.inner)),
+            )),
+            Ok(()) => Err(Status::internal(
+                "registration wait ended without a result (this is a bug in kolo)",
+            )),
+        }
+    }
+
+    fn reply(&self, task_index: u32, peers: &[PeerAssignment]) -> Result<RegisterReply, Status> {
+        let me = peers
+            .iter()
+            .find(|p| p.task_index == task_index)
+            .ok_or_else(|| {
+                Status::internal(format!(
+                    "task {task_index} has no assignment (this is a bug in kolo)"
+                ))
+            })?;
+        let mut by_rank: Vec<&PeerAssignment> = peers.iter().collect();
+        by_rank.sort_by_key(|p| p.rank);
+        Ok(RegisterReply {
+            rank: me.rank,
+            size: me.size,
+            local_rank: me.local_rank,
+            local_size: me.local_size,
+            cross_rank: me.cross_rank,
+            cross_size: me.cross_size,
+            peers: by_rank
+                .into_iter()
+                .map(|p| Peer {
+                    rank: p.rank,
+                    task_index: p.task_index,
+                    host_hash: p.host_hash.clone(),
+                    hostname: p.hostname.clone(),
+                    data_addr: p.data_addr.to_string(),
+                })
+                .collect(),
+            job_id: self.job_id.0.to_vec(),
+        })
+    }
+
+    fn timeout_message(&self, inner: &Inner) -> String {
+        let n = self.num_tasks;
+        let missing: Vec<String> = (0..n as u32)
+            .filter(|index| !inner.tasks.contains_key(index))
+            .map(|index| index.to_string())
+            .collect();
+        let mut listed = missing
+            .iter()
+            .take(LISTED_MISSING)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(", ");
+        if missing.len() > LISTED_MISSING {
+            listed.push_str(&format!(", ... ({} more)", missing.len() - LISTED_MISSING));
+        }
+        format!(
+            "timed out after {}s waiting for every task to register with the job driver: {} of {n} \
+             registered; missing task indices: [{listed}]. Check that every process called \
+             hvd.init() and that none failed at startup (see its output); if startup is just \
+             slow, raise the start timeout (kolorun --start-timeout SECONDS, or {})",
+            crate::control::env::format_seconds(self.start_timeout),
+            inner.tasks.len(),
+            crate::control::env::START_TIMEOUT,
+        )
+    }
+
+    /// Called at the start deadline: if registration is incomplete, fails every waiting and
+    /// later registration, and aborts the job when anyone is waiting.
+    pub(crate) fn on_start_deadline(&self) {
+        let inner = lock(&self.inner);
+        if !matches!(*self.phase.borrow(), Phase::Waiting) {
+            return;
+        }
+        let message = self.timeout_message(&inner);
+        let registered = inner.tasks.len();
+        self.phase.send_replace(Phase::TimedOut(message.clone()));
+        drop(inner);
+        if registered > 0 {
+            self.abort(AbortCause {
+                rank: None,
+                host: String::new(),
+                message,
+            });
+        }
+    }
+
+    /// Marks the job aborted; true when this was the first cause.
+    pub(crate) fn abort(&self, cause: AbortCause) -> bool {
+        let first = self.abort.send_if_modified(|current| {
+            if current.is_none() {
+                *current = Some(cause.clone());
+                true
+            } else {
+                false
+            }
+        });
+        if first {
+            log::warn!("job {}: {cause}", self.job_id);
+        }
+        first
+    }
+
+    pub(crate) fn abort_cause(&self) -> Option<AbortCause> {
+        self.abort.borrow().clone()
+    }
+
+    pub(crate) fn subscribe_abort(&self) -> watch::Receiver<Option<AbortCause>> {
+        self.abort.subscribe()
+    }
+
+    /// Waits for the abort (its cause) or the driver's shutdown (`None`).
+    pub(crate) async fn next_abort(&self) -> Option<AbortCause> {
+        let mut abort = self.abort.subscribe();
+        let mut shutdown = self.shutdown.subscribe();
+        tokio::select! {
+            biased;
+            cause = abort.wait_for(Option::is_some) => cause.ok().and_then(|cause| cause.clone()),
+            _ = shutdown.wait_for(|down| *down) => None,
+        }
+    }
+
+    pub(crate) fn assignment(&self) -> Option<Arc<Vec<PeerAssignment>>> {
+        match &*self.phase.borrow() {
+            Phase::Complete(peers) => Some(Arc::clone(peers)),
+            _ => None,
+        }
+    }
+
+    fn hostname_of_rank(&self, rank: u32) -> String {
+        self.assignment()
+            .and_then(|peers| {
+                peers
+                    .iter()
+                    .find(|p| p.rank == rank)
+                    .map(|p| p.hostname.clone())
+            })
+            .unwrap_or_default()
+    }
+
+    pub(crate) fn registered_tasks(&self) -> Vec<u32> {
+        lock(&self.inner).tasks.keys().copied().collect()
+    }
+
+    /// Records a heartbeat; answers whether the job is aborted.
+    pub(crate) fn heartbeat(&self, rank: u32) -> bool {
+        if let Some(seen) = lock(&self.inner).last_seen.get_mut(&rank) {
+            *seen = Instant::now();
+        }
+        self.abort.borrow().is_some()
+    }
+
+    /// Stops expecting heartbeats from `rank` (it finished cleanly).
+    pub(crate) fn leave(&self, rank: u32) {
+        lock(&self.inner).last_seen.remove(&rank);
+    }
+
+    /// Stops expecting heartbeats from the task `task_index` (its process exited cleanly).
+    pub(crate) fn task_finished(&self, task_index: u32) {
+        let rank = self.assignment().and_then(|peers| {
+            peers
+                .iter()
+                .find(|p| p.task_index == task_index)
+                .map(|p| p.rank)
+        });
+        let mut inner = lock(&self.inner);
+        inner.finished_tasks.insert(task_index);
+        if let Some(rank) = rank {
+            inner.last_seen.remove(&rank);
+        }
+    }
+
+    /// Aborts the job if a rank has been silent longer than the heartbeat timeout.
+    pub(crate) fn check_heartbeats(&self) {
+        if self.abort.borrow().is_some() {
+            return;
+        }
+        let now = Instant::now();
+        let lost = lock(&self.inner)
+            .last_seen
+            .iter()
+            .filter(|(_, seen)| now.duration_since(**seen) > self.heartbeat_timeout)
+            .map(|(rank, seen)| (*rank, now.duration_since(*seen)))
+            .min_by_key(|(rank, _)| *rank);
+        if let Some((rank, silent)) = lost {
+            self.abort(AbortCause {
+                rank: Some(rank),
+                host: self.hostname_of_rank(rank),
+                message: format!(
+                    "stopped sending heartbeats to the job driver ({:.1}s without one; the \
+                     process hung, was killed, or its host lost the network)",
+                    silent.as_secs_f64()
+                ),
+            });
+        }
+    }
+
+    /// A worker reported a failure: aborts the job with its message.
+    pub(crate) fn report_failure(&self, rank: u32, message: String) {
+        let host = self.hostname_of_rank(rank);
+        self.abort(AbortCause {
+            rank: Some(rank),
+            host,
+            message,
+        });
+    }
+
+    pub(crate) fn kv_put(&self, key: String, value: Vec<u8>) {
+        lock(&self.inner).kv.insert(key, value);
+        self.kv_version.send_modify(|version| *version += 1);
+    }
+
+    pub(crate) fn kv_value(&self, key: &str) -> Option<Vec<u8>> {
+        lock(&self.inner).kv.get(key).cloned()
+    }
+
+    /// Waits up to `timeout` (at most [`MAX_KV_WAIT`]) for `key`.
+    pub(crate) async fn kv_get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>, Status> {
+        let timeout = timeout.min(MAX_KV_WAIT);
+        let deadline = Instant::now() + timeout;
+        let mut version = self.kv_version.subscribe();
+        let mut abort = self.abort.subscribe();
+        let mut shutdown = self.shutdown.subscribe();
+        loop {
+            version.borrow_and_update();
+            if let Some(value) = self.kv_value(key) {
+                return Ok(value);
+            }
+            if let Some(cause) = self.abort_cause() {
+                return Err(Status::aborted(cause.to_string()));
+            }
+            if *self.shutdown.borrow() {
+                return Err(Status::unavailable("the job driver is shutting down"));
+            }
+            tokio::select! {
+                changed = tokio::time::timeout_at(deadline, version.changed()) => match changed {
+                    Err(_) => {
+                        return Err(Status::not_found(format!(
+                            "key {key:?} was not set within {}ms",
+                            timeout.as_millis()
+                        )))
+                    }
+                    Ok(Err(_)) => return Err(Status::unavailable("the job driver is shutting down")),
+                    Ok(Ok(())) => {}
+                },
+                _ = abort.wait_for(Option::is_some) => {}
+                _ = shutdown.wait_for(|down| *down) => {}
+            }
+        }
+    }
+
+    pub(crate) fn begin_shutdown(&self) {
+        self.shutdown.send_replace(true);
+    }
+
+    pub(crate) fn subscribe_shutdown(&self) -> watch::Receiver<bool> {
+        self.shutdown.subscribe()
+    }
+}
+
+fn parse_data_addr(text: &str) -> Result<SocketAddr, Status> {
+    let addr: SocketAddr = text.parse().map_err(|_| {
+        Status::invalid_argument(format!(
+            "data_addr {text:?} is not an ip:port socket address"
+        ))
+    })?;
+    if addr.ip().is_unspecified() || addr.port() == 0 {
+        return Err(Status::invalid_argument(format!(
+            "data_addr {addr} is not an address peers can connect to; listen on a concrete \
+             interface address and port (see control::data_plane_ip)"
+        )));
+    }
+    Ok(addr)
+}

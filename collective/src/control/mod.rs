@@ -1,0 +1,59 @@
+//! The job control plane shared by `kolorun`, Spark and Ray launches.
+//!
+//! - A launcher starts a [`DriverService`] (gRPC, every call authenticated with the per-job
+//!   [`JobSecret`]) and passes workers the [`env`] variables.
+//! - Each worker reads [`WorkerEnv::from_env`], binds its data plane on [`data_plane_ip`], and
+//!   calls [`join_job`]: it registers `(task index, host hash, data address)`, waits for every
+//!   task, and gets its rank values from [`assign_ranks`] plus every peer's address. Background
+//!   tasks send heartbeats and turn the driver's abort broadcast into the worker's
+//!   [`crate::AbortSignal`].
+//!
+//! ```
+//! use kolo_collective::control::{self, DriverConfig, DriverService, WorkerEnv};
+//! use kolo_collective::AbortSignal;
+//!
+//! let config = DriverConfig::new(1);
+//! let env = WorkerEnv {
+//!     driver_addr: String::new(),
+//!     secret: config.secret.clone(),
+//!     job_id: config.job_id,
+//!     task_index: 0,
+//!     num_tasks: 1,
+//!     start_timeout: config.start_timeout,
+//!     hostname: None,
+//!     host_hash_salt: None,
+//!     data_addr: None,
+//! };
+//! let driver = DriverService::start(config).unwrap();
+//! let env = WorkerEnv { driver_addr: driver.addr().to_string(), ..env };
+//! let data_ip = control::data_plane_ip(&env).unwrap();
+//! let listener = std::net::TcpListener::bind((data_ip, 0)).unwrap();
+//! let abort = AbortSignal::new();
+//! let (me, client) = control::join_job(&env, listener.local_addr().unwrap(), abort).unwrap();
+//! assert_eq!((me.rank, me.size), (0, 1));
+//! client.stop_background();
+//! driver.shutdown();
+//! ```
+
+pub mod assign;
+mod auth;
+pub mod client;
+mod driver_state;
+pub mod env;
+mod handlers;
+pub mod host_hash;
+pub mod ids;
+mod join;
+pub mod net;
+pub mod proto;
+pub mod service;
+mod status;
+
+pub use assign::{assign_ranks, Assignment};
+pub use auth::{REFUSED_MESSAGE, SECRET_HEADER};
+pub use client::{ClientOptions, DriverClient, PeerInfo, Registration, TaskInfo};
+pub use env::WorkerEnv;
+pub use host_hash::{host_hash, hostname};
+pub use ids::{JobId, JobSecret};
+pub use join::{data_plane_ip, join_job, join_job_async};
+pub use service::{DriverConfig, DriverService, PeerAssignment};

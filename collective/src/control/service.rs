@@ -1,0 +1,274 @@
+//! [`DriverService`]: the job driver (tonic gRPC server on the global runtime) that workers
+//! register with, and its configuration.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tonic::transport::server::TcpIncoming;
+use tonic::transport::Server;
+
+use crate::abort::AbortCause;
+use crate::control::auth::CheckSecret;
+use crate::control::driver_state::JobState;
+use crate::control::handlers::Handlers;
+use crate::control::ids::{JobId, JobSecret};
+use crate::control::proto::driver_server::DriverServer;
+use crate::error::{Error, Result};
+use crate::runtime;
+
+/// How long a shutdown waits for the server to finish in-flight calls before cutting it off.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
+
+/// The longest interval between two heartbeat checks.
+const MAX_CHECK_INTERVAL: Duration = Duration::from_millis(500);
+
+/// How to run one job's driver.
+#[derive(Debug, Clone)]
+pub struct DriverConfig {
+    /// Where to listen (port 0 picks a free port; see [`DriverService::addr`]).
+    pub bind: SocketAddr,
+    /// How many tasks must register before anyone gets an assignment.
+    pub num_tasks: usize,
+    /// The job secret every call must present.
+    pub secret: JobSecret,
+    /// The job id handed to workers with their assignment.
+    pub job_id: JobId,
+    /// Registration must complete this long after [`DriverService::start`].
+    pub start_timeout: Duration,
+    /// A registered rank silent this long gets the job aborted.
+    pub heartbeat_timeout: Duration,
+}
+
+impl DriverConfig {
+    /// A configuration for `num_tasks` tasks on `127.0.0.1:0` with a fresh secret and job id,
+    /// a 30 s start timeout and a 30 s heartbeat timeout.
+    pub fn new(num_tasks: usize) -> Self {
+        Self {
+            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+            num_tasks,
+            secret: JobSecret::generate(),
+            job_id: JobId::generate(),
+            start_timeout: Duration::from_secs(30),
+            heartbeat_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// One registered task's place in the job, as the driver assigned it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerAssignment {
+    /// The task index the worker registered with.
+    pub task_index: u32,
+    /// Its global rank.
+    pub rank: u32,
+    /// Number of ranks.
+    pub size: u32,
+    /// Position among the ranks on its host.
+    pub local_rank: u32,
+    /// Number of ranks on its host.
+    pub local_size: u32,
+    /// Ordinal of its host among hosts with this local rank.
+    pub cross_rank: u32,
+    /// Number of hosts with this local rank.
+    pub cross_size: u32,
+    /// Its host hash.
+    pub host_hash: String,
+    /// Its hostname (as the worker reported it).
+    pub hostname: String,
+    /// Where its data plane listens.
+    pub data_addr: SocketAddr,
+    /// Its process id (on its host).
+    pub pid: u32,
+}
+
+/// A running job driver service. Dropping it shuts it down.
+///
+/// Starting is synchronous and needs no runtime context: the server runs on the crate's global
+/// runtime ([`crate::runtime`]), so this works from plain threads and from async code alike.
+///
+/// ```
+/// use kolo_collective::control::{DriverConfig, DriverService};
+///
+/// let driver = DriverService::start(DriverConfig::new(2)).unwrap();
+/// assert_ne!(driver.addr().port(), 0);
+/// assert!(driver.assignment().is_none());
+/// driver.shutdown();
+/// ```
+#[derive(Debug)]
+pub struct DriverService {
+    state: Arc<JobState>,
+    addr: SocketAddr,
+    job_id: JobId,
+    server: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl DriverService {
+    /// Binds `config.bind` and starts serving on the global runtime; also starts the start
+    /// deadline and heartbeat watchdogs. Errors: invalid config, bind failure.
+    pub fn start(config: DriverConfig) -> Result<Self> {
+        if config.num_tasks == 0 {
+            return Err(Error::Config(
+                "a job needs at least one task (num_tasks = 0)".into(),
+            ));
+        }
+        if config.start_timeout.is_zero() || config.heartbeat_timeout.is_zero() {
+            return Err(Error::Config(
+                "the start and heartbeat timeouts must be positive".into(),
+            ));
+        }
+        let runtime = runtime::handle()?;
+        let listener = std::net::TcpListener::bind(config.bind).map_err(|err| {
+            Error::Config(format!(
+                "cannot start the job driver on {}: {err}",
+                config.bind
+            ))
+        })?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let _context = runtime.enter();
+        let incoming = TcpIncoming::from(tokio::net::TcpListener::from_std(listener)?)
+            .with_nodelay(Some(true));
+        let state = Arc::new(JobState::new(&config));
+        let service = DriverServer::with_interceptor(
+            Handlers {
+                state: Arc::clone(&state),
+            },
+            CheckSecret::new(config.secret.clone()),
+        );
+        let mut stop = state.subscribe_shutdown();
+        let server = runtime.spawn(async move {
+            let stopped = async move {
+                let _ = stop.wait_for(|down| *down).await;
+            };
+            let served = Server::builder()
+                .add_service(service)
+                .serve_with_incoming_shutdown(incoming, stopped)
+                .await;
+            if let Err(err) = served {
+                log::error!("the job driver at {addr} stopped with an error: {err}");
+            }
+        });
+        runtime.spawn(start_deadline(Arc::clone(&state)));
+        runtime.spawn(heartbeat_watchdog(Arc::clone(&state)));
+        log::info!(
+            "job driver for job {} listening on {addr}, expecting {} task(s) within {:?}",
+            config.job_id,
+            config.num_tasks,
+            config.start_timeout
+        );
+        Ok(Self {
+            state,
+            addr,
+            job_id: config.job_id,
+            server: Mutex::new(Some(server)),
+        })
+    }
+
+    /// The address the service listens on (with the real port when bound to port 0).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The job id.
+    pub fn job_id(&self) -> JobId {
+        self.job_id
+    }
+
+    /// Aborts the job: every `WatchAbort` stream yields `cause`, waiting registrations and key
+    /// lookups fail. Idempotent; the first cause wins. Returns true when this call set it.
+    pub fn abort(&self, cause: AbortCause) -> bool {
+        self.state.abort(cause)
+    }
+
+    /// The abort cause, once the job is aborted (by [`DriverService::abort`], a worker's
+    /// `ReportFailure`, a lost heartbeat, or the start timeout with tasks waiting).
+    pub fn abort_cause(&self) -> Option<AbortCause> {
+        self.state.abort_cause()
+    }
+
+    /// A receiver that changes to `Some(cause)` when the job is aborted for any reason —
+    /// how a launcher learns about failure reports and lost heartbeats.
+    pub fn failures(&self) -> watch::Receiver<Option<AbortCause>> {
+        self.state.subscribe_abort()
+    }
+
+    /// Every task's assignment, indexed by task index, once all tasks registered.
+    pub fn assignment(&self) -> Option<Vec<PeerAssignment>> {
+        self.state.assignment().map(|peers| peers.as_ref().clone())
+    }
+
+    /// The task indices registered so far, ascending (for progress messages).
+    pub fn registered_tasks(&self) -> Vec<u32> {
+        self.state.registered_tasks()
+    }
+
+    /// Tells the driver that task `task_index` exited cleanly, so its missing heartbeats are
+    /// not a failure (launchers call this when a worker process exits with status 0).
+    pub fn task_finished(&self, task_index: u32) {
+        self.state.task_finished(task_index);
+    }
+
+    /// Stores a value in the job's key-value space (as a worker's `KvPut` would).
+    pub fn kv_put(&self, key: impl Into<String>, value: Vec<u8>) {
+        self.state.kv_put(key.into(), value);
+    }
+
+    /// The value of `key` in the job's key-value space, if set.
+    pub fn kv_value(&self, key: &str) -> Option<Vec<u8>> {
+        self.state.kv_value(key)
+    }
+
+    /// Stops the service without blocking: ends every `WatchAbort` stream (workers that still
+    /// watch see the driver go away), fails waiting calls, stops accepting connections, and
+    /// cuts the server off if in-flight calls have not finished within a few seconds.
+    /// Idempotent.
+    pub fn shutdown(&self) {
+        self.state.begin_shutdown();
+        let server = self
+            .server
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let (Some(mut server), Ok(runtime)) = (server, runtime::handle()) {
+            let addr = self.addr;
+            runtime.spawn(async move {
+                if tokio::time::timeout(SHUTDOWN_GRACE, &mut server).await.is_err() {
+                    log::warn!("the job driver at {addr} did not stop within {SHUTDOWN_GRACE:?}; cutting it off");
+                    server.abort();
+                }
+            });
+            log::info!("job driver at {} shutting down", self.addr);
+        }
+    }
+}
+
+impl Drop for DriverService {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+async fn start_deadline(state: Arc<JobState>) {
+    let mut stop = state.subscribe_shutdown();
+    tokio::select! {
+        _ = tokio::time::sleep_until(state.start_deadline()) => state.on_start_deadline(),
+        _ = stop.wait_for(|down| *down) => {}
+    }
+}
+
+async fn heartbeat_watchdog(state: Arc<JobState>) {
+    let period =
+        (state.heartbeat_timeout() / 4).clamp(Duration::from_millis(10), MAX_CHECK_INTERVAL);
+    let mut stop = state.subscribe_shutdown();
+    let mut ticker = tokio::time::interval(period);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => state.check_heartbeats(),
+            _ = stop.wait_for(|down| *down) => return,
+        }
+    }
+}

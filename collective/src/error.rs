@@ -1,0 +1,82 @@
+//! The crate's one error type.
+
+use std::time::Duration;
+
+use crate::abort::AbortCause;
+
+/// Everything that can go wrong in the runtime, the driver service and the launcher.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A setting (environment variable, launcher flag, argument) is invalid; the message names
+    /// the setting and how to fix it.
+    #[error("{0}")]
+    Config(String),
+
+    /// An argument of a collective call is invalid (wrong buffer size, unsupported op for the
+    /// dtype, root rank out of range, ...).
+    #[error("{0}")]
+    InvalidArgument(String),
+
+    /// Joining the job failed: registration refused, not everyone registered in time, the
+    /// driver could not be reached.
+    #[error("{0}")]
+    Rendezvous(String),
+
+    /// A bounded wait ran out.
+    #[error("timed out after {after:?} while {what}")]
+    Timeout {
+        /// What was being waited for.
+        what: String,
+        /// How long it waited.
+        after: Duration,
+    },
+
+    /// Ranks called different collectives (shape, dtype, op, root, name) at the same point.
+    #[error("{0}")]
+    Mismatch(String),
+
+    /// The job was aborted because a rank failed; carries the cause the driver broadcast.
+    #[error("{0}")]
+    Aborted(AbortCause),
+
+    /// The connection to a peer rank broke or misbehaved in the middle of a collective.
+    #[error("connection to rank {rank} failed during {during}: {source}")]
+    Peer {
+        /// The peer rank.
+        rank: usize,
+        /// The operation in progress.
+        during: String,
+        /// The I/O or protocol error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// The communicator cannot run collectives any more: it was shut down, or an earlier failure
+    /// (a broken peer connection, a timeout, an abort) left the data plane unusable. The message
+    /// says which; the job has to be restarted.
+    #[error("{0}")]
+    Closed(String),
+
+    /// Starting or supervising the ranks of a job (kolorun) failed.
+    #[error("{0}")]
+    Launch(String),
+
+    /// An I/O error outside a peer connection.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+
+    /// The gRPC transport to the driver failed.
+    #[error("driver connection failed: {0}")]
+    Transport(#[from] tonic::transport::Error),
+
+    /// The driver answered a call with an error status.
+    #[error("driver refused the call: {}", .0.message())]
+    Status(#[from] tonic::Status),
+
+    /// This is a bug in kolo; please report it.
+    #[error("internal error (this is a bug in kolo, please report it): {0}")]
+    Internal(String),
+}
+
+/// The crate's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,169 @@
+//! The ssh command line for a remote rank, and the POSIX shell script it runs there: cd to the
+//! launch directory, export the job's variables, run the command in its own session under a
+//! watchdog that kills it when the ssh connection goes away (stdin reaches EOF).
+
+use std::path::{Path, PathBuf};
+
+/// Variables forwarded to remote ranks (when set here) besides the job's own.
+pub const FORWARDED_VARS: [&str; 4] = ["PATH", "PYTHONPATH", "VIRTUAL_ENV", "LD_LIBRARY_PATH"];
+
+/// Seconds the remote watchdog waits between SIGTERM and SIGKILL.
+const REMOTE_KILL_GRACE_SECONDS: u32 = 3;
+
+/// Quotes `text` for a POSIX shell (single quotes; embedded `'` as `'\''`).
+pub fn quote(text: &str) -> String {
+    if !text.is_empty()
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./:=@,+%".contains(&b))
+    {
+        return text.to_owned();
+    }
+    format!("'{}'", text.replace('\'', r"'\''"))
+}
+
+/// The script a remote rank runs (see the module docs). The command's exit status becomes the
+/// script's (128+N when it was killed by signal N).
+pub fn remote_script(cwd: &Path, vars: &[(String, String)], command: &[String]) -> String {
+    let exports: Vec<String> = vars
+        .iter()
+        .map(|(name, value)| format!("export {name}={}", quote(value)))
+        .collect();
+    let command: Vec<String> = command.iter().map(|arg| quote(arg)).collect();
+    let command = command.join(" ");
+    let grace = REMOTE_KILL_GRACE_SECONDS;
+    format!(
+        "cd {cwd} || exit 1\n\
+         {exports}\n\
+         exec 3<&0\n\
+         if command -v setsid >/dev/null 2>&1; then setsid {command} </dev/null 3<&- &\n\
+         else {command} </dev/null 3<&- & fi\n\
+         kolo_pid=$!\n\
+         ( cat <&3 >/dev/null 2>&1; kill -TERM -$kolo_pid $kolo_pid 2>/dev/null; sleep {grace}; \
+         kill -KILL -$kolo_pid $kolo_pid 2>/dev/null ) >/dev/null 2>&1 &\n\
+         kolo_watchdog=$!\n\
+         exec 3<&-\n\
+         wait $kolo_pid 2>/dev/null\n\
+         kolo_status=$?\n\
+         {{ kill $kolo_watchdog; wait $kolo_watchdog; }} 2>/dev/null\n\
+         kill -KILL -$kolo_pid 2>/dev/null\n\
+         exit $kolo_status\n",
+        cwd = quote(&cwd.to_string_lossy()),
+        exports = exports.join("\n"),
+    )
+}
+
+/// How to reach remote hosts.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SshOptions {
+    /// `-p PORT`.
+    pub port: Option<u16>,
+    /// `-i KEY`.
+    pub identity_file: Option<PathBuf>,
+}
+
+/// The arguments of `ssh` (program name excluded) that run `script` on `host` through `sh`.
+pub fn ssh_args(host: &str, ssh: &SshOptions, script: &str) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "StrictHostKeyChecking=no",
+        "-o",
+        "UserKnownHostsFile=/dev/null",
+        "-o",
+        "LogLevel=ERROR",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    if let Some(port) = ssh.port {
+        args.extend(["-p".to_owned(), port.to_string()]);
+    }
+    if let Some(key) = &ssh.identity_file {
+        args.extend(["-i".to_owned(), key.to_string_lossy().into_owned()]);
+    }
+    args.push(host.to_owned());
+    args.push(format!("sh -c {}", quote(script)));
+    args
+}
+
+#[cfg(test)]
+mod tests {
+    use std::process::Command;
+
+    use super::*;
+
+    #[test]
+    fn quoting() {
+        assert_eq!(quote("plain-word_1.py"), "plain-word_1.py");
+        assert_eq!(quote(""), "''");
+        assert_eq!(quote("a b"), "'a b'");
+        assert_eq!(quote("it's"), r"'it'\''s'");
+        assert_eq!(quote("$HOME"), "'$HOME'");
+    }
+
+    /// Runs `script` with stdin a pipe that stays open, or is closed after `close_after`.
+    fn sh(script: &str, close_after: Option<std::time::Duration>) -> std::process::Output {
+        use std::process::Stdio;
+        let mut child = Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take();
+        if let Some(pause) = close_after {
+            std::thread::sleep(pause);
+            drop(stdin);
+            child.wait_with_output().unwrap()
+        } else {
+            let out = child.wait_with_output().unwrap();
+            drop(stdin);
+            out
+        }
+    }
+
+    #[test]
+    fn script_runs_in_cwd_with_vars_and_keeps_the_exit_status() {
+        let dir = std::env::temp_dir();
+        let vars = vec![("KOLO_X".to_owned(), "it's $ok".to_owned())];
+        let command: Vec<String> = ["sh", "-c", "pwd; echo \"$KOLO_X\"; exit 7"]
+            .map(String::from)
+            .to_vec();
+        let out = sh(&remote_script(&dir, &vars, &command), None);
+        let text = String::from_utf8_lossy(&out.stdout);
+        let cwd = std::fs::canonicalize(&dir).unwrap();
+        assert!(
+            text.starts_with(&cwd.to_string_lossy().to_string()),
+            "{text}"
+        );
+        assert!(text.contains("it's $ok"), "{text}");
+        assert_eq!(out.status.code(), Some(7));
+    }
+
+    #[test]
+    fn closing_stdin_kills_the_command() {
+        let started = std::time::Instant::now();
+        let command: Vec<String> = ["sleep", "30"].map(String::from).to_vec();
+        let script = remote_script(Path::new("/"), &[], &command);
+        let out = sh(&script, Some(std::time::Duration::from_millis(300)));
+        assert_eq!(out.status.code(), Some(128 + 15));
+        assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    }
+
+    #[test]
+    fn ssh_command_line() {
+        let ssh = SshOptions {
+            port: Some(2222),
+            identity_file: Some("/k/id".into()),
+        };
+        let args = ssh_args("node2", &ssh, "echo hi");
+        assert_eq!(
+            &args[args.len() - 6..],
+            ["-p", "2222", "-i", "/k/id", "node2", "sh -c 'echo hi'"]
+        );
+        assert!(args.contains(&"BatchMode=yes".to_owned()));
+    }
+}

@@ -1,0 +1,40 @@
+//! kolo's per-process runtime.
+//!
+//! - [`control`]: the job driver service (tonic gRPC, authenticated with a per-job secret),
+//!   its worker-side client, host hashing and rank assignment — shared by `kolorun`, Spark and
+//!   Ray launches.
+//! - [`transport`] and [`wire`]: the direct TCP data plane between ranks and its framed protocol.
+//! - [`collectives`] and [`reduce`]: allreduce, allgather, broadcast, alltoall, reducescatter and
+//!   barrier on CPU memory, with Horovod's reduction ops and scaling.
+//! - [`communicator`]: what a rank holds after joining a job; the API the Python binding calls.
+//! - [`launcher`]: `kolorun`, which starts a job's ranks locally and over ssh and supervises them.
+//! - [`worker`]: joining a job as one rank (driver registration, then the mesh).
+//!
+//! A single rank needs no job at all:
+//!
+//! ```
+//! use kolo_collective::{communicator::Communicator, DType, ReduceOp};
+//!
+//! let comm = Communicator::single();
+//! let mut data: Vec<u8> = [1.0f32, 2.0].iter().flat_map(|x| x.to_le_bytes()).collect();
+//! comm.allreduce("grad", &mut data, &[2], DType::F32, ReduceOp::Sum, 2.0, 1.0).unwrap();
+//! assert_eq!(&data[..4], &2.0f32.to_le_bytes());
+//! ```
+#![warn(missing_docs)]
+
+pub mod abort;
+pub mod collectives;
+pub mod communicator;
+pub mod control;
+pub mod dtype;
+pub mod error;
+pub mod launcher;
+pub mod reduce;
+pub mod runtime;
+pub mod transport;
+pub mod wire;
+pub mod worker;
+
+pub use abort::{AbortCause, AbortSignal};
+pub use dtype::{DType, ReduceOp};
+pub use error::{Error, Result};

@@ -1,0 +1,331 @@
+//! The direct TCP data plane between ranks: a full mesh of connections (one per pair of ranks)
+//! over which the collectives run.
+//!
+//! Every rank binds a [`DataListener`] first and publishes its address (through the driver);
+//! once every rank knows every address, [`Mesh::establish`] connects the ranks (the higher rank
+//! of each pair connects, the lower accepts) and checks each connection with a handshake
+//! carrying the job id and both ranks. Connections that send anything else are logged and
+//! dropped, and the listener keeps accepting until the real peers arrived.
+//!
+//! All waits are bounded: sockets are non-blocking and every wait ticks at least every
+//! 100 ms to check the job's [`AbortSignal`]; an operation that makes no progress for the
+//! configured `op_timeout` fails with [`Error::Timeout`]. When a peer's connection breaks,
+//! the mesh tells its other peers (a `Fail` frame), waits briefly for the driver's abort
+//! broadcast to learn the root cause, and stays unusable afterwards so later collectives fail
+//! fast instead of hanging.
+
+mod poll;
+mod setup;
+mod stream;
+
+pub(crate) use stream::{Buffers, RecvBlock, StreamPlan, CHUNK};
+
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::abort::AbortSignal;
+use crate::error::{Error, Result};
+use crate::wire::{self, FrameError, FrameKind, JobId};
+
+/// How often blocking waits wake up to check the abort signal and shutdown.
+pub(crate) const TICK: Duration = Duration::from_millis(100);
+/// How long a rank that lost a peer waits for the driver's abort broadcast (the root cause)
+/// before reporting the broken connection itself.
+const ABORT_GRACE: Duration = Duration::from_secs(2);
+
+/// A bound, not yet connected data-plane listener. Bind it before publishing the address.
+#[derive(Debug)]
+pub struct DataListener {
+    listener: TcpListener,
+    addr: SocketAddr,
+}
+
+impl DataListener {
+    /// Binds a TCP listener on `ip` with a port chosen by the OS.
+    pub fn bind(ip: IpAddr) -> Result<Self> {
+        let listener = TcpListener::bind((ip, 0))?;
+        let addr = listener.local_addr()?;
+        Ok(DataListener { listener, addr })
+    }
+
+    /// The address peers connect to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+/// Everything [`Mesh::establish`] needs to know about the job.
+#[derive(Debug, Clone)]
+pub struct MeshConfig {
+    /// The job id shared by all ranks (from the driver).
+    pub job_id: JobId,
+    /// This rank.
+    pub rank: usize,
+    /// The data address of every rank, indexed by rank (this rank's own included).
+    pub peers: Vec<SocketAddr>,
+    /// How long to keep connecting and accepting until every peer is connected.
+    pub connect_timeout: Duration,
+    /// How long a collective may go without any progress before it fails.
+    pub op_timeout: Duration,
+}
+
+/// One connection to a peer.
+#[derive(Debug)]
+struct Link {
+    stream: TcpStream,
+    addr: SocketAddr,
+    /// True while a frame is partly written: no other frame (e.g. `Fail`) may follow.
+    mid_frame: bool,
+}
+
+/// The connected data plane of one rank: a TCP connection to every other rank.
+#[derive(Debug)]
+pub struct Mesh {
+    rank: usize,
+    size: usize,
+    check: [u8; 8],
+    op_timeout: Duration,
+    abort: AbortSignal,
+    /// Indexed by peer rank; `None` at this rank's own index.
+    links: Vec<Option<Link>>,
+    /// Hostname of each rank, for error messages (may be empty).
+    hosts: Vec<String>,
+    /// Set by the communicator's shutdown; running waits give up at the next tick.
+    closing: Arc<AtomicBool>,
+    /// Why the mesh became unusable, once it did.
+    broken: Option<String>,
+}
+
+/// How a data-plane wait went wrong; turned into an [`Error`] by [`Mesh::fail`].
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// Reading or writing a peer's socket failed, or it closed.
+    Io { peer: usize, source: io::Error },
+    /// A peer sent a frame that does not fit the protocol at this point.
+    Frame { peer: usize, source: FrameError },
+    /// A peer sent a `Fail` frame.
+    GaveUp { peer: usize, reason: String },
+    /// Nothing moved for `op_timeout`; waiting on these peers.
+    Timeout { peers: Vec<usize> },
+    /// The abort signal is set.
+    Aborted,
+    /// The communicator is shutting down.
+    Closing,
+    /// Waiting itself failed (poll).
+    Local(io::Error),
+    /// Processing received bytes failed (a bug, e.g. a reduction on inconsistent lengths).
+    Other(Error),
+}
+
+impl Mesh {
+    /// Connects to every peer: the higher rank of each pair connects (retrying until
+    /// `connect_timeout`), the lower accepts. Fails on timeout, abort, or a peer answering with
+    /// an invalid handshake (for example another job's process at that address).
+    pub fn establish(listener: DataListener, config: MeshConfig, abort: AbortSignal) -> Result<Mesh> {
+        setup::establish(listener, config, abort)
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The number of ranks.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    pub(crate) fn set_hosts(&mut self, hosts: Vec<String>) {
+        self.hosts = hosts;
+    }
+
+    pub(crate) fn set_closing_flag(&mut self, closing: Arc<AtomicBool>) {
+        self.closing = closing;
+    }
+
+    /// Why the mesh is unusable, if it is.
+    pub(crate) fn broken(&self) -> Option<&str> {
+        self.broken.as_deref()
+    }
+
+    /// "rank 1 (host h, 10.0.0.2:4000)" for messages.
+    pub(crate) fn peer_name(&self, peer: usize) -> String {
+        let host = self.hosts.get(peer).filter(|h| !h.is_empty());
+        let addr = self.links.get(peer).and_then(|l| l.as_ref()).map(|l| l.addr);
+        match (host, addr) {
+            (Some(host), Some(addr)) => format!("rank {peer} (host {host}, {addr})"),
+            (Some(host), None) => format!("rank {peer} (host {host})"),
+            (None, Some(addr)) => format!("rank {peer} ({addr})"),
+            (None, None) => format!("rank {peer}"),
+        }
+    }
+
+    fn link(&self, peer: usize) -> Result<&Link, Failure> {
+        self.links.get(peer).and_then(|l| l.as_ref()).ok_or_else(|| Failure::Io {
+            peer,
+            source: io::Error::new(io::ErrorKind::NotConnected, "no connection to this rank"),
+        })
+    }
+
+    /// Checks the abort signal and shutdown flag; called at every wait tick.
+    fn check_interrupts(&self) -> Result<(), Failure> {
+        if self.abort.is_aborted() {
+            return Err(Failure::Aborted);
+        }
+        if self.closing.load(Ordering::Acquire) {
+            return Err(Failure::Closing);
+        }
+        Ok(())
+    }
+
+    /// Turns a failure during `what` into the error to report, after making the mesh unusable
+    /// and telling every peer (so they stop waiting for this rank too).
+    pub(crate) fn fail(&mut self, failure: Failure, what: &str) -> Error {
+        let rank = self.rank;
+        match failure {
+            Failure::Aborted => {
+                self.break_links(&format!("rank {rank} stopped {what} because the job was aborted"));
+                self.abort_error()
+            }
+            Failure::Closing => {
+                self.break_links(&format!("rank {rank} shut down its communicator during {what}"));
+                Error::Closed(format!("the communicator was shut down while {what} was running"))
+            }
+            Failure::Timeout { peers } => {
+                let names: Vec<String> = peers.iter().map(|p| self.peer_name(*p)).collect();
+                let waiting = if names.is_empty() { "its peers".to_owned() } else { names.join(", ") };
+                self.break_links(&format!("rank {rank} timed out waiting for {waiting} in {what}"));
+                Error::Timeout {
+                    what: format!(
+                        "waiting for {waiting} in {what} (no bytes moved; is that rank stuck, or did it skip this \
+                         collective?)"
+                    ),
+                    after: self.op_timeout,
+                }
+            }
+            Failure::Local(source) => {
+                self.break_links(&format!("rank {rank} failed during {what}: {source}"));
+                Error::Io(source)
+            }
+            Failure::Other(error) => {
+                self.break_links(&format!("rank {rank} failed during {what}: {error}"));
+                error
+            }
+            Failure::Io { peer, source } => self.peer_failed(peer, what, source),
+            Failure::Frame { peer, source } => {
+                self.peer_failed(peer, what, io::Error::new(io::ErrorKind::InvalidData, source))
+            }
+            Failure::GaveUp { peer, reason } => {
+                self.peer_failed(peer, what, io::Error::other(format!("the peer gave up: {reason}")))
+            }
+        }
+    }
+
+    fn peer_failed(&mut self, peer: usize, what: &str, source: io::Error) -> Error {
+        let rank = self.rank;
+        self.break_links(&format!("rank {rank} lost its connection to rank {peer} during {what}"));
+        // The driver broadcasts the root cause (e.g. "rank 1 on host x: killed by signal 9");
+        // prefer it over a bare "connection reset".
+        let deadline = Instant::now() + ABORT_GRACE;
+        while Instant::now() < deadline {
+            if self.abort.is_aborted() {
+                return self.abort_error();
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let during = match self.hosts.get(peer).filter(|h| !h.is_empty()) {
+            Some(host) => format!("{what} (rank {peer} is on host {host})"),
+            None => what.to_owned(),
+        };
+        Error::Peer { rank: peer, during, source }
+    }
+
+    pub(crate) fn abort_error(&self) -> Error {
+        match self.abort.cause() {
+            Some(cause) => Error::Aborted(cause),
+            None => Error::Internal("abort signal set without a cause".into()),
+        }
+    }
+
+    /// Makes the mesh unusable: sends `Fail(reason)` on every connection not in the middle of
+    /// a frame, then closes the sending side of each (the peer reads the reason, then EOF).
+    pub(crate) fn break_links(&mut self, reason: &str) {
+        if self.broken.is_none() {
+            self.broken = Some(reason.to_owned());
+        }
+        let frame = wire::encode_frame(FrameKind::Fail, 0, &self.check, &wire::encode_fail(reason));
+        for link in self.links.iter_mut().flatten() {
+            if !link.mid_frame {
+                // Best effort: a peer that stopped reading gets EOF instead.
+                let _ = (&link.stream).write(&frame);
+            }
+            link.mid_frame = true;
+            let _ = link.stream.shutdown(Shutdown::Write);
+        }
+    }
+
+    /// Closes the mesh for good, telling peers `reason`; drains what they already sent so
+    /// closing does not reset the connection under a `Fail` frame still in flight.
+    pub(crate) fn close(&mut self, reason: &str) {
+        self.break_links(reason);
+        let mut sink = [0u8; 4096];
+        for link in self.links.iter_mut().flatten() {
+            while matches!((&link.stream).read(&mut sink), Ok(n) if n > 0) {}
+        }
+        self.links.iter_mut().for_each(|l| *l = None);
+    }
+
+    /// Reads the reason of a `Fail` frame whose header was just read (bounded wait).
+    fn read_fail_reason(stream: &TcpStream, len: u64) -> String {
+        let len = usize::try_from(len).unwrap_or(usize::MAX).min(wire::MAX_FAIL_LEN);
+        let mut buf = vec![0u8; len];
+        let mut got = 0;
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while got < len && Instant::now() < deadline {
+            match (&*stream).read(&mut buf[got..]) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(1)),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
+        }
+        let reason = wire::decode_fail(&buf[..got]);
+        if reason.is_empty() {
+            "no reason given".to_owned()
+        } else {
+            reason
+        }
+    }
+}
+
+impl Drop for Mesh {
+    fn drop(&mut self) {
+        if self.links.iter().any(Option::is_some) {
+            let rank = self.rank;
+            self.close(&format!("rank {rank} dropped its data-plane connections"));
+        }
+    }
+}
+
+/// Classifies a read/write error: `None` for "try again later".
+fn io_failure(peer: usize, result: io::Result<usize>) -> Result<Option<usize>, Failure> {
+    match result {
+        Ok(n) => Ok(Some(n)),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted => Ok(None),
+        Err(source) => Err(Failure::Io { peer, source }),
+    }
+}
+
+fn eof(peer: usize) -> Failure {
+    Failure::Io {
+        peer,
+        source: io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "the peer closed the connection (its process exited, crashed or dropped its communicator)",
+        ),
+    }
+}

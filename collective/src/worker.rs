@@ -1,0 +1,115 @@
+//! Joining a job as one rank: register with the job driver, then connect the data-plane mesh.
+//! The Python binding's `init()` calls [`Worker::join_from_env`]; Spark and Ray workers join
+//! the same way.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use crate::abort::AbortSignal;
+use crate::communicator::{Communicator, RankInfo};
+use crate::control::client::DriverClient;
+use crate::control::env::{parse_seconds, WorkerEnv};
+use crate::control::{data_plane_ip, join_job};
+use crate::error::Result;
+use crate::runtime;
+use crate::transport::{DataListener, Mesh, MeshConfig};
+
+/// Environment variable: how long a collective may wait without progress before it fails.
+pub const COLLECTIVE_TIMEOUT: &str = "KOLO_COLLECTIVE_TIMEOUT_SECONDS";
+/// Default of [`COLLECTIVE_TIMEOUT`]: 30 minutes (long evaluation steps on one rank are fine).
+pub const DEFAULT_COLLECTIVE_TIMEOUT: Duration = Duration::from_secs(1800);
+
+/// One rank of a job: its communicator and, when launched, its link to the job driver.
+#[derive(Debug)]
+pub struct Worker {
+    comm: Communicator,
+    driver: Option<DriverClient>,
+    homogeneous: bool,
+}
+
+impl Worker {
+    /// Joins the job described by the `KOLO_*` environment, or becomes a single rank when the
+    /// process was not launched by kolo. Blocks until every rank joined (bounded by the start
+    /// timeout); call it without holding the GIL.
+    pub fn join_from_env() -> Result<Self> {
+        match WorkerEnv::from_env()? {
+            Some(env) => Self::join(&env),
+            None => Ok(Self::single()),
+        }
+    }
+
+    /// A job of one rank, with no driver and no sockets.
+    pub fn single() -> Self {
+        Self { comm: Communicator::single(), driver: None, homogeneous: true }
+    }
+
+    /// Registers with the driver named by `env` and connects to every peer.
+    pub fn join(env: &WorkerEnv) -> Result<Self> {
+        let abort = AbortSignal::new();
+        let listener = DataListener::bind(data_plane_ip(env)?)?;
+        let (registration, driver) = join_job(env, listener.local_addr(), abort.clone())?;
+        let rank = registration.rank;
+        let config = MeshConfig {
+            job_id: registration.job_id.0,
+            rank: rank as usize,
+            peers: registration.peers.iter().map(|peer| peer.data_addr).collect(),
+            connect_timeout: env.start_timeout,
+            op_timeout: collective_timeout()?,
+        };
+        let mesh = match Mesh::establish(listener, config, abort.clone()) {
+            Ok(mesh) => mesh,
+            Err(err) => {
+                let message = format!("could not connect to its peers: {err}");
+                let _ = runtime::block_on(driver.report_failure(rank, &message));
+                driver.stop_background();
+                return Err(err);
+            }
+        };
+        let mut ranks_per_host: HashMap<&str, usize> = HashMap::new();
+        for peer in &registration.peers {
+            *ranks_per_host.entry(peer.host_hash.as_str()).or_default() += 1;
+        }
+        let mut counts = ranks_per_host.values();
+        let first = counts.next().copied();
+        let homogeneous = counts.all(|count| Some(*count) == first);
+        let info = RankInfo {
+            rank: rank as usize,
+            size: registration.size as usize,
+            local_rank: registration.local_rank as usize,
+            local_size: registration.local_size as usize,
+            cross_rank: registration.cross_rank as usize,
+            cross_size: registration.cross_size as usize,
+            hosts: registration.peers.iter().map(|peer| peer.hostname.clone()).collect(),
+        };
+        Ok(Self { comm: Communicator::new(info, mesh, abort), driver: Some(driver), homogeneous })
+    }
+
+    /// The communicator that runs this rank's collectives.
+    pub fn comm(&self) -> &Communicator {
+        &self.comm
+    }
+
+    /// True when every host runs the same number of ranks.
+    pub fn is_homogeneous(&self) -> bool {
+        self.homogeneous
+    }
+
+    /// Leaves the job: tells the driver this rank is done (so its silence is not a failure),
+    /// stops the heartbeats and closes the peer connections.
+    pub fn shutdown(&self) {
+        if let Some(driver) = &self.driver {
+            let rank = self.comm.info().rank as u32;
+            if let Err(err) = runtime::block_on(driver.leave(rank)).and_then(|left| left) {
+                log::warn!("rank {rank} could not tell the job driver it left: {err}");
+            }
+        }
+        self.comm.shutdown();
+    }
+}
+
+fn collective_timeout() -> Result<Duration> {
+    match std::env::var(COLLECTIVE_TIMEOUT) {
+        Ok(text) => parse_seconds(COLLECTIVE_TIMEOUT, &text),
+        Err(_) => Ok(DEFAULT_COLLECTIVE_TIMEOUT),
+    }
+}

@@ -1,0 +1,534 @@
+//! The job driver service and its client, over real gRPC on 127.0.0.1.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use kolo_collective::control::host_hash::host_hash_for;
+use kolo_collective::control::proto::driver_client::DriverClient as RawClient;
+use kolo_collective::control::proto::KvPutRequest;
+use kolo_collective::control::{
+    self, ClientOptions, DriverClient, DriverConfig, DriverService, JobSecret, Registration,
+    TaskInfo, WorkerEnv, SECRET_HEADER,
+};
+use kolo_collective::runtime::block_on;
+use kolo_collective::{AbortCause, AbortSignal, Error};
+
+fn config(num_tasks: usize) -> DriverConfig {
+    DriverConfig {
+        start_timeout: Duration::from_secs(20),
+        ..DriverConfig::new(num_tasks)
+    }
+}
+
+fn fast() -> ClientOptions {
+    ClientOptions {
+        connect_timeout: Duration::from_secs(5),
+        heartbeat_interval: Duration::from_millis(100),
+        lost_after: Duration::from_secs(1),
+    }
+}
+
+fn task(index: u32, host: &str) -> TaskInfo {
+    TaskInfo {
+        task_index: index,
+        host_hash: host_hash_for(host, "ns", None),
+        hostname: host.to_owned(),
+        data_addr: SocketAddr::from(([127, 0, 0, 1], 20_000 + index as u16)),
+        pid: 1_000 + index,
+    }
+}
+
+fn connect(driver: &DriverService, secret: &JobSecret) -> DriverClient {
+    block_on(DriverClient::connect(
+        &driver.addr().to_string(),
+        secret,
+        fast(),
+    ))
+    .unwrap()
+    .unwrap()
+}
+
+fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?} waiting until {what}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Registers every `(index, host)` concurrently; results in the same order.
+fn register_all(
+    driver: &DriverService,
+    secret: &JobSecret,
+    tasks: &[(u32, &str)],
+) -> Vec<(DriverClient, Registration)> {
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = tasks
+            .iter()
+            .map(|&(index, host)| {
+                scope.spawn(move || {
+                    let client = connect(driver, secret);
+                    let me = block_on(client.register(&task(index, host), Duration::from_secs(20)))
+                        .unwrap()
+                        .unwrap();
+                    (client, me)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn wrong_or_missing_secret_is_refused_and_the_right_one_works() {
+    let config = config(1);
+    let secret = config.secret.clone();
+    let driver = DriverService::start(config).unwrap();
+    let uri = format!("http://{}", driver.addr());
+    let put = || KvPutRequest {
+        key: "k".into(),
+        value: b"v".to_vec(),
+    };
+
+    // No secret at all.
+    let status = block_on(async {
+        let mut raw = RawClient::connect(uri.clone()).await.unwrap();
+        raw.kv_put(put()).await.unwrap_err()
+    })
+    .unwrap();
+    assert_eq!(status.code(), tonic::Code::Unauthenticated);
+    assert_eq!(status.message(), "wrong or missing job secret");
+
+    // A wrong secret, raw and through DriverClient.
+    let status = block_on(async {
+        let mut raw = RawClient::connect(uri.clone()).await.unwrap();
+        let mut request = tonic::Request::new(put());
+        request.metadata_mut().insert(
+            SECRET_HEADER,
+            JobSecret::generate().to_hex().parse().unwrap(),
+        );
+        raw.kv_put(request).await.unwrap_err()
+    })
+    .unwrap();
+    assert_eq!(status.code(), tonic::Code::Unauthenticated);
+    let intruder = connect(&driver, &JobSecret::generate());
+    let err = block_on(intruder.register(&task(0, "a"), Duration::from_secs(5)))
+        .unwrap()
+        .unwrap_err();
+    assert!(matches!(err, Error::Rendezvous(_)), "{err:?}");
+    assert!(
+        err.to_string()
+            .contains("refused this worker: wrong job secret"),
+        "{err}"
+    );
+    assert!(driver.assignment().is_none());
+
+    // The right secret.
+    let client = connect(&driver, &secret);
+    block_on(client.kv_put("k", b"v".to_vec()))
+        .unwrap()
+        .unwrap();
+    assert_eq!(driver.kv_value("k").as_deref(), Some(&b"v"[..]));
+}
+
+#[test]
+fn three_tasks_on_two_hosts_get_consecutive_ranks() {
+    let config = config(3);
+    let secret = config.secret.clone();
+    let job_id = config.job_id;
+    let driver = DriverService::start(config).unwrap();
+    // Task 0 and 2 on host a, task 1 on host b: a gets ranks 0 and 1, b gets rank 2.
+    let joined = register_all(&driver, &secret, &[(0, "a"), (1, "b"), (2, "a")]);
+    let got: Vec<_> = joined
+        .iter()
+        .map(|(_, r)| {
+            (
+                r.rank,
+                r.size,
+                r.local_rank,
+                r.local_size,
+                r.cross_rank,
+                r.cross_size,
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [(0, 3, 0, 2, 0, 2), (2, 3, 0, 1, 1, 2), (1, 3, 1, 2, 0, 1)]
+    );
+    let me = &joined[1].1;
+    assert_eq!(me.job_id, job_id);
+    let peers: Vec<_> = me
+        .peers
+        .iter()
+        .map(|p| {
+            (
+                p.rank,
+                p.task_index,
+                p.hostname.as_str(),
+                p.data_addr.port(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        peers,
+        [
+            (0, 0, "a", 20_000),
+            (1, 2, "a", 20_002),
+            (2, 1, "b", 20_001)
+        ]
+    );
+    assert_eq!(me.peers[2].host_hash, host_hash_for("b", "ns", None));
+    let assignment = driver.assignment().unwrap();
+    let ranks: Vec<u32> = assignment.iter().map(|a| a.rank).collect();
+    assert_eq!(ranks, [0, 2, 1]);
+    assert_eq!(assignment[1].hostname, "b");
+    assert_eq!(assignment[1].pid, 1_001);
+}
+
+#[test]
+fn start_timeout_names_the_missing_tasks() {
+    let config = DriverConfig {
+        start_timeout: Duration::from_secs(1),
+        ..DriverConfig::new(2)
+    };
+    let secret = config.secret.clone();
+    let driver = DriverService::start(config).unwrap();
+    let client = connect(&driver, &secret);
+    let started = Instant::now();
+    let err = block_on(client.register(&task(0, "a"), Duration::from_secs(1)))
+        .unwrap()
+        .unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    let text = err.to_string();
+    assert!(matches!(err, Error::Rendezvous(_)), "{err:?}");
+    assert!(text.contains("1 of 2 registered"), "{text}");
+    assert!(text.contains("missing task indices: [1]"), "{text}");
+    assert!(
+        text.contains("hvd.init()") && text.contains("--start-timeout"),
+        "{text}"
+    );
+    // The job is aborted with the same explanation, and latecomers are refused.
+    assert!(driver.abort_cause().unwrap().message.contains("1 of 2"));
+    let late = block_on(client.register(&task(1, "a"), Duration::from_secs(1)))
+        .unwrap()
+        .unwrap_err();
+    assert!(late.to_string().contains("1 of 2"), "{late}");
+}
+
+#[test]
+fn duplicate_task_index_is_refused() {
+    let config = config(2);
+    let secret = config.secret.clone();
+    let driver = DriverService::start(config).unwrap();
+    let first = connect(&driver, &secret);
+    let waiting = std::thread::spawn(move || {
+        block_on(first.register(&task(0, "a"), Duration::from_secs(20))).unwrap()
+    });
+    wait_until("task 0 registered", Duration::from_secs(5), || {
+        driver.registered_tasks() == [0]
+    });
+    let second = connect(&driver, &secret);
+    let impostor = TaskInfo {
+        pid: 4242,
+        ..task(0, "b")
+    };
+    let err = block_on(second.register(&impostor, Duration::from_secs(5)))
+        .unwrap()
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("task index 0 is already registered"),
+        "{text}"
+    );
+    assert!(text.contains("KOLO_TASK_INDEX"), "{text}");
+    // The same registration again (a retried call) is not a duplicate: it waits like the first.
+    let retry_client = connect(&driver, &secret);
+    let retried = std::thread::spawn(move || {
+        block_on(retry_client.register(&task(0, "a"), Duration::from_secs(20))).unwrap()
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!retried.is_finished());
+    // Out of range too.
+    let client = connect(&driver, &secret);
+    let err = block_on(client.register(&task(7, "a"), Duration::from_secs(5)))
+        .unwrap()
+        .unwrap_err();
+    assert!(err.to_string().contains("out of range"), "{err}");
+    driver.shutdown();
+    for waiter in [waiting, retried] {
+        let err = waiter.join().unwrap().unwrap_err();
+        assert!(err.to_string().contains("shut down"), "{err}");
+    }
+}
+
+#[test]
+fn kv_put_get_and_get_timeout() {
+    let config = config(1);
+    let secret = config.secret.clone();
+    let driver = DriverService::start(config).unwrap();
+    let client = connect(&driver, &secret);
+    block_on(client.kv_put("nccl-id", vec![1, 2, 3]))
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        block_on(client.kv_get("nccl-id", Duration::from_secs(1)))
+            .unwrap()
+            .unwrap(),
+        [1, 2, 3]
+    );
+
+    let started = Instant::now();
+    let err = block_on(client.kv_get("never", Duration::from_millis(200)))
+        .unwrap()
+        .unwrap_err();
+    assert!(matches!(err, Error::Timeout { .. }), "{err:?}");
+    assert!(err.to_string().contains("\"never\""), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(3));
+
+    // A get waits for a later put.
+    let reader = client.clone();
+    let waiting = std::thread::spawn(move || {
+        block_on(reader.kv_get("later", Duration::from_secs(10))).unwrap()
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    driver.kv_put("later", b"here".to_vec());
+    assert_eq!(waiting.join().unwrap().unwrap(), b"here");
+}
+
+#[test]
+fn abort_broadcast_reaches_every_watcher_within_a_second() {
+    let config = config(2);
+    let secret = config.secret.clone();
+    let driver = DriverService::start(config).unwrap();
+    let joined = register_all(&driver, &secret, &[(0, "a"), (1, "b")]);
+    let signals: Vec<AbortSignal> = joined
+        .iter()
+        .map(|(client, me)| {
+            let signal = AbortSignal::new();
+            client.start_background(me.rank, signal.clone()).unwrap();
+            signal
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300)); // Let the watchers open their streams.
+    let cause = AbortCause {
+        rank: Some(1),
+        host: "b".into(),
+        message: "killed by signal 9 (SIGKILL)".into(),
+    };
+    let sent = Instant::now();
+    assert!(driver.abort(cause.clone()));
+    assert!(!driver.abort(AbortCause {
+        rank: None,
+        host: String::new(),
+        message: "second".into()
+    }));
+    wait_until("every worker saw the abort", Duration::from_secs(1), || {
+        signals.iter().all(AbortSignal::is_aborted)
+    });
+    eprintln!("abort reached every watcher in {:?}", sent.elapsed());
+    for signal in &signals {
+        assert_eq!(signal.cause().unwrap(), cause);
+    }
+    assert_eq!(driver.abort_cause().unwrap(), cause);
+}
+
+#[test]
+fn failure_report_aborts_the_job_with_its_message() {
+    let config = config(2);
+    let secret = config.secret.clone();
+    let driver = DriverService::start(config).unwrap();
+    let mut failures = driver.failures();
+    let joined = register_all(&driver, &secret, &[(0, "a"), (1, "b")]);
+    let signal = AbortSignal::new();
+    joined[0].0.start_background(0, signal.clone()).unwrap();
+    block_on(joined[1].0.report_failure(1, "CUDA out of memory"))
+        .unwrap()
+        .unwrap();
+    let cause = block_on(async { failures.wait_for(Option::is_some).await.unwrap().clone() })
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        cause,
+        AbortCause {
+            rank: Some(1),
+            host: "b".into(),
+            message: "CUDA out of memory".into()
+        }
+    );
+    wait_until("rank 0 saw the abort", Duration::from_secs(2), || {
+        signal.is_aborted()
+    });
+    assert_eq!(signal.cause().unwrap(), cause);
+}
+
+#[test]
+fn a_silent_worker_gets_the_job_aborted_naming_it() {
+    let config = DriverConfig {
+        heartbeat_timeout: Duration::from_secs(1),
+        ..config(2)
+    };
+    let secret = config.secret.clone();
+    let driver = DriverService::start(config).unwrap();
+    let joined = register_all(&driver, &secret, &[(0, "alive-host"), (1, "silent-host")]);
+    // Only rank 0 runs its heartbeat; rank 1 (task 1, host "silent-host") never sends one.
+    let signal = AbortSignal::new();
+    joined[0]
+        .0
+        .start_background(joined[0].1.rank, signal.clone())
+        .unwrap();
+    wait_until(
+        "the driver gave up on rank 1",
+        Duration::from_secs(5),
+        || driver.abort_cause().is_some(),
+    );
+    let cause = driver.abort_cause().unwrap();
+    assert_eq!(cause.rank, Some(1));
+    assert_eq!(cause.host, "silent-host");
+    assert!(cause.message.contains("heartbeats"), "{}", cause.message);
+    wait_until("rank 0 saw the abort", Duration::from_secs(2), || {
+        signal.is_aborted()
+    });
+    assert_eq!(signal.cause().unwrap(), cause);
+}
+
+#[test]
+fn a_worker_that_leaves_is_not_missed() {
+    let config = DriverConfig {
+        heartbeat_timeout: Duration::from_millis(500),
+        ..config(1)
+    };
+    let secret = config.secret.clone();
+    let driver = DriverService::start(config).unwrap();
+    let joined = register_all(&driver, &secret, &[(0, "a")]);
+    block_on(joined[0].0.leave(0)).unwrap().unwrap();
+    std::thread::sleep(Duration::from_millis(1_500));
+    assert_eq!(driver.abort_cause(), None);
+}
+
+#[test]
+fn driver_shutdown_sets_lost_connection() {
+    let config = config(1);
+    let secret = config.secret.clone();
+    let driver = DriverService::start(config).unwrap();
+    let addr = driver.addr();
+    let joined = register_all(&driver, &secret, &[(0, "a")]);
+    let signal = AbortSignal::new();
+    joined[0].0.start_background(0, signal.clone()).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    driver.shutdown();
+    wait_until("the worker noticed", Duration::from_secs(5), || {
+        signal.is_aborted()
+    });
+    let cause = signal.cause().unwrap();
+    assert_eq!(cause.rank, None);
+    assert!(
+        cause
+            .message
+            .starts_with(&format!("lost connection to the job driver at {addr}")),
+        "{}",
+        cause.message
+    );
+}
+
+#[test]
+fn unreachable_driver_is_a_rendezvous_error_naming_it() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let options = ClientOptions {
+        connect_timeout: Duration::from_millis(500),
+        ..ClientOptions::default()
+    };
+    let err = block_on(DriverClient::connect(
+        &addr,
+        &JobSecret::generate(),
+        options,
+    ))
+    .unwrap()
+    .unwrap_err();
+    assert!(matches!(err, Error::Rendezvous(_)), "{err:?}");
+    assert!(err.to_string().contains(&addr), "{err}");
+}
+
+#[test]
+fn join_job_from_the_environment() {
+    let config = config(2);
+    let driver = DriverService::start(config.clone()).unwrap();
+    let env = |task_index: u32, hostname: &str| WorkerEnv {
+        driver_addr: driver.addr().to_string(),
+        secret: config.secret.clone(),
+        job_id: config.job_id,
+        task_index,
+        num_tasks: 2,
+        start_timeout: Duration::from_secs(20),
+        hostname: Some(hostname.to_owned()),
+        host_hash_salt: None,
+        data_addr: None,
+    };
+    let envs = [env(0, "localhost"), env(1, "127.0.0.1")];
+    let joined: Vec<_> = std::thread::scope(|scope| {
+        let handles: Vec<_> = envs
+            .iter()
+            .map(|env| {
+                scope.spawn(move || {
+                    let ip = control::data_plane_ip(env).unwrap();
+                    assert!(ip.is_loopback());
+                    let listener = std::net::TcpListener::bind((ip, 0)).unwrap();
+                    let signal = AbortSignal::new();
+                    let (me, client) =
+                        control::join_job(env, listener.local_addr().unwrap(), signal).unwrap();
+                    (me, client, listener.local_addr().unwrap())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    // Two hosts (the hostname override differs), one rank each.
+    assert_eq!((joined[0].0.rank, joined[1].0.rank), (0, 1));
+    assert_eq!(
+        (
+            joined[1].0.cross_rank,
+            joined[1].0.cross_size,
+            joined[1].0.local_size
+        ),
+        (1, 2, 1)
+    );
+    assert_eq!(joined[0].0.peers[1].data_addr, joined[1].2);
+    assert_eq!(joined[0].0.peers[1].hostname, "127.0.0.1");
+    for (me, client, _) in &joined {
+        block_on(client.leave(me.rank)).unwrap().unwrap();
+    }
+    // A worker whose KOLO_JOB_ID does not match the driver's is refused after registering.
+    let other = DriverService::start(DriverConfig {
+        secret: config.secret.clone(),
+        ..DriverConfig::new(1)
+    })
+    .unwrap();
+    let stale = WorkerEnv {
+        driver_addr: other.addr().to_string(),
+        num_tasks: 1,
+        ..env(0, "x")
+    };
+    let err = control::join_job(
+        &stale,
+        SocketAddr::from(([127, 0, 0, 1], 9)),
+        AbortSignal::new(),
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains(&format!("was started for job {}", config.job_id)),
+        "{err}"
+    );
+}

@@ -1,0 +1,5 @@
+//! The crate's one integration-test binary.
+
+mod collectives;
+mod driver;
+mod launcher;

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Sets up the project's Python environment in .venv/ and builds + installs kolo into it
+# (release profile, the only one the project builds). Safe to re-run; fast when nothing changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python_bin="${PYTHON:-}"
+if [ -z "$python_bin" ]; then
+  for candidate in python3.11 python3.12 python3.10 python3; do
+    if command -v "$candidate" >/dev/null 2>&1; then python_bin="$candidate"; break; fi
+  done
+fi
+command -v cargo >/dev/null 2>&1 || { echo "dev/setup.sh: cargo not found; install Rust (rustup)" >&2; exit 1; }
+
+if [ ! -x .venv/bin/python ]; then
+  echo "== creating .venv with $python_bin"
+  "$python_bin" -m venv .venv
+fi
+echo "== installing Python dependencies (dev/requirements.txt)"
+.venv/bin/python -m pip install --quiet --upgrade pip
+.venv/bin/python -m pip install --quiet -r dev/requirements.txt
+
+echo "== building kolo (cargo release profile) and installing it into .venv"
+VIRTUAL_ENV="$PWD/.venv" PATH="$PWD/.venv/bin:$PATH" .venv/bin/maturin develop --release --quiet
+.venv/bin/python -c "import kolo, kolo.torch; print('kolo', kolo.__version__, 'ready in .venv')"

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Sets everything up and runs the whole test suite: formatting and lints, the Rust tests, then
+# the Python end-to-end suite (real processes, kolorun, ssh to 127.0.0.1). CI runs exactly this.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+start=$(date +%s)
+dev/system-deps.sh
+dev/setup.sh
+export PATH="$PWD/.venv/bin:$PATH"
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy (release, -D warnings)"
+cargo clippy --release --workspace --all-targets --locked -- -D warnings
+echo "== cargo test (release)"
+cargo test --release --workspace --locked
+echo "== ruff"
+ruff format --check python tests examples bench
+ruff check python tests examples bench
+echo "== pytest"
+python -m pytest
+echo "== test suite passed in $(( $(date +%s) - start )) s"

@@ -1,0 +1,217 @@
+"""Framework-agnostic process state shared by every adapter (``kolo.torch``, later others).
+
+Holds the rank assignment after :func:`init` and names unnamed collectives deterministically,
+so the same call sequence gets the same names on every rank.
+"""
+
+from __future__ import annotations
+
+import atexit
+import enum
+import itertools
+import threading
+import warnings
+from typing import Any, Optional
+
+from kolo import _native
+from kolo.exceptions import InvalidArgumentError, NotInitializedError
+
+_lock = threading.Lock()
+_info: Optional[dict[str, Any]] = None
+_counters: dict[str, itertools.count] = {}
+
+
+def init(comm: Any = None) -> None:
+    """Joins the job this process was launched into, or runs as a single rank.
+
+    Under ``kolorun`` (or ``kolo.spark.run`` / ``RayExecutor``) the process registers with the
+    job's driver service, receives its rank (a host's ranks are consecutive) and connects to its
+    peers. Launched bare (``python train.py``) it becomes rank 0 of 1. Calling it again is a
+    no-op.
+
+    Example::
+
+        import kolo.torch as hvd
+        hvd.init()
+        print(hvd.rank(), hvd.size())
+    """
+    global _info
+    if comm is not None:
+        raise InvalidArgumentError(
+            "init(comm=...) selects an MPI communicator, and kolo does not use MPI: launch the "
+            "processes with kolorun (or kolo.spark.run / kolo.ray.RayExecutor) and call init()"
+        )
+    with _lock:
+        if _info is None:
+            _native.init()
+            _info = _native.rank_info()
+            _counters.clear()
+            atexit.register(shutdown)
+
+
+def shutdown() -> None:
+    """Leaves the job: closes connections to peers and the driver. ``init()`` may follow."""
+    global _info
+    with _lock:
+        _native.shutdown()
+        _info = None
+
+
+def is_initialized() -> bool:
+    """True between :func:`init` and :func:`shutdown`."""
+    return _info is not None
+
+
+def _get(key: str) -> Any:
+    info = _info
+    if info is None:
+        raise NotInitializedError("kolo has not been initialized; call hvd.init() first")
+    return info[key]
+
+
+def require_initialized() -> None:
+    """Raises :class:`~kolo.exceptions.NotInitializedError` unless :func:`init` ran."""
+    _get("rank")
+
+
+def rank() -> int:
+    """This process's rank in the job, 0 ≤ rank < size."""
+    return int(_get("rank"))
+
+
+def size() -> int:
+    """The number of ranks in the job."""
+    return int(_get("size"))
+
+
+def local_rank() -> int:
+    """This process's position among the ranks on its host (the GPU index to use)."""
+    return int(_get("local_rank"))
+
+
+def local_size() -> int:
+    """The number of ranks on this process's host."""
+    return int(_get("local_size"))
+
+
+def cross_rank() -> int:
+    """The ordinal of this host among the hosts that have a rank with this local rank."""
+    return int(_get("cross_rank"))
+
+
+def cross_size() -> int:
+    """The number of hosts that have a rank with this process's local rank."""
+    return int(_get("cross_size"))
+
+
+def is_homogeneous() -> bool:
+    """True when every host runs the same number of ranks."""
+    return bool(_get("is_homogeneous"))
+
+
+def op_name(kind: str, name: Optional[str]) -> str:
+    """The name an op carries across ranks: the user's, or ``<kind>.noname.<n>``."""
+    if name is not None:
+        return str(name)
+    with _lock:
+        counter = _counters.setdefault(kind, itertools.count())
+        return f"{kind}.noname.{next(counter)}"
+
+
+def mpi_built() -> bool:
+    """False: kolo does not use MPI."""
+    return False
+
+
+def mpi_enabled() -> bool:
+    """False: kolo does not use MPI."""
+    return False
+
+
+def mpi_threads_supported() -> bool:
+    """False: kolo does not use MPI."""
+    return False
+
+
+def gloo_built() -> bool:
+    """False: kolo's CPU collectives are its own TCP transport, not Gloo."""
+    return False
+
+
+def gloo_enabled() -> bool:
+    """False: kolo's CPU collectives are its own TCP transport, not Gloo."""
+    return False
+
+
+def nccl_built() -> bool:
+    """Whether this build can run NCCL collectives (it loads libnccl at run time)."""
+    return bool(_native.build_info()["nccl"])
+
+
+def cuda_built() -> bool:
+    """Whether this build was compiled with CUDA support."""
+    return bool(_native.build_info()["cuda"])
+
+
+def rocm_built() -> bool:
+    """False: kolo has no ROCm support."""
+    return False
+
+
+def ddl_built() -> bool:
+    """False: kolo has no IBM DDL support."""
+    return False
+
+
+def ccl_built() -> bool:
+    """False: kolo has no oneCCL support."""
+    return False
+
+
+class ReduceOp(enum.IntEnum):
+    """Reduction operations, with Horovod's values (``hvd.Average``, ``hvd.Sum``, ...)."""
+
+    Average = 0
+    Sum = 1
+    Adasum = 2
+    Min = 3
+    Max = 4
+    Product = 5
+
+
+Average = ReduceOp.Average
+Sum = ReduceOp.Sum
+Adasum = ReduceOp.Adasum
+Min = ReduceOp.Min
+Max = ReduceOp.Max
+Product = ReduceOp.Product
+
+
+def resolve_op(op: Any, average: Optional[bool]) -> ReduceOp:
+    """Horovod's rule: ``op`` wins, the deprecated ``average`` flag maps to Average/Sum,
+    and the default is Average."""
+    if op is not None and average is not None:
+        raise InvalidArgumentError(
+            "pass either op= or the deprecated average=, not both (op supersedes average)"
+        )
+    if average is not None:
+        warnings.warn(
+            "average= is deprecated; use op=hvd.Average or op=hvd.Sum",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return Average if average else Sum
+    if op is None:
+        return Average
+    try:
+        resolved = ReduceOp(op)
+    except ValueError:
+        raise InvalidArgumentError(
+            f"unknown reduction op {op!r}; use hvd.Sum, hvd.Average, hvd.Min, hvd.Max or "
+            "hvd.Product"
+        ) from None
+    if resolved is Adasum:
+        raise InvalidArgumentError(
+            "op=hvd.Adasum is not supported by kolo; use hvd.Average or hvd.Sum"
+        )
+    return resolved

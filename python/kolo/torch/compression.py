@@ -1,0 +1,60 @@
+"""Gradient compression for allreduce, with Horovod's names (``hvd.Compression.fp16``)."""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+import torch
+
+
+class Compressor(abc.ABC):
+    """Compresses a tensor before a collective and restores it afterwards."""
+
+    @staticmethod
+    @abc.abstractmethod
+    def compress(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """Returns the tensor to send and the context :meth:`decompress` needs."""
+
+    @staticmethod
+    @abc.abstractmethod
+    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
+        """Restores a tensor returned by :meth:`compress` after the collective."""
+
+
+class NoneCompressor(Compressor):
+    """Sends tensors as they are."""
+
+    @staticmethod
+    def compress(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
+        return tensor
+
+
+class FP16Compressor(Compressor):
+    """Sends floating-point tensors as float16 and casts the result back.
+
+    Example::
+
+        hvd.allreduce(grad, compression=hvd.Compression.fp16)
+    """
+
+    @staticmethod
+    def compress(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        if tensor.dtype.is_floating_point:
+            return tensor.type(torch.float16), tensor.dtype
+        return tensor, tensor.dtype
+
+    @staticmethod
+    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
+        return tensor if ctx is None or tensor.dtype == ctx else tensor.type(ctx)
+
+
+class Compression:
+    """The available compressors: ``Compression.none`` and ``Compression.fp16``."""
+
+    none = NoneCompressor
+    fp16 = FP16Compressor

@@ -1,0 +1,102 @@
+//! The `kolo.exceptions` hierarchy, and the one mapping from runtime errors onto it.
+
+use kolo_collective::Error;
+use pyo3::create_exception;
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+
+create_exception!(kolo.exceptions, KoloError, PyException, "Base class of every error kolo raises.");
+create_exception!(
+    kolo.exceptions,
+    ConfigError,
+    KoloError,
+    "A setting (environment variable, launcher flag, argument) is invalid."
+);
+create_exception!(
+    kolo.exceptions,
+    InvalidArgumentError,
+    KoloError,
+    "An argument of a kolo call is invalid (dtype, shape, op, rank, splits, ...)."
+);
+create_exception!(
+    kolo.exceptions,
+    RendezvousError,
+    KoloError,
+    "Joining the job failed: the driver refused the worker, or not every rank arrived in time."
+);
+create_exception!(kolo.exceptions, TimeoutError, KoloError, "A bounded wait ran out.");
+create_exception!(
+    kolo.exceptions,
+    MismatchError,
+    KoloError,
+    "Ranks called different collectives (name, shape, dtype, op, root) at the same point."
+);
+create_exception!(
+    kolo.exceptions,
+    InternalError,
+    KoloError,
+    "A collective failed because the job broke (Horovod's HorovodInternalError)."
+);
+create_exception!(
+    kolo.exceptions,
+    JobAbortedError,
+    InternalError,
+    "Another rank failed and the job was aborted; the message names the rank and the cause."
+);
+create_exception!(
+    kolo.exceptions,
+    PeerConnectionError,
+    InternalError,
+    "The connection to a peer rank broke in the middle of a collective."
+);
+create_exception!(
+    kolo.exceptions,
+    LaunchError,
+    KoloError,
+    "Starting or supervising the processes of a job failed."
+);
+
+/// Adds every exception class to the native module (re-exported by `kolo.exceptions`).
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("KoloError", py.get_type::<KoloError>())?;
+    m.add("ConfigError", py.get_type::<ConfigError>())?;
+    m.add("InvalidArgumentError", py.get_type::<InvalidArgumentError>())?;
+    m.add("RendezvousError", py.get_type::<RendezvousError>())?;
+    m.add("TimeoutError", py.get_type::<TimeoutError>())?;
+    m.add("MismatchError", py.get_type::<MismatchError>())?;
+    m.add("InternalError", py.get_type::<InternalError>())?;
+    m.add("JobAbortedError", py.get_type::<JobAbortedError>())?;
+    m.add("PeerConnectionError", py.get_type::<PeerConnectionError>())?;
+    m.add("LaunchError", py.get_type::<LaunchError>())?;
+    Ok(())
+}
+
+/// Maps a runtime error onto its `kolo.exceptions` class, keeping the message.
+pub fn to_py(err: Error) -> PyErr {
+    let message = err.to_string();
+    match err {
+        Error::Config(_) => ConfigError::new_err(message),
+        Error::InvalidArgument(_) => InvalidArgumentError::new_err(message),
+        Error::Rendezvous(_) => RendezvousError::new_err(message),
+        Error::Timeout { .. } => TimeoutError::new_err(message),
+        Error::Mismatch(_) => MismatchError::new_err(message),
+        Error::Aborted(_) => JobAbortedError::new_err(message),
+        Error::Peer { .. } => PeerConnectionError::new_err(message),
+        Error::Launch(_) => LaunchError::new_err(message),
+        Error::Transport(_) | Error::Status(_) => RendezvousError::new_err(message),
+        _ => KoloError::new_err(message),
+    }
+}
+
+/// `Result` with Python's error, for the binding's functions.
+pub trait IntoPyResult<T> {
+    /// Maps the error with [`to_py`].
+    fn py_err(self) -> PyResult<T>;
+}
+
+impl<T> IntoPyResult<T> for kolo_collective::Result<T> {
+    fn py_err(self) -> PyResult<T> {
+        self.map_err(to_py)
+    }
+}

@@ -1,0 +1,27 @@
+//! `kolo._native`: the thin binding under the pure-Python `kolo` package. Every public name
+//! lives in Python (`kolo.torch`, `kolo.exceptions`, `kolo.runner`); this module only moves
+//! calls and errors across, releasing the GIL while Rust works.
+
+use pyo3::prelude::*;
+
+mod blocking;
+mod driver;
+mod error;
+mod launch;
+mod logging;
+mod ops;
+mod raw;
+mod session;
+
+/// The native module.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    logging::init();
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    error::register(m)?;
+    session::register(m)?;
+    ops::register(m)?;
+    launch::register(m)?;
+    driver::register(m)?;
+    Ok(())
+}

@@ -1,0 +1,78 @@
+//! This process's place in a job: `init`, `shutdown`, and the rank queries.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use kolo_collective::worker::Worker;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::blocking::run_interruptibly;
+use crate::error::IntoPyResult;
+
+static CURRENT: Mutex<Option<Arc<Worker>>> = Mutex::new(None);
+
+fn slot() -> MutexGuard<'static, Option<Arc<Worker>>> {
+    CURRENT.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The joined worker, or `kolo.exceptions.NotInitializedError`.
+pub fn current(py: Python<'_>) -> PyResult<Arc<Worker>> {
+    if let Some(worker) = slot().as_ref() {
+        return Ok(Arc::clone(worker));
+    }
+    let class = py.import("kolo.exceptions")?.getattr("NotInitializedError")?;
+    Err(PyErr::from_value(class.call1(("kolo has not been initialized; call hvd.init() first",))?))
+}
+
+/// Joins the job this process was launched into (or becomes a single rank). Idempotent.
+#[pyfunction]
+pub fn init(py: Python<'_>) -> PyResult<()> {
+    if slot().is_some() {
+        return Ok(());
+    }
+    let worker = run_interruptibly(py, Duration::from_secs(1), |_stop| Worker::join_from_env())?
+        .py_err()?;
+    *slot() = Some(Arc::new(worker));
+    Ok(())
+}
+
+/// Leaves the job (no-op when not initialized).
+#[pyfunction]
+pub fn shutdown(py: Python<'_>) {
+    let worker = slot().take();
+    if let Some(worker) = worker {
+        py.detach(|| worker.shutdown());
+    }
+}
+
+/// True between `init()` and `shutdown()`.
+#[pyfunction]
+pub fn is_initialized() -> bool {
+    slot().is_some()
+}
+
+/// The rank assignment as a dict (`rank`, `size`, `local_rank`, ..., `is_homogeneous`).
+#[pyfunction]
+pub fn rank_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let worker = current(py)?;
+    let info = worker.comm().info();
+    let dict = PyDict::new(py);
+    dict.set_item("rank", info.rank)?;
+    dict.set_item("size", info.size)?;
+    dict.set_item("local_rank", info.local_rank)?;
+    dict.set_item("local_size", info.local_size)?;
+    dict.set_item("cross_rank", info.cross_rank)?;
+    dict.set_item("cross_size", info.cross_size)?;
+    dict.set_item("is_homogeneous", worker.is_homogeneous())?;
+    Ok(dict)
+}
+
+/// Adds the session functions to the native module.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(init, m)?)?;
+    m.add_function(wrap_pyfunction!(shutdown, m)?)?;
+    m.add_function(wrap_pyfunction!(is_initialized, m)?)?;
+    m.add_function(wrap_pyfunction!(rank_info, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,70 @@
+"""Shared helpers for the end-to-end suites: run kolorun and worker scripts as real processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+WORKERS = Path(__file__).resolve().parent / "workers"
+BIN = Path(sys.executable).parent
+
+
+def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for launched processes: this venv first on PATH, unbuffered output."""
+    env = dict(os.environ)
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHONUNBUFFERED"] = "1"
+    for key in [k for k in env if k.startswith("KOLO_") and k != "KOLO_LOG_LEVEL"]:
+        del env[key]
+    env.update(extra or {})
+    return env
+
+
+def run_kolorun(
+    args: list[str], timeout: float = 180, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """Runs ``kolorun ARGS`` from the repo root and returns the finished process."""
+    return subprocess.run(
+        [str(BIN / "kolorun"), *args],
+        cwd=REPO,
+        env=worker_env(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def worker(name: str) -> str:
+    """The path of a worker script under tests/workers."""
+    return str(WORKERS / name)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); treat it as gone.
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ", 1)[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def kill_quietly(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+@pytest.fixture
+def kolorun():
+    return run_kolorun

@@ -1,0 +1,32 @@
+"""Every collective x dtype x op on 1, 2 and 3 ranks under kolorun, against a reference."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from conftest import run_kolorun, worker
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+def test_every_collective_dtype_and_op_matches_reference(ranks: int) -> None:
+    result = run_kolorun(["-np", str(ranks), "python", worker("collectives_worker.py")], timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    summaries = re.findall(r"\[(\d+)\]<stdout>:rank \d+ of (\d+): checked (\d+) cases, (\d+) failures", result.stdout)
+    assert sorted(int(rank) for rank, *_ in summaries) == list(range(ranks)), result.stdout[-2000:]
+    for _, size, checked, failed in summaries:
+        assert int(size) == ranks
+        assert int(checked) > 800
+        assert int(failed) == 0
+
+
+def test_mismatched_calls_raise_on_every_rank() -> None:
+    result = run_kolorun(["-np", "2", "python", worker("mismatch_worker.py")], timeout=120)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for rank in (0, 1):
+        assert f"[{rank}]<stdout>:rank {rank}: 6 mismatches raised MismatchError" in result.stdout
+        assert f"[{rank}]<stdout>:shape: MismatchError:" in result.stdout
+    # The message names the ranks and what differs.
+    shape_line = next(line for line in result.stdout.splitlines() if "shape: MismatchError" in line)
+    assert "rank 0" in shape_line and "rank 1" in shape_line, shape_line

@@ -1,0 +1,265 @@
+"""Checks every collective x dtype x op against a NumPy/torch reference on this job's ranks.
+
+Run under kolorun with any number of ranks; every rank builds every rank's inputs from a seed,
+computes the expected result locally and compares. Prints one summary line per rank and exits
+non-zero on any difference.
+"""
+
+from __future__ import annotations
+
+import sys
+import zlib
+
+import numpy as np
+import torch
+
+import kolo.torch as hvd
+
+FLOAT_TOLERANCE = {
+    torch.float16: 2e-3,
+    torch.bfloat16: 1.6e-2,
+    torch.float32: 1e-5,
+    torch.float64: 1e-12,
+}
+DTYPES = [
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.bool,
+]
+OPS = {"Sum": hvd.Sum, "Average": hvd.Average, "Min": hvd.Min, "Max": hvd.Max, "Product": hvd.Product}
+
+failures: list[str] = []
+checked = 0
+
+
+def data(case: str, rank: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """Deterministic input of `rank` for `case`; small values so products and sums stay exact."""
+    rng = np.random.default_rng(zlib.crc32(f"{case}/{rank}".encode()))
+    if dtype == torch.bool:
+        values = rng.integers(0, 2, size=shape).astype(bool)
+    elif dtype == torch.uint8:
+        values = rng.integers(0, 4, size=shape)
+    elif dtype.is_floating_point:
+        values = rng.integers(-8, 9, size=shape) / 4.0
+    else:
+        values = rng.integers(-3, 4, size=shape)
+    return torch.from_numpy(np.asarray(values)).to(dtype)
+
+
+def reduce_reference(inputs: list[torch.Tensor], op: str, pre: float, post: float) -> torch.Tensor:
+    """The expected reduction, with kolo's documented semantics."""
+    dtype = inputs[0].dtype
+    n = len(inputs)
+    if dtype == torch.bool:
+        stacked = torch.stack(inputs)
+        return stacked.any(0) if op in ("Sum", "Max") else stacked.all(0)
+    if dtype.is_floating_point:
+        stacked = torch.stack([t.double() * pre for t in inputs])
+        if op in ("Sum", "Average"):
+            out = stacked.sum(0)
+        elif op == "Min":
+            out = stacked.min(0).values
+        elif op == "Max":
+            out = stacked.max(0).values
+        else:
+            out = stacked.prod(0)
+        if op == "Average":
+            out = out / n
+        return (out * post).to(dtype)
+    arrays = [t.numpy() for t in inputs]
+    np_dtype = arrays[0].dtype
+    if pre != 1.0:
+        arrays = [np.trunc(a.astype(np.float64) * pre).astype(np_dtype) for a in arrays]
+    stacked = np.stack(arrays)
+    with np.errstate(over="ignore"):
+        if op in ("Sum", "Average"):
+            out = stacked.sum(0, dtype=np_dtype)
+        elif op == "Min":
+            out = stacked.min(0)
+        elif op == "Max":
+            out = stacked.max(0)
+        else:
+            out = stacked.prod(0, dtype=np_dtype)
+    factor = post / n if op == "Average" else post
+    if factor != 1.0:
+        out = np.trunc(out.astype(np.float64) * factor).astype(np_dtype)
+    return torch.from_numpy(np.array(out))
+
+
+def check(label: str, actual: torch.Tensor, expected: torch.Tensor, int_slack: int = 0) -> None:
+    global checked
+    checked += 1
+    if actual.dtype != expected.dtype or tuple(actual.shape) != tuple(expected.shape):
+        failures.append(
+            f"{label}: got {actual.dtype} {tuple(actual.shape)}, "
+            f"expected {expected.dtype} {tuple(expected.shape)}"
+        )
+        return
+    if expected.dtype.is_floating_point:
+        ok = torch.allclose(
+            actual.double(), expected.double(), rtol=FLOAT_TOLERANCE[expected.dtype], atol=1e-6
+        )
+    elif expected.dtype == torch.bool or int_slack == 0:
+        ok = torch.equal(actual, expected)
+    else:
+        ok = actual.numel() == 0 or bool(
+            (actual.long() - expected.long()).abs().max().item() <= int_slack
+        )
+    if not ok:
+        failures.append(f"{label}: got {actual.flatten()[:8]} expected {expected.flatten()[:8]}")
+
+
+def ops_for(dtype: torch.dtype) -> list[str]:
+    return [op for op in OPS if not (dtype == torch.bool and op == "Average")]
+
+
+def check_allreduce(size: int, rank: int) -> None:
+    for dtype in DTYPES:
+        for shape in [(0,), (1,), (1023,), (3, 5), ()]:
+            for op in ops_for(dtype):
+                case = f"allreduce/{dtype}/{shape}/{op}"
+                inputs = [data(case, r, shape, dtype) for r in range(size)]
+                result = hvd.allreduce(inputs[rank], op=OPS[op], name=case)
+                slack = 1 if op == "Average" else 0
+                check(case, result, reduce_reference(inputs, op, 1.0, 1.0), slack)
+                inplace = inputs[rank].clone()
+                hvd.allreduce_(inplace, op=OPS[op], name=case + "/inplace")
+                check(case + "/inplace", inplace, result)
+        if dtype != torch.bool:
+            for pre, post in [(0.5, 3.0), (2.0, 1.0)]:
+                case = f"allreduce-scaled/{dtype}/{pre}/{post}"
+                inputs = [data(case, r, (257,), dtype) for r in range(size)]
+                for op in ["Sum", "Average"]:
+                    result = hvd.allreduce(
+                        inputs[rank],
+                        op=OPS[op],
+                        prescale_factor=pre,
+                        postscale_factor=post,
+                        name=f"{case}/{op}",
+                    )
+                    slack = 1 if not dtype.is_floating_point else 0
+                    check(f"{case}/{op}", result, reduce_reference(inputs, op, pre, post), slack)
+
+
+def check_allgather(size: int, rank: int) -> None:
+    for dtype in DTYPES:
+        for variant in range(3):
+            rows = [(r + variant) % 3 for r in range(size)]  # uneven, sometimes 0
+            case = f"allgather/{dtype}/{variant}"
+            inputs = [data(case, r, (rows[r], 3), dtype) for r in range(size)]
+            result = hvd.allgather(inputs[rank], name=case)
+            check(case, result, torch.cat(inputs))
+        case = f"allgather-1d/{dtype}"
+        inputs = [data(case, r, (1023 + r,), dtype) for r in range(size)]
+        check(case, hvd.allgather(inputs[rank], name=case), torch.cat(inputs))
+
+
+def check_broadcast(size: int, rank: int) -> None:
+    for dtype in DTYPES:
+        for root in range(size):
+            for shape in [(0,), (1,), (1023,), (2, 3), ()]:
+                case = f"broadcast/{dtype}/{root}/{shape}"
+                inputs = [data(case, r, shape, dtype) for r in range(size)]
+                result = hvd.broadcast(inputs[rank], root_rank=root, name=case)
+                check(case, result, inputs[root])
+                inplace = inputs[rank].clone()
+                hvd.broadcast_(inplace, root_rank=root, name=case + "/inplace")
+                check(case + "/inplace", inplace, inputs[root])
+
+
+def splits_of(sender: int, size: int, variant: int) -> list[int]:
+    return [(sender + receiver + variant) % 3 for receiver in range(size)]
+
+
+def check_alltoall(size: int, rank: int) -> None:
+    for dtype in DTYPES:
+        for variant in range(3):
+            case = f"alltoall/{dtype}/{variant}"
+            all_splits = [splits_of(r, size, variant) for r in range(size)]
+            inputs = [data(case, r, (sum(all_splits[r]), 2), dtype) for r in range(size)]
+            output, received = hvd.alltoall(inputs[rank], splits=all_splits[rank], name=case)
+            pieces = []
+            for sender in range(size):
+                start = sum(all_splits[sender][:rank])
+                pieces.append(inputs[sender][start : start + all_splits[sender][rank]])
+            check(case, output, torch.cat(pieces))
+            expected_received = torch.tensor([all_splits[s][rank] for s in range(size)])
+            check(case + "/received", received.long(), expected_received)
+        case = f"alltoall-even/{dtype}"
+        inputs = [data(case, r, (2 * size, 3), dtype) for r in range(size)]
+        output = hvd.alltoall(inputs[rank], name=case)
+        check(case, output, torch.cat([inputs[s][2 * rank : 2 * rank + 2] for s in range(size)]))
+
+
+def check_reducescatter(size: int, rank: int) -> None:
+    for dtype in DTYPES:
+        for rows in [7, size, 1]:
+            for op in ops_for(dtype):
+                case = f"reducescatter/{dtype}/{rows}/{op}"
+                inputs = [data(case, r, (rows, 3), dtype) for r in range(size)]
+                result = hvd.reducescatter(inputs[rank], op=OPS[op], name=case)
+                full = reduce_reference(inputs, op, 1.0, 1.0)
+                counts = [rows // size + (1 if r < rows % size else 0) for r in range(size)]
+                start = sum(counts[:rank])
+                slack = 1 if op == "Average" else 0
+                check(case, result, full[start : start + counts[rank]], slack)
+
+
+def check_large(size: int, rank: int) -> None:
+    elements = 5 * 1024 * 1024  # 20 MiB of float32
+    for dtype in [torch.float32, torch.bfloat16]:
+        case = f"large-allreduce/{dtype}"
+        inputs = [data(case, r, (elements,), dtype) for r in range(size)]
+        result = hvd.allreduce(inputs[rank], op=hvd.Sum, name=case)
+        check(case, result, reduce_reference(inputs, "Sum", 1.0, 1.0))
+    case = "large-allgather"
+    inputs = [data(case, r, (elements + r, 1), torch.float32) for r in range(size)]
+    check(case, hvd.allgather(inputs[rank], name=case), torch.cat(inputs))
+    case = "large-broadcast"
+    inputs = [data(case, r, (elements,), torch.float32) for r in range(size)]
+    check(case, hvd.broadcast(inputs[rank], root_rank=size - 1, name=case), inputs[size - 1])
+
+
+def check_objects(size: int, rank: int) -> None:
+    global checked
+    gathered = hvd.allgather_object({"rank": rank, "payload": "x" * rank})
+    expected = [{"rank": r, "payload": "x" * r} for r in range(size)]
+    checked += 1
+    if gathered != expected:
+        failures.append(f"allgather_object: {gathered} != {expected}")
+    value = hvd.broadcast_object({"from": rank} if rank == size - 1 else None, root_rank=size - 1)
+    checked += 1
+    if value != {"from": size - 1}:
+        failures.append(f"broadcast_object: {value}")
+    hvd.barrier()
+
+
+def main() -> int:
+    hvd.init()
+    size, rank = hvd.size(), hvd.rank()
+    for suite in [
+        check_allreduce,
+        check_allgather,
+        check_broadcast,
+        check_alltoall,
+        check_reducescatter,
+        check_large,
+        check_objects,
+    ]:
+        suite(size, rank)
+    for failure in failures[:20]:
+        print(f"FAIL {failure}", file=sys.stderr)
+    print(f"rank {rank} of {size}: checked {checked} cases, {len(failures)} failures")
+    hvd.shutdown()
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
