@@ -108,15 +108,21 @@ def main() -> None:
         for name, times in samples.items():
             seconds = statistics.median(times)
             algbw = nbytes / seconds / 1e9
-            row[name] = {"time_us": seconds * 1e6, "algbw_GBps": algbw, "busbw_GBps": algbw * factor}
+            row[name] = {
+                "time_us": seconds * 1e6,
+                "algbw_GBps": algbw,
+                "busbw_GBps": algbw * factor,
+            }
         row["ratio_busbw_kolo_over_gloo"] = row["kolo"]["busbw_GBps"] / row["gloo"]["busbw_GBps"]
         results.append(row)
         if rank == 0:
-            k, g = row["kolo"], row["gloo"]
+            columns = [
+                f"{name} {row[name]['time_us']:10.1f} us "
+                f"algbw {row[name]['algbw_GBps']:6.3f} busbw {row[name]['busbw_GBps']:6.3f} GB/s"
+                for name in ("kolo", "gloo")
+            ]
             print(
-                f"allreduce fp32 {human(nbytes):>9}: "
-                f"kolo {k['time_us']:10.1f} us algbw {k['algbw_GBps']:6.3f} busbw {k['busbw_GBps']:6.3f} GB/s | "
-                f"gloo {g['time_us']:10.1f} us algbw {g['algbw_GBps']:6.3f} busbw {g['busbw_GBps']:6.3f} GB/s | "
+                f"allreduce fp32 {human(nbytes):>9}: {columns[0]} | {columns[1]} | "
                 f"ratio {row['ratio_busbw_kolo_over_gloo']:.2f}x",
                 flush=True,
             )

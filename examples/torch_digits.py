@@ -60,9 +60,7 @@ def main() -> None:
     torch.manual_seed(hvd.rank())  # different on purpose: the broadcast below aligns them
     x_train, y_train, x_test, y_test = load_shard()
 
-    model = torch.nn.Sequential(
-        torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)
-    )
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
     for index, param in enumerate(model.parameters()):
         hvd.broadcast_(param.data, root_rank=0, name=f"init.{index}")
     optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE * hvd.size(), momentum=0.9)

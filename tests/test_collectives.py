@@ -11,9 +11,13 @@ from conftest import run_kolorun, worker
 
 @pytest.mark.parametrize("ranks", [1, 2, 3])
 def test_every_collective_dtype_and_op_matches_reference(ranks: int) -> None:
-    result = run_kolorun(["-np", str(ranks), "python", worker("collectives_worker.py")], timeout=600)
+    result = run_kolorun(
+        ["-np", str(ranks), "python", worker("collectives_worker.py")], timeout=600
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    summaries = re.findall(r"\[(\d+)\]<stdout>:rank \d+ of (\d+): checked (\d+) cases, (\d+) failures", result.stdout)
+    summaries = re.findall(
+        r"\[(\d+)\]<stdout>:rank \d+ of (\d+): checked (\d+) cases, (\d+) failures", result.stdout
+    )
     assert sorted(int(rank) for rank, *_ in summaries) == list(range(ranks)), result.stdout[-2000:]
     for _, size, checked, failed in summaries:
         assert int(size) == ranks

@@ -9,7 +9,6 @@ import sys
 import time
 
 from conftest import REPO, worker_env
-
 from kolo._native import DriverService
 
 INIT = "import kolo.torch as hvd; hvd.init()"
@@ -47,14 +46,20 @@ def test_wrong_or_missing_secret_is_refused(capfd) -> None:
         env = dict(driver.worker_env(0))
         env["KOLO_JOB_SECRET"] = "ab" * 32
         wrong = subprocess.run(
-            [sys.executable, "-c", INIT], env=worker_env(env), capture_output=True, text=True,
+            [sys.executable, "-c", INIT],
+            env=worker_env(env),
+            capture_output=True,
+            text=True,
             timeout=60,
         )
         assert wrong.returncode != 0
         assert "RendezvousError" in wrong.stderr and "secret" in wrong.stderr, wrong.stderr
         del env["KOLO_JOB_SECRET"]
         missing = subprocess.run(
-            [sys.executable, "-c", INIT], env=worker_env(env), capture_output=True, text=True,
+            [sys.executable, "-c", INIT],
+            env=worker_env(env),
+            capture_output=True,
+            text=True,
             timeout=60,
         )
         assert missing.returncode != 0
@@ -63,8 +68,11 @@ def test_wrong_or_missing_secret_is_refused(capfd) -> None:
         assert "refused" in capfd.readouterr().err
         # The right secret still joins.
         ok = subprocess.run(
-            [sys.executable, "-c", INIT], env=worker_env(dict(driver.worker_env(0))),
-            capture_output=True, text=True, timeout=60,
+            [sys.executable, "-c", INIT],
+            env=worker_env(dict(driver.worker_env(0))),
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert ok.returncode == 0, ok.stderr
     finally:
@@ -80,7 +88,7 @@ def test_ranks_are_consecutive_per_simulated_host_and_collectives_work() -> None
             for task, host in enumerate(hosts)
         ]
         outputs = [proc.communicate(timeout=120) for proc in procs]
-        for proc, (out, err) in zip(procs, outputs):
+        for proc, (_, err) in zip(procs, outputs):
             assert proc.returncode == 0, err
         infos = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
         # Host of task 0 (hostB) first, each host's ranks consecutive, task order within a host.
@@ -94,7 +102,11 @@ def test_ranks_are_consecutive_per_simulated_host_and_collectives_work() -> None
         assert not any(info["homogeneous"] for info in infos)
         assignment = driver.assignment()
         assert [row["rank"] for row in sorted(assignment, key=lambda r: r["task_index"])] == [
-            0, 2, 1, 3, 4,
+            0,
+            2,
+            1,
+            3,
+            4,
         ]
     finally:
         driver.shutdown()

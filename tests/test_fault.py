@@ -28,7 +28,9 @@ def test_sigkill_mid_allreduce_makes_others_raise_and_kolorun_fail(tmp_path) -> 
             assert match, f"rank {rank} did not raise:\n{result.stdout[-3000:]}"
             error_name, raised_at, message = match.group(1), float(match.group(2)), match.group(3)
             assert error_name in ("JobAbortedError", "PeerConnectionError"), error_name
-            assert raised_at - killed_at < 10, f"rank {rank} raised {raised_at - killed_at:.1f} s late"
+            assert raised_at - killed_at < 10, (
+                f"rank {rank} raised {raised_at - killed_at:.1f} s late"
+            )
             assert "rank 1" in message, message
         assert len(pids) == 3
         assert not [pid for pid in pids if pid_alive(pid)], "a rank process survived kolorun"

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import time
 
-from conftest import run_kolorun
+from conftest import BIN, REPO, kill_quietly, pid_alive, run_kolorun, worker_env
 
 PRINT_RANKS = (
     "import json, kolo.torch as hvd; hvd.init(); "
@@ -36,7 +39,10 @@ def test_local_ranks_get_prefixed_output_and_consecutive_assignment() -> None:
 
 
 def test_stderr_is_prefixed_and_output_files_are_written(tmp_path) -> None:
-    code = "import sys, kolo.torch as hvd; hvd.init(); print('out', hvd.rank()); print('err', hvd.rank(), file=sys.stderr)"
+    code = (
+        "import sys, kolo.torch as hvd; hvd.init(); "
+        "print('out', hvd.rank()); print('err', hvd.rank(), file=sys.stderr)"
+    )
     result = run_kolorun(
         ["-np", "2", "--output-filename", str(tmp_path), "python", "-c", code], timeout=120
     )
@@ -49,15 +55,20 @@ def test_stderr_is_prefixed_and_output_files_are_written(tmp_path) -> None:
 
 
 def test_nonzero_exit_is_reported_with_rank_and_code() -> None:
-    code = "import os, sys, time; i = int(os.environ['KOLO_TASK_INDEX']); time.sleep(0 if i else 60); sys.exit(7 if i else 0)"
+    code = (
+        "import os, sys, time; i = int(os.environ['KOLO_TASK_INDEX']); "
+        "time.sleep(0 if i else 60); sys.exit(7 if i else 0)"
+    )
     result = run_kolorun(["-np", "2", "python", "-c", code], timeout=60)
     assert result.returncode == 7, (result.returncode, result.stderr)
     assert "rank 1" in result.stderr and "7" in result.stderr, result.stderr
 
 
 def test_start_timeout_names_how_many_ranks_registered() -> None:
-    code = "import os, kolo.torch as hvd; hvd.init() if os.environ['KOLO_TASK_INDEX'] == '0' else None"
-    result = run_kolorun(["-np", "2", "--start-timeout", "3", "python", "-c", code], timeout=60)
+    code = (
+        "import os, kolo.torch as hvd; hvd.init() if os.environ['KOLO_TASK_INDEX'] == '0' else None"
+    )
+    result = run_kolorun(["-np", "2", "--start-timeout", "15", "python", "-c", code], timeout=90)
     assert result.returncode != 0
     assert "RendezvousError" in result.stderr, result.stderr[-3000:]
     assert "1 of 2" in result.stderr, result.stderr[-3000:]
@@ -82,3 +93,36 @@ def test_check_build_reports_this_build() -> None:
     assert "[X] TCP" in result.stdout
     assert "[ ] NCCL" in result.stdout
     assert "[ ] MPI" in result.stdout
+
+
+def test_ctrl_c_stops_every_rank(tmp_path) -> None:
+    code = (
+        "import os, sys, time, kolo.torch as hvd; hvd.init(); "
+        f"open(os.path.join({str(tmp_path)!r}, f'rank{{hvd.rank()}}.pid'), 'w')"
+        ".write(str(os.getpid())); print('ready', flush=True); time.sleep(120)"
+    )
+    proc = subprocess.Popen(
+        [str(BIN / "kolorun"), "-np", "2", "python", "-c", code],
+        cwd=REPO,
+        env=worker_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    pids: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(pids) < 2 and time.monotonic() < deadline:
+            pids = [int(p.read_text()) for p in tmp_path.glob("rank*.pid") if p.read_text()]
+            time.sleep(0.2)
+        assert len(pids) == 2, "ranks did not start"
+        started = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130, err
+        assert time.monotonic() - started < 30
+        assert not [pid for pid in pids if pid_alive(pid)], "a rank survived Ctrl-C"
+    finally:
+        proc.kill()
+        for pid in pids:
+            kill_quietly(pid)

@@ -40,7 +40,11 @@ impl Worker {
 
     /// A job of one rank, with no driver and no sockets.
     pub fn single() -> Self {
-        Self { comm: Communicator::single(), driver: None, homogeneous: true }
+        Self {
+            comm: Communicator::single(),
+            driver: None,
+            homogeneous: true,
+        }
     }
 
     /// Registers with the driver named by `env` and connects to every peer.
@@ -52,7 +56,11 @@ impl Worker {
         let config = MeshConfig {
             job_id: registration.job_id.0,
             rank: rank as usize,
-            peers: registration.peers.iter().map(|peer| peer.data_addr).collect(),
+            peers: registration
+                .peers
+                .iter()
+                .map(|peer| peer.data_addr)
+                .collect(),
             connect_timeout: env.start_timeout,
             op_timeout: collective_timeout()?,
         };
@@ -79,9 +87,17 @@ impl Worker {
             local_size: registration.local_size as usize,
             cross_rank: registration.cross_rank as usize,
             cross_size: registration.cross_size as usize,
-            hosts: registration.peers.iter().map(|peer| peer.hostname.clone()).collect(),
+            hosts: registration
+                .peers
+                .iter()
+                .map(|peer| peer.hostname.clone())
+                .collect(),
         };
-        Ok(Self { comm: Communicator::new(info, mesh, abort), driver: Some(driver), homogeneous })
+        Ok(Self {
+            comm: Communicator::new(info, mesh, abort),
+            driver: Some(driver),
+            homogeneous,
+        })
     }
 
     /// The communicator that runs this rank's collectives.

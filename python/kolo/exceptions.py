@@ -25,7 +25,7 @@ from kolo._native import (
     MismatchError,
     PeerConnectionError,
     RendezvousError,
-    TimeoutError,  # noqa: A004 - Horovod-style name, kolo.exceptions.TimeoutError
+    TimeoutError,
 )
 
 

@@ -28,7 +28,8 @@ where
     let mut rx = rx;
     loop {
         // The receiver moves in and out of the GIL-free closure (it is Send but not Sync).
-        let (received, returned) = py.detach(move || (rx.recv_timeout(Duration::from_millis(100)), rx));
+        let (received, returned) =
+            py.detach(move || (rx.recv_timeout(Duration::from_millis(100)), rx));
         rx = returned;
         match received {
             Ok(value) => return Ok(value),

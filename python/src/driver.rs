@@ -70,7 +70,9 @@ impl PyDriverService {
 
     /// Every task's assignment once all registered (a list of dicts by task index), else None.
     fn assignment<'py>(&self, py: Python<'py>) -> PyResult<Option<Vec<Bound<'py, PyDict>>>> {
-        let Some(peers) = self.service.assignment() else { return Ok(None) };
+        let Some(peers) = self.service.assignment() else {
+            return Ok(None);
+        };
         let mut rows = Vec::with_capacity(peers.len());
         for peer in peers {
             let row = PyDict::new(py);
@@ -91,7 +93,11 @@ impl PyDriverService {
     /// Aborts the job: every worker's pending and later collectives fail with this cause.
     #[pyo3(signature = (message, rank = None, host = String::new()))]
     fn abort(&self, message: String, rank: Option<u32>, host: String) {
-        self.service.abort(AbortCause { rank, host, message });
+        self.service.abort(AbortCause {
+            rank,
+            host,
+            message,
+        });
     }
 
     /// Stops serving.

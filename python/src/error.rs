@@ -5,7 +5,12 @@ use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 
-create_exception!(kolo.exceptions, KoloError, PyException, "Base class of every error kolo raises.");
+create_exception!(
+    kolo.exceptions,
+    KoloError,
+    PyException,
+    "Base class of every error kolo raises."
+);
 create_exception!(
     kolo.exceptions,
     ConfigError,
@@ -24,7 +29,12 @@ create_exception!(
     KoloError,
     "Joining the job failed: the driver refused the worker, or not every rank arrived in time."
 );
-create_exception!(kolo.exceptions, TimeoutError, KoloError, "A bounded wait ran out.");
+create_exception!(
+    kolo.exceptions,
+    TimeoutError,
+    KoloError,
+    "A bounded wait ran out."
+);
 create_exception!(
     kolo.exceptions,
     MismatchError,
@@ -61,7 +71,10 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add("KoloError", py.get_type::<KoloError>())?;
     m.add("ConfigError", py.get_type::<ConfigError>())?;
-    m.add("InvalidArgumentError", py.get_type::<InvalidArgumentError>())?;
+    m.add(
+        "InvalidArgumentError",
+        py.get_type::<InvalidArgumentError>(),
+    )?;
     m.add("RendezvousError", py.get_type::<RendezvousError>())?;
     m.add("TimeoutError", py.get_type::<TimeoutError>())?;
     m.add("MismatchError", py.get_type::<MismatchError>())?;

@@ -19,7 +19,11 @@ fn parse(dtype: &str, op: Option<&str>) -> PyResult<(DType, ReduceOp)> {
 /// Calls the Python allocator `alloc(counts) -> (ptr, nbytes)` from inside a collective (the
 /// GIL is taken for the call only). A Python exception is kept in `failure` and reported after
 /// the collective returns.
-fn allocate<'a>(alloc: &Py<PyAny>, counts: &[u64], failure: &Mutex<Option<PyErr>>) -> kolo_collective::Result<&'a mut [u8]> {
+fn allocate<'a>(
+    alloc: &Py<PyAny>,
+    counts: &[u64],
+    failure: &Mutex<Option<PyErr>>,
+) -> kolo_collective::Result<&'a mut [u8]> {
     let result = Python::attach(|py| -> PyResult<(usize, usize)> {
         alloc.call1(py, (counts.to_vec(),))?.extract(py)
     });
@@ -43,7 +47,10 @@ fn take_failure(failure: Mutex<Option<PyErr>>) -> Option<PyErr> {
 
 /// In-place allreduce of `nbytes` at `ptr`.
 #[pyfunction]
-#[expect(clippy::too_many_arguments, reason = "mirrors the collective's parameters one to one")]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "mirrors the collective's parameters one to one"
+)]
 pub fn allreduce(
     py: Python<'_>,
     ptr: usize,
@@ -61,7 +68,9 @@ pub fn allreduce(
     py.detach(|| {
         // SAFETY: the caller passes a tensor it keeps alive and does not touch during the call.
         let data = unsafe { buf.as_mut_slice() };
-        session.comm().allreduce(name, data, &shape, dtype, op, prescale, postscale)
+        session
+            .comm()
+            .allreduce(name, data, &shape, dtype, op, prescale, postscale)
     })
     .py_err()
 }
@@ -84,7 +93,9 @@ pub fn allgather(
     let result = py.detach(|| {
         // SAFETY: the caller keeps the input tensor alive and unmodified during the call.
         let data = unsafe { input.as_slice() };
-        session.comm().allgather(name, data, &shape, dtype, |dims| allocate(&alloc, dims, &failure))
+        session.comm().allgather(name, data, &shape, dtype, |dims| {
+            allocate(&alloc, dims, &failure)
+        })
     });
     match take_failure(failure) {
         Some(err) => Err(err),
@@ -116,7 +127,10 @@ pub fn broadcast(
 
 /// Alltoall with `splits[j]` first-dim rows to rank j; returns the rows received from each rank.
 #[pyfunction]
-#[expect(clippy::too_many_arguments, reason = "mirrors the collective's parameters one to one")]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "mirrors the collective's parameters one to one"
+)]
 pub fn alltoall(
     py: Python<'_>,
     ptr: usize,
@@ -134,9 +148,11 @@ pub fn alltoall(
     let result = py.detach(|| {
         // SAFETY: the caller keeps the input tensor alive and unmodified during the call.
         let data = unsafe { input.as_slice() };
-        session.comm().alltoall(name, data, &shape, dtype, &splits, |recv| {
-            allocate(&alloc, recv, &failure)
-        })
+        session
+            .comm()
+            .alltoall(name, data, &shape, dtype, &splits, |recv| {
+                allocate(&alloc, recv, &failure)
+            })
     });
     match take_failure(failure) {
         Some(err) => Err(err),
@@ -146,7 +162,10 @@ pub fn alltoall(
 
 /// Reducescatter of the input into this rank's slice `out_ptr`.
 #[pyfunction]
-#[expect(clippy::too_many_arguments, reason = "mirrors the collective's parameters one to one")]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "mirrors the collective's parameters one to one"
+)]
 pub fn reducescatter(
     py: Python<'_>,
     in_ptr: usize,
@@ -168,7 +187,9 @@ pub fn reducescatter(
         // SAFETY: the caller keeps both tensors alive and untouched during the call; they are
         // distinct allocations.
         let (input, output) = unsafe { (input.as_slice(), output.as_mut_slice()) };
-        session.comm().reducescatter(name, input, output, &shape, dtype, op, prescale, postscale)
+        session
+            .comm()
+            .reducescatter(name, input, output, &shape, dtype, op, prescale, postscale)
     })
     .py_err()
 }

@@ -13,7 +13,9 @@ use crate::error::IntoPyResult;
 static CURRENT: Mutex<Option<Arc<Worker>>> = Mutex::new(None);
 
 fn slot() -> MutexGuard<'static, Option<Arc<Worker>>> {
-    CURRENT.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    CURRENT
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// The joined worker, or `kolo.exceptions.NotInitializedError`.
@@ -21,8 +23,12 @@ pub fn current(py: Python<'_>) -> PyResult<Arc<Worker>> {
     if let Some(worker) = slot().as_ref() {
         return Ok(Arc::clone(worker));
     }
-    let class = py.import("kolo.exceptions")?.getattr("NotInitializedError")?;
-    Err(PyErr::from_value(class.call1(("kolo has not been initialized; call hvd.init() first",))?))
+    let class = py
+        .import("kolo.exceptions")?
+        .getattr("NotInitializedError")?;
+    Err(PyErr::from_value(class.call1((
+        "kolo has not been initialized; call hvd.init() first",
+    ))?))
 }
 
 /// Joins the job this process was launched into (or becomes a single rank). Idempotent.
@@ -31,8 +37,8 @@ pub fn init(py: Python<'_>) -> PyResult<()> {
     if slot().is_some() {
         return Ok(());
     }
-    let worker = run_interruptibly(py, Duration::from_secs(1), |_stop| Worker::join_from_env())?
-        .py_err()?;
+    let worker =
+        run_interruptibly(py, Duration::from_secs(1), |_stop| Worker::join_from_env())?.py_err()?;
     *slot() = Some(Arc::new(worker));
     Ok(())
 }

@@ -99,9 +99,12 @@ def test_calls_before_init_raise_not_initialized() -> None:
         "import torch, kolo.torch as hvd\n"
         "from kolo.exceptions import NotInitializedError\n"
         "for call in (hvd.rank, lambda: hvd.allreduce(torch.ones(1)), hvd.barrier):\n"
-        "    try:\n        call()\n    except NotInitializedError as err:\n        print('ok', err)\n"
+        "    try:\n        call()\n"
+        "    except NotInitializedError as err:\n        print('ok', err)\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
     assert result.stdout.count("ok kolo has not been initialized") == 3, result.stderr
 
 

@@ -33,7 +33,13 @@ DTYPES = [
     torch.float64,
     torch.bool,
 ]
-OPS = {"Sum": hvd.Sum, "Average": hvd.Average, "Min": hvd.Min, "Max": hvd.Max, "Product": hvd.Product}
+OPS = {
+    "Sum": hvd.Sum,
+    "Average": hvd.Average,
+    "Min": hvd.Min,
+    "Max": hvd.Max,
+    "Product": hvd.Product,
+}
 
 failures: list[str] = []
 checked = 0

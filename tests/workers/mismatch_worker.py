@@ -39,9 +39,11 @@ def main() -> int:
         expect_mismatch("root", lambda: hvd.broadcast(torch.ones(2), root_rank=rank, name="root")),
         expect_mismatch(
             "kind",
-            lambda: hvd.allreduce(torch.ones(2), name="kind")
-            if rank == 0
-            else hvd.allgather(torch.ones(2), name="kind"),
+            lambda: (
+                hvd.allreduce(torch.ones(2), name="kind")
+                if rank == 0
+                else hvd.allgather(torch.ones(2), name="kind")
+            ),
         ),
         expect_mismatch(
             "allgather-trailing-dims",

@@ -194,19 +194,23 @@ impl Job {
                 "kolorun: task {task} on {host}: {}",
                 redact(&launch, &secret)
             );
-            let spawned = RankProcess::spawn(task, host, &launch).map_err(|err| {
-                Error::Launch(format!(
-                    "kolorun: cannot start {:?} for task {task} on {host}: {err}",
-                    launch.program
-                ))
+            let files = match &self.args.output_dir {
+                Some(dir) => open_rank_files(dir, task).map(Some),
+                None => Ok(None),
+            };
+            let spawned = files.and_then(|files| {
+                RankProcess::spawn(task, host, &launch)
+                    .map(|spawned| (spawned, files))
+                    .map_err(|err| {
+                        Error::Launch(format!(
+                            "kolorun: cannot start {:?} for task {task} on {host}: {err}",
+                            launch.program
+                        ))
+                    })
             });
-            let started = spawned.and_then(|(process, (stdout, stderr))| {
-                let files = match &self.args.output_dir {
-                    Some(dir) => Some(open_rank_files(dir, task)?),
-                    None => None,
-                };
-                let (out_file, err_file) = files.map_or((None, None), |(o, e)| (Some(o), Some(e)));
+            let started = spawned.and_then(|((process, (stdout, stderr)), files)| {
                 ranks.push(process);
+                let (out_file, err_file) = files.map_or((None, None), |(o, e)| (Some(o), Some(e)));
                 forward(
                     stdout,
                     task,
@@ -296,9 +300,15 @@ impl Job {
                 args: self.args.command[1..].to_vec(),
                 envs: vars,
                 remote: false,
+                stdin_text: String::new(),
             };
         }
-        let mut exported = vars;
+        // The secret travels on ssh's stdin, never on a command line.
+        let secret = worker.secret.to_hex();
+        let mut exported: Vec<(String, String)> = vars
+            .into_iter()
+            .filter(|(name, _)| name != env::JOB_SECRET)
+            .collect();
         for name in remote::FORWARDED_VARS {
             if let Some(value) = std::env::var(name).ok().filter(|v| !v.is_empty()) {
                 exported.push((name.to_owned(), value));
@@ -308,12 +318,13 @@ impl Job {
             port: self.args.ssh_port,
             identity_file: self.args.ssh_identity_file.clone(),
         };
-        let script = remote_script(cwd, &exported, &self.args.command);
+        let script = remote_script(cwd, &exported, &[env::JOB_SECRET], &self.args.command);
         Launch {
             program: "ssh".into(),
             args: ssh_args(host, &ssh, &script),
             envs: Vec::new(),
             remote: true,
+            stdin_text: format!("{secret}\n"),
         }
     }
 }

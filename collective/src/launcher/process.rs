@@ -1,7 +1,7 @@
 //! One rank's process: spawned in its own session (so its whole process group can be
 //! signalled) with a parent-death signal, polled without blocking, and signalled by group.
 
-use std::io;
+use std::io::{self, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
 
@@ -14,6 +14,9 @@ pub(crate) struct Launch {
     pub(crate) envs: Vec<(String, String)>,
     /// An ssh client: keep its stdin open (closing it stops the remote command).
     pub(crate) remote: bool,
+    /// Written to an ssh client's stdin right after it starts (values the remote script reads,
+    /// such as the job secret).
+    pub(crate) stdin_text: String,
 }
 
 /// A running (or finished) rank process.
@@ -72,7 +75,13 @@ impl RankProcess {
             });
         }
         let mut child = command.spawn()?;
-        let stdin = child.stdin.take();
+        let mut stdin = child.stdin.take();
+        if let Some(pipe) = stdin.as_mut().filter(|_| !launch.stdin_text.is_empty()) {
+            // A failure here means ssh already exited; polling reports that.
+            let _ = pipe
+                .write_all(launch.stdin_text.as_bytes())
+                .and_then(|()| pipe.flush());
+        }
         let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
             let _ = child.kill();
             let _ = child.wait();
@@ -207,6 +216,7 @@ mod tests {
             args: vec!["-c".into(), "echo $KOLO_T; sleep 30".into()],
             envs: vec![("KOLO_T".into(), "hello".into())],
             remote: false,
+            stdin_text: String::new(),
         };
         let (mut process, (stdout, _stderr)) = RankProcess::spawn(0, "localhost", &launch).unwrap();
         let mut line = String::new();

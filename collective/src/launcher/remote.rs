@@ -22,13 +22,24 @@ pub fn quote(text: &str) -> String {
     format!("'{}'", text.replace('\'', r"'\''"))
 }
 
-/// The script a remote rank runs (see the module docs). The command's exit status becomes the
+/// The script a remote rank runs (see the module docs). `vars` are exported from the script
+/// text; `stdin_vars` are read, one line each, from the first lines of stdin (so secrets stay
+/// off command lines, where `ps` would show them). The command's exit status becomes the
 /// script's (128+N when it was killed by signal N).
-pub fn remote_script(cwd: &Path, vars: &[(String, String)], command: &[String]) -> String {
-    let exports: Vec<String> = vars
+pub fn remote_script(
+    cwd: &Path,
+    vars: &[(String, String)],
+    stdin_vars: &[&str],
+    command: &[String],
+) -> String {
+    let mut exports: Vec<String> = stdin_vars
         .iter()
-        .map(|(name, value)| format!("export {name}={}", quote(value)))
+        .map(|name| format!("IFS= read -r {name} || exit 1\nexport {name}"))
         .collect();
+    exports.extend(
+        vars.iter()
+            .map(|(name, value)| format!("export {name}={}", quote(value))),
+    );
     let command: Vec<String> = command.iter().map(|arg| quote(arg)).collect();
     let command = command.join(" ");
     let grace = REMOTE_KILL_GRACE_SECONDS;
@@ -103,8 +114,14 @@ mod tests {
         assert_eq!(quote("$HOME"), "'$HOME'");
     }
 
-    /// Runs `script` with stdin a pipe that stays open, or is closed after `close_after`.
-    fn sh(script: &str, close_after: Option<std::time::Duration>) -> std::process::Output {
+    /// Runs `script` with stdin a pipe that starts with `input` and stays open, or is closed
+    /// after `close_after`.
+    fn sh(
+        script: &str,
+        input: &str,
+        close_after: Option<std::time::Duration>,
+    ) -> std::process::Output {
+        use std::io::Write;
         use std::process::Stdio;
         let mut child = Command::new("sh")
             .arg("-c")
@@ -113,7 +130,8 @@ mod tests {
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
-        let stdin = child.stdin.take();
+        let mut stdin = child.stdin.take();
+        stdin.as_mut().unwrap().write_all(input.as_bytes()).unwrap();
         if let Some(pause) = close_after {
             std::thread::sleep(pause);
             drop(stdin);
@@ -129,17 +147,23 @@ mod tests {
     fn script_runs_in_cwd_with_vars_and_keeps_the_exit_status() {
         let dir = std::env::temp_dir();
         let vars = vec![("KOLO_X".to_owned(), "it's $ok".to_owned())];
-        let command: Vec<String> = ["sh", "-c", "pwd; echo \"$KOLO_X\"; exit 7"]
-            .map(String::from)
-            .to_vec();
-        let out = sh(&remote_script(&dir, &vars, &command), None);
+        let command: Vec<String> = [
+            "sh",
+            "-c",
+            "pwd; echo \"$KOLO_X\"; echo \"$KOLO_S\"; exit 7",
+        ]
+        .map(String::from)
+        .to_vec();
+        let script = remote_script(&dir, &vars, &["KOLO_S"], &command);
+        assert!(!script.contains("s3cret"));
+        let out = sh(&script, "s3cret value\n", None);
         let text = String::from_utf8_lossy(&out.stdout);
         let cwd = std::fs::canonicalize(&dir).unwrap();
         assert!(
             text.starts_with(&cwd.to_string_lossy().to_string()),
             "{text}"
         );
-        assert!(text.contains("it's $ok"), "{text}");
+        assert!(text.contains("it's $ok\ns3cret value\n"), "{text}");
         assert_eq!(out.status.code(), Some(7));
     }
 
@@ -147,8 +171,8 @@ mod tests {
     fn closing_stdin_kills_the_command() {
         let started = std::time::Instant::now();
         let command: Vec<String> = ["sleep", "30"].map(String::from).to_vec();
-        let script = remote_script(Path::new("/"), &[], &command);
-        let out = sh(&script, Some(std::time::Duration::from_millis(300)));
+        let script = remote_script(Path::new("/"), &[], &[], &command);
+        let out = sh(&script, "", Some(std::time::Duration::from_millis(300)));
         assert_eq!(out.status.code(), Some(128 + 15));
         assert!(started.elapsed() < std::time::Duration::from_secs(10));
     }

@@ -80,6 +80,21 @@ fn live_group_members(pgid: i32) -> Vec<i32> {
     members
 }
 
+#[test]
+fn the_group_probe_sees_live_processes() {
+    use std::os::unix::process::CommandExt;
+    let mut child = std::process::Command::new("sleep")
+        .arg("30")
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let pgid = child.id() as i32;
+    assert_eq!(live_group_members(pgid), [pgid]);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(live_group_members(pgid).is_empty());
+}
+
 fn assert_group_gone(pid_file: &Path) {
     let pid: i32 = std::fs::read_to_string(pid_file)
         .unwrap()
@@ -241,7 +256,7 @@ fn ctrl_c_stops_every_rank_and_returns_130() {
 
 #[test]
 fn bad_usage_is_a_config_error() {
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 6] = [
         (
             &["-np", "4", "-H", "localhost:2", "true"],
             "-np 4 asks for 4 processes but -H provides only 2 slots",
@@ -255,6 +270,16 @@ fn bad_usage_is_a_config_error() {
         (
             &["-np", "2", "--hostfile", "/nonexistent/hosts", "true"],
             "cannot read --hostfile /nonexistent/hosts",
+        ),
+        (
+            &[
+                "-np",
+                "1",
+                "--output-filename",
+                "/proc/kolo-no-such-dir",
+                "true",
+            ],
+            "cannot create --output-filename directory /proc/kolo-no-such-dir/rank.0",
         ),
     ];
     for (args, expected) in cases {
@@ -300,9 +325,15 @@ fn hostfile_slots_are_used() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// This test binary, by a path that stays valid while this process runs even when a
+/// concurrent build replaces the file.
+fn this_exe() -> PathBuf {
+    PathBuf::from(format!("/proc/{}/exe", std::process::id()))
+}
+
 /// This test binary, re-run by kolorun as a worker that registers with the driver.
 fn worker_command(role: &str) -> Vec<String> {
-    let exe = std::env::current_exe().unwrap();
+    let exe = this_exe();
     vec![
         "env".into(),
         format!("KOLO_IT_WORKER={role}"),
@@ -424,7 +455,7 @@ fn killing_kolorun_leaves_no_rank(name: &str, hosts_args: &[&str]) {
     );
     let mut args: Vec<&str> = hosts_args.to_vec();
     args.extend(["sh", "-c", &script]);
-    let mut kolorun = std::process::Command::new(std::env::current_exe().unwrap())
+    let mut kolorun = std::process::Command::new(this_exe())
         .args([
             "--exact",
             "launcher::kolorun_process",
