@@ -75,10 +75,21 @@ mod tests {
         let signal = AbortSignal::new();
         assert!(!signal.is_aborted());
         let clone = signal.clone();
-        clone.abort(AbortCause { rank: Some(1), host: "h1".into(), message: "killed by signal 9 (SIGKILL)".into() });
-        signal.abort(AbortCause { rank: Some(0), host: "h0".into(), message: "later".into() });
+        clone.abort(AbortCause {
+            rank: Some(1),
+            host: "h1".into(),
+            message: "killed by signal 9 (SIGKILL)".into(),
+        });
+        signal.abort(AbortCause {
+            rank: Some(0),
+            host: "h0".into(),
+            message: "later".into(),
+        });
         let cause = signal.cause().expect("aborted");
         assert_eq!(cause.rank, Some(1));
-        assert_eq!(cause.to_string(), "job aborted: rank 1 on host h1: killed by signal 9 (SIGKILL)");
+        assert_eq!(
+            cause.to_string(),
+            "job aborted: rank 1 on host h1: killed by signal 9 (SIGKILL)"
+        );
     }
 }

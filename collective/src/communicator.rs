@@ -31,7 +31,15 @@ pub struct RankInfo {
 impl RankInfo {
     /// The one rank of a job without peers.
     pub fn single() -> Self {
-        RankInfo { rank: 0, size: 1, local_rank: 0, local_size: 1, cross_rank: 0, cross_size: 1, hosts: Vec::new() }
+        RankInfo {
+            rank: 0,
+            size: 1,
+            local_rank: 0,
+            local_size: 1,
+            cross_rank: 0,
+            cross_size: 1,
+            hosts: Vec::new(),
+        }
     }
 }
 
@@ -65,7 +73,10 @@ impl Communicator {
             info: RankInfo::single(),
             abort: AbortSignal::new(),
             closing: Arc::new(AtomicBool::new(false)),
-            state: Mutex::new(State { session: Session::new(None, 0, 1), closed: None }),
+            state: Mutex::new(State {
+                session: Session::new(None, 0, 1),
+                closed: None,
+            }),
         }
     }
 
@@ -90,7 +101,12 @@ impl Communicator {
         mesh.set_hosts(info.hosts.clone());
         mesh.set_closing_flag(Arc::clone(&closing));
         let session = Session::new(Some(mesh), info.rank, info.size);
-        Communicator { info, abort, closing, state: Mutex::new(State { session, closed }) }
+        Communicator {
+            info,
+            abort,
+            closing,
+            state: Mutex::new(State { session, closed }),
+        }
     }
 
     /// Where this rank sits in the job.
@@ -106,7 +122,10 @@ impl Communicator {
     /// Reduces `buf` across all ranks, in place: `buf` holds this rank's input and receives
     /// the result. Every input is multiplied by `prescale` first and the result by
     /// `postscale` (and divided by the number of ranks for [`ReduceOp::Average`]).
-    #[expect(clippy::too_many_arguments, reason = "mirrors Horovod's allreduce(tensor, name, op, prescale, postscale)")]
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "mirrors Horovod's allreduce(tensor, name, op, prescale, postscale)"
+    )]
     pub fn allreduce(
         &self,
         name: &str,
@@ -117,7 +136,11 @@ impl Communicator {
         prescale: f64,
         postscale: f64,
     ) -> Result<()> {
-        let reduction = collectives::allreduce::Reduction { op, prescale, postscale };
+        let reduction = collectives::allreduce::Reduction {
+            op,
+            prescale,
+            postscale,
+        };
         self.run(|s| collectives::allreduce(s, name, buf, shape, dtype, reduction))
     }
 
@@ -137,7 +160,14 @@ impl Communicator {
     }
 
     /// Copies `root`'s `buf` into every other rank's `buf`.
-    pub fn broadcast(&self, name: &str, buf: &mut [u8], shape: &[i64], dtype: DType, root: usize) -> Result<()> {
+    pub fn broadcast(
+        &self,
+        name: &str,
+        buf: &mut [u8],
+        shape: &[i64],
+        dtype: DType,
+        root: usize,
+    ) -> Result<()> {
         self.run(|s| collectives::broadcast(s, name, buf, shape, dtype, root))
     }
 
@@ -162,7 +192,10 @@ impl Communicator {
     /// rows, plus one if `r < rows % size` (see
     /// [`reducescatter_rows`](crate::collectives::reducescatter_rows)). Scaling as in
     /// [`allreduce`](Self::allreduce).
-    #[expect(clippy::too_many_arguments, reason = "mirrors Horovod's reducescatter(tensor, name, op, prescale, postscale)")]
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "mirrors Horovod's reducescatter(tensor, name, op, prescale, postscale)"
+    )]
     pub fn reducescatter(
         &self,
         name: &str,
@@ -174,7 +207,11 @@ impl Communicator {
         prescale: f64,
         postscale: f64,
     ) -> Result<()> {
-        let reduction = collectives::allreduce::Reduction { op, prescale, postscale };
+        let reduction = collectives::allreduce::Reduction {
+            op,
+            prescale,
+            postscale,
+        };
         self.run(|s| collectives::reducescatter(s, name, input, output, shape, dtype, reduction))
     }
 
@@ -197,26 +234,33 @@ impl Communicator {
             );
         }
         if let Some(mut mesh) = state.session.mesh.take() {
-            mesh.close(&format!("rank {} shut down its communicator", self.info.rank));
+            mesh.close(&format!(
+                "rank {} shut down its communicator",
+                self.info.rank
+            ));
         }
     }
 
     fn lock_even_if_poisoned(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Runs one operation with the lock held, after checking that the communicator is usable.
     fn run<T>(&self, op: impl FnOnce(&mut Session) -> Result<T>) -> Result<T> {
-        let mut state = self
-            .state
-            .lock()
-            .map_err(|_| Error::Internal("an earlier collective on this communicator panicked".into()))?;
+        let mut state = self.state.lock().map_err(|_| {
+            Error::Internal("an earlier collective on this communicator panicked".into())
+        })?;
         if let Some(reason) = &state.closed {
             return Err(Error::Closed(reason.clone()));
         }
         if let Some(cause) = self.abort.cause() {
             if let Some(mesh) = state.session.mesh.as_mut() {
-                mesh.break_links(&format!("rank {} stopped because the job was aborted", self.info.rank));
+                mesh.break_links(&format!(
+                    "rank {} stopped because the job was aborted",
+                    self.info.rank
+                ));
             }
             return Err(Error::Aborted(cause));
         }

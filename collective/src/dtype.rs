@@ -94,12 +94,15 @@ impl FromStr for DType {
 
     fn from_str(s: &str) -> Result<Self> {
         let name = s.strip_prefix("torch.").unwrap_or(s);
-        DType::ALL.into_iter().find(|d| d.name() == name).ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "unsupported dtype {s:?}; kolo supports uint8, int8, int16, int32, int64, \
+        DType::ALL
+            .into_iter()
+            .find(|d| d.name() == name)
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "unsupported dtype {s:?}; kolo supports uint8, int8, int16, int32, int64, \
                  float16, bfloat16, float32, float64 and bool"
-            ))
-        })
+                ))
+            })
     }
 }
 
@@ -121,8 +124,13 @@ pub enum ReduceOp {
 
 impl ReduceOp {
     /// Every op, in wire-code order.
-    pub const ALL: [ReduceOp; 5] =
-        [ReduceOp::Sum, ReduceOp::Average, ReduceOp::Min, ReduceOp::Max, ReduceOp::Product];
+    pub const ALL: [ReduceOp; 5] = [
+        ReduceOp::Sum,
+        ReduceOp::Average,
+        ReduceOp::Min,
+        ReduceOp::Max,
+        ReduceOp::Product,
+    ];
 
     /// Horovod's name of the op.
     pub fn name(self) -> &'static str {
@@ -151,11 +159,14 @@ impl FromStr for ReduceOp {
     type Err = Error;
 
     fn from_str(s: &str) -> Result<Self> {
-        ReduceOp::ALL.into_iter().find(|op| op.name().eq_ignore_ascii_case(s)).ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "unsupported reduction op {s:?}; use Sum, Average, Min, Max or Product"
-            ))
-        })
+        ReduceOp::ALL
+            .into_iter()
+            .find(|op| op.name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "unsupported reduction op {s:?}; use Sum, Average, Min, Max or Product"
+                ))
+            })
     }
 }
 

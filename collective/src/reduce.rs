@@ -17,7 +17,12 @@ use crate::error::{Error, Result};
 
 /// Checks that `op` and the scale factors are supported for `dtype`: bool tensors support
 /// `Sum`, `Min`, `Max` and `Product` without scaling. Returns the reason otherwise.
-pub fn check_reduction(dtype: DType, op: ReduceOp, prescale: f64, postscale: f64) -> Result<(), String> {
+pub fn check_reduction(
+    dtype: DType,
+    op: ReduceOp,
+    prescale: f64,
+    postscale: f64,
+) -> Result<(), String> {
     if dtype != DType::Bool {
         return Ok(());
     }
@@ -58,7 +63,8 @@ pub fn reduce_into(dtype: DType, op: ReduceOp, acc: &mut [u8], src: &[u8]) -> Re
         DType::Bool => {
             if op == ReduceOp::Average {
                 return Err(Error::InvalidArgument(
-                    "op Average is not supported for bool tensors; use Sum, Max, Min or Product".into(),
+                    "op Average is not supported for bool tensors; use Sum, Max, Min or Product"
+                        .into(),
                 ));
             }
             reduce_bool(op, acc, src);
@@ -74,7 +80,10 @@ pub fn scale(dtype: DType, buf: &mut [u8], factor: f64) -> Result<()> {
         return Ok(());
     }
     if !buf.len().is_multiple_of(dtype.size()) {
-        return Err(Error::Internal(format!("scale: {} bytes of {dtype}", buf.len())));
+        return Err(Error::Internal(format!(
+            "scale: {} bytes of {dtype}",
+            buf.len()
+        )));
     }
     match dtype {
         DType::U8 => with_typed_one::<u8>(buf, |b| scale_num(b, factor)),
@@ -227,8 +236,12 @@ fn scale_num<T: Num>(buf: &mut [T], factor: f64) {
 
 fn reduce_bool(op: ReduceOp, acc: &mut [u8], src: &[u8]) {
     match op {
-        ReduceOp::Sum | ReduceOp::Max | ReduceOp::Average => zip_with(acc, src, |a, b| u8::from((a | b) != 0)),
-        ReduceOp::Min | ReduceOp::Product => zip_with(acc, src, |a, b| u8::from(a != 0) & u8::from(b != 0)),
+        ReduceOp::Sum | ReduceOp::Max | ReduceOp::Average => {
+            zip_with(acc, src, |a, b| u8::from((a | b) != 0))
+        }
+        ReduceOp::Min | ReduceOp::Product => {
+            zip_with(acc, src, |a, b| u8::from(a != 0) & u8::from(b != 0))
+        }
     }
 }
 
@@ -349,7 +362,13 @@ mod tests {
 
     #[test]
     fn bf16_rounds_to_nearest_even() {
-        for bits in (0..=u32::MAX).step_by(4099).chain([0x3f80_8000, 0x3f81_8000, 0x7f7f_ffff, 0xff80_0000, 0x7fc0_0001]) {
+        for bits in (0..=u32::MAX).step_by(4099).chain([
+            0x3f80_8000,
+            0x3f81_8000,
+            0x7f7f_ffff,
+            0xff80_0000,
+            0x7fc0_0001,
+        ]) {
             let x = f32::from_bits(bits);
             assert_eq!(f32_to_bf16(x), reference_f32_to_bf16(x), "{bits:#x}");
         }
@@ -383,14 +402,20 @@ mod tests {
                 if dtype == DType::Bool && op == ReduceOp::Average {
                     continue;
                 }
-                let enc = |v: &[f64]| -> Vec<u8> { v.iter().flat_map(|x| encode(dtype, *x)).collect() };
+                let enc =
+                    |v: &[f64]| -> Vec<u8> { v.iter().flat_map(|x| encode(dtype, *x)).collect() };
                 let expected: Vec<u8> = a
                     .iter()
                     .zip(&b)
                     .flat_map(|(x, y)| {
-                        let (x, y) = (decode(dtype, &encode(dtype, *x)), decode(dtype, &encode(dtype, *y)));
+                        let (x, y) = (
+                            decode(dtype, &encode(dtype, *x)),
+                            decode(dtype, &encode(dtype, *y)),
+                        );
                         let r = match (dtype, op) {
-                            (DType::Bool, ReduceOp::Sum | ReduceOp::Max) => f64::from(x != 0.0 || y != 0.0),
+                            (DType::Bool, ReduceOp::Sum | ReduceOp::Max) => {
+                                f64::from(x != 0.0 || y != 0.0)
+                            }
                             (DType::Bool, _) => f64::from(x != 0.0 && y != 0.0),
                             (_, ReduceOp::Sum | ReduceOp::Average) => x + y,
                             (_, ReduceOp::Product) => x * y,
@@ -407,7 +432,11 @@ mod tests {
                     let mut src = vec![0u8; offset];
                     src.extend(enc(&b));
                     reduce_into(dtype, op, &mut acc[offset..], &src[offset..]).unwrap();
-                    assert_eq!(&acc[offset..], &expected[..], "{dtype} {op} offset {offset}");
+                    assert_eq!(
+                        &acc[offset..],
+                        &expected[..],
+                        "{dtype} {op} offset {offset}"
+                    );
                 }
             }
         }
@@ -421,7 +450,10 @@ mod tests {
                 let mut buf = vec![0u8; offset];
                 buf.extend(values.iter().flat_map(|x| encode(dtype, *x)));
                 scale(dtype, &mut buf[offset..], 0.5).unwrap();
-                let got: Vec<f64> = buf[offset..].chunks(dtype.size()).map(|c| decode(dtype, c)).collect();
+                let got: Vec<f64> = buf[offset..]
+                    .chunks(dtype.size())
+                    .map(|c| decode(dtype, c))
+                    .collect();
                 let want: Vec<f64> = if dtype.is_float() {
                     vec![1.5, -1.5, 2.5, 0.0]
                 } else if dtype == DType::U8 {
@@ -445,8 +477,14 @@ mod tests {
 
     #[test]
     fn length_mismatch_is_an_internal_error() {
-        assert!(matches!(reduce_into(DType::F32, ReduceOp::Sum, &mut [0; 8], &[0; 4]), Err(Error::Internal(_))));
-        assert!(matches!(reduce_into(DType::F32, ReduceOp::Sum, &mut [0; 6], &[0; 6]), Err(Error::Internal(_))));
+        assert!(matches!(
+            reduce_into(DType::F32, ReduceOp::Sum, &mut [0; 8], &[0; 4]),
+            Err(Error::Internal(_))
+        ));
+        assert!(matches!(
+            reduce_into(DType::F32, ReduceOp::Sum, &mut [0; 6], &[0; 6]),
+            Err(Error::Internal(_))
+        ));
     }
 
     fn encode(dtype: DType, x: f64) -> Vec<u8> {

@@ -23,8 +23,13 @@ pub fn handle() -> Result<&'static tokio::runtime::Runtime> {
                 .thread_name("kolo-rt")
                 .enable_all()
                 .build()?;
-            let _ = GLOBAL.set(Global { runtime, pid: std::process::id() });
-            GLOBAL.get().ok_or_else(|| Error::Internal("runtime vanished".into()))?
+            let _ = GLOBAL.set(Global {
+                runtime,
+                pid: std::process::id(),
+            });
+            GLOBAL
+                .get()
+                .ok_or_else(|| Error::Internal("runtime vanished".into()))?
         }
     };
     if global.pid != std::process::id() {

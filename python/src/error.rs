@@ -96,6 +96,7 @@ pub fn to_py(err: Error) -> PyErr {
         Error::Mismatch(_) => MismatchError::new_err(message),
         Error::Aborted(_) => JobAbortedError::new_err(message),
         Error::Peer { .. } => PeerConnectionError::new_err(message),
+        Error::Closed(_) => InternalError::new_err(message),
         Error::Launch(_) => LaunchError::new_err(message),
         Error::Transport(_) | Error::Status(_) => RendezvousError::new_err(message),
         _ => KoloError::new_err(message),

@@ -16,7 +16,11 @@ pub(crate) fn allgather<'a>(
     alloc: impl FnOnce(&[u64]) -> Result<&'a mut [u8]>,
 ) -> Result<Vec<u64>> {
     let kind = OpKind::Allgather;
-    let mut desc = OpDescriptor { dtype, shape: shape.to_vec(), ..OpDescriptor::new(kind, name) };
+    let mut desc = OpDescriptor {
+        dtype,
+        shape: shape.to_vec(),
+        ..OpDescriptor::new(kind, name)
+    };
     desc.invalid = check_first_dim(shape)
         .and_then(|()| check_tensor(name, input.len(), shape, dtype, "input"))
         .err()
@@ -25,7 +29,10 @@ pub(crate) fn allgather<'a>(
     let what = label(kind, name);
     let (rank, size) = (session.rank, session.size);
     // Validated on every rank: non-negative first dims, same row size.
-    let rows: Vec<u64> = descs.iter().map(|d| d.shape.first().map_or(0, |&r| r as u64)).collect();
+    let rows: Vec<u64> = descs
+        .iter()
+        .map(|d| d.shape.first().map_or(0, |&r| r as u64))
+        .collect();
     let segs = row_bytes(shape, dtype)
         .map_err(Error::InvalidArgument)
         .and_then(|row| row_segments(&rows, row))
@@ -48,19 +55,22 @@ pub(crate) fn allgather<'a>(
         return Ok(rows);
     }
     let (mut sends, mut recvs) = (Vec::with_capacity(size), Vec::with_capacity(size));
-    ring_allgather(&segs, rank, &mut sends, &mut recvs);
+    ring_allgather(&segs, rank, None, &mut sends, &mut recvs);
     let plan = StreamPlan {
         tag,
         send_to: Some((rank + 1) % size),
         recv_from: Some((rank + size - 1) % size),
-        credit: sends[0].len(),
         send_blocks: &sends,
         recv_blocks: &recvs,
     };
     let mesh = session.mesh.as_mut().ok_or_else(no_mesh)?;
-    mesh.run_stream(&what, &plan, Buffers::InPlace(output), &mut [], |_, _, _| {
-        Err(Error::Internal("allgather has nothing to reduce".into()))
-    })?;
+    mesh.run_stream(
+        &what,
+        &plan,
+        Buffers::InPlace(output),
+        &mut [],
+        |_, _, _| Err(Error::Internal("allgather has nothing to reduce".into())),
+    )?;
     Ok(rows)
 }
 

@@ -1,6 +1,9 @@
 //! allreduce: ring reduce-scatter then ring allgather, in place.
 
-use super::{check_tensor, even_segments, invalid, label, ring_allgather, ring_reduce_scatter, Session};
+use super::{
+    check_tensor, even_segments, invalid, label, ring_allgather, ring_pieces, ring_reduce_scatter,
+    Session,
+};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::Result;
 use crate::reduce;
@@ -25,7 +28,13 @@ impl Reduction {
         }
     }
 
-    pub(crate) fn descriptor(&self, kind: OpKind, name: &str, dtype: DType, shape: &[i64]) -> OpDescriptor {
+    pub(crate) fn descriptor(
+        &self,
+        kind: OpKind,
+        name: &str,
+        dtype: DType,
+        shape: &[i64],
+    ) -> OpDescriptor {
         OpDescriptor {
             dtype,
             shape: shape.to_vec(),
@@ -48,39 +57,55 @@ pub(crate) fn allreduce(
     let kind = OpKind::Allreduce;
     let mut desc = reduction.descriptor(kind, name, dtype, shape);
     desc.invalid = check_tensor(name, buf.len(), shape, dtype, "input")
-        .and_then(|()| reduce::check_reduction(dtype, reduction.op, reduction.prescale, reduction.postscale))
+        .and_then(|()| {
+            reduce::check_reduction(dtype, reduction.op, reduction.prescale, reduction.postscale)
+        })
         .err()
         .map(|m| invalid(kind, name, m));
     let (_, tag) = session.negotiate(desc)?;
     let (rank, size) = (session.rank, session.size);
     let factor = reduction.result_factor(size);
-    reduce::scale(dtype, buf, reduction.prescale)?;
+    let what = label(kind, name);
+    reduce::scale(dtype, buf, reduction.prescale).map_err(|e| session.abandon(&what, e))?;
     if size == 1 {
         return reduce::scale(dtype, buf, factor);
     }
     let segs = even_segments(buf.len() / dtype.size(), dtype.size(), size);
-    let (mut sends, mut recvs) = (Vec::with_capacity(2 * size), Vec::with_capacity(2 * size));
-    ring_reduce_scatter(&segs, rank, &mut sends, &mut recvs);
-    let last_reduce = recvs.len() - 1;
-    ring_allgather(&segs, rank, &mut sends, &mut recvs);
+    let (mut sends, mut recvs) = (Vec::new(), Vec::new());
+    let mut finals = Vec::new();
+    for piece in ring_pieces(&segs, dtype.size()) {
+        let last = ring_reduce_scatter(&piece, rank, &mut sends, &mut recvs);
+        ring_allgather(&piece, rank, Some(last), &mut sends, &mut recvs);
+        finals.push(last);
+    }
+    let mut is_final = vec![false; recvs.len()];
+    for i in finals {
+        is_final[i] = true;
+    }
     let plan = StreamPlan {
         tag,
         send_to: Some((rank + 1) % size),
         recv_from: Some((rank + size - 1) % size),
-        credit: sends[0].len(),
         send_blocks: &sends,
         recv_blocks: &recvs,
     };
-    let what = label(kind, name);
     let Session { mesh, scratch, .. } = session;
-    let Some(mesh) = mesh.as_mut() else { return Err(no_mesh()) };
-    mesh.run_stream(&what, &plan, Buffers::InPlace(buf), scratch.get(CHUNK), |block, dst, src| {
-        reduce::reduce_into(dtype, reduction.op, dst, src)?;
-        if block == last_reduce {
-            reduce::scale(dtype, dst, factor)?;
-        }
-        Ok(())
-    })
+    let Some(mesh) = mesh.as_mut() else {
+        return Err(no_mesh());
+    };
+    mesh.run_stream(
+        &what,
+        &plan,
+        Buffers::InPlace(buf),
+        scratch.get(CHUNK),
+        |block, dst, src| {
+            reduce::reduce_into(dtype, reduction.op, dst, src)?;
+            if is_final.get(block).copied().unwrap_or(false) {
+                reduce::scale(dtype, dst, factor)?;
+            }
+            Ok(())
+        },
+    )
 }
 
 pub(crate) fn no_mesh() -> crate::error::Error {

@@ -5,7 +5,7 @@ use super::allreduce::no_mesh;
 use super::{back, check_tensor, invalid, label, row_bytes, row_segments, Session};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::transport::{Buffers, RecvBlock, StreamPlan};
+use crate::transport::{Buffers, RecvBlock, SendBlock, StreamPlan};
 use crate::wire::{OpDescriptor, OpKind};
 
 pub(crate) fn alltoall<'a>(
@@ -19,7 +19,12 @@ pub(crate) fn alltoall<'a>(
 ) -> Result<Vec<u64>> {
     let kind = OpKind::Alltoall;
     let (rank, size) = (session.rank, session.size);
-    let mut desc = OpDescriptor { dtype, shape: shape.to_vec(), splits: splits.to_vec(), ..OpDescriptor::new(kind, name) };
+    let mut desc = OpDescriptor {
+        dtype,
+        shape: shape.to_vec(),
+        splits: splits.to_vec(),
+        ..OpDescriptor::new(kind, name)
+    };
     desc.invalid = check_first_dim(shape)
         .and_then(|()| check_tensor(name, input.len(), shape, dtype, "input"))
         .and_then(|()| check_splits(splits, shape, size))
@@ -59,19 +64,31 @@ pub(crate) fn alltoall<'a>(
     let mesh = session.mesh.as_mut().ok_or_else(no_mesh)?;
     for k in 1..size {
         let (to, from) = ((rank + k) % size, back(rank, k, size));
-        let send = &send_segs[to..=to];
-        let recv = [RecvBlock { range: recv_segs[from].clone(), reduce: false }];
+        let send = [SendBlock {
+            range: send_segs[to].clone(),
+            after: None,
+        }];
+        let recv = [RecvBlock {
+            range: recv_segs[from].clone(),
+            reduce: false,
+        }];
         let plan = StreamPlan {
             tag,
             send_to: Some(to),
             recv_from: Some(from),
-            send_blocks: send,
+            send_blocks: &send,
             recv_blocks: &recv,
-            credit: usize::MAX,
         };
-        mesh.run_stream(&what, &plan, Buffers::Split { send: input, recv: &mut *output }, &mut [], |_, _, _| {
-            Err(Error::Internal("alltoall has nothing to reduce".into()))
-        })?;
+        mesh.run_stream(
+            &what,
+            &plan,
+            Buffers::Split {
+                send: input,
+                recv: &mut *output,
+            },
+            &mut [],
+            |_, _, _| Err(Error::Internal("alltoall has nothing to reduce".into())),
+        )?;
     }
     Ok(recv_rows)
 }

@@ -4,7 +4,7 @@ use super::allreduce::no_mesh;
 use super::{check_tensor, invalid, label, Session};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::transport::{Buffers, RecvBlock, StreamPlan};
+use crate::transport::{Buffers, RecvBlock, SendBlock, StreamPlan};
 use crate::wire::{OpDescriptor, OpKind};
 
 pub(crate) fn broadcast(
@@ -26,7 +26,10 @@ pub(crate) fn broadcast(
     let root_check = if root < size {
         Ok(())
     } else {
-        Err(format!("root rank {root} is out of range; the job has {size} ranks (0 to {})", size - 1))
+        Err(format!(
+            "root rank {root} is out of range; the job has {size} ranks (0 to {})",
+            size - 1
+        ))
     };
     desc.invalid = root_check
         .and_then(|()| check_tensor(name, buf.len(), shape, dtype, "tensor"))
@@ -38,15 +41,20 @@ pub(crate) fn broadcast(
     }
     // Position in the chain root -> root+1 -> ... -> root-1.
     let position = (rank + size - root) % size;
-    let whole = 0..buf.len();
-    let recv = [RecvBlock { range: 0..buf.len(), reduce: false }];
+    let send = [SendBlock {
+        range: 0..buf.len(),
+        after: (position > 0).then_some(0),
+    }];
+    let recv = [RecvBlock {
+        range: 0..buf.len(),
+        reduce: false,
+    }];
     let plan = StreamPlan {
         tag,
         send_to: (position + 1 < size).then_some((rank + 1) % size),
         recv_from: (position > 0).then_some((rank + size - 1) % size),
-        send_blocks: std::slice::from_ref(&whole),
+        send_blocks: &send,
         recv_blocks: &recv,
-        credit: if position == 0 { buf.len() } else { 0 },
     };
     let what = label(kind, name);
     let mesh = session.mesh.as_mut().ok_or_else(no_mesh)?;

@@ -7,7 +7,7 @@
 //! communicator stays usable. A rank whose own arguments are invalid still takes part (its
 //! descriptor carries the error): it reports [`Error::InvalidArgument`], the others a mismatch.
 //!
-//! The data then moves over the [`Mesh`](crate::transport::Mesh):
+//! The data then moves over the [`Mesh`]:
 //!
 //! - allreduce: ring reduce-scatter then ring allgather, pipelined chunk by chunk;
 //! - reducescatter: the ring reduce-scatter alone, with Horovod's uneven row split
@@ -33,19 +33,23 @@ use std::ops::Range;
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::transport::{Failure, Mesh, RecvBlock};
+use crate::transport::{Failure, Mesh, RecvBlock, SendBlock};
 use crate::wire::{OpDescriptor, OpKind, MAX_DIMS, MAX_NAME_LEN};
 
 /// Rows of a `rows`-row tensor that each of `size` ranks receives from a reducescatter
 /// (Horovod's split: `rows / size` each, plus one for the first `rows % size` ranks).
 pub fn reducescatter_rows(rows: u64, size: usize) -> Vec<u64> {
     let size = size.max(1) as u64;
-    (0..size).map(|r| rows / size + u64::from(r < rows % size)).collect()
+    (0..size)
+        .map(|r| rows / size + u64::from(r < rows % size))
+        .collect()
 }
 
 /// Returns once every rank reached the barrier: the negotiation alone.
 pub(crate) fn barrier(session: &mut Session) -> Result<()> {
-    session.negotiate(OpDescriptor::new(OpKind::Barrier, "")).map(|_| ())
+    session
+        .negotiate(OpDescriptor::new(OpKind::Barrier, ""))
+        .map(|_| ())
 }
 
 /// A buffer with 8-byte alignment, reused across collectives.
@@ -84,13 +88,23 @@ pub(crate) struct Session {
 
 impl Session {
     pub(crate) fn new(mesh: Option<Mesh>, rank: usize, size: usize) -> Self {
-        Session { mesh, rank, size, seq: 0, scratch: AlignedBuf::default(), work: AlignedBuf::default() }
+        Session {
+            mesh,
+            rank,
+            size,
+            seq: 0,
+            scratch: AlignedBuf::default(),
+            work: AlignedBuf::default(),
+        }
     }
 
     fn mesh(&mut self) -> Result<&mut Mesh> {
-        self.mesh
-            .as_mut()
-            .ok_or_else(|| Error::Internal(format!("no data-plane mesh for a job of {} ranks", self.size)))
+        self.mesh.as_mut().ok_or_else(|| {
+            Error::Internal(format!(
+                "no data-plane mesh for a job of {} ranks",
+                self.size
+            ))
+        })
     }
 
     /// Runs the negotiation for `desc`: on success every rank's descriptor, indexed by rank,
@@ -107,7 +121,12 @@ impl Session {
         let (rank, size) = (self.rank, self.size);
         let what = label(desc.kind, &desc.name);
         let mesh = self.mesh()?;
-        let payloads = mesh.exchange(&what, tag, &desc.encode(), OpDescriptor::max_encoded_len(size))?;
+        let payloads = mesh.exchange(
+            &what,
+            tag,
+            &desc.encode(),
+            OpDescriptor::max_encoded_len(size),
+        )?;
         let mut descs = Vec::with_capacity(size);
         for (peer, payload) in payloads.iter().enumerate() {
             match OpDescriptor::decode(payload, size) {
@@ -153,7 +172,9 @@ pub(crate) fn check_agreement(descs: &[OpDescriptor], me: usize) -> Result<()> {
             d.invalid.as_deref().unwrap_or_default()
         )));
     }
-    let Some(first) = descs.first() else { return Ok(()) };
+    let Some(first) = descs.first() else {
+        return Ok(());
+    };
     for (j, d) in descs.iter().enumerate().skip(1) {
         if let Some(difference) = difference(first, d, j) {
             return Err(Error::Mismatch(difference));
@@ -173,7 +194,10 @@ fn difference(a: &OpDescriptor, b: &OpDescriptor, j: usize) -> Option<String> {
         ));
     }
     if a.name != b.name {
-        return Some(format!("{}: rank 0 called it '{}' but rank {j} called it '{}'; {ORDER}", a.kind, a.name, b.name));
+        return Some(format!(
+            "{}: rank 0 called it '{}' but rank {j} called it '{}'; {ORDER}",
+            a.kind, a.name, b.name
+        ));
     }
     let what = label(a.kind, &a.name);
     if a.kind == OpKind::Barrier {
@@ -186,7 +210,11 @@ fn difference(a: &OpDescriptor, b: &OpDescriptor, j: usize) -> Option<String> {
         a.shape == b.shape
     };
     if a.dtype != b.dtype || !shapes_agree {
-        let note = if first_dim_free { " (all dimensions but the first must match)" } else { "" };
+        let note = if first_dim_free {
+            " (all dimensions but the first must match)"
+        } else {
+            ""
+        };
         return Some(format!(
             "{what}: rank 0 has {} {:?} but rank {j} has {} {:?}{note}",
             a.dtype, a.shape, b.dtype, b.shape
@@ -194,16 +222,25 @@ fn difference(a: &OpDescriptor, b: &OpDescriptor, j: usize) -> Option<String> {
     }
     if a.op != b.op {
         let name = |op: Option<crate::dtype::ReduceOp>| op.map_or("none", |op| op.name());
-        return Some(format!("{what}: rank 0 uses op {} but rank {j} uses op {}", name(a.op), name(b.op)));
+        return Some(format!(
+            "{what}: rank 0 uses op {} but rank {j} uses op {}",
+            name(a.op),
+            name(b.op)
+        ));
     }
-    if a.prescale.to_bits() != b.prescale.to_bits() || a.postscale.to_bits() != b.postscale.to_bits() {
+    if a.prescale.to_bits() != b.prescale.to_bits()
+        || a.postscale.to_bits() != b.postscale.to_bits()
+    {
         return Some(format!(
             "{what}: rank 0 uses prescale_factor {} and postscale_factor {} but rank {j} uses {} and {}",
             a.prescale, a.postscale, b.prescale, b.postscale
         ));
     }
     if a.root != b.root {
-        return Some(format!("{what}: rank 0 uses root rank {} but rank {j} uses root rank {}", a.root, b.root));
+        return Some(format!(
+            "{what}: rank 0 uses root rank {} but rank {j} uses root rank {}",
+            a.root, b.root
+        ));
     }
     None
 }
@@ -211,11 +248,16 @@ fn difference(a: &OpDescriptor, b: &OpDescriptor, j: usize) -> Option<String> {
 /// Elements of `shape`, or why it is not a valid shape.
 fn element_count(shape: &[i64]) -> Result<usize, String> {
     if shape.len() > MAX_DIMS {
-        return Err(format!("shape has {} dimensions; at most {MAX_DIMS} are supported", shape.len()));
+        return Err(format!(
+            "shape has {} dimensions; at most {MAX_DIMS} are supported",
+            shape.len()
+        ));
     }
     shape.iter().try_fold(1usize, |acc, &d| {
-        let d = usize::try_from(d).map_err(|_| format!("shape {shape:?} has a negative dimension"))?;
-        acc.checked_mul(d).ok_or_else(|| format!("shape {shape:?} has too many elements"))
+        let d =
+            usize::try_from(d).map_err(|_| format!("shape {shape:?} has a negative dimension"))?;
+        acc.checked_mul(d)
+            .ok_or_else(|| format!("shape {shape:?} has too many elements"))
     })
 }
 
@@ -228,9 +270,18 @@ fn row_bytes(shape: &[i64], dtype: DType) -> Result<usize, String> {
 }
 
 /// Checks the common arguments: name length, shape, and that `len` bytes hold the tensor.
-fn check_tensor(name: &str, len: usize, shape: &[i64], dtype: DType, buffer: &str) -> Result<(), String> {
+fn check_tensor(
+    name: &str,
+    len: usize,
+    shape: &[i64],
+    dtype: DType,
+    buffer: &str,
+) -> Result<(), String> {
     if name.len() > MAX_NAME_LEN {
-        return Err(format!("the tensor name is {} bytes long; at most {MAX_NAME_LEN} are supported", name.len()));
+        return Err(format!(
+            "the tensor name is {} bytes long; at most {MAX_NAME_LEN} are supported",
+            name.len()
+        ));
     }
     let count = element_count(shape)?;
     let need = count
@@ -259,7 +310,11 @@ fn row_segments(rows: &[u64], row_bytes: usize) -> Result<Vec<Range<usize>>> {
         let len = usize::try_from(r)
             .ok()
             .and_then(|r| r.checked_mul(row_bytes))
-            .ok_or_else(|| Error::InvalidArgument(format!("{r} rows of {row_bytes} bytes do not fit in memory")))?;
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "{r} rows of {row_bytes} bytes do not fit in memory"
+                ))
+            })?;
         let end = at
             .checked_add(len)
             .ok_or_else(|| Error::InvalidArgument("the result does not fit in memory".into()))?;
@@ -288,24 +343,82 @@ fn back(rank: usize, k: usize, size: usize) -> usize {
     (rank + size - k % size) % size
 }
 
-/// The ring reduce-scatter's blocks: step s sends segment rank-s-1 and reduces segment
-/// rank-s-2 into place, so rank r ends with segment r fully reduced. Sending is gated on
-/// receiving: the segment sent at step s+1 is the one reduced at step s.
-fn ring_reduce_scatter(segs: &[Range<usize>], rank: usize, sends: &mut Vec<Range<usize>>, recvs: &mut Vec<RecvBlock>) {
-    let size = segs.len();
-    for s in 0..size - 1 {
-        sends.push(segs[back(rank, s + 1, size)].clone());
-        recvs.push(RecvBlock { range: segs[back(rank, s + 2, size)].clone(), reduce: true });
-    }
+/// Bytes of each rank's segment in one piece of a segmented ring. Big rings run as several
+/// rounds over pieces of the buffer, so a reduced chunk is forwarded while it is still in
+/// cache and the allgather of one piece overlaps the reduce-scatter of the next.
+const PIECE_TARGET: usize = 1 << 20;
+
+/// Splits every rank's segment into the same number of element-aligned pieces of at most about
+/// [`PIECE_TARGET`] bytes; returns the segments of each piece.
+fn ring_pieces(segs: &[Range<usize>], elem: usize) -> Vec<Vec<Range<usize>>> {
+    let longest = segs.iter().map(ExactSizeIterator::len).max().unwrap_or(0);
+    let count = longest.div_ceil(PIECE_TARGET).max(1);
+    let split: Vec<Vec<Range<usize>>> = segs
+        .iter()
+        .map(|seg| {
+            even_segments(seg.len() / elem, elem, count)
+                .into_iter()
+                .map(|r| seg.start + r.start..seg.start + r.end)
+                .collect()
+        })
+        .collect();
+    (0..count)
+        .map(|p| split.iter().map(|pieces| pieces[p].clone()).collect())
+        .collect()
 }
 
-/// The ring allgather's blocks: step s sends segment rank-s (first its own, then what it just
-/// received) and stores segment rank-s-1.
-fn ring_allgather(segs: &[Range<usize>], rank: usize, sends: &mut Vec<Range<usize>>, recvs: &mut Vec<RecvBlock>) {
+/// The ring reduce-scatter's blocks: step s sends segment rank-s-1 and reduces segment
+/// rank-s-2 into place, so rank r ends with segment r fully reduced. The segment sent at step
+/// s+1 forwards the one reduced at step s. Returns the index of the last (final) receive.
+fn ring_reduce_scatter(
+    segs: &[Range<usize>],
+    rank: usize,
+    sends: &mut Vec<SendBlock>,
+    recvs: &mut Vec<RecvBlock>,
+) -> usize {
     let size = segs.len();
     for s in 0..size - 1 {
-        sends.push(segs[back(rank, s, size)].clone());
-        recvs.push(RecvBlock { range: segs[back(rank, s + 1, size)].clone(), reduce: false });
+        let after = if s == 0 {
+            None
+        } else {
+            recvs.len().checked_sub(1)
+        };
+        sends.push(SendBlock {
+            range: segs[back(rank, s + 1, size)].clone(),
+            after,
+        });
+        recvs.push(RecvBlock {
+            range: segs[back(rank, s + 2, size)].clone(),
+            reduce: true,
+        });
+    }
+    recvs.len() - 1
+}
+
+/// The ring allgather's blocks: step s sends segment rank-s (first its own, which waits for
+/// receive `first_after` if given; then what it just received) and stores segment rank-s-1.
+fn ring_allgather(
+    segs: &[Range<usize>],
+    rank: usize,
+    first_after: Option<usize>,
+    sends: &mut Vec<SendBlock>,
+    recvs: &mut Vec<RecvBlock>,
+) {
+    let size = segs.len();
+    for s in 0..size - 1 {
+        let after = if s == 0 {
+            first_after
+        } else {
+            recvs.len().checked_sub(1)
+        };
+        sends.push(SendBlock {
+            range: segs[back(rank, s, size)].clone(),
+            after,
+        });
+        recvs.push(RecvBlock {
+            range: segs[back(rank, s + 1, size)].clone(),
+            reduce: false,
+        });
     }
 }
 
@@ -315,7 +428,12 @@ mod tests {
     use crate::dtype::ReduceOp;
 
     fn desc(kind: OpKind, name: &str, dtype: DType, shape: &[i64]) -> OpDescriptor {
-        OpDescriptor { dtype, shape: shape.to_vec(), op: Some(ReduceOp::Sum), ..OpDescriptor::new(kind, name) }
+        OpDescriptor {
+            dtype,
+            shape: shape.to_vec(),
+            op: Some(ReduceOp::Sum),
+            ..OpDescriptor::new(kind, name)
+        }
     }
 
     fn mismatch(descs: &[OpDescriptor]) -> String {
@@ -343,28 +461,52 @@ mod tests {
             "allreduce 'grad.3': rank 0 has float32 [4, 5] but rank 2 has float32 [4, 6]"
         );
         let renamed = desc(OpKind::Allreduce, "grad.4", DType::F32, &[4, 5]);
-        assert!(mismatch(&[a.clone(), renamed]).contains("rank 0 called it 'grad.3' but rank 1 called it 'grad.4'"));
+        assert!(mismatch(&[a.clone(), renamed])
+            .contains("rank 0 called it 'grad.3' but rank 1 called it 'grad.4'"));
         let other_kind = desc(OpKind::Broadcast, "grad.3", DType::F32, &[4, 5]);
-        assert!(mismatch(&[a.clone(), other_kind]).contains("rank 0 called allreduce 'grad.3' but rank 1 called broadcast"));
-        let avg = OpDescriptor { op: Some(ReduceOp::Average), ..a.clone() };
-        assert!(mismatch(&[a.clone(), avg]).contains("rank 0 uses op Sum but rank 1 uses op Average"));
-        let scaled = OpDescriptor { prescale: 2.0, ..a.clone() };
-        assert!(mismatch(&[a.clone(), scaled]).contains("prescale_factor 1 and postscale_factor 1 but rank 1 uses 2 and 1"));
-        let rooted = OpDescriptor { root: 1, ..a.clone() };
-        assert!(mismatch(&[a.clone(), rooted]).contains("rank 0 uses root rank 0 but rank 1 uses root rank 1"));
+        assert!(mismatch(&[a.clone(), other_kind])
+            .contains("rank 0 called allreduce 'grad.3' but rank 1 called broadcast"));
+        let avg = OpDescriptor {
+            op: Some(ReduceOp::Average),
+            ..a.clone()
+        };
+        assert!(
+            mismatch(&[a.clone(), avg]).contains("rank 0 uses op Sum but rank 1 uses op Average")
+        );
+        let scaled = OpDescriptor {
+            prescale: 2.0,
+            ..a.clone()
+        };
+        assert!(mismatch(&[a.clone(), scaled])
+            .contains("prescale_factor 1 and postscale_factor 1 but rank 1 uses 2 and 1"));
+        let rooted = OpDescriptor {
+            root: 1,
+            ..a.clone()
+        };
+        assert!(mismatch(&[a.clone(), rooted])
+            .contains("rank 0 uses root rank 0 but rank 1 uses root rank 1"));
         let gathered = |rows| desc(OpKind::Allgather, "g", DType::I8, &[rows, 3]);
         assert!(check_agreement(&[gathered(1), gathered(0)], 1).is_ok());
         let wide = desc(OpKind::Allgather, "g", DType::I8, &[1, 4]);
-        assert!(mismatch(&[gathered(1), wide]).contains("(all dimensions but the first must match)"));
+        assert!(
+            mismatch(&[gathered(1), wide]).contains("(all dimensions but the first must match)")
+        );
     }
 
     #[test]
     fn an_invalid_rank_reports_its_own_error_and_the_others_a_mismatch() {
         let good = desc(OpKind::Allreduce, "x", DType::F32, &[2]);
-        let bad = OpDescriptor { invalid: Some("allreduce 'x': bad buffer".into()), ..good.clone() };
+        let bad = OpDescriptor {
+            invalid: Some("allreduce 'x': bad buffer".into()),
+            ..good.clone()
+        };
         let descs = [good.clone(), bad, good];
-        assert!(matches!(check_agreement(&descs, 1), Err(Error::InvalidArgument(m)) if m == "allreduce 'x': bad buffer"));
-        assert!(matches!(check_agreement(&descs, 0), Err(Error::Mismatch(m)) if m.contains("rank 1 passed invalid arguments")));
+        assert!(
+            matches!(check_agreement(&descs, 1), Err(Error::InvalidArgument(m)) if m == "allreduce 'x': bad buffer")
+        );
+        assert!(
+            matches!(check_agreement(&descs, 0), Err(Error::Mismatch(m)) if m.contains("rank 1 passed invalid arguments"))
+        );
     }
 
     #[test]
@@ -377,22 +519,52 @@ mod tests {
         assert_eq!(element_count(&[]), Ok(1));
         assert!(element_count(&[2, -1]).is_err());
         assert!(element_count(&[i64::MAX, i64::MAX]).is_err());
-        assert!(check_tensor("x", 7, &[2], DType::F32, "input").unwrap_err().contains("needs 8 bytes"));
+        assert!(check_tensor("x", 7, &[2], DType::F32, "input")
+            .unwrap_err()
+            .contains("needs 8 bytes"));
     }
 
     #[test]
-    fn ring_blocks_chain_sends_to_earlier_receives() {
+    fn ring_blocks_forward_earlier_receives() {
         for size in 2..6 {
             let segs = even_segments(100, 1, size);
             for rank in 0..size {
                 let (mut sends, mut recvs) = (Vec::new(), Vec::new());
-                ring_reduce_scatter(&segs, rank, &mut sends, &mut recvs);
-                assert_eq!(recvs.last().unwrap().range, segs[rank], "rank {rank} ends owning its segment");
-                ring_allgather(&segs, rank, &mut sends, &mut recvs);
-                for i in 1..sends.len() {
-                    assert_eq!(sends[i], recvs[i - 1].range, "send {i} forwards receive {}", i - 1);
+                let last = ring_reduce_scatter(&segs, rank, &mut sends, &mut recvs);
+                assert_eq!(
+                    recvs[last].range, segs[rank],
+                    "rank {rank} ends owning its segment"
+                );
+                ring_allgather(&segs, rank, Some(last), &mut sends, &mut recvs);
+                assert!(sends[0].after.is_none());
+                for (i, send) in sends.iter().enumerate().skip(1) {
+                    assert_eq!(send.after, Some(i - 1));
+                    assert_eq!(
+                        send.range,
+                        recvs[i - 1].range,
+                        "send {i} forwards receive {}",
+                        i - 1
+                    );
                 }
             }
         }
+    }
+
+    #[test]
+    fn ring_pieces_cover_each_segment_in_order() {
+        let segs = even_segments((5 << 20) + 7, 4, 3);
+        let pieces = ring_pieces(&segs, 4);
+        assert!(pieces.len() > 1);
+        for (j, seg) in segs.iter().enumerate() {
+            let mut at = seg.start;
+            for piece in &pieces {
+                assert_eq!(piece[j].start, at);
+                assert_eq!(piece[j].len() % 4, 0);
+                assert!(piece[j].len() <= PIECE_TARGET);
+                at = piece[j].end;
+            }
+            assert_eq!(at, seg.end);
+        }
+        assert_eq!(ring_pieces(&even_segments(10, 4, 2), 4).len(), 1);
     }
 }

@@ -2,8 +2,11 @@
 
 use super::allgather::check_first_dim;
 use super::allreduce::{no_mesh, Reduction};
-use super::{invalid, label, reducescatter_rows, ring_reduce_scatter, row_bytes, row_segments, Session};
 use super::check_tensor;
+use super::{
+    invalid, label, reducescatter_rows, ring_pieces, ring_reduce_scatter, row_bytes, row_segments,
+    Session,
+};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::reduce;
@@ -27,7 +30,9 @@ pub(crate) fn reducescatter(
     let mut desc = reduction.descriptor(kind, name, dtype, shape);
     desc.invalid = check_first_dim(shape)
         .and_then(|()| check_tensor(name, input.len(), shape, dtype, "input"))
-        .and_then(|()| reduce::check_reduction(dtype, reduction.op, reduction.prescale, reduction.postscale))
+        .and_then(|()| {
+            reduce::check_reduction(dtype, reduction.op, reduction.prescale, reduction.postscale)
+        })
         .and_then(|()| check_output(output.len(), shape, dtype, rank, size))
         .err()
         .map(|m| invalid(kind, name, m));
@@ -44,35 +49,58 @@ pub(crate) fn reducescatter(
         .map_err(Error::InvalidArgument)
         .and_then(|row| row_segments(&rows, row))
         .map_err(|e| session.abandon(&what, e))?;
-    let Session { mesh, scratch, work, .. } = session;
+    let Session {
+        mesh,
+        scratch,
+        work,
+        ..
+    } = session;
     let mesh = mesh.as_mut().ok_or_else(no_mesh)?;
     let work_buf = work.get(input.len());
     work_buf.copy_from_slice(input);
-    reduce::scale(dtype, work_buf, reduction.prescale)?;
-    let (mut sends, mut recvs) = (Vec::with_capacity(size), Vec::with_capacity(size));
-    ring_reduce_scatter(&segs, rank, &mut sends, &mut recvs);
-    let last_reduce = recvs.len() - 1;
+    if let Err(e) = reduce::scale(dtype, work_buf, reduction.prescale) {
+        mesh.break_links(&format!("rank {rank} abandoned {what}: {e}"));
+        return Err(e);
+    }
+    let (mut sends, mut recvs) = (Vec::new(), Vec::new());
+    let mut is_final = Vec::new();
+    for piece in ring_pieces(&segs, dtype.size()) {
+        ring_reduce_scatter(&piece, rank, &mut sends, &mut recvs);
+        is_final.resize(recvs.len() - 1, false);
+        is_final.push(true);
+    }
     let plan = StreamPlan {
         tag,
         send_to: Some((rank + 1) % size),
         recv_from: Some((rank + size - 1) % size),
-        credit: sends[0].len(),
         send_blocks: &sends,
         recv_blocks: &recvs,
     };
-    mesh.run_stream(&what, &plan, Buffers::InPlace(work_buf), scratch.get(CHUNK), |block, dst, src| {
-        reduce::reduce_into(dtype, reduction.op, dst, src)?;
-        if block == last_reduce {
-            reduce::scale(dtype, dst, factor)?;
-        }
-        Ok(())
-    })?;
+    mesh.run_stream(
+        &what,
+        &plan,
+        Buffers::InPlace(work_buf),
+        scratch.get(CHUNK),
+        |block, dst, src| {
+            reduce::reduce_into(dtype, reduction.op, dst, src)?;
+            if is_final.get(block).copied().unwrap_or(false) {
+                reduce::scale(dtype, dst, factor)?;
+            }
+            Ok(())
+        },
+    )?;
     output.copy_from_slice(&work_buf[segs[rank].clone()]);
     work.trim(KEEP_WORK);
     Ok(())
 }
 
-fn check_output(len: usize, shape: &[i64], dtype: DType, rank: usize, size: usize) -> Result<(), String> {
+fn check_output(
+    len: usize,
+    shape: &[i64],
+    dtype: DType,
+    rank: usize,
+    size: usize,
+) -> Result<(), String> {
     let rows = shape.first().copied().unwrap_or(0).max(0) as u64;
     let mine = reducescatter_rows(rows, size)[rank];
     let row = row_bytes(shape, dtype)?;

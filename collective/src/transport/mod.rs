@@ -18,7 +18,7 @@ mod poll;
 mod setup;
 mod stream;
 
-pub(crate) use stream::{Buffers, RecvBlock, StreamPlan, CHUNK};
+pub(crate) use stream::{Buffers, RecvBlock, SendBlock, StreamPlan, CHUNK};
 
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -124,7 +124,11 @@ impl Mesh {
     /// Connects to every peer: the higher rank of each pair connects (retrying until
     /// `connect_timeout`), the lower accepts. Fails on timeout, abort, or a peer answering with
     /// an invalid handshake (for example another job's process at that address).
-    pub fn establish(listener: DataListener, config: MeshConfig, abort: AbortSignal) -> Result<Mesh> {
+    pub fn establish(
+        listener: DataListener,
+        config: MeshConfig,
+        abort: AbortSignal,
+    ) -> Result<Mesh> {
         setup::establish(listener, config, abort)
     }
 
@@ -154,7 +158,11 @@ impl Mesh {
     /// "rank 1 (host h, 10.0.0.2:4000)" for messages.
     pub(crate) fn peer_name(&self, peer: usize) -> String {
         let host = self.hosts.get(peer).filter(|h| !h.is_empty());
-        let addr = self.links.get(peer).and_then(|l| l.as_ref()).map(|l| l.addr);
+        let addr = self
+            .links
+            .get(peer)
+            .and_then(|l| l.as_ref())
+            .map(|l| l.addr);
         match (host, addr) {
             (Some(host), Some(addr)) => format!("rank {peer} (host {host}, {addr})"),
             (Some(host), None) => format!("rank {peer} (host {host})"),
@@ -164,10 +172,13 @@ impl Mesh {
     }
 
     fn link(&self, peer: usize) -> Result<&Link, Failure> {
-        self.links.get(peer).and_then(|l| l.as_ref()).ok_or_else(|| Failure::Io {
-            peer,
-            source: io::Error::new(io::ErrorKind::NotConnected, "no connection to this rank"),
-        })
+        self.links
+            .get(peer)
+            .and_then(|l| l.as_ref())
+            .ok_or_else(|| Failure::Io {
+                peer,
+                source: io::Error::new(io::ErrorKind::NotConnected, "no connection to this rank"),
+            })
     }
 
     /// Checks the abort signal and shutdown flag; called at every wait tick.
@@ -187,17 +198,29 @@ impl Mesh {
         let rank = self.rank;
         match failure {
             Failure::Aborted => {
-                self.break_links(&format!("rank {rank} stopped {what} because the job was aborted"));
+                self.break_links(&format!(
+                    "rank {rank} stopped {what} because the job was aborted"
+                ));
                 self.abort_error()
             }
             Failure::Closing => {
-                self.break_links(&format!("rank {rank} shut down its communicator during {what}"));
-                Error::Closed(format!("the communicator was shut down while {what} was running"))
+                self.break_links(&format!(
+                    "rank {rank} shut down its communicator during {what}"
+                ));
+                Error::Closed(format!(
+                    "the communicator was shut down while {what} was running"
+                ))
             }
             Failure::Timeout { peers } => {
                 let names: Vec<String> = peers.iter().map(|p| self.peer_name(*p)).collect();
-                let waiting = if names.is_empty() { "its peers".to_owned() } else { names.join(", ") };
-                self.break_links(&format!("rank {rank} timed out waiting for {waiting} in {what}"));
+                let waiting = if names.is_empty() {
+                    "its peers".to_owned()
+                } else {
+                    names.join(", ")
+                };
+                self.break_links(&format!(
+                    "rank {rank} timed out waiting for {waiting} in {what}"
+                ));
                 Error::Timeout {
                     what: format!(
                         "waiting for {waiting} in {what} (no bytes moved; is that rank stuck, or did it skip this \
@@ -215,18 +238,24 @@ impl Mesh {
                 error
             }
             Failure::Io { peer, source } => self.peer_failed(peer, what, source),
-            Failure::Frame { peer, source } => {
-                self.peer_failed(peer, what, io::Error::new(io::ErrorKind::InvalidData, source))
-            }
-            Failure::GaveUp { peer, reason } => {
-                self.peer_failed(peer, what, io::Error::other(format!("the peer gave up: {reason}")))
-            }
+            Failure::Frame { peer, source } => self.peer_failed(
+                peer,
+                what,
+                io::Error::new(io::ErrorKind::InvalidData, source),
+            ),
+            Failure::GaveUp { peer, reason } => self.peer_failed(
+                peer,
+                what,
+                io::Error::other(format!("the peer gave up: {reason}")),
+            ),
         }
     }
 
     fn peer_failed(&mut self, peer: usize, what: &str, source: io::Error) -> Error {
         let rank = self.rank;
-        self.break_links(&format!("rank {rank} lost its connection to rank {peer} during {what}"));
+        self.break_links(&format!(
+            "rank {rank} lost its connection to rank {peer} during {what}"
+        ));
         // The driver broadcasts the root cause (e.g. "rank 1 on host x: killed by signal 9");
         // prefer it over a bare "connection reset".
         let deadline = Instant::now() + ABORT_GRACE;
@@ -240,7 +269,11 @@ impl Mesh {
             Some(host) => format!("{what} (rank {peer} is on host {host})"),
             None => what.to_owned(),
         };
-        Error::Peer { rank: peer, during, source }
+        Error::Peer {
+            rank: peer,
+            during,
+            source,
+        }
     }
 
     pub(crate) fn abort_error(&self) -> Error {
@@ -280,7 +313,9 @@ impl Mesh {
 
     /// Reads the reason of a `Fail` frame whose header was just read (bounded wait).
     fn read_fail_reason(stream: &TcpStream, len: u64) -> String {
-        let len = usize::try_from(len).unwrap_or(usize::MAX).min(wire::MAX_FAIL_LEN);
+        let len = usize::try_from(len)
+            .unwrap_or(usize::MAX)
+            .min(wire::MAX_FAIL_LEN);
         let mut buf = vec![0u8; len];
         let mut got = 0;
         let deadline = Instant::now() + Duration::from_secs(1);
@@ -288,7 +323,9 @@ impl Mesh {
             match (&*stream).read(&mut buf[got..]) {
                 Ok(0) => break,
                 Ok(n) => got += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(1)),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(Duration::from_millis(1))
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(_) => break,
             }
@@ -315,7 +352,11 @@ impl Drop for Mesh {
 fn io_failure(peer: usize, result: io::Result<usize>) -> Result<Option<usize>, Failure> {
     match result {
         Ok(n) => Ok(Some(n)),
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted => Ok(None),
+        Err(e)
+            if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted =>
+        {
+            Ok(None)
+        }
         Err(source) => Err(Failure::Io { peer, source }),
     }
 }

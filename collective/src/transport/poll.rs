@@ -19,12 +19,14 @@ pub(crate) fn wait(interests: &[Interest], timeout: Duration) -> io::Result<()> 
         .iter()
         .map(|i| libc::pollfd {
             fd: i.fd,
-            events: (if i.read { libc::POLLIN } else { 0 }) | (if i.write { libc::POLLOUT } else { 0 }),
+            events: (if i.read { libc::POLLIN } else { 0 })
+                | (if i.write { libc::POLLOUT } else { 0 }),
             revents: 0,
         })
         .collect();
     let millis = libc::c_int::try_from(timeout.as_millis().max(1)).unwrap_or(libc::c_int::MAX);
-    let nfds = libc::nfds_t::try_from(fds.len()).map_err(|_| io::Error::other("too many sockets to poll"))?;
+    let nfds = libc::nfds_t::try_from(fds.len())
+        .map_err(|_| io::Error::other("too many sockets to poll"))?;
     // SAFETY: `fds` is a live, exclusively borrowed buffer of `nfds` initialized `pollfd`s for
     // the whole call; poll only writes their `revents` fields.
     let rc = unsafe { libc::poll(fds.as_mut_ptr(), nfds, millis) };
@@ -51,11 +53,27 @@ mod tests {
         let mut a = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (b, _) = listener.accept().unwrap();
         let start = Instant::now();
-        wait(&[Interest { fd: b.as_raw_fd(), read: true, write: false }], Duration::from_millis(50)).unwrap();
+        wait(
+            &[Interest {
+                fd: b.as_raw_fd(),
+                read: true,
+                write: false,
+            }],
+            Duration::from_millis(50),
+        )
+        .unwrap();
         assert!(start.elapsed() >= Duration::from_millis(40));
         a.write_all(b"x").unwrap();
         let start = Instant::now();
-        wait(&[Interest { fd: b.as_raw_fd(), read: true, write: false }], Duration::from_secs(5)).unwrap();
+        wait(
+            &[Interest {
+                fd: b.as_raw_fd(),
+                read: true,
+                write: false,
+            }],
+            Duration::from_secs(5),
+        )
+        .unwrap();
         assert!(start.elapsed() < Duration::from_secs(1));
     }
 }

@@ -22,7 +22,11 @@ const HELLO_FRAME_LEN: usize = HEADER_LEN + HELLO_LEN;
 /// are dropped first, so a flood of junk connections cannot exhaust file descriptors.
 const MAX_PENDING: usize = 64;
 
-pub(super) fn establish(listener: DataListener, config: MeshConfig, abort: AbortSignal) -> Result<Mesh> {
+pub(super) fn establish(
+    listener: DataListener,
+    config: MeshConfig,
+    abort: AbortSignal,
+) -> Result<Mesh> {
     let size = config.peers.len();
     if size == 0 || config.rank >= size {
         return Err(Error::InvalidArgument(format!(
@@ -32,7 +36,9 @@ pub(super) fn establish(listener: DataListener, config: MeshConfig, abort: Abort
         )));
     }
     if u32::try_from(size).is_err() {
-        return Err(Error::InvalidArgument(format!("mesh config: {size} ranks are too many")));
+        return Err(Error::InvalidArgument(format!(
+            "mesh config: {size} ranks are too many"
+        )));
     }
     if config.peers[config.rank] != listener.addr {
         log::debug!(
@@ -70,9 +76,16 @@ pub(super) fn establish(listener: DataListener, config: MeshConfig, abort: Abort
     for (peer, stream) in accepted.into_iter().chain(connected) {
         let addr = stream.peer_addr().unwrap_or(config.peers[peer]);
         configure(&stream)?;
-        links[peer] = Some(Link { stream, addr, mid_frame: false });
+        links[peer] = Some(Link {
+            stream,
+            addr,
+            mid_frame: false,
+        });
     }
-    log::debug!("rank {}: data-plane mesh of {size} ranks established", config.rank);
+    log::debug!(
+        "rank {}: data-plane mesh of {size} ranks established",
+        config.rank
+    );
     Ok(Mesh {
         rank: config.rank,
         size,
@@ -101,7 +114,9 @@ fn check_wait(abort: &AbortSignal, stop: &AtomicBool) -> Result<()> {
         return Err(Error::Aborted(cause));
     }
     if stop.load(Ordering::Acquire) {
-        return Err(Error::Closed("mesh setup stopped because another part of it failed".into()));
+        return Err(Error::Closed(
+            "mesh setup stopped because another part of it failed".into(),
+        ));
     }
     Ok(())
 }
@@ -122,7 +137,9 @@ fn connect_lower(
             check_wait(abort, stop)?;
             let now = Instant::now();
             if now >= deadline {
-                let last = last_error.map(|e| format!(" (last error: {e})")).unwrap_or_default();
+                let last = last_error
+                    .map(|e| format!(" (last error: {e})"))
+                    .unwrap_or_default();
                 return Err(Error::Timeout {
                     what: format!(
                         "rank {rank} connecting to rank {peer}'s data address {addr}{last}; is that rank \
@@ -135,11 +152,19 @@ fn connect_lower(
                 Ok(stream) => break stream,
                 Err(e) => {
                     last_error = Some(e);
-                    thread::sleep(Duration::from_millis(20).min(deadline.saturating_duration_since(Instant::now())));
+                    thread::sleep(
+                        Duration::from_millis(20)
+                            .min(deadline.saturating_duration_since(Instant::now())),
+                    );
                 }
             }
         };
-        let hello = Hello { job_id: config.job_id, from: rank as u32, to: peer as u32, size: config.peers.len() as u32 };
+        let hello = Hello {
+            job_id: config.job_id,
+            from: rank as u32,
+            to: peer as u32,
+            size: config.peers.len() as u32,
+        };
         stream.set_write_timeout(Some(TICK))?;
         write_all_until(&mut stream, &hello.encode_frame(), abort, stop, deadline)
             .map_err(|e| handshake_error(rank, peer, addr, e))?;
@@ -153,7 +178,11 @@ fn connect_lower(
                  something else: {e}; is another job or program using that address?"
             ))
         })?;
-        let expected = Hello { from: peer as u32, to: rank as u32, ..hello };
+        let expected = Hello {
+            from: peer as u32,
+            to: rank as u32,
+            ..hello
+        };
         if answer != expected {
             return Err(Error::Rendezvous(format!(
                 "rank {rank}: the process at {addr} claims to be rank {} of {} (talking to rank {}), but rank \
@@ -168,7 +197,11 @@ fn connect_lower(
 
 fn handshake_error(rank: usize, peer: usize, addr: SocketAddr, e: Error) -> Error {
     match e {
-        Error::Io(source) => Error::Peer { rank: peer, during: format!("rank {rank}'s handshake with {addr}"), source },
+        Error::Io(source) => Error::Peer {
+            rank: peer,
+            during: format!("rank {rank}'s handshake with {addr}"),
+            source,
+        },
         other => other,
     }
 }
@@ -183,12 +216,21 @@ fn write_all_until(
     while !bytes.is_empty() {
         check_wait(abort, stop)?;
         if Instant::now() >= deadline {
-            return Err(Error::Io(io::Error::new(io::ErrorKind::TimedOut, "handshake timed out")));
+            return Err(Error::Io(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "handshake timed out",
+            )));
         }
         match stream.write(bytes) {
             Ok(0) => return Err(Error::Io(io::ErrorKind::WriteZero.into())),
             Ok(n) => bytes = &bytes[n..],
-            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::Interrupted
+                ) => {}
             Err(e) => return Err(Error::Io(e)),
         }
     }
@@ -206,7 +248,10 @@ fn read_exact_until(
     while got < buf.len() {
         check_wait(abort, stop)?;
         if Instant::now() >= deadline {
-            return Err(Error::Io(io::Error::new(io::ErrorKind::TimedOut, "no handshake answer in time")));
+            return Err(Error::Io(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "no handshake answer in time",
+            )));
         }
         match stream.read(&mut buf[got..]) {
             Ok(0) => {
@@ -216,7 +261,13 @@ fn read_exact_until(
                 )))
             }
             Ok(n) => got += n,
-            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::Interrupted
+                ) => {}
             Err(e) => return Err(Error::Io(e)),
         }
     }
@@ -271,10 +322,26 @@ fn accept_higher(
                         let old = pending.remove(0);
                         log::warn!("rank {rank}: dropping unidentified data connection from {} (too many pending)", old.addr);
                     }
-                    pending.push(Pending { stream, addr, buf: [0; HELLO_FRAME_LEN], got: 0 });
+                    pending.push(Pending {
+                        stream,
+                        addr,
+                        buf: [0; HELLO_FRAME_LEN],
+                        got: 0,
+                    });
                 }
-                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => break,
-                Err(e) if matches!(e.kind(), io::ErrorKind::ConnectionAborted | io::ErrorKind::ConnectionReset) => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                    ) =>
+                {
+                    break
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::ConnectionAborted | io::ErrorKind::ConnectionReset
+                    ) => {}
                 Err(e) => return Err(Error::Io(e)),
             }
         }
@@ -289,37 +356,71 @@ fn accept_higher(
                 }
                 Err(reason) => {
                     let bad = pending.swap_remove(i);
-                    log::warn!("rank {rank}: dropping data connection from {}: {reason}", bad.addr);
+                    log::warn!(
+                        "rank {rank}: dropping data connection from {}: {reason}",
+                        bad.addr
+                    );
                 }
             }
         }
         if missing.is_empty() {
             break;
         }
-        let mut interests = vec![Interest { fd: listener.as_raw_fd(), read: true, write: false }];
-        interests.extend(pending.iter().map(|p| Interest { fd: p.stream.as_raw_fd(), read: true, write: false }));
-        poll::wait(&interests, TICK.min(deadline.saturating_duration_since(Instant::now())))?;
+        let mut interests = vec![Interest {
+            fd: listener.as_raw_fd(),
+            read: true,
+            write: false,
+        }];
+        interests.extend(pending.iter().map(|p| Interest {
+            fd: p.stream.as_raw_fd(),
+            read: true,
+            write: false,
+        }));
+        poll::wait(
+            &interests,
+            TICK.min(deadline.saturating_duration_since(Instant::now())),
+        )?;
     }
     for p in pending {
-        log::warn!("rank {rank}: dropping data connection from {} that never identified itself", p.addr);
+        log::warn!(
+            "rank {rank}: dropping data connection from {} that never identified itself",
+            p.addr
+        );
     }
     Ok(out)
 }
 
 /// Reads what a pending connection sent so far; once its `Hello` is complete and valid, answers
 /// it and returns the peer's rank. `Err` says why the connection is dropped.
-fn advance_handshake(p: &mut Pending, config: &MeshConfig, missing: &BTreeSet<usize>) -> Result<Option<usize>, String> {
+fn advance_handshake(
+    p: &mut Pending,
+    config: &MeshConfig,
+    missing: &BTreeSet<usize>,
+) -> Result<Option<usize>, String> {
     while p.got < HELLO_FRAME_LEN {
         match p.stream.read(&mut p.buf[p.got..]) {
-            Ok(0) => return Err(format!("it closed after {} bytes, before completing the handshake", p.got)),
+            Ok(0) => {
+                return Err(format!(
+                    "it closed after {} bytes, before completing the handshake",
+                    p.got
+                ))
+            }
             Ok(n) => p.got += n,
-            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => break,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                ) =>
+            {
+                break
+            }
             Err(e) => return Err(format!("reading its handshake failed: {e}")),
         }
         // Reject junk as soon as the header is in, without waiting for a payload.
         if p.got >= HEADER_LEN {
-            let header = wire::Header::decode(&p.buf[..HEADER_LEN], &wire::job_check(&config.job_id))
-                .map_err(|e| format!("invalid handshake: {e}"))?;
+            let header =
+                wire::Header::decode(&p.buf[..HEADER_LEN], &wire::job_check(&config.job_id))
+                    .map_err(|e| format!("invalid handshake: {e}"))?;
             header
                 .expect(wire::FrameKind::Hello, 0, HELLO_LEN)
                 .map_err(|e| format!("invalid handshake: {e}"))?;
@@ -328,7 +429,8 @@ fn advance_handshake(p: &mut Pending, config: &MeshConfig, missing: &BTreeSet<us
     if p.got < HELLO_FRAME_LEN {
         return Ok(None);
     }
-    let hello = Hello::decode_frame(&p.buf, &config.job_id).map_err(|e| format!("invalid handshake: {e}"))?;
+    let hello = Hello::decode_frame(&p.buf, &config.job_id)
+        .map_err(|e| format!("invalid handshake: {e}"))?;
     let size = config.peers.len();
     if hello.to as usize != config.rank || hello.size as usize != size {
         return Err(format!(
@@ -338,13 +440,25 @@ fn advance_handshake(p: &mut Pending, config: &MeshConfig, missing: &BTreeSet<us
     }
     let peer = hello.from as usize;
     if !missing.contains(&peer) {
-        return Err(format!("it claims to be rank {peer}, which is not a higher rank still expected"));
+        return Err(format!(
+            "it claims to be rank {peer}, which is not a higher rank still expected"
+        ));
     }
-    let reply = Hello { from: config.rank as u32, to: hello.from, ..hello };
+    let reply = Hello {
+        from: config.rank as u32,
+        to: hello.from,
+        ..hello
+    };
     // The reply fits any socket buffer; a brief blocking write is fine.
     p.stream.set_nonblocking(false).map_err(|e| e.to_string())?;
-    p.stream.set_write_timeout(Some(Duration::from_secs(5))).map_err(|e| e.to_string())?;
-    p.stream.write_all(&reply.encode_frame()).map_err(|e| format!("answering its handshake failed: {e}"))?;
-    p.stream.set_write_timeout(None).map_err(|e| e.to_string())?;
+    p.stream
+        .set_write_timeout(Some(Duration::from_secs(5)))
+        .map_err(|e| e.to_string())?;
+    p.stream
+        .write_all(&reply.encode_frame())
+        .map_err(|e| format!("answering its handshake failed: {e}"))?;
+    p.stream
+        .set_write_timeout(None)
+        .map_err(|e| e.to_string())?;
     Ok(Some(peer))
 }

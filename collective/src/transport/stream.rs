@@ -5,8 +5,8 @@
 //! engine writes and reads both directions concurrently from one thread (non-blocking sockets
 //! and `poll`), so large messages cannot deadlock on full socket buffers and small ones pay no
 //! thread hand-off. Received blocks are either stored in place or reduced chunk by chunk from
-//! an aligned scratch buffer. Sending may be *gated* on receiving: a ring forwards bytes only
-//! once they arrived and were reduced, which pipelines the ring at chunk granularity.
+//! an aligned scratch buffer. A sent block may *forward* a received one: its bytes go out only
+//! once they arrived and were reduced, which pipelines a ring at chunk granularity.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -34,6 +34,14 @@ pub(crate) struct RecvBlock {
     pub reduce: bool,
 }
 
+/// One sent block: where it comes from, and the received block it forwards, if any (its bytes
+/// are sent only once they arrived there and were reduced).
+#[derive(Debug, Clone)]
+pub(crate) struct SendBlock {
+    pub range: Range<usize>,
+    pub after: Option<usize>,
+}
+
 /// What one stream step sends and receives.
 #[derive(Debug)]
 pub(crate) struct StreamPlan<'p> {
@@ -42,12 +50,9 @@ pub(crate) struct StreamPlan<'p> {
     pub send_to: Option<usize>,
     pub recv_from: Option<usize>,
     /// Ranges of the send buffer, one frame each, in order.
-    pub send_blocks: &'p [Range<usize>],
+    pub send_blocks: &'p [SendBlock],
     /// Ranges of the receive buffer, one frame each, in order.
     pub recv_blocks: &'p [RecvBlock],
-    /// Payload bytes that may be sent before anything was received; beyond that, sending
-    /// stays behind the received-and-processed bytes by this much (`usize::MAX`: no gating).
-    pub credit: usize,
 }
 
 /// The memory a stream sends from and receives into.
@@ -77,12 +82,11 @@ impl Buffers<'_> {
 
 struct SendSide<'p> {
     peer: usize,
-    blocks: &'p [Range<usize>],
+    blocks: &'p [SendBlock],
     block: usize,
     header: [u8; HEADER_LEN],
     header_sent: usize,
     pos: usize,
-    total: usize,
 }
 
 impl SendSide<'_> {
@@ -95,13 +99,28 @@ impl SendSide<'_> {
     }
 
     /// Writes what it may. Returns (made progress, blocked on the socket).
-    fn step(&mut self, stream: &TcpStream, data: &[u8], limit: usize, tag: u32, check: &[u8; 8]) -> Result<(bool, bool), Failure> {
+    fn step(
+        &mut self,
+        stream: &TcpStream,
+        data: &[u8],
+        recv: Option<&RecvSide<'_>>,
+        tag: u32,
+        check: &[u8; 8],
+    ) -> Result<(bool, bool), Failure> {
         let mut moved = 0usize;
         loop {
-            let Some(range) = self.blocks.get(self.block) else { return Ok((moved > 0, false)) };
+            let Some(block) = self.blocks.get(self.block) else {
+                return Ok((moved > 0, false));
+            };
+            let range = &block.range;
             let len = range.len();
             let remaining = len - self.pos;
-            let allowed = limit.saturating_sub(self.total).min(remaining);
+            let ready = match (block.after, recv) {
+                (None, _) => len,
+                (Some(j), Some(recv)) => recv.processed_of(j).min(len),
+                (Some(_), None) => 0,
+            };
+            let allowed = ready.saturating_sub(self.pos);
             if self.header_sent == 0 && allowed == 0 && remaining > 0 {
                 // Start no frame before some payload can follow: an idle link stays at a frame
                 // boundary, where a `Fail` frame can still be sent.
@@ -109,9 +128,17 @@ impl SendSide<'_> {
             }
             if self.header_sent < HEADER_LEN {
                 if self.header_sent == 0 {
-                    self.header = Header { kind: FrameKind::Data, tag, len: len as u64 }.encode(check);
+                    self.header = Header {
+                        kind: FrameKind::Data,
+                        tag,
+                        len: len as u64,
+                    }
+                    .encode(check);
                 }
-                match io_failure(self.peer, (&*stream).write(&self.header[self.header_sent..]))? {
+                match io_failure(
+                    self.peer,
+                    (&*stream).write(&self.header[self.header_sent..]),
+                )? {
                     None => return Ok((moved > 0, true)),
                     Some(0) => return Err(eof(self.peer)),
                     Some(n) => {
@@ -139,7 +166,6 @@ impl SendSide<'_> {
                 Some(0) => return Err(eof(self.peer)),
                 Some(n) => {
                     self.pos += n;
-                    self.total += n;
                     moved += n;
                 }
             }
@@ -155,12 +181,23 @@ struct RecvSide<'p> {
     header_got: usize,
     pos: usize,
     chunk_start: usize,
-    processed: usize,
 }
 
 impl RecvSide<'_> {
     fn done(&self) -> bool {
         self.block >= self.blocks.len()
+    }
+
+    /// Bytes of receive block `j` that arrived and were processed (reduced or stored).
+    fn processed_of(&self, j: usize) -> usize {
+        match j.cmp(&self.block) {
+            std::cmp::Ordering::Less => self.blocks.get(j).map_or(0, |b| b.range.len()),
+            std::cmp::Ordering::Equal if self.blocks.get(j).is_some_and(|b| b.reduce) => {
+                self.chunk_start
+            }
+            std::cmp::Ordering::Equal => self.pos,
+            std::cmp::Ordering::Greater => 0,
+        }
     }
 
     /// Reads what is there, storing or reducing it. Returns whether anything moved.
@@ -179,7 +216,9 @@ impl RecvSide<'_> {
         let peer = self.peer;
         let mut moved = 0usize;
         loop {
-            let Some(block) = self.blocks.get(self.block) else { return Ok(moved > 0) };
+            let Some(block) = self.blocks.get(self.block) else {
+                return Ok(moved > 0);
+            };
             let len = block.range.len();
             if self.header_got < HEADER_LEN {
                 match io_failure(peer, (&*stream).read(&mut self.header[self.header_got..]))? {
@@ -193,11 +232,17 @@ impl RecvSide<'_> {
                         }
                     }
                 }
-                let header = Header::decode(&self.header, check).map_err(|source| Failure::Frame { peer, source })?;
+                let header = Header::decode(&self.header, check)
+                    .map_err(|source| Failure::Frame { peer, source })?;
                 if header.kind == FrameKind::Fail {
-                    return Err(Failure::GaveUp { peer, reason: Mesh::read_fail_reason(stream, header.len) });
+                    return Err(Failure::GaveUp {
+                        peer,
+                        reason: Mesh::read_fail_reason(stream, header.len),
+                    });
                 }
-                header.expect(FrameKind::Data, tag, len).map_err(|source| Failure::Frame { peer, source })?;
+                header
+                    .expect(FrameKind::Data, tag, len)
+                    .map_err(|source| Failure::Frame { peer, source })?;
             }
             if self.pos == len {
                 self.block += 1;
@@ -216,7 +261,6 @@ impl RecvSide<'_> {
                     Some(0) => return Err(eof(peer)),
                     Some(n) => {
                         self.pos += n;
-                        self.processed += n;
                         moved += n;
                     }
                 }
@@ -233,10 +277,13 @@ impl RecvSide<'_> {
                 }
                 if self.pos - self.chunk_start == chunk_len {
                     let at = block.range.start + self.chunk_start;
-                    sink(self.block, &mut bufs.recv()[at..at + chunk_len], &scratch[..chunk_len])
-                        .map_err(Failure::Other)?;
+                    sink(
+                        self.block,
+                        &mut bufs.recv()[at..at + chunk_len],
+                        &scratch[..chunk_len],
+                    )
+                    .map_err(Failure::Other)?;
                     self.chunk_start += chunk_len;
-                    self.processed += chunk_len;
                 }
             }
         }
@@ -261,7 +308,11 @@ impl Mesh {
         check_plan(plan, &mut bufs, scratch)?;
         let mut send_mid_frame = false;
         let result = self.drive(plan, &mut bufs, scratch, &mut sink, &mut send_mid_frame);
-        if let Some(link) = plan.send_to.and_then(|p| self.links.get_mut(p)).and_then(Option::as_mut) {
+        if let Some(link) = plan
+            .send_to
+            .and_then(|p| self.links.get_mut(p))
+            .and_then(Option::as_mut)
+        {
             link.mid_frame = send_mid_frame;
         }
         result.map_err(|failure| self.fail(failure, what))
@@ -278,8 +329,14 @@ impl Mesh {
     where
         F: FnMut(usize, &mut [u8], &[u8]) -> Result<()>,
     {
-        let send_stream = plan.send_to.map(|p| self.link(p).map(|l| &l.stream)).transpose()?;
-        let recv_stream = plan.recv_from.map(|p| self.link(p).map(|l| &l.stream)).transpose()?;
+        let send_stream = plan
+            .send_to
+            .map(|p| self.link(p).map(|l| &l.stream))
+            .transpose()?;
+        let recv_stream = plan
+            .recv_from
+            .map(|p| self.link(p).map(|l| &l.stream))
+            .transpose()?;
         let mut send = plan.send_to.map(|peer| SendSide {
             peer,
             blocks: plan.send_blocks,
@@ -287,7 +344,6 @@ impl Mesh {
             header: [0; HEADER_LEN],
             header_sent: 0,
             pos: 0,
-            total: 0,
         });
         let mut recv = plan.recv_from.map(|peer| RecvSide {
             peer,
@@ -297,7 +353,6 @@ impl Mesh {
             header_got: 0,
             pos: 0,
             chunk_start: 0,
-            processed: 0,
         });
         let mut last_progress = Instant::now();
         loop {
@@ -308,8 +363,7 @@ impl Mesh {
                 progressed |= side.step(stream, bufs, scratch, sink, plan.tag, &self.check)?;
             }
             if let (Some(side), Some(stream)) = (send.as_mut(), send_stream) {
-                let processed = recv.as_ref().map_or(0, |r| r.processed);
-                let step = side.step(stream, bufs.send(), plan.credit.saturating_add(processed), plan.tag, &self.check);
+                let step = side.step(stream, bufs.send(), recv.as_ref(), plan.tag, &self.check);
                 *send_mid_frame = side.mid_frame();
                 let (moved, blocked) = step?;
                 progressed |= moved;
@@ -335,12 +389,20 @@ impl Mesh {
             }
             let mut interests: Vec<Interest> = Vec::with_capacity(2);
             if let (false, Some(stream)) = (recv_done, recv_stream) {
-                interests.push(Interest { fd: stream.as_raw_fd(), read: true, write: false });
+                interests.push(Interest {
+                    fd: stream.as_raw_fd(),
+                    read: true,
+                    write: false,
+                });
             }
             if let (true, Some(stream)) = (want_write, send_stream) {
                 match interests.iter_mut().find(|i| i.fd == stream.as_raw_fd()) {
                     Some(same) => same.write = true,
-                    None => interests.push(Interest { fd: stream.as_raw_fd(), read: false, write: true }),
+                    None => interests.push(Interest {
+                        fd: stream.as_raw_fd(),
+                        read: false,
+                        write: true,
+                    }),
                 }
             }
             poll::wait(&interests, TICK).map_err(Failure::Local)?;
@@ -350,7 +412,13 @@ impl Mesh {
     /// Sends `payload` as a `Descriptor` frame to every peer and receives one from every peer
     /// (at most `max_len` bytes each). Returns the payloads indexed by rank (this rank's own
     /// included). On failure the mesh becomes unusable and the error names `what`.
-    pub(crate) fn exchange(&mut self, what: &str, tag: u32, payload: &[u8], max_len: usize) -> Result<Vec<Vec<u8>>> {
+    pub(crate) fn exchange(
+        &mut self,
+        what: &str,
+        tag: u32,
+        payload: &[u8],
+        max_len: usize,
+    ) -> Result<Vec<Vec<u8>>> {
         let frame = wire::encode_frame(FrameKind::Descriptor, tag, &self.check, payload);
         let mut peers: Vec<ExchangePeer> = (0..self.size)
             .filter(|p| *p != self.rank)
@@ -378,8 +446,17 @@ impl Mesh {
         Ok(out)
     }
 
-    fn drive_exchange(&self, frame: &[u8], tag: u32, max_len: usize, peers: &mut [ExchangePeer]) -> Result<(), Failure> {
-        let streams: Vec<&TcpStream> = peers.iter().map(|p| self.link(p.rank).map(|l| &l.stream)).collect::<Result<_, _>>()?;
+    fn drive_exchange(
+        &self,
+        frame: &[u8],
+        tag: u32,
+        max_len: usize,
+        peers: &mut [ExchangePeer],
+    ) -> Result<(), Failure> {
+        let streams: Vec<&TcpStream> = peers
+            .iter()
+            .map(|p| self.link(p.rank).map(|l| &l.stream))
+            .collect::<Result<_, _>>()?;
         let mut last_progress = Instant::now();
         loop {
             self.check_interrupts()?;
@@ -396,9 +473,17 @@ impl Mesh {
                 continue;
             }
             if now.duration_since(last_progress) >= self.op_timeout {
-                let mut waiting: Vec<usize> = peers.iter().filter(|p| !p.received()).map(|p| p.rank).collect();
+                let mut waiting: Vec<usize> = peers
+                    .iter()
+                    .filter(|p| !p.received())
+                    .map(|p| p.rank)
+                    .collect();
                 if waiting.is_empty() {
-                    waiting = peers.iter().filter(|p| p.sent < frame.len()).map(|p| p.rank).collect();
+                    waiting = peers
+                        .iter()
+                        .filter(|p| p.sent < frame.len())
+                        .map(|p| p.rank)
+                        .collect();
                 }
                 return Err(Failure::Timeout { peers: waiting });
             }
@@ -406,7 +491,11 @@ impl Mesh {
                 .iter()
                 .zip(&streams)
                 .filter(|(p, _)| !p.received() || p.sent < frame.len())
-                .map(|(p, s)| Interest { fd: s.as_raw_fd(), read: !p.received(), write: p.sent < frame.len() })
+                .map(|(p, s)| Interest {
+                    fd: s.as_raw_fd(),
+                    read: !p.received(),
+                    write: p.sent < frame.len(),
+                })
                 .collect();
             poll::wait(&interests, TICK).map_err(Failure::Local)?;
         }
@@ -428,7 +517,14 @@ impl ExchangePeer {
         self.body_len == Some(self.body.len())
     }
 
-    fn step(&mut self, stream: &TcpStream, frame: &[u8], tag: u32, check: &[u8; 8], max_len: usize) -> Result<bool, Failure> {
+    fn step(
+        &mut self,
+        stream: &TcpStream,
+        frame: &[u8],
+        tag: u32,
+        check: &[u8; 8],
+        max_len: usize,
+    ) -> Result<bool, Failure> {
         let peer = self.rank;
         let mut progressed = false;
         while self.sent < frame.len() {
@@ -451,23 +547,35 @@ impl ExchangePeer {
                 }
             }
             if self.header_got == HEADER_LEN {
-                let header = Header::decode(&self.header, check).map_err(|source| Failure::Frame { peer, source })?;
+                let header = Header::decode(&self.header, check)
+                    .map_err(|source| Failure::Frame { peer, source })?;
                 if header.kind == FrameKind::Fail {
-                    return Err(Failure::GaveUp { peer, reason: Mesh::read_fail_reason(stream, header.len) });
+                    return Err(Failure::GaveUp {
+                        peer,
+                        reason: Mesh::read_fail_reason(stream, header.len),
+                    });
                 }
                 let frame_error = |source| Failure::Frame { peer, source };
                 if header.kind != FrameKind::Descriptor {
-                    return Err(frame_error(FrameError::UnexpectedKind { expected: FrameKind::Descriptor, got: header.kind }));
+                    return Err(frame_error(FrameError::UnexpectedKind {
+                        expected: FrameKind::Descriptor,
+                        got: header.kind,
+                    }));
                 }
                 if header.tag != tag {
-                    return Err(frame_error(FrameError::BadTag { expected: tag, got: header.tag }));
+                    return Err(frame_error(FrameError::BadTag {
+                        expected: tag,
+                        got: header.tag,
+                    }));
                 }
                 let len = header.check_max(max_len).map_err(frame_error)?;
                 self.body = Vec::with_capacity(len);
                 self.body_len = Some(len);
             }
         }
-        let Some(len) = self.body_len else { return Ok(progressed) };
+        let Some(len) = self.body_len else {
+            return Ok(progressed);
+        };
         let mut buf = [0u8; 4096];
         while self.body.len() < len {
             let want = (len - self.body.len()).min(buf.len());
@@ -489,10 +597,24 @@ impl ExchangePeer {
 fn check_plan(plan: &StreamPlan<'_>, bufs: &mut Buffers<'_>, scratch: &[u8]) -> Result<()> {
     let send_len = bufs.send().len();
     let recv_len = bufs.recv().len();
-    let bad_send = plan.send_to.is_some() && plan.send_blocks.iter().any(|r| r.start > r.end || r.end > send_len);
-    let bad_recv =
-        plan.recv_from.is_some() && plan.recv_blocks.iter().any(|b| b.range.start > b.range.end || b.range.end > recv_len);
-    let needs_scratch = plan.recv_from.is_some() && plan.recv_blocks.iter().any(|b| b.reduce);
+    let recv_blocks = if plan.recv_from.is_some() {
+        plan.recv_blocks
+    } else {
+        &[]
+    };
+    let bad_send = plan.send_to.is_some()
+        && plan.send_blocks.iter().any(|b| {
+            let forwards_too_little = b.after.is_some_and(|j| {
+                recv_blocks
+                    .get(j)
+                    .is_none_or(|r| r.range.len() < b.range.len())
+            });
+            b.range.start > b.range.end || b.range.end > send_len || forwards_too_little
+        });
+    let bad_recv = recv_blocks
+        .iter()
+        .any(|b| b.range.start > b.range.end || b.range.end > recv_len);
+    let needs_scratch = recv_blocks.iter().any(|b| b.reduce);
     if bad_send || bad_recv || (needs_scratch && scratch.len() < CHUNK) {
         return Err(Error::Internal(format!(
             "stream plan does not fit its buffers (send {send_len} bytes, receive {recv_len} bytes, scratch {} \

@@ -126,11 +126,16 @@ impl OpDescriptor {
     pub fn encode(&self) -> Vec<u8> {
         let name = clip(&self.name, MAX_NAME_LEN);
         let shape = &self.shape[..self.shape.len().min(MAX_DIMS)];
-        let mut out = Vec::with_capacity(FIXED_LEN + 16 + name.len() + 8 * (shape.len() + self.splits.len()));
+        let mut out =
+            Vec::with_capacity(FIXED_LEN + 16 + name.len() + 8 * (shape.len() + self.splits.len()));
         out.push(self.kind as u8);
         out.push(self.dtype as u8);
         out.push(self.op.map_or(NO_OP, |op| op as u8));
-        out.push(if self.invalid.is_some() { FLAG_INVALID } else { 0 });
+        out.push(if self.invalid.is_some() {
+            FLAG_INVALID
+        } else {
+            0
+        });
         out.extend_from_slice(&self.root.to_le_bytes());
         out.extend_from_slice(&self.prescale.to_bits().to_le_bytes());
         out.extend_from_slice(&self.postscale.to_bits().to_le_bytes());
@@ -153,12 +158,17 @@ impl OpDescriptor {
     pub fn decode(payload: &[u8], size: usize) -> Result<OpDescriptor, FrameError> {
         let mut r = Reader { rest: payload };
         let kind_code = r.u8()?;
-        let kind = OpKind::from_code(kind_code).ok_or_else(|| malformed(format!("unknown collective {kind_code}")))?;
+        let kind = OpKind::from_code(kind_code)
+            .ok_or_else(|| malformed(format!("unknown collective {kind_code}")))?;
         let dtype_code = r.u8()?;
-        let dtype = DType::from_code(dtype_code).ok_or_else(|| malformed(format!("unknown dtype {dtype_code}")))?;
+        let dtype = DType::from_code(dtype_code)
+            .ok_or_else(|| malformed(format!("unknown dtype {dtype_code}")))?;
         let op = match r.u8()? {
             NO_OP => None,
-            code => Some(ReduceOp::from_code(code).ok_or_else(|| malformed(format!("unknown reduce op {code}")))?),
+            code => Some(
+                ReduceOp::from_code(code)
+                    .ok_or_else(|| malformed(format!("unknown reduce op {code}")))?,
+            ),
         };
         let flags = r.u8()?;
         if flags & !FLAG_INVALID != 0 {
@@ -169,14 +179,33 @@ impl OpDescriptor {
         let postscale = f64::from_bits(r.u64()?);
         let name = r.string(MAX_NAME_LEN, "name")?;
         let ndim = r.count(MAX_DIMS, 8, "shape")?;
-        let shape = (0..ndim).map(|_| r.u64().map(|d| d as i64)).collect::<Result<Vec<_>, _>>()?;
+        let shape = (0..ndim)
+            .map(|_| r.u64().map(|d| d as i64))
+            .collect::<Result<Vec<_>, _>>()?;
         let nsplits = r.count(size, 8, "splits")?;
-        let splits = (0..nsplits).map(|_| r.u64()).collect::<Result<Vec<_>, _>>()?;
-        let invalid = if flags & FLAG_INVALID != 0 { Some(r.string(MAX_INVALID_LEN, "error message")?) } else { None };
+        let splits = (0..nsplits)
+            .map(|_| r.u64())
+            .collect::<Result<Vec<_>, _>>()?;
+        let invalid = if flags & FLAG_INVALID != 0 {
+            Some(r.string(MAX_INVALID_LEN, "error message")?)
+        } else {
+            None
+        };
         if !r.rest.is_empty() {
             return Err(malformed(format!("{} trailing bytes", r.rest.len())));
         }
-        Ok(OpDescriptor { kind, name, dtype, shape, op, root, prescale, postscale, splits, invalid })
+        Ok(OpDescriptor {
+            kind,
+            name,
+            dtype,
+            shape,
+            op,
+            root,
+            prescale,
+            postscale,
+            splits,
+            invalid,
+        })
     }
 }
 
@@ -194,7 +223,10 @@ fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
 }
 
 fn malformed(what: String) -> FrameError {
-    FrameError::Malformed { kind: FrameKind::Descriptor, what }
+    FrameError::Malformed {
+        kind: FrameKind::Descriptor,
+        what,
+    }
 }
 
 struct Reader<'a> {
@@ -204,7 +236,10 @@ struct Reader<'a> {
 impl<'a> Reader<'a> {
     fn take(&mut self, n: usize) -> Result<&'a [u8], FrameError> {
         if self.rest.len() < n {
-            return Err(malformed(format!("needed {n} more bytes but only {} remain", self.rest.len())));
+            return Err(malformed(format!(
+                "needed {n} more bytes but only {} remain",
+                self.rest.len()
+            )));
         }
         let (head, tail) = self.rest.split_at(n);
         self.rest = tail;
@@ -230,10 +265,15 @@ impl<'a> Reader<'a> {
     fn count(&mut self, max: usize, item: usize, what: &str) -> Result<usize, FrameError> {
         let n = self.u32()? as usize;
         if n > max {
-            return Err(malformed(format!("{n} {what} entries exceed the limit of {max}")));
+            return Err(malformed(format!(
+                "{n} {what} entries exceed the limit of {max}"
+            )));
         }
         if n.saturating_mul(item) > self.rest.len() {
-            return Err(malformed(format!("{n} {what} entries do not fit in {} bytes", self.rest.len())));
+            return Err(malformed(format!(
+                "{n} {what} entries do not fit in {} bytes",
+                self.rest.len()
+            )));
         }
         Ok(n)
     }
@@ -263,26 +303,37 @@ mod tests {
             proptest::collection::vec(any::<u64>(), 0..8),
             proptest::option::of(".{0,40}"),
         )
-            .prop_map(|(kind, dtype, op, root, prescale, postscale, name, shape, splits, invalid)| OpDescriptor {
-                kind: OpKind::from_code(kind).unwrap(),
-                name,
-                dtype: DType::from_code(dtype).unwrap(),
-                shape,
-                op: op.and_then(ReduceOp::from_code),
-                root,
-                prescale,
-                postscale,
-                splits,
-                invalid,
-            })
+            .prop_map(
+                |(kind, dtype, op, root, prescale, postscale, name, shape, splits, invalid)| {
+                    OpDescriptor {
+                        kind: OpKind::from_code(kind).unwrap(),
+                        name,
+                        dtype: DType::from_code(dtype).unwrap(),
+                        shape,
+                        op: op.and_then(ReduceOp::from_code),
+                        root,
+                        prescale,
+                        postscale,
+                        splits,
+                        invalid,
+                    }
+                },
+            )
     }
 
     /// Equality that treats NaN scale factors bit for bit.
     fn same(a: &OpDescriptor, b: &OpDescriptor) -> bool {
         a.prescale.to_bits() == b.prescale.to_bits()
             && a.postscale.to_bits() == b.postscale.to_bits()
-            && OpDescriptor { prescale: 0.0, postscale: 0.0, ..a.clone() }
-                == OpDescriptor { prescale: 0.0, postscale: 0.0, ..b.clone() }
+            && OpDescriptor {
+                prescale: 0.0,
+                postscale: 0.0,
+                ..a.clone()
+            } == OpDescriptor {
+                prescale: 0.0,
+                postscale: 0.0,
+                ..b.clone()
+            }
     }
 
     #[test]

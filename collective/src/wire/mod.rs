@@ -200,7 +200,10 @@ impl Header {
         let bytes: &[u8; HEADER_LEN] = bytes
             .get(..HEADER_LEN)
             .and_then(|b| b.try_into().ok())
-            .ok_or(FrameError::Truncated { needed: HEADER_LEN, got: bytes.len() })?;
+            .ok_or(FrameError::Truncated {
+                needed: HEADER_LEN,
+                got: bytes.len(),
+            })?;
         let magic = [bytes[0], bytes[1], bytes[2], bytes[3]];
         if magic != MAGIC {
             return Err(FrameError::BadMagic(magic));
@@ -215,32 +218,53 @@ impl Header {
         }
         let got_check = &bytes[12..20];
         if !bool::from(got_check.ct_eq(check)) {
-            return Err(FrameError::WrongJob { expected: hex::encode(check), got: hex::encode(got_check) });
+            return Err(FrameError::WrongJob {
+                expected: hex::encode(check),
+                got: hex::encode(got_check),
+            });
         }
         let tag = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]);
         let mut len = [0u8; 8];
         len.copy_from_slice(&bytes[20..28]);
-        Ok(Header { kind, tag, len: u64::from_le_bytes(len) })
+        Ok(Header {
+            kind,
+            tag,
+            len: u64::from_le_bytes(len),
+        })
     }
 
     /// Checks that the payload length is at most `max`; returns it as `usize`.
     pub fn check_max(&self, max: usize) -> Result<usize, FrameError> {
         match usize::try_from(self.len) {
             Ok(len) if len <= max => Ok(len),
-            _ => Err(FrameError::TooLong { kind: self.kind, len: self.len, max: max as u64 }),
+            _ => Err(FrameError::TooLong {
+                kind: self.kind,
+                len: self.len,
+                max: max as u64,
+            }),
         }
     }
 
     /// Checks that this is a `kind` frame of collective `tag` with exactly `len` payload bytes.
     pub fn expect(&self, kind: FrameKind, tag: u32, len: usize) -> Result<(), FrameError> {
         if self.kind != kind {
-            return Err(FrameError::UnexpectedKind { expected: kind, got: self.kind });
+            return Err(FrameError::UnexpectedKind {
+                expected: kind,
+                got: self.kind,
+            });
         }
         if self.tag != tag {
-            return Err(FrameError::BadTag { expected: tag, got: self.tag });
+            return Err(FrameError::BadTag {
+                expected: tag,
+                got: self.tag,
+            });
         }
         if self.len != len as u64 {
-            return Err(FrameError::WrongLength { kind, len: self.len, expected: len as u64 });
+            return Err(FrameError::WrongLength {
+                kind,
+                len: self.len,
+                expected: len as u64,
+            });
         }
         Ok(())
     }
@@ -267,16 +291,24 @@ pub fn decode_frame<'b>(
     let header = Header::decode(bytes, check)?;
     let len = header.check_max(max_payload(header.kind, cap))?;
     let end = HEADER_LEN + len;
-    let payload = bytes
-        .get(HEADER_LEN..end)
-        .ok_or(FrameError::Truncated { needed: end, got: bytes.len() })?;
+    let payload = bytes.get(HEADER_LEN..end).ok_or(FrameError::Truncated {
+        needed: end,
+        got: bytes.len(),
+    })?;
     Ok((header, payload, end))
 }
 
 /// Encodes a whole frame: header and payload.
 pub fn encode_frame(kind: FrameKind, tag: u32, check: &[u8; 8], payload: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
-    out.extend_from_slice(&Header { kind, tag, len: payload.len() as u64 }.encode(check));
+    out.extend_from_slice(
+        &Header {
+            kind,
+            tag,
+            len: payload.len() as u64,
+        }
+        .encode(check),
+    );
     out.extend_from_slice(payload);
     out
 }
@@ -321,7 +353,12 @@ impl Hello {
 
     /// The whole frame (header and payload).
     pub fn encode_frame(&self) -> Vec<u8> {
-        encode_frame(FrameKind::Hello, 0, &job_check(&self.job_id), &self.encode())
+        encode_frame(
+            FrameKind::Hello,
+            0,
+            &job_check(&self.job_id),
+            &self.encode(),
+        )
     }
 
     /// Decodes a payload.
@@ -335,8 +372,20 @@ impl Hello {
         }
         let mut job_id = [0u8; 16];
         job_id.copy_from_slice(&payload[..16]);
-        let word = |at: usize| u32::from_le_bytes([payload[at], payload[at + 1], payload[at + 2], payload[at + 3]]);
-        Ok(Hello { job_id, from: word(16), to: word(20), size: word(24) })
+        let word = |at: usize| {
+            u32::from_le_bytes([
+                payload[at],
+                payload[at + 1],
+                payload[at + 2],
+                payload[at + 3],
+            ])
+        };
+        Ok(Hello {
+            job_id,
+            from: word(16),
+            to: word(20),
+            size: word(24),
+        })
     }
 
     /// Decodes a whole `Hello` frame of job `job_id` from `bytes`, checking kind and length.
@@ -345,7 +394,10 @@ impl Hello {
         header.expect(FrameKind::Hello, 0, HELLO_LEN)?;
         let hello = Hello::decode(payload)?;
         if !bool::from(hello.job_id.ct_eq(job_id)) {
-            return Err(FrameError::WrongJob { expected: hex::encode(job_id), got: hex::encode(hello.job_id) });
+            return Err(FrameError::WrongJob {
+                expected: hex::encode(job_id),
+                got: hex::encode(hello.job_id),
+            });
         }
         Ok(hello)
     }
@@ -369,7 +421,12 @@ mod tests {
 
     #[test]
     fn header_layout_is_stable() {
-        let bytes = Header { kind: FrameKind::Data, tag: 7, len: 0x0102 }.encode(&job_check(&JOB));
+        let bytes = Header {
+            kind: FrameKind::Data,
+            tag: 7,
+            len: 0x0102,
+        }
+        .encode(&job_check(&JOB));
         assert_eq!(&bytes[..4], b"KOLO");
         assert_eq!(bytes[4], VERSION);
         assert_eq!(bytes[5], 3);
@@ -383,42 +440,85 @@ mod tests {
         let check = job_check(&JOB);
         let good = encode_frame(FrameKind::Data, 1, &check, b"abcd");
         assert!(decode_frame(&good, &check, 4).is_ok());
-        assert_eq!(decode_frame(&good, &check, 3).unwrap_err(), FrameError::TooLong {
-            kind: FrameKind::Data,
-            len: 4,
-            max: 3
-        });
-        assert!(matches!(decode_frame(&good[..30], &check, 4), Err(FrameError::Truncated { .. })));
+        assert_eq!(
+            decode_frame(&good, &check, 3).unwrap_err(),
+            FrameError::TooLong {
+                kind: FrameKind::Data,
+                len: 4,
+                max: 3
+            }
+        );
+        assert!(matches!(
+            decode_frame(&good[..30], &check, 4),
+            Err(FrameError::Truncated { .. })
+        ));
         let mut bad = good.clone();
         bad[0] = b'X';
-        assert!(matches!(Header::decode(&bad, &check), Err(FrameError::BadMagic(_))));
+        assert!(matches!(
+            Header::decode(&bad, &check),
+            Err(FrameError::BadMagic(_))
+        ));
         let mut bad = good.clone();
         bad[4] = 9;
-        assert_eq!(Header::decode(&bad, &check), Err(FrameError::UnsupportedVersion(9)));
+        assert_eq!(
+            Header::decode(&bad, &check),
+            Err(FrameError::UnsupportedVersion(9))
+        );
         let mut bad = good.clone();
         bad[5] = 77;
-        assert_eq!(Header::decode(&bad, &check), Err(FrameError::UnknownKind(77)));
+        assert_eq!(
+            Header::decode(&bad, &check),
+            Err(FrameError::UnknownKind(77))
+        );
         let mut bad = good.clone();
         bad[6] = 1;
         assert_eq!(Header::decode(&bad, &check), Err(FrameError::BadFlags(1)));
-        assert!(matches!(Header::decode(&good, b"otherjob"), Err(FrameError::WrongJob { .. })));
+        assert!(matches!(
+            Header::decode(&good, b"otherjob"),
+            Err(FrameError::WrongJob { .. })
+        ));
         let header = Header::decode(&good, &check).unwrap();
         assert!(header.expect(FrameKind::Data, 1, 4).is_ok());
-        assert!(matches!(header.expect(FrameKind::Data, 2, 4), Err(FrameError::BadTag { .. })));
-        assert!(matches!(header.expect(FrameKind::Data, 1, 5), Err(FrameError::WrongLength { .. })));
-        assert!(matches!(header.expect(FrameKind::Descriptor, 1, 4), Err(FrameError::UnexpectedKind { .. })));
+        assert!(matches!(
+            header.expect(FrameKind::Data, 2, 4),
+            Err(FrameError::BadTag { .. })
+        ));
+        assert!(matches!(
+            header.expect(FrameKind::Data, 1, 5),
+            Err(FrameError::WrongLength { .. })
+        ));
+        assert!(matches!(
+            header.expect(FrameKind::Descriptor, 1, 4),
+            Err(FrameError::UnexpectedKind { .. })
+        ));
         // A huge announced length is rejected without allocating.
-        let huge = Header { kind: FrameKind::Descriptor, tag: 0, len: u64::MAX }.encode(&check);
-        assert!(matches!(decode_frame(&huge, &check, 1 << 20), Err(FrameError::TooLong { .. })));
+        let huge = Header {
+            kind: FrameKind::Descriptor,
+            tag: 0,
+            len: u64::MAX,
+        }
+        .encode(&check);
+        assert!(matches!(
+            decode_frame(&huge, &check, 1 << 20),
+            Err(FrameError::TooLong { .. })
+        ));
     }
 
     #[test]
     fn hello_checks_the_full_job_id() {
-        let hello = Hello { job_id: JOB, from: 3, to: 1, size: 4 };
+        let hello = Hello {
+            job_id: JOB,
+            from: 3,
+            to: 1,
+            size: 4,
+        };
         assert_eq!(Hello::decode_frame(&hello.encode_frame(), &JOB), Ok(hello));
         let mut other = JOB;
         other[15] ^= 1;
-        assert!(matches!(Hello::decode_frame(&hello.encode_frame(), &other), Err(FrameError::WrongJob { .. })));
+        assert!(matches!(
+            Hello::decode_frame(&hello.encode_frame(), &other),
+            Err(FrameError::WrongJob { .. })
+        ));
     }
 
     #[test]
