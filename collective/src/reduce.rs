@@ -150,67 +150,25 @@ macro_rules! int_num {
 }
 int_num!(u8, i8, i16, i32, i64);
 
-impl Num for f32 {
-    #[inline(always)]
-    fn sum(a: Self, b: Self) -> Self {
-        a + b
-    }
-    #[inline(always)]
-    fn prod(a: Self, b: Self) -> Self {
-        a * b
-    }
-    #[inline(always)]
-    fn min(a: Self, b: Self) -> Self {
-        if b < a {
-            b
-        } else {
-            a
+macro_rules! float_num {
+    ($($t:ty),*) => {$(
+        impl Num for $t {
+            #[inline(always)]
+            fn sum(a: Self, b: Self) -> Self { a + b }
+            #[inline(always)]
+            fn prod(a: Self, b: Self) -> Self { a * b }
+            #[inline(always)]
+            fn min(a: Self, b: Self) -> Self { if b < a { b } else { a } }
+            #[inline(always)]
+            fn max(a: Self, b: Self) -> Self { if b > a { b } else { a } }
+            #[inline(always)]
+            // Scale in float64 and round once into the type.
+            #[allow(trivial_numeric_casts, clippy::unnecessary_cast, reason = "the f64 instance casts to itself")]
+            fn scaled(a: Self, factor: f64) -> Self { (f64::from(a) * factor) as Self }
         }
-    }
-    #[inline(always)]
-    fn max(a: Self, b: Self) -> Self {
-        if b > a {
-            b
-        } else {
-            a
-        }
-    }
-    #[inline(always)]
-    fn scaled(a: Self, factor: f64) -> Self {
-        (f64::from(a) * factor) as f32
-    }
+    )*};
 }
-
-impl Num for f64 {
-    #[inline(always)]
-    fn sum(a: Self, b: Self) -> Self {
-        a + b
-    }
-    #[inline(always)]
-    fn prod(a: Self, b: Self) -> Self {
-        a * b
-    }
-    #[inline(always)]
-    fn min(a: Self, b: Self) -> Self {
-        if b < a {
-            b
-        } else {
-            a
-        }
-    }
-    #[inline(always)]
-    fn max(a: Self, b: Self) -> Self {
-        if b > a {
-            b
-        } else {
-            a
-        }
-    }
-    #[inline(always)]
-    fn scaled(a: Self, factor: f64) -> Self {
-        a * factor
-    }
-}
+float_num!(f32, f64);
 
 #[inline(always)]
 fn zip_with<T: Copy>(acc: &mut [T], src: &[T], f: impl Fn(T, T) -> T) {

@@ -16,33 +16,49 @@ fn parse(dtype: &str, op: Option<&str>) -> PyResult<(DType, ReduceOp)> {
     Ok((dtype, op))
 }
 
-/// Calls the Python allocator `alloc(counts) -> (ptr, nbytes)` from inside a collective (the
-/// GIL is taken for the call only). A Python exception is kept in `failure` and reported after
-/// the collective returns.
-fn allocate<'a>(
-    alloc: &Py<PyAny>,
-    counts: &[u64],
-    failure: &Mutex<Option<PyErr>>,
-) -> kolo_collective::Result<&'a mut [u8]> {
-    let result = Python::attach(|py| -> PyResult<(usize, usize)> {
-        alloc.call1(py, (counts.to_vec(),))?.extract(py)
-    });
-    match result {
-        // SAFETY: the allocator returned a fresh tensor that the Python caller keeps alive and
-        // leaves alone until this call returns.
-        Ok((ptr, len)) => Ok(unsafe { RawBuf::new(ptr, len).as_mut_slice() }),
-        Err(err) => {
-            let message = format!("allocating the output failed: {err}");
-            if let Ok(mut slot) = failure.lock() {
-                *slot = Some(err);
+/// Hands a collective the Python allocator `alloc(counts) -> (ptr, nbytes)`, which it calls
+/// once the output size is known (taking the GIL for that call only). A Python exception from
+/// `alloc` is kept and raised after the collective returns, in place of its error.
+struct PythonAlloc<'p> {
+    alloc: &'p Py<PyAny>,
+    failure: Mutex<Option<PyErr>>,
+}
+
+impl PythonAlloc<'_> {
+    fn allocate<'a>(&self, counts: &[u64]) -> kolo_collective::Result<&'a mut [u8]> {
+        let result = Python::attach(|py| -> PyResult<(usize, usize)> {
+            self.alloc.call1(py, (counts.to_vec(),))?.extract(py)
+        });
+        match result {
+            // SAFETY: the allocator returned a fresh tensor that the Python caller keeps alive
+            // and leaves alone until this call returns.
+            Ok((ptr, len)) => Ok(unsafe { RawBuf::new(ptr, len).as_mut_slice() }),
+            Err(err) => {
+                let message = format!("allocating the output failed: {err}");
+                if let Ok(mut slot) = self.failure.lock() {
+                    *slot = Some(err);
+                }
+                Err(Error::InvalidArgument(message))
             }
-            Err(Error::InvalidArgument(message))
         }
     }
 }
 
-fn take_failure(failure: Mutex<Option<PyErr>>) -> Option<PyErr> {
-    failure.into_inner().ok().flatten()
+/// Runs `op` without the GIL with a [`PythonAlloc`] over `alloc`.
+fn with_python_alloc<R: Send>(
+    py: Python<'_>,
+    alloc: &Py<PyAny>,
+    op: impl FnOnce(&PythonAlloc<'_>) -> kolo_collective::Result<R> + Send,
+) -> PyResult<R> {
+    let allocator = PythonAlloc {
+        alloc,
+        failure: Mutex::new(None),
+    };
+    let result = py.detach(|| op(&allocator));
+    match allocator.failure.into_inner().ok().flatten() {
+        Some(err) => Err(err),
+        None => result.py_err(),
+    }
 }
 
 /// In-place allreduce of `nbytes` at `ptr`.
@@ -89,18 +105,13 @@ pub fn allgather(
     let session = session::current(py)?;
     let (dtype, _) = parse(dtype, None)?;
     let input = RawBuf::new(ptr, nbytes);
-    let failure = Mutex::new(None);
-    let result = py.detach(|| {
+    with_python_alloc(py, &alloc, |allocator| {
         // SAFETY: the caller keeps the input tensor alive and unmodified during the call.
         let data = unsafe { input.as_slice() };
-        session.comm().allgather(name, data, &shape, dtype, |dims| {
-            allocate(&alloc, dims, &failure)
-        })
-    });
-    match take_failure(failure) {
-        Some(err) => Err(err),
-        None => result.py_err(),
-    }
+        session
+            .comm()
+            .allgather(name, data, &shape, dtype, |dims| allocator.allocate(dims))
+    })
 }
 
 /// In-place broadcast from `root`.
@@ -144,20 +155,14 @@ pub fn alltoall(
     let session = session::current(py)?;
     let (dtype, _) = parse(dtype, None)?;
     let input = RawBuf::new(ptr, nbytes);
-    let failure = Mutex::new(None);
-    let result = py.detach(|| {
+    with_python_alloc(py, &alloc, |allocator| {
         // SAFETY: the caller keeps the input tensor alive and unmodified during the call.
         let data = unsafe { input.as_slice() };
+        let allocate = |recv: &[u64]| allocator.allocate(recv);
         session
             .comm()
-            .alltoall(name, data, &shape, dtype, &splits, |recv| {
-                allocate(&alloc, recv, &failure)
-            })
-    });
-    match take_failure(failure) {
-        Some(err) => Err(err),
-        None => result.py_err(),
-    }
+            .alltoall(name, data, &shape, dtype, &splits, allocate)
+    })
 }
 
 /// Reducescatter of the input into this rank's slice `out_ptr`.
