@@ -28,6 +28,24 @@ impl Reduction {
         }
     }
 
+    /// The ring's block sink: reduce `src` into `dst`, then scale blocks whose reduction is
+    /// complete here (`is_final[block]`) by `factor`.
+    pub(crate) fn sink<'f>(
+        &self,
+        dtype: DType,
+        factor: f64,
+        is_final: &'f [bool],
+    ) -> impl FnMut(usize, &mut [u8], &[u8]) -> Result<()> + 'f {
+        let op = self.op;
+        move |block, dst, src| {
+            reduce::reduce_into(dtype, op, dst, src)?;
+            if is_final.get(block).copied().unwrap_or(false) {
+                reduce::scale(dtype, dst, factor)?;
+            }
+            Ok(())
+        }
+    }
+
     pub(crate) fn descriptor(
         &self,
         kind: OpKind,
@@ -98,13 +116,7 @@ pub(crate) fn allreduce(
         &plan,
         Buffers::InPlace(buf),
         scratch.get(CHUNK),
-        |block, dst, src| {
-            reduce::reduce_into(dtype, reduction.op, dst, src)?;
-            if is_final.get(block).copied().unwrap_or(false) {
-                reduce::scale(dtype, dst, factor)?;
-            }
-            Ok(())
-        },
+        reduction.sink(dtype, factor, &is_final),
     )
 }
 

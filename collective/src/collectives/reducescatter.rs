@@ -81,13 +81,7 @@ pub(crate) fn reducescatter(
         &plan,
         Buffers::InPlace(work_buf),
         scratch.get(CHUNK),
-        |block, dst, src| {
-            reduce::reduce_into(dtype, reduction.op, dst, src)?;
-            if is_final.get(block).copied().unwrap_or(false) {
-                reduce::scale(dtype, dst, factor)?;
-            }
-            Ok(())
-        },
+        reduction.sink(dtype, factor, &is_final),
     )?;
     output.copy_from_slice(&work_buf[segs[rank].clone()]);
     work.trim(KEEP_WORK);
