@@ -224,17 +224,19 @@ fn write_all_until(
         match stream.write(bytes) {
             Ok(0) => return Err(Error::Io(io::ErrorKind::WriteZero.into())),
             Ok(n) => bytes = &bytes[n..],
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock
-                        | io::ErrorKind::TimedOut
-                        | io::ErrorKind::Interrupted
-                ) => {}
+            Err(e) if retry_later(&e) => {}
             Err(e) => return Err(Error::Io(e)),
         }
     }
     Ok(())
+}
+
+/// True for the socket errors that mean "nothing yet, try again" in a timed handshake loop.
+fn retry_later(err: &io::Error) -> bool {
+    matches!(
+        err.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
+    )
 }
 
 fn read_exact_until(
@@ -261,13 +263,7 @@ fn read_exact_until(
                 )))
             }
             Ok(n) => got += n,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock
-                        | io::ErrorKind::TimedOut
-                        | io::ErrorKind::Interrupted
-                ) => {}
+            Err(e) if retry_later(&e) => {}
             Err(e) => return Err(Error::Io(e)),
         }
     }
