@@ -86,6 +86,58 @@ def test_bad_arguments_are_clear_errors() -> None:
     assert "command" in result.stderr.lower(), result.stderr
 
 
+ENGINE_VARS = (
+    "KOLO_FUSION_THRESHOLD",
+    "KOLO_CYCLE_TIME",
+    "KOLO_CACHE_CAPACITY",
+    "KOLO_STALL_CHECK_DISABLE",
+    "KOLO_LOG_LEVEL",
+    "KOLO_TIMELINE",
+)
+PRINT_ENGINE_VARS = (
+    "import json, os, kolo.torch as hvd; hvd.init(); "
+    "print(json.dumps(dict(rank=hvd.rank(), "
+    f"env={{k: os.environ.get(k) for k in {ENGINE_VARS!r}}})))"
+)
+
+
+def test_engine_flags_reach_every_rank_as_environment_variables() -> None:
+    result = run_kolorun(
+        [
+            "-np",
+            "2",
+            "--fusion-threshold-mb",
+            "2",
+            "--cycle-time-ms",
+            "3",
+            "--cache-capacity",
+            "7",
+            "--no-stall-check",
+            "--log-level",
+            "DEBUG",
+            "python",
+            "-c",
+            PRINT_ENGINE_VARS,
+        ],
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = rank_lines(result.stdout)
+    assert sorted(ranks) == [0, 1], result.stdout
+    for info in ranks.values():
+        assert info["env"] == {
+            "KOLO_FUSION_THRESHOLD": str(2 * 1024 * 1024),
+            "KOLO_CYCLE_TIME": "3",
+            "KOLO_CACHE_CAPACITY": "7",
+            "KOLO_STALL_CHECK_DISABLE": "1",
+            "KOLO_LOG_LEVEL": "debug",
+            "KOLO_TIMELINE": None,
+        }, info
+    result = run_kolorun(["-np", "2", "--cycle-time-ms", "0", "python", "-c", "pass"], timeout=30)
+    assert result.returncode == 2
+    assert '--cycle-time-ms "0"' in result.stderr and "milliseconds" in result.stderr, result.stderr
+
+
 def test_check_build_reports_this_build() -> None:
     result = run_kolorun(["--check-build"], timeout=30)
     assert result.returncode == 0, result.stderr

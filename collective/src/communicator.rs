@@ -248,7 +248,7 @@ impl Communicator {
     }
 
     /// Runs one operation with the lock held, after checking that the communicator is usable.
-    fn run<T>(&self, op: impl FnOnce(&mut Session) -> Result<T>) -> Result<T> {
+    pub(crate) fn run<T>(&self, op: impl FnOnce(&mut Session) -> Result<T>) -> Result<T> {
         let mut state = self.state.lock().map_err(|_| {
             Error::Internal("an earlier collective on this communicator panicked".into())
         })?;

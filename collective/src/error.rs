@@ -80,3 +80,37 @@ pub enum Error {
 
 /// The crate's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// An equal error for another waiter: the same variant and message (I/O sources are
+    /// rebuilt from their kind and text). The engine fails every op of a batch with it.
+    pub fn replicate(&self) -> Error {
+        let io = |e: &std::io::Error| std::io::Error::new(e.kind(), e.to_string());
+        match self {
+            Error::Config(m) => Error::Config(m.clone()),
+            Error::InvalidArgument(m) => Error::InvalidArgument(m.clone()),
+            Error::Rendezvous(m) => Error::Rendezvous(m.clone()),
+            Error::Timeout { what, after } => Error::Timeout {
+                what: what.clone(),
+                after: *after,
+            },
+            Error::Mismatch(m) => Error::Mismatch(m.clone()),
+            Error::Aborted(cause) => Error::Aborted(cause.clone()),
+            Error::Peer {
+                rank,
+                during,
+                source,
+            } => Error::Peer {
+                rank: *rank,
+                during: during.clone(),
+                source: io(source),
+            },
+            Error::Closed(m) => Error::Closed(m.clone()),
+            Error::Launch(m) => Error::Launch(m.clone()),
+            Error::Io(e) => Error::Io(io(e)),
+            Error::Transport(e) => Error::Rendezvous(format!("driver connection failed: {e}")),
+            Error::Status(status) => Error::Status(status.clone()),
+            Error::Internal(m) => Error::Internal(m.clone()),
+        }
+    }
+}

@@ -27,6 +27,7 @@ pub mod collectives;
 pub mod communicator;
 pub mod control;
 pub mod dtype;
+pub mod engine;
 pub mod error;
 pub mod launcher;
 pub mod reduce;

@@ -295,6 +295,54 @@ fn with_typed_one<T: Pod>(buf: &mut [u8], mut f: impl FnMut(&mut [T])) {
     }
 }
 
+/// Fills `buf` with the identity of `op` for `dtype` (what a rank without data contributes):
+/// 0 for Sum and Average, 1 for Product, the largest value for Min, the smallest for Max.
+pub fn fill_identity(dtype: DType, op: ReduceOp, buf: &mut [u8]) {
+    fn pattern<T: Pod>(value: T) -> Vec<u8> {
+        bytemuck::bytes_of(&value).to_vec()
+    }
+    let element: Vec<u8> = match (op, dtype) {
+        (ReduceOp::Sum | ReduceOp::Average, _) => {
+            buf.fill(0);
+            return;
+        }
+        (ReduceOp::Product, DType::F16) => pattern(f16::ONE),
+        (ReduceOp::Product, DType::BF16) => pattern(half::bf16::ONE),
+        (ReduceOp::Product, DType::F32) => pattern(1f32),
+        (ReduceOp::Product, DType::F64) => pattern(1f64),
+        (ReduceOp::Product, _) => {
+            let mut one = vec![0u8; dtype.size()];
+            one[0] = 1;
+            one
+        }
+        (ReduceOp::Min, DType::U8 | DType::Bool) => vec![u8::MAX],
+        (ReduceOp::Min, DType::I8) => pattern(i8::MAX),
+        (ReduceOp::Min, DType::I16) => pattern(i16::MAX),
+        (ReduceOp::Min, DType::I32) => pattern(i32::MAX),
+        (ReduceOp::Min, DType::I64) => pattern(i64::MAX),
+        (ReduceOp::Min, DType::F16) => pattern(f16::INFINITY),
+        (ReduceOp::Min, DType::BF16) => pattern(half::bf16::INFINITY),
+        (ReduceOp::Min, DType::F32) => pattern(f32::INFINITY),
+        (ReduceOp::Min, DType::F64) => pattern(f64::INFINITY),
+        (ReduceOp::Max, DType::U8 | DType::Bool) => vec![0],
+        (ReduceOp::Max, DType::I8) => pattern(i8::MIN),
+        (ReduceOp::Max, DType::I16) => pattern(i16::MIN),
+        (ReduceOp::Max, DType::I32) => pattern(i32::MIN),
+        (ReduceOp::Max, DType::I64) => pattern(i64::MIN),
+        (ReduceOp::Max, DType::F16) => pattern(f16::NEG_INFINITY),
+        (ReduceOp::Max, DType::BF16) => pattern(half::bf16::NEG_INFINITY),
+        (ReduceOp::Max, DType::F32) => pattern(f32::NEG_INFINITY),
+        (ReduceOp::Max, DType::F64) => pattern(f64::NEG_INFINITY),
+    };
+    let bool_min = op == ReduceOp::Min && dtype == DType::Bool;
+    for chunk in buf.chunks_exact_mut(element.len()) {
+        chunk.copy_from_slice(&element);
+        if bool_min {
+            chunk[0] = 1;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,6 +3,7 @@
 //! the same way.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::abort::AbortSignal;
@@ -10,6 +11,7 @@ use crate::communicator::{Communicator, RankInfo};
 use crate::control::client::DriverClient;
 use crate::control::env::{parse_seconds, WorkerEnv};
 use crate::control::{data_plane_ip, join_job};
+use crate::engine::{Engine, EngineConfig};
 use crate::error::Result;
 use crate::runtime;
 use crate::transport::{DataListener, Mesh, MeshConfig};
@@ -19,10 +21,12 @@ pub const COLLECTIVE_TIMEOUT: &str = "KOLO_COLLECTIVE_TIMEOUT_SECONDS";
 /// Default of [`COLLECTIVE_TIMEOUT`]: 30 minutes (long evaluation steps on one rank are fine).
 pub const DEFAULT_COLLECTIVE_TIMEOUT: Duration = Duration::from_secs(1800);
 
-/// One rank of a job: its communicator and, when launched, its link to the job driver.
+/// One rank of a job: its communicator, the engine that runs collectives on it, and, when
+/// launched, its link to the job driver.
 #[derive(Debug)]
 pub struct Worker {
-    comm: Communicator,
+    comm: Arc<Communicator>,
+    engine: Engine,
     driver: Option<DriverClient>,
     homogeneous: bool,
 }
@@ -32,23 +36,26 @@ impl Worker {
     /// process was not launched by kolo. Blocks until every rank joined (bounded by the start
     /// timeout); call it without holding the GIL.
     pub fn join_from_env() -> Result<Self> {
+        let config = EngineConfig::from_env()?;
         match WorkerEnv::from_env()? {
-            Some(env) => Self::join(&env),
-            None => Ok(Self::single()),
+            Some(env) => Self::join(&env, config),
+            None => Self::single(config),
         }
     }
 
     /// A job of one rank, with no driver and no sockets.
-    pub fn single() -> Self {
-        Self {
-            comm: Communicator::single(),
+    pub fn single(config: EngineConfig) -> Result<Self> {
+        let comm = Arc::new(Communicator::single());
+        Ok(Self {
+            engine: Engine::start(Arc::clone(&comm), config)?,
+            comm,
             driver: None,
             homogeneous: true,
-        }
+        })
     }
 
-    /// Registers with the driver named by `env` and connects to every peer.
-    pub fn join(env: &WorkerEnv) -> Result<Self> {
+    /// Registers with the driver named by `env`, connects to every peer and starts the engine.
+    pub fn join(env: &WorkerEnv, engine_config: EngineConfig) -> Result<Self> {
         let abort = AbortSignal::new();
         let listener = DataListener::bind(data_plane_ip(env)?)?;
         let (registration, driver) = join_job(env, listener.local_addr(), abort.clone())?;
@@ -93,16 +100,30 @@ impl Worker {
                 .map(|peer| peer.hostname.clone())
                 .collect(),
         };
+        let comm = Arc::new(Communicator::new(info, mesh, abort));
+        let engine = match Engine::start(Arc::clone(&comm), engine_config) {
+            Ok(engine) => engine,
+            Err(err) => {
+                driver.stop_background();
+                return Err(err);
+            }
+        };
         Ok(Self {
-            comm: Communicator::new(info, mesh, abort),
+            comm,
+            engine,
             driver: Some(driver),
             homogeneous,
         })
     }
 
-    /// The communicator that runs this rank's collectives.
-    pub fn comm(&self) -> &Communicator {
-        &self.comm
+    /// Where this rank sits in the job.
+    pub fn info(&self) -> &crate::communicator::RankInfo {
+        self.comm.info()
+    }
+
+    /// The engine that runs this rank's collectives.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
     }
 
     /// True when every host runs the same number of ranks.
@@ -113,6 +134,7 @@ impl Worker {
     /// Leaves the job: tells the driver this rank is done (so its silence is not a failure),
     /// stops the heartbeats and closes the peer connections.
     pub fn shutdown(&self) {
+        self.engine.shutdown();
         if let Some(driver) = &self.driver {
             let rank = self.comm.info().rank as u32;
             if let Err(err) = runtime::block_on(driver.leave(rank)).and_then(|left| left) {

@@ -3,6 +3,8 @@
 Frameworks live in submodules; ``import kolo.torch as hvd`` gives the Horovod PyTorch API.
 """
 
+from kolo._core import engine_stats
 from kolo._native import __version__
+from kolo.process_sets import ProcessSet, global_process_set
 
-__all__ = ["__version__"]
+__all__ = ["ProcessSet", "__version__", "engine_stats", "global_process_set"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import enum
 import itertools
+import os
 import threading
 import warnings
 from typing import Any, Optional
@@ -21,7 +22,7 @@ _info: Optional[dict[str, Any]] = None
 _counters: dict[str, itertools.count] = {}
 
 
-def init(comm: Any = None) -> None:
+def init(comm: Any = None, process_sets: Any = None) -> None:
     """Joins the job this process was launched into, or runs as a single rank.
 
     Under ``kolorun`` (or ``kolo.spark.run`` / ``RayExecutor``) the process registers with the
@@ -41,12 +42,20 @@ def init(comm: Any = None) -> None:
             "init(comm=...) selects an MPI communicator, and kolo does not use MPI: launch the "
             "processes with kolorun (or kolo.spark.run / kolo.ray.RayExecutor) and call init()"
         )
+    if process_sets == "dynamic":
+        os.environ["KOLO_DYNAMIC_PROCESS_SETS"] = "1"
+        process_sets = None
     with _lock:
-        if _info is None:
-            _native.init()
-            _info = _native.rank_info()
-            _counters.clear()
-            atexit.register(shutdown)
+        if _info is not None:
+            return
+        _native.init()
+        _info = _native.rank_info()
+        _counters.clear()
+        atexit.register(shutdown)
+    from kolo import process_sets as _sets
+
+    for ps in process_sets or []:
+        _sets.register(ps, initializing=True)
 
 
 def shutdown() -> None:
@@ -116,6 +125,43 @@ def op_name(kind: str, name: Optional[str]) -> str:
     with _lock:
         counter = _counters.setdefault(kind, itertools.count())
         return f"{kind}.noname.{next(counter)}"
+
+
+def engine_stats() -> dict[str, int]:
+    """The engine's counters since ``init``: ``cycles``, ``tensors`` (completed),
+    ``collectives`` (run on the data plane; a fused allreduce counts once), ``fused_tensors``,
+    ``cache_hits`` / ``cache_misses`` (tensors agreed through the response cache / in full),
+    ``negotiation_ns`` and ``negotiated_tensors``.
+
+    Example::
+
+        before = kolo.engine_stats()["collectives"]
+    """
+    require_initialized()
+    return {str(k): int(v) for k, v in _native.engine_stats().items()}
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Starts writing a Chrome-trace timeline to ``file_path`` (rank 0 writes it; open it in
+    https://ui.perfetto.dev). ``mark_cycles`` adds an event per engine cycle.
+
+    Example::
+
+        hvd.start_timeline("/tmp/timeline.json")
+    """
+    require_initialized()
+    _native.start_timeline(os.fspath(file_path), bool(mark_cycles))
+
+
+def stop_timeline() -> None:
+    """Stops the timeline and completes its file.
+
+    Example::
+
+        hvd.stop_timeline()
+    """
+    require_initialized()
+    _native.stop_timeline()
 
 
 def mpi_built() -> bool:

@@ -10,7 +10,6 @@ mod error;
 mod launch;
 mod logging;
 mod ops;
-mod raw;
 mod session;
 
 /// The native module.

@@ -1,74 +1,46 @@
-//! The collectives, called by `kolo.torch.ops` with raw views of contiguous CPU tensors. Each
-//! releases the GIL while the runtime works.
+//! The engine's ops for `kolo.torch.ops`: submit an op on raw views of contiguous CPU tensors
+//! and get a handle at once; `wait` (GIL released, Ctrl-C honoured) and `poll` complete it.
 
-use std::sync::Mutex;
+use std::time::Duration;
 
+use kolo_collective::engine::{Output, RawTensor, Submission};
+use kolo_collective::wire::OpKind;
 use kolo_collective::{DType, Error, ReduceOp};
 use pyo3::prelude::*;
+use pyo3::types::{PyByteArray, PyDict};
 
 use crate::error::IntoPyResult;
-use crate::raw::RawBuf;
 use crate::session;
 
-fn parse(dtype: &str, op: Option<&str>) -> PyResult<(DType, ReduceOp)> {
-    let dtype: DType = dtype.parse().py_err()?;
-    let op: ReduceOp = op.unwrap_or("Sum").parse().py_err()?;
-    Ok((dtype, op))
-}
-
-/// Hands a collective the Python allocator `alloc(counts) -> (ptr, nbytes)`, which it calls
-/// once the output size is known (taking the GIL for that call only). A Python exception from
-/// `alloc` is kept and raised after the collective returns, in place of its error.
-struct PythonAlloc<'p> {
-    alloc: &'p Py<PyAny>,
-    failure: Mutex<Option<PyErr>>,
-}
-
-impl PythonAlloc<'_> {
-    fn allocate<'a>(&self, counts: &[u64]) -> kolo_collective::Result<&'a mut [u8]> {
-        let result = Python::attach(|py| -> PyResult<(usize, usize)> {
-            self.alloc.call1(py, (counts.to_vec(),))?.extract(py)
-        });
-        match result {
-            // SAFETY: the allocator returned a fresh tensor that the Python caller keeps alive
-            // and leaves alone until this call returns.
-            Ok((ptr, len)) => Ok(unsafe { RawBuf::new(ptr, len).as_mut_slice() }),
-            Err(err) => {
-                let message = format!("allocating the output failed: {err}");
-                if let Ok(mut slot) = self.failure.lock() {
-                    *slot = Some(err);
-                }
-                Err(Error::InvalidArgument(message))
-            }
+fn kind_of(kind: &str) -> PyResult<OpKind> {
+    Ok(match kind {
+        "allreduce" => OpKind::Allreduce,
+        "allgather" => OpKind::Allgather,
+        "broadcast" => OpKind::Broadcast,
+        "alltoall" => OpKind::Alltoall,
+        "reducescatter" => OpKind::Reducescatter,
+        "barrier" => OpKind::Barrier,
+        other => {
+            return Err(crate::error::to_py(Error::InvalidArgument(format!(
+                "unknown collective '{other}'"
+            ))))
         }
-    }
+    })
 }
 
-/// Runs `op` without the GIL with a [`PythonAlloc`] over `alloc`.
-fn with_python_alloc<R: Send>(
-    py: Python<'_>,
-    alloc: &Py<PyAny>,
-    op: impl FnOnce(&PythonAlloc<'_>) -> kolo_collective::Result<R> + Send,
-) -> PyResult<R> {
-    let allocator = PythonAlloc {
-        alloc,
-        failure: Mutex::new(None),
-    };
-    let result = py.detach(|| op(&allocator));
-    match allocator.failure.into_inner().ok().flatten() {
-        Some(err) => Err(err),
-        None => result.py_err(),
-    }
-}
-
-/// In-place allreduce of `nbytes` at `ptr`.
+/// Submits one collective on `nbytes` at `ptr` (allreduce and broadcast write their result
+/// there) and returns its handle. The caller keeps the memory alive and untouched until the
+/// handle completes.
 #[pyfunction]
+#[pyo3(signature = (kind, name, ptr, nbytes, shape, dtype, op="Sum", prescale=1.0, postscale=1.0, root=0, splits=Vec::new(), process_set=0))]
 #[expect(
     clippy::too_many_arguments,
-    reason = "mirrors the collective's parameters one to one"
+    reason = "mirrors the union of Horovod's op parameters"
 )]
-pub fn allreduce(
+pub fn submit(
     py: Python<'_>,
+    kind: &str,
+    name: &str,
     ptr: usize,
     nbytes: usize,
     shape: Vec<i64>,
@@ -76,143 +48,142 @@ pub fn allreduce(
     op: &str,
     prescale: f64,
     postscale: f64,
-    name: &str,
-) -> PyResult<()> {
-    let session = session::current(py)?;
-    let (dtype, op) = parse(dtype, Some(op))?;
-    let buf = RawBuf::new(ptr, nbytes);
-    py.detach(|| {
-        // SAFETY: the caller passes a tensor it keeps alive and does not touch during the call.
-        let data = unsafe { buf.as_mut_slice() };
-        session
-            .comm()
-            .allreduce(name, data, &shape, dtype, op, prescale, postscale)
-    })
-    .py_err()
-}
-
-/// Allgather along the first dimension; `alloc(first_dims)` returns the output's `(ptr, nbytes)`.
-#[pyfunction]
-pub fn allgather(
-    py: Python<'_>,
-    ptr: usize,
-    nbytes: usize,
-    shape: Vec<i64>,
-    dtype: &str,
-    name: &str,
-    alloc: Py<PyAny>,
-) -> PyResult<Vec<u64>> {
-    let session = session::current(py)?;
-    let (dtype, _) = parse(dtype, None)?;
-    let input = RawBuf::new(ptr, nbytes);
-    with_python_alloc(py, &alloc, |allocator| {
-        // SAFETY: the caller keeps the input tensor alive and unmodified during the call.
-        let data = unsafe { input.as_slice() };
-        session
-            .comm()
-            .allgather(name, data, &shape, dtype, |dims| allocator.allocate(dims))
-    })
-}
-
-/// In-place broadcast from `root`.
-#[pyfunction]
-pub fn broadcast(
-    py: Python<'_>,
-    ptr: usize,
-    nbytes: usize,
-    shape: Vec<i64>,
-    dtype: &str,
     root: usize,
-    name: &str,
-) -> PyResult<()> {
-    let session = session::current(py)?;
-    let (dtype, _) = parse(dtype, None)?;
-    let buf = RawBuf::new(ptr, nbytes);
-    py.detach(|| {
-        // SAFETY: the caller keeps the tensor alive and untouched during the call.
-        let data = unsafe { buf.as_mut_slice() };
-        session.comm().broadcast(name, data, &shape, dtype, root)
-    })
-    .py_err()
-}
-
-/// Alltoall with `splits[j]` first-dim rows to rank j; returns the rows received from each rank.
-#[pyfunction]
-#[expect(
-    clippy::too_many_arguments,
-    reason = "mirrors the collective's parameters one to one"
-)]
-pub fn alltoall(
-    py: Python<'_>,
-    ptr: usize,
-    nbytes: usize,
-    shape: Vec<i64>,
-    dtype: &str,
     splits: Vec<u64>,
-    name: &str,
-    alloc: Py<PyAny>,
-) -> PyResult<Vec<u64>> {
-    let session = session::current(py)?;
-    let (dtype, _) = parse(dtype, None)?;
-    let input = RawBuf::new(ptr, nbytes);
-    with_python_alloc(py, &alloc, |allocator| {
-        // SAFETY: the caller keeps the input tensor alive and unmodified during the call.
-        let data = unsafe { input.as_slice() };
-        let allocate = |recv: &[u64]| allocator.allocate(recv);
-        session
-            .comm()
-            .alltoall(name, data, &shape, dtype, &splits, allocate)
-    })
+    process_set: u32,
+) -> PyResult<u64> {
+    let worker = session::current(py)?;
+    let mut sub = Submission::new(kind_of(kind)?, name);
+    sub.dtype = dtype.parse::<DType>().py_err()?;
+    sub.op = op.parse::<ReduceOp>().py_err()?;
+    sub.shape = shape;
+    sub.prescale = prescale;
+    sub.postscale = postscale;
+    sub.root = root;
+    sub.splits = splits;
+    sub.process_set = process_set;
+    if nbytes > 0 && ptr == 0 {
+        return Err(crate::error::to_py(Error::InvalidArgument(
+            "a null tensor pointer".into(),
+        )));
+    }
+    let ptr = if nbytes == 0 {
+        std::ptr::NonNull::<u8>::dangling().as_ptr()
+    } else {
+        ptr as *mut u8
+    };
+    // SAFETY: `kolo.torch.ops` passes the data pointer of a contiguous CPU tensor of `nbytes`
+    // bytes and keeps the tensor referenced, and unused by Python, until the handle completes.
+    sub.tensor = unsafe { RawTensor::new(ptr, nbytes) };
+    worker.engine().submit(sub).py_err()
 }
 
-/// Reducescatter of the input into this rank's slice `out_ptr`.
+/// Submits this rank's join; the handle's result is the last rank to join.
 #[pyfunction]
-#[expect(
-    clippy::too_many_arguments,
-    reason = "mirrors the collective's parameters one to one"
-)]
-pub fn reducescatter(
-    py: Python<'_>,
-    in_ptr: usize,
-    in_nbytes: usize,
-    out_ptr: usize,
-    out_nbytes: usize,
-    shape: Vec<i64>,
-    dtype: &str,
-    op: &str,
-    prescale: f64,
-    postscale: f64,
-    name: &str,
-) -> PyResult<()> {
-    let session = session::current(py)?;
-    let (dtype, op) = parse(dtype, Some(op))?;
-    let input = RawBuf::new(in_ptr, in_nbytes);
-    let output = RawBuf::new(out_ptr, out_nbytes);
-    py.detach(|| {
-        // SAFETY: the caller keeps both tensors alive and untouched during the call; they are
-        // distinct allocations.
-        let (input, output) = unsafe { (input.as_slice(), output.as_mut_slice()) };
-        session
-            .comm()
-            .reducescatter(name, input, output, &shape, dtype, op, prescale, postscale)
-    })
-    .py_err()
+pub fn join(py: Python<'_>) -> PyResult<u64> {
+    session::current(py)?.engine().join().py_err()
 }
 
-/// Blocks until every rank arrived.
+/// Submits the registration of a process set of `ranks`; the handle's result is its id.
 #[pyfunction]
-pub fn barrier(py: Python<'_>) -> PyResult<()> {
-    let session = session::current(py)?;
-    py.detach(|| session.comm().barrier()).py_err()
+pub fn add_process_set(py: Python<'_>, ranks: Vec<usize>, initializing: bool) -> PyResult<u64> {
+    session::current(py)?
+        .engine()
+        .add_process_set(&ranks, initializing)
+        .py_err()
 }
 
-/// Adds the collectives to the native module.
+/// Submits the removal of process set `id`.
+#[pyfunction]
+pub fn remove_process_set(py: Python<'_>, id: u32) -> PyResult<u64> {
+    session::current(py)?
+        .engine()
+        .remove_process_set(id)
+        .py_err()
+}
+
+/// Every registered process set as `(id, ranks)`.
+#[pyfunction]
+pub fn process_sets(py: Python<'_>) -> PyResult<Vec<(u32, Vec<usize>)>> {
+    Ok(session::current(py)?.engine().process_sets())
+}
+
+/// True once the op behind `handle` finished.
+#[pyfunction]
+pub fn poll(py: Python<'_>, handle: u64) -> PyResult<bool> {
+    session::current(py)?.engine().poll(handle).py_err()
+}
+
+/// Waits for `handle` without the GIL (Ctrl-C raises KeyboardInterrupt; the op keeps running).
+/// Returns None, `(bytearray, rows)` for ops with a new output, or an int (join: last rank;
+/// add_process_set: the id).
+#[pyfunction]
+pub fn wait(py: Python<'_>, handle: u64) -> PyResult<Py<PyAny>> {
+    let worker = session::current(py)?;
+    let engine = worker.engine();
+    loop {
+        if let Some(result) = py.detach(|| engine.wait(handle, Duration::from_millis(100))) {
+            return match result.py_err()? {
+                Output::Done => Ok(py.None()),
+                Output::Tensor { data, rows } => Ok((PyByteArray::new(py, &data), rows)
+                    .into_pyobject(py)?
+                    .into_any()
+                    .unbind()),
+                Output::LastJoined(rank) => Ok(rank.into_pyobject(py)?.into_any().unbind()),
+                Output::ProcessSet(id) => Ok(id.into_pyobject(py)?.into_any().unbind()),
+            };
+        }
+        py.check_signals()?;
+    }
+}
+
+/// Forgets `handle` without waiting for it.
+#[pyfunction]
+pub fn release(py: Python<'_>, handle: u64) -> PyResult<()> {
+    session::current(py)?.engine().release(handle);
+    Ok(())
+}
+
+/// The engine's counters.
+#[pyfunction]
+pub fn engine_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let worker = session::current(py)?;
+    let dict = PyDict::new(py);
+    for (name, value) in worker.engine().stats() {
+        dict.set_item(name, value)?;
+    }
+    Ok(dict)
+}
+
+/// Starts the timeline (written by rank 0).
+#[pyfunction]
+pub fn start_timeline(py: Python<'_>, path: &str, mark_cycles: bool) -> PyResult<()> {
+    let worker = session::current(py)?;
+    worker
+        .engine()
+        .start_timeline(std::path::Path::new(path), mark_cycles)
+        .py_err()
+}
+
+/// Stops the timeline and completes its file.
+#[pyfunction]
+pub fn stop_timeline(py: Python<'_>) -> PyResult<()> {
+    let worker = session::current(py)?;
+    py.detach(|| worker.engine().stop_timeline()).py_err()
+}
+
+/// Adds the op functions to the native module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(allreduce, m)?)?;
-    m.add_function(wrap_pyfunction!(allgather, m)?)?;
-    m.add_function(wrap_pyfunction!(broadcast, m)?)?;
-    m.add_function(wrap_pyfunction!(alltoall, m)?)?;
-    m.add_function(wrap_pyfunction!(reducescatter, m)?)?;
-    m.add_function(wrap_pyfunction!(barrier, m)?)?;
+    m.add_function(wrap_pyfunction!(submit, m)?)?;
+    m.add_function(wrap_pyfunction!(join, m)?)?;
+    m.add_function(wrap_pyfunction!(add_process_set, m)?)?;
+    m.add_function(wrap_pyfunction!(remove_process_set, m)?)?;
+    m.add_function(wrap_pyfunction!(process_sets, m)?)?;
+    m.add_function(wrap_pyfunction!(poll, m)?)?;
+    m.add_function(wrap_pyfunction!(wait, m)?)?;
+    m.add_function(wrap_pyfunction!(release, m)?)?;
+    m.add_function(wrap_pyfunction!(engine_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(start_timeline, m)?)?;
+    m.add_function(wrap_pyfunction!(stop_timeline, m)?)?;
     Ok(())
 }

@@ -62,7 +62,7 @@ pub fn is_initialized() -> bool {
 #[pyfunction]
 pub fn rank_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let worker = current(py)?;
-    let info = worker.comm().info();
+    let info = worker.info();
     let dict = PyDict::new(py);
     dict.set_item("rank", info.rank)?;
     dict.set_item("size", info.size)?;

@@ -58,8 +58,8 @@ pub(crate) fn allgather<'a>(
     ring_allgather(&segs, rank, None, &mut sends, &mut recvs);
     let plan = StreamPlan {
         tag,
-        send_to: Some((rank + 1) % size),
-        recv_from: Some((rank + size - 1) % size),
+        send_to: Some(session.peer((rank + 1) % size)),
+        recv_from: Some(session.peer((rank + size - 1) % size)),
         send_blocks: &sends,
         recv_blocks: &recvs,
     };

@@ -61,6 +61,7 @@ pub(crate) fn alltoall<'a>(
     if size == 1 {
         return Ok(recv_rows);
     }
+    let members = session.members.clone();
     let mesh = session.mesh.as_mut().ok_or_else(no_mesh)?;
     for k in 1..size {
         let (to, from) = ((rank + k) % size, back(rank, k, size));
@@ -74,8 +75,8 @@ pub(crate) fn alltoall<'a>(
         }];
         let plan = StreamPlan {
             tag,
-            send_to: Some(to),
-            recv_from: Some(from),
+            send_to: Some(members[to]),
+            recv_from: Some(members[from]),
             send_blocks: &send,
             recv_blocks: &recv,
         };
@@ -93,7 +94,7 @@ pub(crate) fn alltoall<'a>(
     Ok(recv_rows)
 }
 
-fn check_splits(splits: &[u64], shape: &[i64], size: usize) -> Result<(), String> {
+pub(crate) fn check_splits(splits: &[u64], shape: &[i64], size: usize) -> Result<(), String> {
     if splits.len() != size {
         return Err(format!(
             "{} splits were given but the job has {size} ranks; pass one row count per rank",

@@ -51,8 +51,8 @@ pub(crate) fn broadcast(
     }];
     let plan = StreamPlan {
         tag,
-        send_to: (position + 1 < size).then_some((rank + 1) % size),
-        recv_from: (position > 0).then_some((rank + size - 1) % size),
+        send_to: (position + 1 < size).then(|| session.peer((rank + 1) % size)),
+        recv_from: (position > 0).then(|| session.peer((rank + size - 1) % size)),
         send_blocks: &send,
         recv_blocks: &recv,
     };

@@ -17,9 +17,9 @@
 //! - alltoall: pairwise exchange (step k: send to rank + k, receive from rank - k);
 //! - barrier: the negotiation alone.
 
-mod allgather;
+pub(crate) mod allgather;
 pub(crate) mod allreduce;
-mod alltoall;
+pub(crate) mod alltoall;
 mod broadcast;
 mod reducescatter;
 
@@ -74,16 +74,46 @@ impl AlignedBuf {
     }
 }
 
-/// One rank's view of the job for running collectives: its mesh (none for a single rank), the
-/// collective sequence number, and reusable buffers.
+/// One rank's view of a group of ranks for running collectives: the mesh (none for a single
+/// rank), this rank's position in the group, the group's members (global ranks), the
+/// collective sequence number, and reusable buffers. The engine runs process sets by swapping
+/// in a [`Group`] with [`Session::with_group`].
 #[derive(Debug)]
 pub(crate) struct Session {
     pub(crate) mesh: Option<Mesh>,
+    /// This rank's position in `members`.
     pub(crate) rank: usize,
+    /// The number of members.
     pub(crate) size: usize,
+    /// Global rank of each group rank.
+    pub(crate) members: Vec<usize>,
     seq: u64,
+    /// Every member's descriptor for the next collective, agreed beforehand (by the engine):
+    /// the next negotiation uses them instead of exchanging descriptors.
+    agreed: Option<Vec<OpDescriptor>>,
     scratch: AlignedBuf,
     work: AlignedBuf,
+}
+
+/// A process set's part of a [`Session`]: members, this rank's position, sequence number.
+#[derive(Debug, Clone)]
+pub(crate) struct Group {
+    pub(crate) rank: usize,
+    pub(crate) members: Vec<usize>,
+    seq: u64,
+}
+
+impl Group {
+    /// The group of `members` (global ranks, in group-rank order) seen from global rank `me`;
+    /// `None` when `me` is not a member.
+    pub(crate) fn new(members: Vec<usize>, me: usize) -> Option<Self> {
+        let rank = members.iter().position(|&m| m == me)?;
+        Some(Group {
+            rank,
+            members,
+            seq: 0,
+        })
+    }
 }
 
 impl Session {
@@ -92,10 +122,78 @@ impl Session {
             mesh,
             rank,
             size,
+            members: (0..size).collect(),
             seq: 0,
+            agreed: None,
             scratch: AlignedBuf::default(),
             work: AlignedBuf::default(),
         }
+    }
+
+    /// The global rank of group rank `r`.
+    pub(crate) fn peer(&self, r: usize) -> usize {
+        self.members[r]
+    }
+
+    /// Runs `f` with this session acting for `group` (its members, rank and sequence number).
+    pub(crate) fn with_group<T>(&mut self, group: &mut Group, f: impl FnOnce(&mut Self) -> T) -> T {
+        let saved_rank = std::mem::replace(&mut self.rank, group.rank);
+        let saved_size = std::mem::replace(&mut self.size, group.members.len());
+        std::mem::swap(&mut self.members, &mut group.members);
+        std::mem::swap(&mut self.seq, &mut group.seq);
+        let out = f(self);
+        std::mem::swap(&mut self.seq, &mut group.seq);
+        std::mem::swap(&mut self.members, &mut group.members);
+        self.rank = saved_rank;
+        self.size = saved_size;
+        self.agreed = None;
+        out
+    }
+
+    /// Makes the next collective skip its descriptor exchange: `descs` (one per member) were
+    /// agreed by the engine.
+    pub(crate) fn set_agreed(&mut self, descs: Vec<OpDescriptor>) {
+        self.agreed = Some(descs);
+    }
+
+    /// The tag of the next message round.
+    pub(crate) fn next_tag(&mut self) -> u32 {
+        let tag = self.seq as u32;
+        self.seq += 1;
+        tag
+    }
+
+    /// Sends `payload` to every other member and receives one payload of at most `max_len`
+    /// bytes from each; returns them indexed by group rank (this rank's own included).
+    pub(crate) fn exchange(
+        &mut self,
+        what: &str,
+        tag: u32,
+        payload: &[u8],
+        max_len: usize,
+    ) -> Result<Vec<Vec<u8>>> {
+        if self.size == 1 {
+            return Ok(vec![payload.to_vec()]);
+        }
+        let members = self.members.clone();
+        let me = self.rank;
+        let mesh = self.mesh()?;
+        let peers: Vec<usize> = members
+            .iter()
+            .enumerate()
+            .filter(|(r, _)| *r != me)
+            .map(|(_, &g)| g)
+            .collect();
+        let mut received = mesh.exchange(what, tag, payload, max_len, &peers)?;
+        let mut out = Vec::with_capacity(members.len());
+        for r in 0..members.len() {
+            if r == me {
+                out.push(payload.to_vec());
+            } else {
+                out.push(std::mem::take(&mut received[r - usize::from(r > me)]));
+            }
+        }
+        Ok(out)
     }
 
     fn mesh(&mut self) -> Result<&mut Mesh> {
@@ -110,18 +208,25 @@ impl Session {
     /// Runs the negotiation for `desc`: on success every rank's descriptor, indexed by rank,
     /// and the tag of this collective's data frames.
     fn negotiate(&mut self, desc: OpDescriptor) -> Result<(Vec<OpDescriptor>, u32)> {
+        if let Some(descs) = self.agreed.take() {
+            if let Some(message) = desc.invalid {
+                return Err(Error::Internal(format!(
+                    "the engine agreed on a collective whose local arguments are invalid: {message}"
+                )));
+            }
+            let tag = self.next_tag();
+            return Ok((descs, tag));
+        }
         if self.size == 1 {
             return match desc.invalid {
                 Some(message) => Err(Error::InvalidArgument(message)),
                 None => Ok((vec![desc], 0)),
             };
         }
-        let tag = self.seq as u32;
-        self.seq += 1;
+        let tag = self.next_tag();
         let (rank, size) = (self.rank, self.size);
         let what = label(desc.kind, &desc.name);
-        let mesh = self.mesh()?;
-        let payloads = mesh.exchange(
+        let payloads = self.exchange(
             &what,
             tag,
             &desc.encode(),
@@ -131,7 +236,11 @@ impl Session {
         for (peer, payload) in payloads.iter().enumerate() {
             match OpDescriptor::decode(payload, size) {
                 Ok(d) => descs.push(d),
-                Err(source) => return Err(mesh.fail(Failure::Frame { peer, source }, &what)),
+                Err(source) => {
+                    let peer = self.peer(peer);
+                    let mesh = self.mesh()?;
+                    return Err(mesh.fail(Failure::Frame { peer, source }, &what));
+                }
             }
         }
         check_agreement(&descs, rank)?;
@@ -176,26 +285,26 @@ pub(crate) fn check_agreement(descs: &[OpDescriptor], me: usize) -> Result<()> {
         return Ok(());
     };
     for (j, d) in descs.iter().enumerate().skip(1) {
-        if let Some(difference) = difference(first, d, j) {
+        if let Some(difference) = difference(first, 0, d, j) {
             return Err(Error::Mismatch(difference));
         }
     }
     Ok(())
 }
 
-/// What differs between rank 0's descriptor `a` and rank `j`'s `b`, if anything.
-fn difference(a: &OpDescriptor, b: &OpDescriptor, j: usize) -> Option<String> {
+/// What differs between rank `i`'s descriptor `a` and rank `j`'s `b`, if anything.
+pub(crate) fn difference(a: &OpDescriptor, i: usize, b: &OpDescriptor, j: usize) -> Option<String> {
     const ORDER: &str = "every rank must run the same collectives in the same order";
     if a.kind != b.kind {
         return Some(format!(
-            "mismatched collectives: rank 0 called {} but rank {j} called {}; {ORDER}",
+            "mismatched collectives: rank {i} called {} but rank {j} called {}; {ORDER}",
             label(a.kind, &a.name),
             label(b.kind, &b.name)
         ));
     }
     if a.name != b.name {
         return Some(format!(
-            "{}: rank 0 called it '{}' but rank {j} called it '{}'; {ORDER}",
+            "{}: rank {i} called it '{}' but rank {j} called it '{}'; {ORDER}",
             a.kind, a.name, b.name
         ));
     }
@@ -216,14 +325,14 @@ fn difference(a: &OpDescriptor, b: &OpDescriptor, j: usize) -> Option<String> {
             ""
         };
         return Some(format!(
-            "{what}: rank 0 has {} {:?} but rank {j} has {} {:?}{note}",
+            "{what}: rank {i} has {} {:?} but rank {j} has {} {:?}{note}",
             a.dtype, a.shape, b.dtype, b.shape
         ));
     }
     if a.op != b.op {
         let name = |op: Option<crate::dtype::ReduceOp>| op.map_or("none", |op| op.name());
         return Some(format!(
-            "{what}: rank 0 uses op {} but rank {j} uses op {}",
+            "{what}: rank {i} uses op {} but rank {j} uses op {}",
             name(a.op),
             name(b.op)
         ));
@@ -232,13 +341,13 @@ fn difference(a: &OpDescriptor, b: &OpDescriptor, j: usize) -> Option<String> {
         || a.postscale.to_bits() != b.postscale.to_bits()
     {
         return Some(format!(
-            "{what}: rank 0 uses prescale_factor {} and postscale_factor {} but rank {j} uses {} and {}",
+            "{what}: rank {i} uses prescale_factor {} and postscale_factor {} but rank {j} uses {} and {}",
             a.prescale, a.postscale, b.prescale, b.postscale
         ));
     }
     if a.root != b.root {
         return Some(format!(
-            "{what}: rank 0 uses root rank {} but rank {j} uses root rank {}",
+            "{what}: rank {i} uses root rank {} but rank {j} uses root rank {}",
             a.root, b.root
         ));
     }
@@ -262,7 +371,7 @@ fn element_count(shape: &[i64]) -> Result<usize, String> {
 }
 
 /// Bytes of one row (all dimensions but the first) of `shape`.
-fn row_bytes(shape: &[i64], dtype: DType) -> Result<usize, String> {
+pub(crate) fn row_bytes(shape: &[i64], dtype: DType) -> Result<usize, String> {
     let rest = shape.get(1..).unwrap_or_default();
     element_count(rest)?
         .checked_mul(dtype.size())
@@ -270,7 +379,7 @@ fn row_bytes(shape: &[i64], dtype: DType) -> Result<usize, String> {
 }
 
 /// Checks the common arguments: name length, shape, and that `len` bytes hold the tensor.
-fn check_tensor(
+pub(crate) fn check_tensor(
     name: &str,
     len: usize,
     shape: &[i64],

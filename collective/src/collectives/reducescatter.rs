@@ -53,6 +53,7 @@ pub(crate) fn reducescatter(
         mesh,
         scratch,
         work,
+        members,
         ..
     } = session;
     let mesh = mesh.as_mut().ok_or_else(no_mesh)?;
@@ -71,8 +72,8 @@ pub(crate) fn reducescatter(
     }
     let plan = StreamPlan {
         tag,
-        send_to: Some((rank + 1) % size),
-        recv_from: Some((rank + size - 1) % size),
+        send_to: Some(members[(rank + 1) % size]),
+        recv_from: Some(members[(rank + size - 1) % size]),
         send_blocks: &sends,
         recv_blocks: &recvs,
     };

@@ -12,7 +12,8 @@
 //!
 //! Each slot `i` runs the command with `KOLO_DRIVER_ADDR`, `KOLO_JOB_SECRET`, `KOLO_JOB_ID`,
 //! `KOLO_TASK_INDEX=i`, `KOLO_NUM_TASKS`, `KOLO_START_TIMEOUT` (and `KOLO_HOSTNAME=<host entry>`
-//! when hosts were given). Hosts named `localhost` or this machine's hostname run as local child
+//! when hosts were given), plus the variables of the engine flags (`--fusion-threshold-mb` →
+//! `KOLO_FUSION_THRESHOLD`, ...; see [`LaunchArgs::engine_env`]). Hosts named `localhost` or this machine's hostname run as local child
 //! processes (own session, killed if kolorun dies); every other entry, including `127.0.0.1`,
 //! runs through `ssh` under a watchdog that stops the remote command when the connection ends.
 
@@ -289,11 +290,13 @@ impl Job {
     }
 
     fn launch_for(&self, host: &str, worker: &WorkerEnv, cwd: &std::path::Path) -> Launch {
-        let vars: Vec<(String, String)> = worker
+        let mut vars: Vec<(String, String)> = worker
             .to_vars()
             .into_iter()
             .map(|(k, v)| (k.to_owned(), v))
             .collect();
+        // Engine flags (`--fusion-threshold-mb`, ...) reach local and remote ranks alike.
+        vars.extend(self.args.engine_env.iter().cloned());
         if is_local(host, &self.this_hostname) {
             return Launch {
                 program: self.args.command[0].clone(),

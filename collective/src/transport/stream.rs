@@ -409,20 +409,21 @@ impl Mesh {
         }
     }
 
-    /// Sends `payload` as a `Descriptor` frame to every peer and receives one from every peer
-    /// (at most `max_len` bytes each). Returns the payloads indexed by rank (this rank's own
-    /// included). On failure the mesh becomes unusable and the error names `what`.
+    /// Sends `payload` as a `Descriptor` frame to each of `peers` (global ranks, not this one)
+    /// and receives one from each (at most `max_len` bytes). Returns the payloads in the order
+    /// of `peers`. On failure the mesh becomes unusable and the error names `what`.
     pub(crate) fn exchange(
         &mut self,
         what: &str,
         tag: u32,
         payload: &[u8],
         max_len: usize,
+        peers: &[usize],
     ) -> Result<Vec<Vec<u8>>> {
         let frame = wire::encode_frame(FrameKind::Descriptor, tag, &self.check, payload);
-        let mut peers: Vec<ExchangePeer> = (0..self.size)
-            .filter(|p| *p != self.rank)
-            .map(|rank| ExchangePeer {
+        let mut peers: Vec<ExchangePeer> = peers
+            .iter()
+            .map(|&rank| ExchangePeer {
                 rank,
                 sent: 0,
                 header: [0; HEADER_LEN],
@@ -438,12 +439,7 @@ impl Mesh {
             }
         }
         result.map_err(|failure| self.fail(failure, what))?;
-        let mut out: Vec<Vec<u8>> = (0..self.size).map(|_| Vec::new()).collect();
-        out[self.rank] = payload.to_vec();
-        for p in peers {
-            out[p.rank] = p.body;
-        }
-        Ok(out)
+        Ok(peers.into_iter().map(|p| p.body).collect())
     }
 
     fn drive_exchange(

@@ -38,6 +38,10 @@ pub enum OpKind {
     Reducescatter = 5,
     /// `barrier`
     Barrier = 6,
+    /// Registering a process set (its members travel in `splits`).
+    AddProcessSet = 7,
+    /// Removing a process set (its id travels in `root`).
+    RemoveProcessSet = 8,
 }
 
 impl OpKind {
@@ -50,6 +54,8 @@ impl OpKind {
             4 => Some(OpKind::Alltoall),
             5 => Some(OpKind::Reducescatter),
             6 => Some(OpKind::Barrier),
+            7 => Some(OpKind::AddProcessSet),
+            8 => Some(OpKind::RemoveProcessSet),
             _ => None,
         }
     }
@@ -63,6 +69,8 @@ impl OpKind {
             OpKind::Alltoall => "alltoall",
             OpKind::Reducescatter => "reducescatter",
             OpKind::Barrier => "barrier",
+            OpKind::AddProcessSet => "add_process_set",
+            OpKind::RemoveProcessSet => "remove_process_set",
         }
     }
 }

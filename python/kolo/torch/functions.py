@@ -1,15 +1,27 @@
-"""Object-level collectives (Horovod's ``broadcast_object`` and ``allgather_object``)."""
+"""Whole-model helpers: Horovod's ``broadcast_parameters``, ``broadcast_optimizer_state``,
+``broadcast_object`` and ``allgather_object``."""
 
 from __future__ import annotations
 
 import io
+from collections.abc import Iterable
 from typing import Any, Optional
 
 import cloudpickle
 import torch
 
 from kolo import _core
-from kolo.torch.ops import allgather, broadcast_
+from kolo.torch.ops import allgather, broadcast_, broadcast_async_, synchronize
+
+
+def _process_set_kwargs(process_set: Any) -> dict[str, Any]:
+    """``process_set=`` for an op call, or nothing for the default (every rank)."""
+    return {} if process_set is None else {"process_set": process_set}
+
+
+def _process_set_included(process_set: Any) -> bool:
+    """Whether this rank belongs to ``process_set`` (``None`` means every rank)."""
+    return process_set is None or bool(process_set.included())
 
 
 def _to_bytes_tensor(obj: Any) -> torch.Tensor:
@@ -32,16 +44,17 @@ def broadcast_object(
         state = hvd.broadcast_object({"epoch": 3} if hvd.rank() == 0 else None, root_rank=0)
     """
     name = _core.op_name("broadcast_object", name)
+    ps = _process_set_kwargs(process_set)
     if _core.rank() == root_rank:
         payload = _to_bytes_tensor(obj)
         length = torch.tensor([payload.numel()], dtype=torch.int64)
-        broadcast_(length, root_rank, name=f"{name}.size", process_set=process_set)
-        broadcast_(payload, root_rank, name=f"{name}.data", process_set=process_set)
+        broadcast_(length, root_rank, name=f"{name}.size", **ps)
+        broadcast_(payload, root_rank, name=f"{name}.data", **ps)
         return obj
     length = torch.zeros(1, dtype=torch.int64)
-    broadcast_(length, root_rank, name=f"{name}.size", process_set=process_set)
+    broadcast_(length, root_rank, name=f"{name}.size", **ps)
     payload = torch.empty(int(length.item()), dtype=torch.uint8)
-    broadcast_(payload, root_rank, name=f"{name}.data", process_set=process_set)
+    broadcast_(payload, root_rank, name=f"{name}.data", **ps)
     return _from_bytes_tensor(payload)
 
 
@@ -53,16 +66,156 @@ def allgather_object(obj: Any, name: Optional[str] = None, process_set: Any = No
         hosts = hvd.allgather_object(socket.gethostname())
     """
     name = _core.op_name("allgather_object", name)
+    ps = _process_set_kwargs(process_set)
     payload = _to_bytes_tensor(obj)
     lengths = allgather(
-        torch.tensor([payload.numel()], dtype=torch.int64),
-        name=f"{name}.sizes",
-        process_set=process_set,
+        torch.tensor([payload.numel()], dtype=torch.int64), name=f"{name}.sizes", **ps
     )
-    gathered = allgather(payload, name=f"{name}.data", process_set=process_set)
+    gathered = allgather(payload, name=f"{name}.data", **ps)
     objects = []
     offset = 0
     for length in lengths.tolist():
         objects.append(_from_bytes_tensor(gathered[offset : offset + length]))
         offset += length
     return objects
+
+
+def broadcast_parameters(params: Any, root_rank: int, process_set: Any = None) -> None:
+    """Overwrites every rank's tensors with ``root_rank``'s, in place.
+
+    ``params`` is a ``model.state_dict()`` (or any dict of tensors), ``model.named_parameters()``
+    or ``model.parameters()``. All broadcasts are started at once and then awaited.
+
+    Example::
+
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    """
+    if isinstance(params, dict):
+        items = sorted(params.items())
+    elif isinstance(params, Iterable) and not isinstance(params, (str, bytes, torch.Tensor)):
+        items = [p if isinstance(p, tuple) else (None, p) for p in params]
+    else:
+        raise ValueError(
+            f"broadcast_parameters takes a dict of tensors (state_dict()) or a list of tensors "
+            f"or (name, tensor) pairs, got {type(params).__name__}"
+        )
+    ps = _process_set_kwargs(process_set)
+    handles = []
+    for name, tensor in items:
+        if not isinstance(tensor, torch.Tensor):
+            raise ValueError(
+                f"broadcast_parameters: {name or 'an entry'} is a {type(tensor).__name__}, "
+                "not a tensor; use broadcast_object for other values"
+            )
+        op_name = None if name is None else f"broadcast.{name}"
+        handles.append(broadcast_async_(tensor.detach(), root_rank, name=op_name, **ps))
+    for handle in handles:
+        synchronize(handle)
+
+
+def broadcast_optimizer_state(
+    optimizer: torch.optim.Optimizer, root_rank: int, process_set: Any = None
+) -> None:
+    """Makes every rank's optimizer state (hyperparameters and per-parameter state such as
+    momentum buffers) equal to ``root_rank``'s, in place.
+
+    An optimizer that has not stepped yet gets its state created first by a step with zero
+    gradients (as Horovod does); the parameters and gradients are restored afterwards. Works
+    for plain optimizers and for :func:`DistributedOptimizer` (that step does not communicate).
+
+    Example::
+
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    """
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise ValueError("cannot broadcast torch.optim.LBFGS state (its state is deeply nested)")
+    if not optimizer.state:
+        _create_state(optimizer)
+
+    # The root describes its state: plain values travel in this object, tensors are then
+    # broadcast in place into the matching tensors (created where a rank lacks them).
+    groups = optimizer.param_groups
+    description = None
+    if _core.rank() == root_rank:
+        description = {
+            "options": [{k: v for k, v in g.items() if k != "params"} for g in groups],
+            "state": [
+                [
+                    {
+                        key: (("tensor", tuple(v.shape), v.dtype) if torch.is_tensor(v) else v)
+                        for key, v in optimizer.state.get(p, {}).items()
+                    }
+                    for p in g["params"]
+                ]
+                for g in groups
+            ],
+        }
+    description = broadcast_object(
+        description, root_rank, name="broadcast_optimizer_state", process_set=process_set
+    )
+
+    mismatch = None
+    if len(description["state"]) != len(groups) or any(
+        len(root) != len(g["params"]) for root, g in zip(description["state"], groups)
+    ):
+        mismatch = (
+            f"rank {_core.rank()}'s optimizer has parameter groups of sizes "
+            f"{[len(g['params']) for g in groups]}, rank {root_rank}'s "
+            f"{[len(s) for s in description['state']]}; construct the same optimizer on every rank"
+        )
+    tensors: list[tuple[str, torch.Tensor]] = []
+    for gi, root_group in enumerate(description["state"]):
+        group_params = groups[gi]["params"] if gi < len(groups) else []
+        for pi, root_state in enumerate(root_group):
+            param = group_params[pi] if pi < len(group_params) else None
+            if param is not None and not root_state:
+                optimizer.state.pop(param, None)  # the root has no state for it either
+            state = optimizer.state[param] if param is not None and root_state else {}
+            for key in [k for k in state if k not in root_state]:
+                del state[key]
+            for key, value in root_state.items():
+                if isinstance(value, tuple) and len(value) == 3 and value[0] == "tensor":
+                    _, shape, dtype = value
+                    local = state.get(key)
+                    if not (
+                        torch.is_tensor(local)
+                        and tuple(local.shape) == shape
+                        and local.dtype == dtype
+                    ):
+                        device = param.device if param is not None and len(shape) else "cpu"
+                        local = torch.zeros(shape, dtype=dtype, device=device)
+                        state[key] = local
+                    tensors.append((f"optimizer.{gi}.{pi}.{key}", local))
+                else:
+                    state[key] = value
+    broadcast_parameters(tensors, root_rank, process_set=process_set)
+    if mismatch is not None:
+        raise ValueError(mismatch)
+    for group, options in zip(groups, description["options"]):
+        group.update(options)
+
+
+def _create_state(optimizer: torch.optim.Optimizer) -> None:
+    """Runs one step with zero gradients so the optimizer creates its per-parameter state,
+    then restores the parameters and gradients it had."""
+    from kolo.torch.optimizer import _DistributedOptimizerMixin
+
+    params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
+    saved = [(p, p.detach().clone(), p.grad) for p in params]
+    sparse = isinstance(optimizer, torch.optim.SparseAdam)
+    for p in params:
+        zeros = torch.zeros_like(p)
+        p.grad = zeros.to_sparse() if sparse else zeros
+    try:
+        if isinstance(optimizer, _DistributedOptimizerMixin):
+            with optimizer.skip_synchronize():
+                optimizer.step()
+        else:
+            optimizer.step()
+    finally:
+        with torch.no_grad():
+            for p, value, grad in saved:
+                p.copy_(value)
+                p.grad = grad

@@ -1,13 +1,17 @@
-"""Horovod's PyTorch collectives, running on kolo's Rust runtime.
+"""Horovod's PyTorch collectives, running on kolo's background engine.
 
-Every call is synchronous for now and releases the GIL while Rust works. CPU tensors are used
-in place where possible; CUDA tensors are staged through host memory (NCCL arrives with the GPU
-work). Ops are differentiable where Horovod's are.
+Every op is submitted to the engine and returns a handle at once (``*_async``); the engine
+agrees with the other ranks on what is ready, fuses small allreduces and runs them while
+Python goes on. ``synchronize(handle)`` waits (without the GIL) and returns the result; the
+synchronous ops are submit + synchronize. CPU tensors are used in place where possible; CUDA
+tensors are staged through host memory (NCCL arrives with the GPU work). Ops are
+differentiable where Horovod's are.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any, Optional, Union
 
 import torch
@@ -15,6 +19,7 @@ import torch
 from kolo import _core, _native
 from kolo._core import ReduceOp, resolve_op
 from kolo.exceptions import InvalidArgumentError
+from kolo.process_sets import ProcessSet, global_process_set, resolve
 from kolo.torch.compression import Compression
 
 _DTYPE_NAMES = {
@@ -77,13 +82,47 @@ def _write_back(target: torch.Tensor, staged: torch.Tensor) -> torch.Tensor:
     return target
 
 
-# --- raw (non-autograd) implementations -------------------------------------------------------
+# --- handles -------------------------------------------------------------------------------
 
 
-def _allreduce_inplace(
-    buf: torch.Tensor, name: str, op: ReduceOp, prescale: float, postscale: float
-) -> None:
-    _native.allreduce(
+class _Pending:
+    """What a handle keeps until it is synchronized: the native handles, the tensors the engine
+    works on (kept alive until then), and how to turn the native results into the answer."""
+
+    __slots__ = ("finish", "keep", "natives")
+
+    def __init__(self, natives: list[int], keep: Any, finish: Callable[[list[Any]], Any]) -> None:
+        self.natives = natives
+        self.keep = keep
+        self.finish = finish
+
+
+_pending: dict[int, _Pending] = {}
+_pending_lock = threading.Lock()
+
+
+def _register(natives: list[int], keep: Any, finish: Callable[[list[Any]], Any]) -> int:
+    handle = natives[0]
+    with _pending_lock:
+        _pending[handle] = _Pending(natives, keep, finish)
+    return handle
+
+
+def _submit(
+    kind: str,
+    name: str,
+    buf: torch.Tensor,
+    ps: ProcessSet,
+    *,
+    op: ReduceOp = _core.Sum,
+    prescale: float = 1.0,
+    postscale: float = 1.0,
+    root: int = 0,
+    splits: Sequence[int] = (),
+) -> int:
+    return _native.submit(
+        kind,
+        name,
         buf.data_ptr(),
         _nbytes(buf),
         list(buf.shape),
@@ -91,100 +130,393 @@ def _allreduce_inplace(
         op.name,
         float(prescale),
         float(postscale),
-        name,
+        int(root),
+        [int(s) for s in splits],
+        int(ps.process_set_id or 0),
     )
 
 
-def _allreduce(
-    tensor: torch.Tensor, name: str, op: ReduceOp, prescale: float, postscale: float
-) -> torch.Tensor:
+def poll(handle: int) -> bool:
+    """True when the op behind ``handle`` has finished (``synchronize`` will not block).
+
+    Example::
+
+        h = hvd.allreduce_async(torch.ones(3))
+        while not hvd.poll(h):
+            time.sleep(0.001)
+        out = hvd.synchronize(h)
+    """
+    with _pending_lock:
+        pending = _pending.get(handle)
+    if pending is None:
+        raise InvalidArgumentError(f"unknown or already synchronized handle {handle}")
+    return all(_native.poll(n) for n in pending.natives)
+
+
+def synchronize(handle: int) -> Any:
+    """Waits for the op behind ``handle`` and returns its result (a tensor; a list for grouped
+    ops; ``(output, received_splits)`` for alltoall).
+
+    Example::
+
+        h = hvd.allreduce_async_(grad)
+        hvd.synchronize(h)  # grad now holds the average
+    """
+    with _pending_lock:
+        pending = _pending.pop(handle, None)
+    if pending is None:
+        raise InvalidArgumentError(
+            f"unknown or already synchronized handle {handle}; each handle is synchronized once"
+        )
+    results: list[Any] = []
+    try:
+        for i, native in enumerate(pending.natives):
+            try:
+                results.append(_native.wait(native))
+            except KeyboardInterrupt:
+                # The ops keep running in the engine: keep their tensors alive.
+                pending.natives = pending.natives[i:]
+                with _pending_lock:
+                    _pending[handle] = pending
+                raise
+    except Exception:
+        for native in pending.natives[len(results) + 1 :]:
+            try:
+                _native.wait(native)
+            except Exception:
+                pass
+        raise
+    return pending.finish(results)
+
+
+def _from_bytes(data: bytearray, rows: int, like: torch.Tensor) -> torch.Tensor:
+    shape = (rows, *like.shape[1:])
+    if len(data) == 0:
+        return torch.empty(shape, dtype=like.dtype)
+    return torch.frombuffer(data, dtype=like.dtype).reshape(shape)
+
+
+def _world(ps: ProcessSet) -> int:
+    return len(ps.ranks) if ps.process_set_id != 0 else _core.size()
+
+
+# --- async ops (Horovod's names) ----------------------------------------------------------------
+
+
+def _allreduce_submit(
+    buf: torch.Tensor,
+    name: str,
+    op: ReduceOp,
+    prescale: float,
+    postscale: float,
+    ps: ProcessSet,
+) -> int:
+    return _submit("allreduce", name, buf, ps, op=op, prescale=prescale, postscale=postscale)
+
+
+def allreduce_async_(
+    tensor: torch.Tensor,
+    average: Optional[bool] = None,
+    name: Optional[str] = None,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: Any = global_process_set,
+) -> int:
+    """Starts an in-place allreduce of ``tensor`` (Average by default) and returns a handle;
+    ``synchronize(handle)`` returns ``tensor`` holding the result.
+
+    Example::
+
+        h = hvd.allreduce_async_(grad, name="grad.0")
+        ...  # overlap other work
+        hvd.synchronize(h)
+    """
+    _core.require_initialized()
+    ps = resolve(process_set)
+    reduce_op = resolve_op(op, average)
+    staged = _staged(tensor)
+    native = _allreduce_submit(
+        staged, _core.op_name("allreduce", name), reduce_op, prescale_factor, postscale_factor, ps
+    )
+    return _register([native], staged, lambda _: _write_back(tensor, staged))
+
+
+def allreduce_async(
+    tensor: torch.Tensor,
+    average: Optional[bool] = None,
+    name: Optional[str] = None,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: Any = global_process_set,
+) -> int:
+    """Starts an allreduce into a new tensor (the input is not modified); returns a handle.
+
+    Example::
+
+        h = hvd.allreduce_async(torch.ones(3), op=hvd.Sum)
+        total = hvd.synchronize(h)
+    """
+    _core.require_initialized()
+    ps = resolve(process_set)
+    reduce_op = resolve_op(op, average)
     out = _owned_copy(tensor)
-    _allreduce_inplace(out, name, op, prescale, postscale)
-    return _to_device(out, tensor)
+    native = _allreduce_submit(
+        out, _core.op_name("allreduce", name), reduce_op, prescale_factor, postscale_factor, ps
+    )
+    return _register([native], out, lambda _: _to_device(out, tensor))
 
 
-def _allgather(tensor: torch.Tensor, name: str) -> torch.Tensor:
+def _grouped_allreduce(
+    tensors: Sequence[torch.Tensor],
+    average: Optional[bool],
+    name: Optional[str],
+    op: Any,
+    prescale_factor: float,
+    postscale_factor: float,
+    process_set: Any,
+    in_place: bool,
+) -> int:
+    _core.require_initialized()
+    ps = resolve(process_set)
+    reduce_op = resolve_op(op, average)
+    tensors = list(tensors)
+    if not tensors:
+        raise InvalidArgumentError("grouped ops need at least one tensor")
+    base = _core.op_name("grouped_allreduce", name)
+    bufs = [_staged(t) if in_place else _owned_copy(t) for t in tensors]
+    natives = [
+        _allreduce_submit(b, f"{base}.{i}", reduce_op, prescale_factor, postscale_factor, ps)
+        for i, b in enumerate(bufs)
+    ]
+    if in_place:
+        return _register(
+            natives, bufs, lambda _: [_write_back(t, b) for t, b in zip(tensors, bufs)]
+        )
+    return _register(natives, bufs, lambda _: [_to_device(b, t) for t, b in zip(tensors, bufs)])
+
+
+def grouped_allreduce_async(
+    tensors: Sequence[torch.Tensor],
+    average: Optional[bool] = None,
+    name: Optional[str] = None,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: Any = global_process_set,
+) -> int:
+    """Starts allreduces of several tensors, fused by the engine; one handle for the list.
+
+    Example::
+
+        h = hvd.grouped_allreduce_async([w_grad, b_grad])
+        w_avg, b_avg = hvd.synchronize(h)
+    """
+    return _grouped_allreduce(
+        tensors, average, name, op, prescale_factor, postscale_factor, process_set, False
+    )
+
+
+def grouped_allreduce_async_(
+    tensors: Sequence[torch.Tensor],
+    average: Optional[bool] = None,
+    name: Optional[str] = None,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: Any = global_process_set,
+) -> int:
+    """In-place :func:`grouped_allreduce_async`.
+
+    Example::
+
+        hvd.synchronize(hvd.grouped_allreduce_async_([w_grad, b_grad]))
+    """
+    return _grouped_allreduce(
+        tensors, average, name, op, prescale_factor, postscale_factor, process_set, True
+    )
+
+
+def grouped_allreduce(
+    tensors: Sequence[torch.Tensor],
+    average: Optional[bool] = None,
+    name: Optional[str] = None,
+    compression: Any = Compression.none,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: Any = global_process_set,
+) -> list[torch.Tensor]:
+    """Allreduces several tensors as one fused operation; returns the results in order.
+
+    Example::
+
+        w_avg, b_avg = hvd.grouped_allreduce([w_grad, b_grad])
+    """
+    compressed = [compression.compress(t) for t in tensors]
+    handle = grouped_allreduce_async(
+        [c for c, _ in compressed],
+        average,
+        name,
+        op,
+        prescale_factor,
+        postscale_factor,
+        process_set,
+    )
+    return [compression.decompress(r, ctx) for r, (_, ctx) in zip(synchronize(handle), compressed)]
+
+
+def grouped_allreduce_(
+    tensors: Sequence[torch.Tensor],
+    average: Optional[bool] = None,
+    name: Optional[str] = None,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: Any = global_process_set,
+) -> list[torch.Tensor]:
+    """In-place :func:`grouped_allreduce`.
+
+    Example::
+
+        hvd.grouped_allreduce_([w_grad, b_grad])
+    """
+    return synchronize(
+        grouped_allreduce_async_(
+            tensors, average, name, op, prescale_factor, postscale_factor, process_set
+        )
+    )
+
+
+def _allgather_submit(tensor: torch.Tensor, name: str, ps: ProcessSet) -> tuple[int, Any, Any]:
     _require_dim(tensor, "allgather")
     src = _staged(tensor)
-    outputs: list[torch.Tensor] = []
+    native = _submit("allgather", name, src, ps)
 
-    def alloc(first_dims: list[int]) -> tuple[int, int]:
-        out = torch.empty((sum(first_dims), *src.shape[1:]), dtype=src.dtype)
-        outputs.append(out)
-        return out.data_ptr(), _nbytes(out)
+    def finish(result: Any) -> torch.Tensor:
+        data, rows = result
+        return _to_device(_from_bytes(data, sum(rows), src), tensor)
 
-    _native.allgather(src.data_ptr(), _nbytes(src), list(src.shape), _dtype_name(src), name, alloc)
-    return _to_device(outputs[0], tensor)
+    return native, src, finish
 
 
-def _broadcast_inplace(buf: torch.Tensor, root_rank: int, name: str) -> None:
-    _native.broadcast(
-        buf.data_ptr(), _nbytes(buf), list(buf.shape), _dtype_name(buf), int(root_rank), name
+def allgather_async(
+    tensor: torch.Tensor, name: Optional[str] = None, process_set: Any = global_process_set
+) -> int:
+    """Starts an allgather (concatenation along the first dimension, in rank order).
+
+    Example::
+
+        h = hvd.allgather_async(torch.ones(hvd.rank() + 1, 2))
+        rows = hvd.synchronize(h)
+    """
+    _core.require_initialized()
+    native, keep, finish = _allgather_submit(
+        tensor, _core.op_name("allgather", name), resolve(process_set)
+    )
+    return _register([native], keep, lambda results: finish(results[0]))
+
+
+def grouped_allgather_async(
+    tensors: Sequence[torch.Tensor],
+    name: Optional[str] = None,
+    process_set: Any = global_process_set,
+) -> int:
+    """Starts allgathers of several tensors; one handle for the list of results.
+
+    Example::
+
+        a, b = hvd.synchronize(hvd.grouped_allgather_async([x, y]))
+    """
+    _core.require_initialized()
+    ps = resolve(process_set)
+    base = _core.op_name("grouped_allgather", name)
+    parts = [_allgather_submit(t, f"{base}.{i}", ps) for i, t in enumerate(tensors)]
+    if not parts:
+        raise InvalidArgumentError("grouped ops need at least one tensor")
+    finishers = [f for _, _, f in parts]
+    return _register(
+        [n for n, _, _ in parts],
+        [k for _, k, _ in parts],
+        lambda results: [f(r) for f, r in zip(finishers, results)],
     )
 
 
-def _alltoall(
-    tensor: torch.Tensor, splits: Optional[list[int]], name: str
-) -> tuple[torch.Tensor, torch.Tensor]:
-    _require_dim(tensor, "alltoall")
-    src = _staged(tensor)
-    world = _core.size()
-    rows = src.shape[0]
-    if splits is None:
-        if rows % world != 0:
-            raise InvalidArgumentError(
-                f"alltoall without splits needs the first dimension ({rows}) to be divisible "
-                f"by the number of ranks ({world}); pass splits= to send uneven parts"
-            )
-        splits = [rows // world] * world
-    outputs: list[torch.Tensor] = []
+def grouped_allgather(
+    tensors: Sequence[torch.Tensor],
+    name: Optional[str] = None,
+    process_set: Any = global_process_set,
+) -> list[torch.Tensor]:
+    """Allgathers several tensors; returns the results in order.
 
-    def alloc(recv_splits: list[int]) -> tuple[int, int]:
-        out = torch.empty((sum(recv_splits), *src.shape[1:]), dtype=src.dtype)
-        outputs.append(out)
-        return out.data_ptr(), _nbytes(out)
+    Example::
 
-    received = _native.alltoall(
-        src.data_ptr(), _nbytes(src), list(src.shape), _dtype_name(src), splits, name, alloc
-    )
-    return _to_device(outputs[0], tensor), torch.tensor(received, dtype=torch.int32)
+        a, b = hvd.grouped_allgather([x, y])
+    """
+    return synchronize(grouped_allgather_async(tensors, name, process_set))
 
 
-def _reducescatter_rows(rows: int, world: int, rank: int) -> int:
-    return rows // world + (1 if rank < rows % world else 0)
+def _broadcast_submit(buf: torch.Tensor, root_rank: int, name: str, ps: ProcessSet) -> int:
+    return _submit("broadcast", name, buf, ps, root=int(root_rank))
 
 
-def _reducescatter(
-    tensor: torch.Tensor, name: str, op: ReduceOp, prescale: float, postscale: float
-) -> torch.Tensor:
-    _require_dim(tensor, "reducescatter")
-    src = _staged(tensor)
-    rows = _reducescatter_rows(src.shape[0], _core.size(), _core.rank())
-    out = torch.empty((rows, *src.shape[1:]), dtype=src.dtype)
-    _native.reducescatter(
-        src.data_ptr(),
-        _nbytes(src),
-        out.data_ptr(),
-        _nbytes(out),
-        list(src.shape),
-        _dtype_name(src),
-        op.name,
-        float(prescale),
-        float(postscale),
-        name,
-    )
-    return _to_device(out, tensor)
+def broadcast_async_(
+    tensor: torch.Tensor,
+    root_rank: int,
+    name: Optional[str] = None,
+    process_set: Any = global_process_set,
+) -> int:
+    """Starts an in-place broadcast from ``root_rank`` (a rank of the process set).
+
+    Example::
+
+        hvd.synchronize(hvd.broadcast_async_(param.data, root_rank=0))
+    """
+    _core.require_initialized()
+    ps = resolve(process_set)
+    staged = _staged(tensor)
+    native = _broadcast_submit(staged, root_rank, _core.op_name("broadcast", name), ps)
+    return _register([native], staged, lambda _: _write_back(tensor, staged))
 
 
-def _normalize_splits(splits: Any) -> Optional[list[int]]:
+def broadcast_async(
+    tensor: torch.Tensor,
+    root_rank: int,
+    name: Optional[str] = None,
+    process_set: Any = global_process_set,
+) -> int:
+    """Starts a broadcast from ``root_rank`` into a new tensor.
+
+    Example::
+
+        weights = hvd.synchronize(hvd.broadcast_async(weights, root_rank=0))
+    """
+    _core.require_initialized()
+    ps = resolve(process_set)
+    out = _owned_copy(tensor)
+    native = _broadcast_submit(out, root_rank, _core.op_name("broadcast", name), ps)
+    return _register([native], out, lambda _: _to_device(out, tensor))
+
+
+def _even_splits(rows: int, world: int) -> list[int]:
+    if rows % world != 0:
+        raise InvalidArgumentError(
+            f"alltoall without splits needs the first dimension ({rows}) to be divisible "
+            f"by the number of ranks ({world}); pass splits= to send uneven parts"
+        )
+    return [rows // world] * world
+
+
+def _normalize_splits(splits: Any, world: int) -> Optional[list[int]]:
     if splits is None:
         return None
     if isinstance(splits, torch.Tensor):
         splits = splits.tolist()
     values = [int(s) for s in splits]
-    if len(values) != _core.size():
+    if len(values) != world:
         raise InvalidArgumentError(
-            f"alltoall splits has {len(values)} entries but the job has {_core.size()} ranks; "
+            f"alltoall splits has {len(values)} entries but the process set has {world} ranks; "
             "give one row count per rank"
         )
     if any(v < 0 for v in values):
@@ -192,86 +524,295 @@ def _normalize_splits(splits: Any) -> Optional[list[int]]:
     return values
 
 
+def alltoall_async(
+    tensor: torch.Tensor,
+    splits: Union[Sequence[int], torch.Tensor, None] = None,
+    name: Optional[str] = None,
+    process_set: Any = global_process_set,
+) -> int:
+    """Starts an alltoall; ``synchronize`` returns ``(output, received_splits)``.
+
+    Example::
+
+        out, received = hvd.synchronize(hvd.alltoall_async(x, splits=[1, 3]))
+    """
+    _core.require_initialized()
+    ps = resolve(process_set)
+    _require_dim(tensor, "alltoall")
+    world = _world(ps)
+    src = _staged(tensor)
+    chosen = _normalize_splits(splits, world) or _even_splits(src.shape[0], world)
+    native = _submit("alltoall", _core.op_name("alltoall", name), src, ps, splits=chosen)
+
+    def finish(results: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        data, rows = results[0]
+        output = _to_device(_from_bytes(data, sum(rows), src), tensor)
+        return output, torch.tensor(rows, dtype=torch.int32)
+
+    return _register([native], src, finish)
+
+
+def _reducescatter_submit(
+    tensor: torch.Tensor,
+    name: str,
+    op: ReduceOp,
+    prescale: float,
+    postscale: float,
+    ps: ProcessSet,
+) -> tuple[int, Any, Any]:
+    _require_dim(tensor, "reducescatter")
+    src = _staged(tensor)
+    native = _submit("reducescatter", name, src, ps, op=op, prescale=prescale, postscale=postscale)
+    me = ps.rank() if ps.process_set_id != 0 else _core.rank()
+
+    def finish(result: Any) -> torch.Tensor:
+        data, rows = result
+        return _to_device(_from_bytes(data, rows[me], src), tensor)
+
+    return native, src, finish
+
+
+def reducescatter_async(
+    tensor: torch.Tensor,
+    name: Optional[str] = None,
+    op: Any = None,
+    process_set: Any = global_process_set,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> int:
+    """Starts a reducescatter (Average by default); ``synchronize`` returns this rank's rows.
+
+    Example::
+
+        part = hvd.synchronize(hvd.reducescatter_async(torch.ones(4, 2), op=hvd.Sum))
+    """
+    _core.require_initialized()
+    native, keep, finish = _reducescatter_submit(
+        tensor,
+        _core.op_name("reducescatter", name),
+        resolve_op(op, None),
+        prescale_factor,
+        postscale_factor,
+        resolve(process_set),
+    )
+    return _register([native], keep, lambda results: finish(results[0]))
+
+
+def grouped_reducescatter_async(
+    tensors: Sequence[torch.Tensor],
+    name: Optional[str] = None,
+    op: Any = None,
+    process_set: Any = global_process_set,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> int:
+    """Starts reducescatters of several tensors; one handle for the list of results.
+
+    Example::
+
+        a, b = hvd.synchronize(hvd.grouped_reducescatter_async([x, y], op=hvd.Sum))
+    """
+    _core.require_initialized()
+    ps = resolve(process_set)
+    reduce_op = resolve_op(op, None)
+    base = _core.op_name("grouped_reducescatter", name)
+    parts = [
+        _reducescatter_submit(t, f"{base}.{i}", reduce_op, prescale_factor, postscale_factor, ps)
+        for i, t in enumerate(tensors)
+    ]
+    if not parts:
+        raise InvalidArgumentError("grouped ops need at least one tensor")
+    finishers = [f for _, _, f in parts]
+    return _register(
+        [n for n, _, _ in parts],
+        [k for _, k, _ in parts],
+        lambda results: [f(r) for f, r in zip(finishers, results)],
+    )
+
+
+def grouped_reducescatter(
+    tensors: Sequence[torch.Tensor],
+    name: Optional[str] = None,
+    compression: Any = Compression.none,
+    op: Any = None,
+    process_set: Any = global_process_set,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> list[torch.Tensor]:
+    """Reducescatters several tensors; returns this rank's part of each.
+
+    Example::
+
+        a, b = hvd.grouped_reducescatter([x, y], op=hvd.Sum)
+    """
+    compressed = [compression.compress(t) for t in tensors]
+    handle = grouped_reducescatter_async(
+        [c for c, _ in compressed], name, op, process_set, prescale_factor, postscale_factor
+    )
+    return [compression.decompress(r, ctx) for r, (_, ctx) in zip(synchronize(handle), compressed)]
+
+
+def join(device: int = -1) -> int:
+    """Declares that this rank has no more data: until every rank joined, its engine takes part
+    in the other ranks' allreduces with zeros (the identity), so ranks with fewer batches do not
+    hang the others. Returns the last rank to join. ``device`` is accepted for Horovod
+    compatibility.
+
+    Example::
+
+        for batch in my_batches:   # ranks may have different numbers of batches
+            train_step(batch)
+        hvd.join()
+    """
+    _core.require_initialized()
+    return int(_native.wait(_native.join()))
+
+
+def barrier(process_set: Any = global_process_set) -> None:
+    """Blocks until every rank of the process set has called ``barrier()``.
+
+    Example::
+
+        hvd.barrier()
+    """
+    _core.require_initialized()
+    ps = resolve(process_set)
+    _native.wait(
+        _submit("barrier", _core.op_name("barrier", None), torch.empty(0, dtype=torch.uint8), ps)
+    )
+
+
+# --- raw synchronous implementations (autograd functions use these) --------------------------
+
+
+def _allreduce(
+    tensor: torch.Tensor,
+    name: str,
+    op: ReduceOp,
+    prescale: float,
+    postscale: float,
+    process_set: Any = global_process_set,
+) -> torch.Tensor:
+    return synchronize(allreduce_async(tensor, None, name, op, prescale, postscale, process_set))
+
+
+def _allgather(
+    tensor: torch.Tensor, name: str, process_set: Any = global_process_set
+) -> torch.Tensor:
+    return synchronize(allgather_async(tensor, name, process_set))
+
+
+def _alltoall(
+    tensor: torch.Tensor,
+    splits: Optional[list[int]],
+    name: str,
+    process_set: Any = global_process_set,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return synchronize(alltoall_async(tensor, splits, name, process_set))
+
+
+def _reducescatter(
+    tensor: torch.Tensor,
+    name: str,
+    op: ReduceOp,
+    prescale: float,
+    postscale: float,
+    process_set: Any = global_process_set,
+) -> torch.Tensor:
+    return synchronize(reducescatter_async(tensor, name, op, process_set, prescale, postscale))
+
+
 # --- autograd functions (Horovod's gradients) -------------------------------------------------
 
 
 class _AllreduceFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, name, op, prescale, postscale):  # type: ignore[override]
-        ctx.op, ctx.prescale, ctx.postscale = op, prescale, postscale
-        return _allreduce(tensor, name, op, prescale, postscale)
+    def forward(ctx, tensor, name, op, prescale, postscale, ps):  # type: ignore[override]
+        ctx.op, ctx.prescale, ctx.postscale, ctx.ps = op, prescale, postscale, ps
+        return _allreduce(tensor, name, op, prescale, postscale, ps)
 
     @staticmethod
     def backward(ctx, grad_output):  # type: ignore[override]
         grad = _allreduce(
-            grad_output, _core.op_name("allreduce.grad", None), ctx.op, ctx.prescale, ctx.postscale
+            grad_output,
+            _core.op_name("allreduce.grad", None),
+            ctx.op,
+            ctx.prescale,
+            ctx.postscale,
+            ctx.ps,
         )
-        return grad, None, None, None, None
+        return grad, None, None, None, None, None
 
 
 class _AllgatherFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, name):  # type: ignore[override]
+    def forward(ctx, tensor, name, ps):  # type: ignore[override]
         _require_dim(tensor, "allgather")
-        ctx.rows = tensor.shape[0]
-        return _allgather(tensor, name)
+        ctx.rows, ctx.ps = tensor.shape[0], ps
+        return _allgather(tensor, name, ps)
 
     @staticmethod
     def backward(ctx, grad_output):  # type: ignore[override]
-        grad = _allreduce(grad_output, _core.op_name("allgather.grad", None), _core.Sum, 1.0, 1.0)
-        rows = _allgather(
-            torch.tensor([ctx.rows], dtype=torch.int64), _core.op_name("allgather.grad", None)
+        grad = _allreduce(
+            grad_output, _core.op_name("allgather.grad", None), _core.Sum, 1.0, 1.0, ctx.ps
         )
-        offset = int(rows[: _core.rank()].sum().item())
-        return grad.narrow(0, offset, ctx.rows), None
+        rows = _allgather(
+            torch.tensor([ctx.rows], dtype=torch.int64),
+            _core.op_name("allgather.grad", None),
+            ctx.ps,
+        )
+        me = ctx.ps.rank() if ctx.ps.process_set_id != 0 else _core.rank()
+        offset = int(rows[:me].sum().item())
+        return grad.narrow(0, offset, ctx.rows), None, None
 
 
 class _BroadcastFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, root_rank, name):  # type: ignore[override]
-        ctx.root_rank = root_rank
-        out = _owned_copy(tensor)
-        _broadcast_inplace(out, root_rank, name)
-        return _to_device(out, tensor)
+    def forward(ctx, tensor, root_rank, name, ps):  # type: ignore[override]
+        ctx.root_rank, ctx.ps = root_rank, ps
+        return synchronize(broadcast_async(tensor, root_rank, name, ps))
 
     @staticmethod
     def backward(ctx, grad_output):  # type: ignore[override]
-        grad = _allreduce(grad_output, _core.op_name("broadcast.grad", None), _core.Sum, 1.0, 1.0)
-        if _core.rank() != ctx.root_rank:
+        grad = _allreduce(
+            grad_output, _core.op_name("broadcast.grad", None), _core.Sum, 1.0, 1.0, ctx.ps
+        )
+        me = ctx.ps.rank() if ctx.ps.process_set_id != 0 else _core.rank()
+        if me != ctx.root_rank:
             grad = grad * 0
-        return grad, None, None
+        return grad, None, None, None
 
 
 class _AlltoallFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, splits, name):  # type: ignore[override]
-        output, received = _alltoall(tensor, splits, name)
-        ctx.received = received.tolist()
+    def forward(ctx, tensor, splits, name, ps):  # type: ignore[override]
+        output, received = _alltoall(tensor, splits, name, ps)
+        ctx.received, ctx.ps = received.tolist(), ps
         ctx.mark_non_differentiable(received)
         return output, received
 
     @staticmethod
     def backward(ctx, grad_output, _grad_received):  # type: ignore[override]
-        grad, _ = _alltoall(grad_output, ctx.received, _core.op_name("alltoall.grad", None))
-        return grad, None, None
+        grad, _ = _alltoall(grad_output, ctx.received, _core.op_name("alltoall.grad", None), ctx.ps)
+        return grad, None, None, None
 
 
 class _ReducescatterFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, name, op, prescale, postscale):  # type: ignore[override]
-        ctx.op, ctx.prescale, ctx.postscale = op, prescale, postscale
-        return _reducescatter(tensor, name, op, prescale, postscale)
+    def forward(ctx, tensor, name, op, prescale, postscale, ps):  # type: ignore[override]
+        ctx.op, ctx.prescale, ctx.postscale, ctx.ps = op, prescale, postscale, ps
+        return _reducescatter(tensor, name, op, prescale, postscale, ps)
 
     @staticmethod
     def backward(ctx, grad_output):  # type: ignore[override]
-        grad = _allgather(grad_output, _core.op_name("reducescatter.grad", None))
+        grad = _allgather(grad_output, _core.op_name("reducescatter.grad", None), ctx.ps)
         scale = ctx.prescale * ctx.postscale
         if ctx.op == _core.Average:
-            scale /= _core.size()
-        return grad * scale if scale != 1.0 else grad, None, None, None, None
+            scale /= _world(ctx.ps)
+        return grad * scale if scale != 1.0 else grad, None, None, None, None, None
 
 
-# --- public API -------------------------------------------------------------------------------
+# --- public synchronous API -------------------------------------------------------------------
 
 
 def allreduce(
@@ -282,9 +823,9 @@ def allreduce(
     op: Any = None,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
-    process_set: Any = None,
+    process_set: Any = global_process_set,
 ) -> torch.Tensor:
-    """Reduces ``tensor`` across all ranks (Average by default); the input is not modified.
+    """Reduces ``tensor`` across the ranks (Average by default); the input is not modified.
 
     Differentiable: the gradient is allreduced the same way.
 
@@ -293,8 +834,8 @@ def allreduce(
         avg = hvd.allreduce(torch.tensor([float(hvd.rank())]))  # mean of the ranks
         total = hvd.allreduce(torch.ones(3), op=hvd.Sum)         # == hvd.size() * ones
     """
-    _check_process_set(process_set)
     _core.require_initialized()
+    ps = resolve(process_set)
     reduce_op = resolve_op(op, average)
     compressed, ctx = compression.compress(tensor)
     result = _AllreduceFn.apply(
@@ -303,6 +844,7 @@ def allreduce(
         reduce_op,
         prescale_factor,
         postscale_factor,
+        ps,
     )
     return compression.decompress(result, ctx)
 
@@ -314,7 +856,7 @@ def allreduce_(
     op: Any = None,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
-    process_set: Any = None,
+    process_set: Any = global_process_set,
 ) -> torch.Tensor:
     """In-place :func:`allreduce`: ``tensor`` receives the result and is returned.
 
@@ -323,18 +865,13 @@ def allreduce_(
         grad = torch.ones(4)
         hvd.allreduce_(grad, op=hvd.Sum)  # grad now holds size() in every element
     """
-    _check_process_set(process_set)
-    _core.require_initialized()
-    reduce_op = resolve_op(op, average)
-    staged = _staged(tensor)
-    _allreduce_inplace(
-        staged, _core.op_name("allreduce", name), reduce_op, prescale_factor, postscale_factor
+    return synchronize(
+        allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
     )
-    return _write_back(tensor, staged)
 
 
 def allgather(
-    tensor: torch.Tensor, name: Optional[str] = None, process_set: Any = None
+    tensor: torch.Tensor, name: Optional[str] = None, process_set: Any = global_process_set
 ) -> torch.Tensor:
     """Concatenates every rank's ``tensor`` along the first dimension, in rank order.
 
@@ -344,13 +881,15 @@ def allgather(
 
         rows = hvd.allgather(torch.full((hvd.rank() + 1, 2), hvd.rank()))
     """
-    _check_process_set(process_set)
     _core.require_initialized()
-    return _AllgatherFn.apply(tensor, _core.op_name("allgather", name))
+    return _AllgatherFn.apply(tensor, _core.op_name("allgather", name), resolve(process_set))
 
 
 def broadcast(
-    tensor: torch.Tensor, root_rank: int, name: Optional[str] = None, process_set: Any = None
+    tensor: torch.Tensor,
+    root_rank: int,
+    name: Optional[str] = None,
+    process_set: Any = global_process_set,
 ) -> torch.Tensor:
     """Returns ``root_rank``'s ``tensor`` on every rank; the input is not modified.
 
@@ -358,13 +897,17 @@ def broadcast(
 
         weights = hvd.broadcast(weights, root_rank=0)
     """
-    _check_process_set(process_set)
     _core.require_initialized()
-    return _BroadcastFn.apply(tensor, int(root_rank), _core.op_name("broadcast", name))
+    return _BroadcastFn.apply(
+        tensor, int(root_rank), _core.op_name("broadcast", name), resolve(process_set)
+    )
 
 
 def broadcast_(
-    tensor: torch.Tensor, root_rank: int, name: Optional[str] = None, process_set: Any = None
+    tensor: torch.Tensor,
+    root_rank: int,
+    name: Optional[str] = None,
+    process_set: Any = global_process_set,
 ) -> torch.Tensor:
     """In-place :func:`broadcast`: every rank's ``tensor`` receives ``root_rank``'s values.
 
@@ -372,18 +915,14 @@ def broadcast_(
 
         hvd.broadcast_(param.data, root_rank=0)
     """
-    _check_process_set(process_set)
-    _core.require_initialized()
-    staged = _staged(tensor)
-    _broadcast_inplace(staged, int(root_rank), _core.op_name("broadcast", name))
-    return _write_back(tensor, staged)
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
 
 
 def alltoall(
     tensor: torch.Tensor,
     splits: Union[Sequence[int], torch.Tensor, None] = None,
     name: Optional[str] = None,
-    process_set: Any = None,
+    process_set: Any = global_process_set,
 ) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """Sends ``splits[j]`` rows of ``tensor`` to rank ``j`` and gathers what every rank sent here.
 
@@ -394,10 +933,11 @@ def alltoall(
 
         out, received = hvd.alltoall(torch.arange(4.0), splits=[1, 3])  # on 2 ranks
     """
-    _check_process_set(process_set)
     _core.require_initialized()
-    normalized = _normalize_splits(splits)
-    output, received = _AlltoallFn.apply(tensor, normalized, _core.op_name("alltoall", name))
+    ps = resolve(process_set)
+    _require_dim(tensor, "alltoall")
+    normalized = _normalize_splits(splits, _world(ps))
+    output, received = _AlltoallFn.apply(tensor, normalized, _core.op_name("alltoall", name), ps)
     return output if splits is None else (output, received)
 
 
@@ -406,7 +946,7 @@ def reducescatter(
     name: Optional[str] = None,
     compression: Any = Compression.none,
     op: Any = None,
-    process_set: Any = None,
+    process_set: Any = global_process_set,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
 ) -> torch.Tensor:
@@ -418,8 +958,8 @@ def reducescatter(
 
         part = hvd.reducescatter(torch.ones(4, 2), op=hvd.Sum)  # 2 rows each on 2 ranks
     """
-    _check_process_set(process_set)
     _core.require_initialized()
+    ps = resolve(process_set)
     reduce_op = resolve_op(op, None)
     compressed, ctx = compression.compress(tensor)
     result = _ReducescatterFn.apply(
@@ -428,24 +968,6 @@ def reducescatter(
         reduce_op,
         prescale_factor,
         postscale_factor,
+        ps,
     )
     return compression.decompress(result, ctx)
-
-
-def barrier(process_set: Any = None) -> None:
-    """Blocks until every rank has called ``barrier()``.
-
-    Example::
-
-        hvd.barrier()
-    """
-    _check_process_set(process_set)
-    _core.require_initialized()
-    _native.barrier()
-
-
-def _check_process_set(process_set: Any) -> None:
-    if process_set is not None and getattr(process_set, "process_set_id", 0) != 0:
-        raise InvalidArgumentError(
-            "only the global process set exists in this kolo version; omit process_set="
-        )

@@ -1,0 +1,206 @@
+"""Synthetic training throughput with Horovod's PyTorch API, Horovod's benchmark output format.
+
+    kolorun -np 2 python bench/synthetic_benchmark.py [--model smallcnn] [--batch-size 32]
+        [--num-warmup-batches 10] [--num-batches-per-iter 10] [--num-iters 10] [--fp16-allreduce]
+
+Every rank trains the model on one fixed random batch (no data loading) with
+``hvd.DistributedOptimizer``, after ``hvd.broadcast_parameters`` and
+``hvd.broadcast_optimizer_state``; rank 0 prints the figures the way Horovod's
+``pytorch_synthetic_benchmark.py`` does (``Iter #k: X img/sec per CPU``,
+``Img/sec per CPU: M +-C``, ``Total img/sec on N CPU(s): T +-C``, C the 95% confidence
+half-width) and writes JSON to bench/results/ (or ``--json PATH``).
+
+Models: ``smallcnn`` (default: two conv layers and two linear ones on 3x32x32 images, quick on
+CPU) and ``mlp``; with torchvision installed, any ``torchvision.models`` name too (``resnet50``,
+on 224x224 images unless ``--image-size`` says otherwise). Each rank uses one CPU thread
+(``--num-threads``). ``--use-adasum`` is rejected: kolo has no Adasum.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import kolo
+import kolo.torch as hvd
+
+RESULTS = Path(__file__).resolve().parent / "results"
+BUILTIN_MODELS = ("smallcnn", "mlp")
+
+
+class SmallCNN(nn.Module):
+    """Two 3x3 conv layers with pooling, then two linear layers (about 0.5 M parameters)."""
+
+    def __init__(self, num_classes: int, image_size: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 32, 3, padding=1)
+        self.conv2 = nn.Conv2d(32, 64, 3, padding=1)
+        self.fc1 = nn.Linear(64 * (image_size // 4) ** 2, 128)
+        self.fc2 = nn.Linear(128, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc2(F.relu(self.fc1(torch.flatten(x, 1))))
+
+
+def build_model(name: str, num_classes: int, image_size: int) -> nn.Module:
+    if name == "smallcnn":
+        return SmallCNN(num_classes, image_size)
+    if name == "mlp":
+        return nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(3 * image_size * image_size, 512),
+            nn.ReLU(),
+            nn.Linear(512, 256),
+            nn.ReLU(),
+            nn.Linear(256, num_classes),
+        )
+    import torchvision.models  # checked in parse_args
+
+    return getattr(torchvision.models, name)(num_classes=num_classes)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", default="smallcnn", help="smallcnn, mlp or a torchvision name")
+    parser.add_argument("--batch-size", type=int, default=32, help="images per rank per batch")
+    parser.add_argument("--num-warmup-batches", type=int, default=10)
+    parser.add_argument("--num-batches-per-iter", type=int, default=10)
+    parser.add_argument("--num-iters", type=int, default=10)
+    parser.add_argument("--num-classes", type=int, default=None, help="default 10 or 1000")
+    parser.add_argument("--image-size", type=int, default=None, help="default 32 or 224")
+    parser.add_argument("--num-threads", type=int, default=1, help="torch threads per rank")
+    parser.add_argument(
+        "--fp16-allreduce", action="store_true", help="hvd.Compression.fp16 on the wire"
+    )
+    parser.add_argument("--use-adasum", action="store_true", help="not supported by kolo")
+    parser.add_argument("--json", type=Path, default=None, help="where rank 0 writes results")
+    args = parser.parse_args()
+    if args.use_adasum:
+        parser.error(
+            "--use-adasum: kolo does not support Adasum (hvd.Adasum); run without it to "
+            "average gradients (hvd.Average)"
+        )
+    for flag in ("batch_size", "num_batches_per_iter", "num_iters", "num_threads"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be at least 1")
+    if args.num_warmup_batches < 0:
+        parser.error("--num-warmup-batches must be 0 or more")
+    torchvision_model = args.model not in BUILTIN_MODELS
+    if torchvision_model:
+        try:
+            import torchvision.models
+        except ImportError:
+            parser.error(
+                f"--model {args.model}: torchvision is not installed; use one of "
+                f"{', '.join(BUILTIN_MODELS)}"
+            )
+        if not callable(getattr(torchvision.models, args.model, None)):
+            parser.error(f"--model {args.model}: not a model in torchvision.models")
+    if args.num_classes is None:
+        args.num_classes = 1000 if torchvision_model else 10
+    if args.image_size is None:
+        args.image_size = 224 if torchvision_model else 32
+    if args.model == "smallcnn" and args.image_size % 4:
+        parser.error("--image-size must be a multiple of 4 for smallcnn")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    hvd.init()
+    torch.set_num_threads(args.num_threads)
+    torch.manual_seed(0)
+    rank, size = hvd.rank(), hvd.size()
+
+    model = build_model(args.model, args.num_classes, args.image_size)
+    # Horovod scales the learning rate by the number of ranks.
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * size, momentum=0.9)
+    compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
+    optimizer = hvd.DistributedOptimizer(
+        optimizer,
+        named_parameters=model.named_parameters(),
+        compression=compression,
+        op=hvd.Average,
+    )
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+
+    data = torch.randn(args.batch_size, 3, args.image_size, args.image_size)
+    target = torch.randint(0, args.num_classes, (args.batch_size,))
+
+    def train_batch() -> None:
+        optimizer.zero_grad()
+        F.cross_entropy(model(data), target).backward()
+        optimizer.step()
+
+    def log(text: str) -> None:
+        if rank == 0:
+            print(text, flush=True)
+
+    log(f"Model: {args.model}")
+    log(f"Batch size: {args.batch_size}")
+    log(f"Number of CPUs: {size}")
+    log("Running warmup...")
+    for _ in range(args.num_warmup_batches):
+        train_batch()
+    log("Running benchmark...")
+    img_secs = []
+    for iteration in range(args.num_iters):
+        start = time.perf_counter()
+        for _ in range(args.num_batches_per_iter):
+            train_batch()
+        elapsed = time.perf_counter() - start
+        img_sec = args.batch_size * args.num_batches_per_iter / elapsed
+        log(f"Iter #{iteration}: {img_sec:.1f} img/sec per CPU")
+        img_secs.append(img_sec)
+
+    mean = statistics.mean(img_secs)
+    conf = 1.96 * statistics.pstdev(img_secs)
+    log(f"Img/sec per CPU: {mean:.1f} +-{conf:.1f}")
+    log(f"Total img/sec on {size} CPU(s): {size * mean:.1f} +-{size * conf:.1f}")
+
+    if rank == 0:
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        out = args.json or RESULTS / f"synthetic_benchmark-{stamp}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(
+            json.dumps(
+                {
+                    "bench": "synthetic_benchmark",
+                    "kolo_version": kolo.__version__,
+                    "torch_version": torch.__version__,
+                    "host": platform.node(),
+                    "cpus": os.cpu_count(),
+                    "ranks": size,
+                    "model": args.model,
+                    "batch_size": args.batch_size,
+                    "image_size": args.image_size,
+                    "fp16_allreduce": args.fp16_allreduce,
+                    "img_sec_per_rank": img_secs,
+                    "img_sec_per_rank_mean": mean,
+                    "img_sec_per_rank_conf95": conf,
+                    "img_sec_total": size * mean,
+                },
+                indent=2,
+            )
+        )
+        print(f"wrote {out}", flush=True)
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()

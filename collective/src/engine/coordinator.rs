@@ -1,0 +1,454 @@
+//! Agreement on what runs. Every member of a process set sees every member's
+//! [`CycleMessage`] each cycle and runs the same deterministic decision on them, so all ranks
+//! reach the same [`Decision`] without a second round trip: which tensors are now submitted
+//! everywhere (or by every rank that has not joined), in which order, and which disagree.
+//! Rank 0's copy also feeds the stall inspector.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use super::cache::ResponseCache;
+use super::message::{CycleMessage, FLAG_JOINED, FLAG_SHUTDOWN, FLAG_STALL_ABORT};
+use crate::collectives::{difference, label};
+use crate::wire::{OpDescriptor, OpKind};
+
+/// What one agreed entry does.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Response {
+    /// Run the collective: every member's descriptor (joined members get one that contributes
+    /// nothing). `cached`: agreed through the cache bits alone.
+    Run {
+        descs: Vec<OpDescriptor>,
+        cached: bool,
+    },
+    /// The ranks disagree (or the op cannot run now): fail it everywhere.
+    Fail { name: String, message: String },
+    /// Stalled past the shutdown time: fail it everywhere with a timeout.
+    Stalled { name: String, message: String },
+    /// Every member has joined; `last` joined last.
+    Join { last: usize },
+}
+
+/// The outcome of one cycle, identical on every member.
+#[derive(Debug, Default)]
+pub(crate) struct Decision {
+    pub responses: Vec<Response>,
+    /// A member asked to shut down (the lowest such rank).
+    pub shutdown_by: Option<usize>,
+}
+
+#[derive(Debug)]
+struct Pending {
+    seq: u64,
+    descs: Vec<Option<OpDescriptor>>,
+    since: Instant,
+    /// Every rank so far sent only its cache bit (no full descriptor).
+    from_bits: bool,
+}
+
+/// One process set's agreement state (the same on every member).
+#[derive(Debug)]
+pub(crate) struct Coordinator {
+    size: usize,
+    pub(crate) cache: ResponseCache,
+    table: HashMap<String, Pending>,
+    next_seq: u64,
+    joined: Vec<bool>,
+    last_joined: usize,
+}
+
+impl Coordinator {
+    pub(crate) fn new(size: usize, cache_capacity: usize) -> Self {
+        Coordinator {
+            size,
+            cache: ResponseCache::new(cache_capacity),
+            table: HashMap::new(),
+            next_seq: 0,
+            joined: vec![false; size],
+            last_joined: 0,
+        }
+    }
+
+    /// Decides the cycle from every member's message (indexed by group rank).
+    pub(crate) fn decide(&mut self, msgs: &[CycleMessage], now: Instant) -> Decision {
+        let mut decision = Decision {
+            shutdown_by: msgs.iter().position(|m| m.has(FLAG_SHUTDOWN)),
+            ..Decision::default()
+        };
+        let newly: Vec<usize> = (0..self.size)
+            .filter(|&r| msgs[r].has(FLAG_JOINED) && !self.joined[r])
+            .collect();
+        for &r in &newly {
+            self.joined[r] = true;
+        }
+        if let Some(&last) = newly.last() {
+            self.last_joined = last;
+        }
+
+        // Cache bits: those every active member sent run at once; the rest wait in the table.
+        let active: Vec<usize> = (0..self.size).filter(|&r| !self.joined[r]).collect();
+        let mut counts: HashMap<usize, usize> = HashMap::new();
+        for &r in &active {
+            for bit in msgs[r].bit_indices() {
+                *counts.entry(bit).or_default() += 1;
+            }
+        }
+        let mut everywhere: Vec<usize> = counts
+            .iter()
+            .filter(|&(&bit, &n)| {
+                n == active.len()
+                    && self
+                        .cache
+                        .get(bit)
+                        .is_some_and(|d| !self.table.contains_key(&d.name))
+            })
+            .map(|(&bit, _)| bit)
+            .collect();
+        everywhere.sort_unstable();
+        for (r, msg) in msgs.iter().enumerate() {
+            for bit in msg.bit_indices() {
+                if everywhere.binary_search(&bit).is_err() {
+                    if let Some(desc) = self.cache.get(bit).cloned() {
+                        self.insert(r, desc, now, true);
+                    }
+                }
+            }
+        }
+        let mut runs: Vec<(OpDescriptor, Option<usize>)> = Vec::new();
+        for &bit in &everywhere {
+            if let Some(desc) = self.cache.get(bit) {
+                runs.push((desc.clone(), Some(bit)));
+            }
+        }
+        for (desc, bit) in runs {
+            let descs = vec![Some(desc); self.size];
+            decision.responses.push(self.finish(descs, bit));
+        }
+
+        for (r, msg) in msgs.iter().enumerate() {
+            for desc in &msg.requests {
+                self.insert(r, desc.clone(), now, false);
+            }
+        }
+        let mut ready: Vec<(u64, String)> = self
+            .table
+            .iter()
+            .filter(|(_, p)| {
+                p.descs
+                    .iter()
+                    .zip(&self.joined)
+                    .all(|(d, &joined)| d.is_some() || joined)
+            })
+            .map(|(name, p)| (p.seq, name.clone()))
+            .collect();
+        ready.sort_unstable();
+        for (_, name) in ready {
+            if let Some(pending) = self.table.remove(&name) {
+                let response = self.finish(pending.descs, None);
+                decision.responses.push(match response {
+                    Response::Run { descs, .. } => Response::Run {
+                        descs,
+                        cached: pending.from_bits,
+                    },
+                    other => other,
+                });
+            }
+        }
+
+        if msgs.first().is_some_and(|m| m.has(FLAG_STALL_ABORT)) {
+            let report = self.stall_report(now, Duration::ZERO);
+            for (name, missing) in report {
+                self.table.remove(&name);
+                decision.responses.push(Response::Stalled {
+                    message: format!(
+                        "'{name}' was given up by the stall inspector: ranks {missing:?} never submitted it \
+                         (KOLO_STALL_SHUTDOWN_TIME_SECONDS); check that every rank runs the same collectives"
+                    ),
+                    name,
+                });
+            }
+        }
+        if self.joined.iter().all(|&j| j) {
+            decision.responses.push(Response::Join {
+                last: self.last_joined,
+            });
+            self.joined.iter_mut().for_each(|j| *j = false);
+        }
+        decision
+    }
+
+    fn insert(&mut self, rank: usize, desc: OpDescriptor, now: Instant, from_bit: bool) {
+        let size = self.size;
+        let seq = &mut self.next_seq;
+        let pending = self.table.entry(desc.name.clone()).or_insert_with(|| {
+            *seq += 1;
+            Pending {
+                seq: *seq,
+                descs: vec![None; size],
+                since: now,
+                from_bits: true,
+            }
+        });
+        pending.from_bits &= from_bit;
+        pending.descs[rank] = Some(desc);
+    }
+
+    /// Turns the descriptors of an entry that every active member submitted into its
+    /// response, and records it in the cache.
+    fn finish(&mut self, descs: Vec<Option<OpDescriptor>>, bit: Option<usize>) -> Response {
+        let Some((first, reference)) = descs
+            .iter()
+            .enumerate()
+            .find_map(|(r, d)| d.clone().map(|d| (r, d)))
+        else {
+            return Response::Fail {
+                name: String::new(),
+                message: "an entry without descriptors (this is a bug in kolo)".into(),
+            };
+        };
+        let name = reference.name.clone();
+        let what = label(reference.kind, &name);
+        for (j, d) in descs.iter().enumerate() {
+            let Some(d) = d else { continue };
+            let mut message = difference(&reference, first, d, j);
+            let member_list = matches!(
+                reference.kind,
+                OpKind::AddProcessSet | OpKind::RemoveProcessSet
+            );
+            if message.is_none() && member_list && d.splits != reference.splits {
+                message = Some(format!(
+                    "{what}: rank {first} passes {:?} but rank {j} passes {:?}; every rank must pass the same \
+                     process set",
+                    reference.splits, d.splits
+                ));
+            }
+            if let Some(message) = message {
+                return Response::Fail { name, message };
+            }
+        }
+        let joined: Vec<usize> = (0..self.size)
+            .filter(|&r| descs[r].is_none() && self.joined[r])
+            .collect();
+        if !joined.is_empty() {
+            let allowed = matches!(
+                reference.kind,
+                OpKind::Allreduce | OpKind::Allgather | OpKind::Broadcast | OpKind::Barrier
+            );
+            if !allowed {
+                return Response::Fail {
+                    name,
+                    message: format!(
+                        "{what} cannot run while ranks {joined:?} have joined (hvd.join()); only allreduce, \
+                         allgather, broadcast and barrier can"
+                    ),
+                };
+            }
+            if reference.kind == OpKind::Broadcast && joined.contains(&(reference.root as usize)) {
+                return Response::Fail {
+                    name,
+                    message: format!(
+                        "{what}: its root rank {} has joined (hvd.join()) and has no data to broadcast",
+                        reference.root
+                    ),
+                };
+            }
+        }
+        let all: Vec<OpDescriptor> = descs
+            .into_iter()
+            .map(|d| {
+                d.unwrap_or_else(|| {
+                    let mut stand_in = reference.clone();
+                    if stand_in.kind == OpKind::Allgather {
+                        if let Some(rows) = stand_in.shape.first_mut() {
+                            *rows = 0;
+                        }
+                    }
+                    stand_in
+                })
+            })
+            .collect();
+        match bit {
+            Some(bit) => self.cache.touch(bit),
+            None if all.iter().all(|d| *d == all[0]) => self.cache.put(&all[0]),
+            None => {}
+        }
+        Response::Run {
+            descs: all,
+            cached: bit.is_some(),
+        }
+    }
+
+    /// Entries waiting longer than `older_than`, with the ranks that have not submitted them,
+    /// oldest first.
+    pub(crate) fn stall_report(
+        &self,
+        now: Instant,
+        older_than: Duration,
+    ) -> Vec<(String, Vec<usize>)> {
+        let mut stalled: Vec<(u64, String, Vec<usize>)> = self
+            .table
+            .iter()
+            .filter(|(_, p)| now.saturating_duration_since(p.since) >= older_than)
+            .map(|(name, p)| {
+                let missing = (0..self.size)
+                    .filter(|&r| p.descs[r].is_none() && !self.joined[r])
+                    .collect();
+                (p.seq, name.clone(), missing)
+            })
+            .collect();
+        stalled.sort_unstable();
+        stalled.into_iter().map(|(_, n, m)| (n, m)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::{DType, ReduceOp};
+
+    fn desc(name: &str, len: i64) -> OpDescriptor {
+        OpDescriptor {
+            dtype: DType::F32,
+            shape: vec![len],
+            op: Some(ReduceOp::Sum),
+            ..OpDescriptor::new(OpKind::Allreduce, name)
+        }
+    }
+
+    fn full(descs: &[OpDescriptor]) -> CycleMessage {
+        CycleMessage {
+            requests: descs.to_vec(),
+            ..CycleMessage::default()
+        }
+    }
+
+    fn names(d: &Decision) -> Vec<String> {
+        d.responses
+            .iter()
+            .map(|r| match r {
+                Response::Run { descs, .. } => descs[0].name.clone(),
+                Response::Fail { name, .. } | Response::Stalled { name, .. } => format!("!{name}"),
+                Response::Join { last } => format!("join{last}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn runs_what_every_rank_submitted_in_submission_order() {
+        let mut c = Coordinator::new(2, 8);
+        let now = Instant::now();
+        let d = c.decide(
+            &[full(&[desc("a", 1), desc("b", 1)]), full(&[desc("b", 1)])],
+            now,
+        );
+        assert_eq!(names(&d), ["b"]);
+        let d = c.decide(&[full(&[]), full(&[desc("a", 1)])], now);
+        assert_eq!(names(&d), ["a"]);
+    }
+
+    #[test]
+    fn cached_tensors_agree_through_bits() {
+        let mut c = Coordinator::new(2, 8);
+        let now = Instant::now();
+        c.decide(&[full(&[desc("a", 1)]), full(&[desc("a", 1)])], now);
+        let bit = c.cache.lookup(&desc("a", 1)).expect("cached after running");
+        let mut m = CycleMessage::default();
+        m.set_bit(bit);
+        let d = c.decide(&[m.clone(), m.clone()], now);
+        assert!(matches!(
+            &d.responses[..],
+            [Response::Run { cached: true, .. }]
+        ));
+        // A bit from one rank waits for the other's.
+        assert!(c
+            .decide(&[m.clone(), CycleMessage::default()], now)
+            .responses
+            .is_empty());
+        let d = c.decide(&[CycleMessage::default(), m], now);
+        assert!(matches!(
+            &d.responses[..],
+            [Response::Run { cached: false, .. }]
+        ));
+    }
+
+    #[test]
+    fn a_changed_shape_against_a_cached_one_is_a_mismatch_on_every_rank() {
+        let mut c = Coordinator::new(2, 8);
+        let now = Instant::now();
+        c.decide(&[full(&[desc("a", 1)]), full(&[desc("a", 1)])], now);
+        let mut bits = CycleMessage::default();
+        bits.set_bit(c.cache.lookup(&desc("a", 1)).unwrap());
+        let d = c.decide(&[bits, full(&[desc("a", 2)])], now);
+        match &d.responses[..] {
+            [Response::Fail { message, .. }] => {
+                assert!(message.contains("rank 0 has float32 [1] but rank 1 has float32 [2]"))
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn joined_ranks_count_as_ready_and_join_completes_when_all_joined() {
+        let mut c = Coordinator::new(3, 0);
+        let now = Instant::now();
+        let joined = CycleMessage {
+            flags: FLAG_JOINED,
+            ..CycleMessage::default()
+        };
+        let d = c.decide(
+            &[full(&[desc("a", 4)]), joined.clone(), full(&[desc("a", 4)])],
+            now,
+        );
+        assert_eq!(names(&d), ["a"]);
+        let gather = OpDescriptor {
+            shape: vec![3, 2],
+            ..OpDescriptor::new(OpKind::Allgather, "g")
+        };
+        let d = c.decide(
+            &[
+                full(std::slice::from_ref(&gather)),
+                joined.clone(),
+                joined.clone(),
+            ],
+            now,
+        );
+        match &d.responses[..] {
+            [Response::Run { descs, .. }] => assert_eq!(descs[1].shape, vec![0, 2]),
+            other => panic!("{other:?}"),
+        }
+        let scatter = OpDescriptor {
+            shape: vec![3],
+            op: Some(ReduceOp::Sum),
+            ..OpDescriptor::new(OpKind::Reducescatter, "r")
+        };
+        assert_eq!(
+            names(&c.decide(&[full(&[scatter]), joined.clone(), joined.clone()], now)),
+            ["!r"]
+        );
+        let d = c.decide(&[joined.clone(), joined.clone(), joined], now);
+        assert_eq!(names(&d), ["join0"], "rank 0 joined last");
+    }
+
+    #[test]
+    fn the_stall_report_names_missing_ranks_and_abort_fails_them() {
+        let mut c = Coordinator::new(3, 0);
+        let start = Instant::now();
+        c.decide(
+            &[full(&[desc("x", 1)]), full(&[]), full(&[desc("x", 1)])],
+            start,
+        );
+        let later = start + Duration::from_secs(5);
+        assert_eq!(
+            c.stall_report(later, Duration::from_secs(2)),
+            vec![("x".to_owned(), vec![1])]
+        );
+        assert!(c.stall_report(later, Duration::from_secs(10)).is_empty());
+        let abort = CycleMessage {
+            flags: FLAG_STALL_ABORT,
+            ..CycleMessage::default()
+        };
+        let d = c.decide(&[abort, full(&[]), full(&[])], later);
+        assert_eq!(names(&d), ["!x"]);
+        assert!(c.stall_report(later, Duration::ZERO).is_empty());
+    }
+}

@@ -1,0 +1,462 @@
+//! Running a cycle's agreed responses on one process set: fusion planning, copying into and
+//! out of the fusion buffer, the collectives themselves, and completing handles.
+
+use std::collections::HashMap;
+
+use super::coordinator::Response;
+use super::handles::Handles;
+use super::request::{Output, Submission};
+use super::stats::Stats;
+use super::timeline::Timeline;
+use crate::collectives::allreduce::Reduction;
+use crate::collectives::{self, reducescatter_rows, row_bytes, AlignedBuf, Session};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::reduce;
+use crate::wire::{OpDescriptor, OpKind};
+
+/// A submitted op waiting for its response on this rank.
+#[derive(Debug)]
+pub(crate) struct Local {
+    pub handle: u64,
+    pub sub: Submission,
+}
+
+/// A change to the set of process sets, agreed on the global set.
+#[derive(Debug, PartialEq)]
+pub(crate) enum SetAction {
+    /// Register a set with these members; complete `handle` (if this rank submitted it) with
+    /// the new id.
+    Add {
+        members: Vec<usize>,
+        handle: Option<u64>,
+    },
+    /// Remove set `id`.
+    Remove { id: u32 },
+}
+
+/// What executing needs besides the session.
+pub(crate) struct Executor<'e> {
+    pub handles: &'e Handles,
+    pub stats: &'e Stats,
+    pub timeline: &'e Timeline,
+    pub fusion: &'e mut AlignedBuf,
+    pub fusion_threshold: usize,
+}
+
+/// Bytes of the tensor `desc` describes (0 if it does not fit).
+fn tensor_bytes(desc: &OpDescriptor) -> usize {
+    let elements = desc
+        .shape
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(usize::try_from(d).ok()?));
+    elements
+        .and_then(|n| n.checked_mul(desc.dtype.size()))
+        .unwrap_or(0)
+}
+
+/// Groups the responses into batches run as one collective: allreduces with the same dtype,
+/// op and scale factors are fused up to `threshold` bytes (0: no fusion); everything else
+/// runs alone. Returns indices into `responses`, batches in first-appearance order.
+pub(crate) fn plan_batches(responses: &[Response], threshold: usize) -> Vec<Vec<usize>> {
+    type Key = (DType, Option<crate::dtype::ReduceOp>, u64, u64);
+    let mut batches: Vec<(Vec<usize>, usize)> = Vec::new();
+    let mut open: HashMap<Key, usize> = HashMap::new();
+    for (i, response) in responses.iter().enumerate() {
+        let fusible = match response {
+            Response::Run { descs, .. } if descs[0].kind == OpKind::Allreduce => {
+                let d = &descs[0];
+                let bytes = tensor_bytes(d);
+                (threshold > 0 && bytes <= threshold).then(|| {
+                    let key = (d.dtype, d.op, d.prescale.to_bits(), d.postscale.to_bits());
+                    (key, bytes)
+                })
+            }
+            _ => None,
+        };
+        let Some((key, bytes)) = fusible else {
+            batches.push((vec![i], 0));
+            continue;
+        };
+        match open.get(&key) {
+            Some(&b) if batches[b].1 + bytes <= threshold => {
+                batches[b].0.push(i);
+                batches[b].1 += bytes;
+            }
+            _ => {
+                open.insert(key, batches.len());
+                batches.push((vec![i], bytes));
+            }
+        }
+    }
+    batches.into_iter().map(|(b, _)| b).collect()
+}
+
+impl Executor<'_> {
+    /// Runs `responses` (this cycle's, for the set `session` now acts for) and completes the
+    /// handles in `pending`. Returns the process-set changes to apply. An error is fatal: the
+    /// data plane failed.
+    pub(crate) fn run(
+        &mut self,
+        session: &mut Session,
+        responses: Vec<Response>,
+        pending: &mut HashMap<String, Local>,
+        join: &mut Option<u64>,
+    ) -> Result<Vec<SetAction>> {
+        let mut actions = Vec::new();
+        let batches = plan_batches(&responses, self.fusion_threshold);
+        let mut slots: Vec<Option<Response>> = responses.into_iter().map(Some).collect();
+        for batch in batches {
+            let items: Vec<Response> = batch.iter().filter_map(|&i| slots[i].take()).collect();
+            if items.len() > 1 {
+                self.fused_allreduce(session, items, pending)?;
+                continue;
+            }
+            let Some(item) = items.into_iter().next() else {
+                continue;
+            };
+            match item {
+                Response::Run { descs, cached } => {
+                    let name = descs[0].name.clone();
+                    let local = pending.remove(&name);
+                    self.count(local.is_some(), cached);
+                    if let Some(action) = self.run_one(session, descs, local)? {
+                        actions.push(action);
+                    }
+                }
+                Response::Fail { name, message } => {
+                    self.count(pending.contains_key(&name), false);
+                    if let Some(local) = pending.remove(&name) {
+                        self.timeline_end(&local.sub.name);
+                        self.handles
+                            .complete(local.handle, Err(Error::Mismatch(message)));
+                    }
+                }
+                Response::Stalled { name, message } => {
+                    if let Some(local) = pending.remove(&name) {
+                        self.timeline_end(&local.sub.name);
+                        let error = Error::Timeout {
+                            what: message,
+                            after: std::time::Duration::ZERO,
+                        };
+                        self.handles.complete(local.handle, Err(error));
+                    }
+                }
+                Response::Join { last } => {
+                    if let Some(handle) = join.take() {
+                        self.handles.complete(handle, Ok(Output::LastJoined(last)));
+                    }
+                }
+            }
+        }
+        Ok(actions)
+    }
+
+    fn count(&self, local: bool, cached: bool) {
+        if local {
+            self.stats.negotiated(cached);
+        }
+    }
+
+    fn timeline_end(&self, name: &str) {
+        if self.timeline.is_on() {
+            self.timeline.negotiate_end(name);
+        }
+    }
+
+    /// Runs one agreed collective. A joined rank (no `local`) takes part with a stand-in.
+    fn run_one(
+        &mut self,
+        session: &mut Session,
+        descs: Vec<OpDescriptor>,
+        local: Option<Local>,
+    ) -> Result<Option<SetAction>> {
+        let me = session.rank;
+        let desc = descs[me].clone();
+        let kind = desc.kind;
+        let name = desc.name.clone();
+        let on = self.timeline.is_on() && local.is_some();
+        if on {
+            self.timeline.negotiate_end(&name);
+            self.timeline.start_op(&name, kind);
+            self.timeline
+                .activity_start(&name, &format!("TCP_{}", kind.name().to_uppercase()));
+        }
+        let handle = local.as_ref().map(|l| l.handle);
+        let moves_data = !matches!(
+            kind,
+            OpKind::Barrier | OpKind::AddProcessSet | OpKind::RemoveProcessSet
+        );
+        if moves_data && session.size > 1 {
+            session.set_agreed(descs.clone());
+        }
+        let mut action = None;
+        let result = match kind {
+            OpKind::Allreduce => {
+                let reduction = reduction_of(&desc);
+                let mut stand_in = Vec::new();
+                let buf = match &local {
+                    // SAFETY: the submitter handed this memory to the engine until completion.
+                    Some(l) => unsafe { l.sub.tensor.bytes() },
+                    None => {
+                        stand_in.resize(tensor_bytes(&desc), 0);
+                        reduce::fill_identity(desc.dtype, reduction.op, &mut stand_in);
+                        &mut stand_in[..]
+                    }
+                };
+                collectives::allreduce(session, &name, buf, &desc.shape, desc.dtype, reduction)
+                    .map(|()| Output::Done)
+            }
+            OpKind::Broadcast => {
+                let mut stand_in = Vec::new();
+                let buf = match &local {
+                    // SAFETY: as above.
+                    Some(l) => unsafe { l.sub.tensor.bytes() },
+                    None => {
+                        stand_in.resize(tensor_bytes(&desc), 0);
+                        &mut stand_in[..]
+                    }
+                };
+                collectives::broadcast(
+                    session,
+                    &name,
+                    buf,
+                    &desc.shape,
+                    desc.dtype,
+                    desc.root as usize,
+                )
+                .map(|()| Output::Done)
+            }
+            OpKind::Allgather => {
+                // SAFETY: as above.
+                let input: &[u8] = local
+                    .as_ref()
+                    .map_or(&[], |l| unsafe { l.sub.tensor.bytes() });
+                let row = row_bytes(&desc.shape, desc.dtype).map_err(Error::InvalidArgument)?;
+                let mut data = Vec::new();
+                let out = &mut data;
+                collectives::allgather(
+                    session,
+                    &name,
+                    input,
+                    &desc.shape,
+                    desc.dtype,
+                    move |rows| {
+                        out.resize(rows.iter().sum::<u64>() as usize * row, 0);
+                        Ok(&mut out[..])
+                    },
+                )
+                .map(|rows| Output::Tensor { data, rows })
+            }
+            OpKind::Alltoall => {
+                // SAFETY: as above.
+                let input: &[u8] = local
+                    .as_ref()
+                    .map_or(&[], |l| unsafe { l.sub.tensor.bytes() });
+                let row = row_bytes(&desc.shape, desc.dtype).map_err(Error::InvalidArgument)?;
+                let mut data = Vec::new();
+                let out = &mut data;
+                collectives::alltoall(
+                    session,
+                    &name,
+                    input,
+                    &desc.shape,
+                    desc.dtype,
+                    &desc.splits,
+                    move |rows| {
+                        out.resize(rows.iter().sum::<u64>() as usize * row, 0);
+                        Ok(&mut out[..])
+                    },
+                )
+                .map(|rows| Output::Tensor { data, rows })
+            }
+            OpKind::Reducescatter => {
+                // SAFETY: as above.
+                let input: &[u8] = local
+                    .as_ref()
+                    .map_or(&[], |l| unsafe { l.sub.tensor.bytes() });
+                let row = row_bytes(&desc.shape, desc.dtype).map_err(Error::InvalidArgument)?;
+                let rows =
+                    reducescatter_rows(desc.shape.first().map_or(0, |&r| r as u64), session.size);
+                let mut data = vec![0u8; rows[me] as usize * row];
+                collectives::reducescatter(
+                    session,
+                    &name,
+                    input,
+                    &mut data,
+                    &desc.shape,
+                    desc.dtype,
+                    reduction_of(&desc),
+                )
+                .map(|()| Output::Tensor { data, rows })
+            }
+            OpKind::Barrier => Ok(Output::Done),
+            OpKind::AddProcessSet => {
+                action = Some(SetAction::Add {
+                    members: desc.splits.iter().map(|&m| m as usize).collect(),
+                    handle,
+                });
+                Ok(Output::Done)
+            }
+            OpKind::RemoveProcessSet => {
+                action = Some(SetAction::Remove { id: desc.root });
+                Ok(Output::Done)
+            }
+        };
+        if on {
+            self.timeline.activity_end(&name);
+            self.timeline.end_op(&name);
+        }
+        if moves_data {
+            self.stats.ran(1);
+        }
+        match result {
+            Ok(output) => {
+                // add_process_set completes once the engine registered the set.
+                if let (Some(handle), false) =
+                    (handle, matches!(action, Some(SetAction::Add { .. })))
+                {
+                    self.handles.complete(handle, Ok(output));
+                }
+                Ok(action)
+            }
+            Err(error) => {
+                if let Some(handle) = handle {
+                    self.handles.complete(handle, Err(error.replicate()));
+                }
+                Err(error)
+            }
+        }
+    }
+
+    /// Runs several allreduces as one through the fusion buffer.
+    fn fused_allreduce(
+        &mut self,
+        session: &mut Session,
+        items: Vec<Response>,
+        pending: &mut HashMap<String, Local>,
+    ) -> Result<()> {
+        let mut parts: Vec<(OpDescriptor, Option<Local>, usize)> = Vec::with_capacity(items.len());
+        let mut total = 0usize;
+        for item in items {
+            if let Response::Run { mut descs, cached } = item {
+                let desc = descs.swap_remove(session.rank);
+                let local = pending.remove(&desc.name);
+                self.count(local.is_some(), cached);
+                let bytes = tensor_bytes(&desc);
+                parts.push((desc, local, total));
+                total += bytes;
+            }
+        }
+        let Some((first, _, _)) = parts.first() else {
+            return Ok(());
+        };
+        let (dtype, reduction) = (first.dtype, reduction_of(first));
+        let name = format!("fused.{}.{}", first.name, parts.len());
+        let on = self.timeline.is_on();
+        let buf = self.fusion.get(total);
+        for (desc, local, at) in &parts {
+            let dst = &mut buf[*at..*at + tensor_bytes(desc)];
+            match local {
+                Some(l) => {
+                    if on {
+                        self.timeline.negotiate_end(&desc.name);
+                        self.timeline.start_op(&desc.name, OpKind::Allreduce);
+                        self.timeline
+                            .activity_start(&desc.name, "MEMCPY_IN_FUSION_BUFFER");
+                    }
+                    // SAFETY: the submitter handed this memory to the engine until completion.
+                    dst.copy_from_slice(unsafe { l.sub.tensor.bytes() });
+                    if on {
+                        self.timeline.activity_end(&desc.name);
+                        self.timeline.activity_start(&desc.name, "TCP_ALLREDUCE");
+                    }
+                }
+                None => reduce::fill_identity(dtype, reduction.op, dst),
+            }
+        }
+        let elements = (total / dtype.size()) as i64;
+        let fused = OpDescriptor {
+            dtype,
+            shape: vec![elements],
+            op: Some(reduction.op),
+            prescale: reduction.prescale,
+            postscale: reduction.postscale,
+            ..OpDescriptor::new(OpKind::Allreduce, &name)
+        };
+        if session.size > 1 {
+            session.set_agreed(vec![fused; session.size]);
+        }
+        let result = collectives::allreduce(session, &name, buf, &[elements], dtype, reduction);
+        self.stats.ran(parts.len());
+        for (desc, local, at) in parts {
+            let Some(local) = local else { continue };
+            let outcome = match &result {
+                Ok(()) => {
+                    if on {
+                        self.timeline.activity_end(&desc.name);
+                        self.timeline
+                            .activity_start(&desc.name, "MEMCPY_OUT_FUSION_BUFFER");
+                    }
+                    let src = &buf[at..at + tensor_bytes(&desc)];
+                    // SAFETY: as above.
+                    unsafe { local.sub.tensor.bytes() }.copy_from_slice(src);
+                    if on {
+                        self.timeline.activity_end(&desc.name);
+                        self.timeline.end_op(&desc.name);
+                    }
+                    Ok(Output::Done)
+                }
+                Err(e) => Err(e.replicate()),
+            };
+            self.handles.complete(local.handle, outcome);
+        }
+        self.fusion.trim(self.fusion_threshold.max(64 << 20));
+        result
+    }
+}
+
+fn reduction_of(desc: &OpDescriptor) -> Reduction {
+    Reduction {
+        op: desc.op.unwrap_or(crate::dtype::ReduceOp::Sum),
+        prescale: desc.prescale,
+        postscale: desc.postscale,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::ReduceOp;
+
+    fn run(name: &str, dtype: DType, len: i64, op: ReduceOp) -> Response {
+        Response::Run {
+            descs: vec![OpDescriptor {
+                dtype,
+                shape: vec![len],
+                op: Some(op),
+                ..OpDescriptor::new(OpKind::Allreduce, name)
+            }],
+            cached: false,
+        }
+    }
+
+    #[test]
+    fn fuses_compatible_allreduces_up_to_the_threshold() {
+        let responses = vec![
+            run("a", DType::F32, 10, ReduceOp::Sum),
+            run("b", DType::F64, 10, ReduceOp::Sum),
+            run("c", DType::F32, 10, ReduceOp::Sum),
+            run("d", DType::F32, 10, ReduceOp::Average),
+            run("e", DType::F32, 10, ReduceOp::Sum),
+            Response::Join { last: 0 },
+            run("big", DType::F32, 1000, ReduceOp::Sum),
+        ];
+        assert_eq!(
+            plan_batches(&responses, 80),
+            vec![vec![0, 2], vec![1], vec![3], vec![4], vec![5], vec![6]]
+        );
+        assert_eq!(plan_batches(&responses, 0).len(), responses.len());
+        assert_eq!(plan_batches(&responses, 1 << 20)[0], vec![0, 2, 4, 6]);
+    }
+}

@@ -1,0 +1,175 @@
+//! The message every member of a process set sends every other member once per cycle: flags,
+//! the response-cache bits of the tensors it submitted since the last cycle, and the full
+//! descriptors of those the cache does not know.
+
+use crate::wire::{FrameError, FrameKind, OpDescriptor};
+
+fn malformed(what: String) -> FrameError {
+    FrameError::Malformed {
+        kind: FrameKind::Descriptor,
+        what,
+    }
+}
+
+/// This rank has joined (it has no more data and contributes identities).
+pub(crate) const FLAG_JOINED: u8 = 1;
+/// This rank is shutting down the engine; every rank stops after this cycle.
+pub(crate) const FLAG_SHUTDOWN: u8 = 2;
+/// Rank 0's stall inspector gave up on the tensors waiting in the table: fail them everywhere.
+pub(crate) const FLAG_STALL_ABORT: u8 = 4;
+const KNOWN_FLAGS: u8 = FLAG_JOINED | FLAG_SHUTDOWN | FLAG_STALL_ABORT;
+
+/// Largest encoded message accepted from a peer.
+pub(crate) const MAX_MESSAGE_LEN: usize = 256 << 20;
+
+/// One rank's message for one cycle.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub(crate) struct CycleMessage {
+    pub flags: u8,
+    /// Cache bits, 64 per word (bit `b` is word `b / 64`, bit `b % 64`).
+    pub bits: Vec<u64>,
+    /// Descriptors of submitted tensors the cache does not hold.
+    pub requests: Vec<OpDescriptor>,
+}
+
+impl CycleMessage {
+    pub(crate) fn has(&self, flag: u8) -> bool {
+        self.flags & flag != 0
+    }
+
+    /// Sets cache bit `bit`.
+    pub(crate) fn set_bit(&mut self, bit: usize) {
+        let word = bit / 64;
+        if self.bits.len() <= word {
+            self.bits.resize(word + 1, 0);
+        }
+        self.bits[word] |= 1 << (bit % 64);
+    }
+
+    /// The set cache bits, ascending.
+    pub(crate) fn bit_indices(&self) -> impl Iterator<Item = usize> + '_ {
+        self.bits.iter().enumerate().flat_map(|(w, &word)| {
+            (0..64)
+                .filter(move |b| word & (1u64 << b) != 0)
+                .map(move |b| w * 64 + b)
+        })
+    }
+
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(16 + 8 * self.bits.len() + 64 * self.requests.len());
+        out.push(self.flags);
+        out.extend_from_slice(&(self.bits.len() as u32).to_le_bytes());
+        for word in &self.bits {
+            out.extend_from_slice(&word.to_le_bytes());
+        }
+        out.extend_from_slice(&(self.requests.len() as u32).to_le_bytes());
+        for desc in &self.requests {
+            let bytes = desc.encode();
+            out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+            out.extend_from_slice(&bytes);
+        }
+        out
+    }
+
+    /// Decodes a message from a job of `world` ranks whose cache has `capacity` entries.
+    pub(crate) fn decode(
+        bytes: &[u8],
+        world: usize,
+        capacity: usize,
+    ) -> Result<CycleMessage, FrameError> {
+        let mut rest = bytes;
+        let mut take = |n: usize| -> Result<&[u8], FrameError> {
+            if rest.len() < n {
+                return Err(malformed(format!(
+                    "cycle message ends early ({} bytes left, {n} needed)",
+                    rest.len()
+                )));
+            }
+            let (head, tail) = rest.split_at(n);
+            rest = tail;
+            Ok(head)
+        };
+        let u32_at = |b: &[u8]| u32::from_le_bytes(b.try_into().unwrap_or_default()) as usize;
+        let flags = take(1)?[0];
+        if flags & !KNOWN_FLAGS != 0 {
+            return Err(malformed(format!("unknown cycle flags {flags:#04x}")));
+        }
+        let words = u32_at(take(4)?);
+        if words > capacity.div_ceil(64) {
+            return Err(malformed(format!(
+                "{words} cache words for a cache of {capacity} entries"
+            )));
+        }
+        let bits = (0..words)
+            .map(|_| take(8).map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default())))
+            .collect::<Result<Vec<_>, _>>()?;
+        let count = u32_at(take(4)?);
+        let mut requests = Vec::with_capacity(count.min(4096));
+        for _ in 0..count {
+            let len = u32_at(take(4)?);
+            requests.push(OpDescriptor::decode(take(len)?, world)?);
+        }
+        if !rest.is_empty() {
+            return Err(malformed(format!(
+                "{} trailing bytes after a cycle message",
+                rest.len()
+            )));
+        }
+        Ok(CycleMessage {
+            flags,
+            bits,
+            requests,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::{DType, ReduceOp};
+    use crate::wire::OpKind;
+    use proptest::prelude::*;
+
+    fn desc(name: String, dims: Vec<i64>) -> OpDescriptor {
+        OpDescriptor {
+            dtype: DType::F32,
+            shape: dims,
+            op: Some(ReduceOp::Average),
+            ..OpDescriptor::new(OpKind::Allreduce, &name)
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn round_trips(flags in 0u8..8, bits in proptest::collection::vec(0usize..200, 0..20),
+                       names in proptest::collection::vec("[a-z.0-9]{0,12}", 0..5),
+                       dims in proptest::collection::vec(0i64..1000, 0..4)) {
+            let mut m = CycleMessage { flags, ..Default::default() };
+            for b in &bits { m.set_bit(*b); }
+            m.requests = names.into_iter().map(|n| desc(n, dims.clone())).collect();
+            let decoded = CycleMessage::decode(&m.encode(), 4, 256).unwrap();
+            prop_assert_eq!(&decoded, &m);
+            let mut want: Vec<usize> = bits.clone();
+            want.sort_unstable();
+            want.dedup();
+            prop_assert_eq!(decoded.bit_indices().collect::<Vec<_>>(), want);
+        }
+
+        #[test]
+        fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let _ = CycleMessage::decode(&bytes, 4, 1024);
+        }
+    }
+
+    #[test]
+    fn rejects_too_many_cache_words_and_unknown_flags() {
+        let mut m = CycleMessage::default();
+        m.set_bit(200);
+        assert!(CycleMessage::decode(&m.encode(), 2, 64).is_err());
+        let bad = CycleMessage {
+            flags: 64,
+            ..Default::default()
+        };
+        assert!(CycleMessage::decode(&bad.encode(), 2, 64).is_err());
+    }
+}

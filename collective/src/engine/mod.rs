@@ -1,0 +1,625 @@
+//! The background engine: one thread per process that agrees with the other ranks on which
+//! submitted tensors are ready, fuses small allreduces, and runs the collectives, so callers
+//! submit ops and get handles at once (Horovod's design).
+//!
+//! Each cycle (every [`EngineConfig::cycle_time`]) the thread takes the ops submitted since the
+//! last cycle and, for every process set this rank belongs to (in id order, the same on every
+//! rank), sends each member one [`message::CycleMessage`]: response-cache bits for tensors
+//! that ran before with the same arguments, full descriptors for the others. Every member runs
+//! the same [`coordinator::Coordinator`] on the same messages, so all reach the same decision —
+//! which tensors are now submitted everywhere, in which order, which disagree — without a
+//! second round trip. The agreed allreduces are fused by dtype and op up to the fusion
+//! threshold and run; handles complete. Group rank 0 also runs the stall inspector and, on
+//! global rank 0, the [`timeline::Timeline`].
+
+mod cache;
+pub mod config;
+mod coordinator;
+mod execute;
+mod handles;
+mod message;
+pub mod request;
+mod stats;
+pub mod timeline;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::collectives::allgather::check_first_dim;
+use crate::collectives::alltoall::check_splits;
+use crate::collectives::{check_tensor, AlignedBuf, Group, Session};
+use crate::communicator::Communicator;
+use crate::error::{Error, Result};
+use crate::reduce;
+use crate::wire::OpKind;
+pub use config::EngineConfig;
+use coordinator::Coordinator;
+use execute::{Executor, Local, SetAction};
+use handles::Handles;
+use message::{CycleMessage, FLAG_JOINED, FLAG_SHUTDOWN, FLAG_STALL_ABORT, MAX_MESSAGE_LEN};
+pub use request::{Output, RawTensor, Submission};
+use stats::Stats;
+use timeline::Timeline;
+
+/// How long [`Engine::shutdown`] waits for the other ranks to agree before closing anyway.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+#[derive(Debug)]
+enum Item {
+    Op(u64, Submission),
+    Join(u64, u32),
+}
+
+#[derive(Debug, Default)]
+struct Inbox {
+    items: Vec<Item>,
+    shutdown: bool,
+}
+
+#[derive(Debug)]
+struct Shared {
+    comm: Arc<Communicator>,
+    config: EngineConfig,
+    handles: Handles,
+    inbox: Mutex<Inbox>,
+    stats: Stats,
+    timeline: Timeline,
+    /// Members (global ranks) of every registered process set.
+    sets: Mutex<BTreeMap<u32, Vec<usize>>>,
+    /// Why the engine stopped, once it did.
+    stopped: Mutex<Option<Error>>,
+    /// Counts add_process_set calls, to name them alike on every rank.
+    set_ops: Mutex<u64>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The engine of one process. Dropping it shuts it down.
+#[derive(Debug)]
+pub struct Engine {
+    shared: Arc<Shared>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Engine {
+    /// Starts the engine thread over `comm`, which it then uses exclusively.
+    pub fn start(comm: Arc<Communicator>, config: EngineConfig) -> Result<Engine> {
+        let info = comm.info().clone();
+        let timeline = Timeline::new();
+        if let (Some(path), 0) = (&config.timeline, info.rank) {
+            timeline.start(path, config.timeline_mark_cycles)?;
+        }
+        let mut sets = BTreeMap::new();
+        sets.insert(0, (0..info.size).collect());
+        let shared = Arc::new(Shared {
+            comm,
+            config,
+            handles: Handles::default(),
+            inbox: Mutex::new(Inbox::default()),
+            stats: Stats::default(),
+            timeline,
+            sets: Mutex::new(sets),
+            stopped: Mutex::new(None),
+            set_ops: Mutex::new(0),
+        });
+        let worker = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name("kolo-engine".into())
+            .spawn(move || worker.run())
+            .map_err(Error::Io)?;
+        Ok(Engine {
+            shared,
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    /// The engine's settings.
+    pub fn config(&self) -> &EngineConfig {
+        &self.shared.config
+    }
+
+    /// Submits `sub` and returns its handle at once. Invalid arguments fail here, before any
+    /// other rank is involved.
+    pub fn submit(&self, sub: Submission) -> Result<u64> {
+        self.check_running()?;
+        let members = self.members(sub.process_set)?;
+        let me = self.shared.comm.info().rank;
+        if !members.contains(&me) {
+            return Err(Error::InvalidArgument(format!(
+                "rank {me} is not in process set {} (ranks {members:?}); only its members may run collectives on it",
+                sub.process_set
+            )));
+        }
+        validate(&sub, members.len())?;
+        let handle = self.shared.handles.open(sub.process_set, &sub.name)?;
+        lock(&self.shared.inbox).items.push(Item::Op(handle, sub));
+        Ok(handle)
+    }
+
+    /// Submits this rank's join on the global set: from now on it contributes identities to
+    /// the others' allreduces; the handle completes with [`Output::LastJoined`] once every rank
+    /// joined.
+    pub fn join(&self) -> Result<u64> {
+        self.check_running()?;
+        let handle = self.shared.handles.open(0, "")?;
+        lock(&self.shared.inbox).items.push(Item::Join(handle, 0));
+        Ok(handle)
+    }
+
+    /// Registers a process set of `members` (global ranks) on every rank; every rank must call
+    /// it alike. `initializing`: part of `init` (allowed without dynamic process sets). The
+    /// handle completes with [`Output::ProcessSet`].
+    pub fn add_process_set(&self, members: &[usize], initializing: bool) -> Result<u64> {
+        self.require_dynamic(initializing, "add_process_set")?;
+        let size = self.shared.comm.info().size;
+        let mut sorted = members.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        if sorted.is_empty() || sorted.len() != members.len() || sorted[sorted.len() - 1] >= size {
+            return Err(Error::InvalidArgument(format!(
+                "a process set needs distinct ranks between 0 and {} (the job has {size}); got {members:?}",
+                size - 1
+            )));
+        }
+        if let Some((id, _)) = lock(&self.shared.sets).iter().find(|(_, m)| **m == sorted) {
+            return Err(Error::InvalidArgument(format!(
+                "process set {id} already has ranks {sorted:?}; a set can be registered once"
+            )));
+        }
+        let name = self.set_op_name("add");
+        let mut sub = Submission::new(OpKind::AddProcessSet, &name);
+        sub.splits = sorted.iter().map(|&r| r as u64).collect();
+        self.submit(sub)
+    }
+
+    /// Removes process set `id` on every rank (every rank must call it alike).
+    pub fn remove_process_set(&self, id: u32) -> Result<u64> {
+        self.require_dynamic(false, "remove_process_set")?;
+        if id == 0 {
+            return Err(Error::InvalidArgument(
+                "the global process set (id 0) cannot be removed".into(),
+            ));
+        }
+        self.members(id)?;
+        let name = self.set_op_name("remove");
+        let mut sub = Submission::new(OpKind::RemoveProcessSet, &name);
+        sub.root = id as usize;
+        self.submit(sub)
+    }
+
+    /// The members (global ranks) of process set `id`.
+    pub fn members(&self, id: u32) -> Result<Vec<usize>> {
+        lock(&self.shared.sets).get(&id).cloned().ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "process set {id} does not exist (it was never added, or was removed)"
+            ))
+        })
+    }
+
+    /// Every registered process set: id and members.
+    pub fn process_sets(&self) -> Vec<(u32, Vec<usize>)> {
+        lock(&self.shared.sets)
+            .iter()
+            .map(|(id, m)| (*id, m.clone()))
+            .collect()
+    }
+
+    /// True once `handle` completed.
+    pub fn poll(&self, handle: u64) -> Result<bool> {
+        self.shared.handles.poll(handle)
+    }
+
+    /// Waits up to `timeout` for `handle`: its result (the handle is then consumed), or `None`
+    /// while it is still running.
+    pub fn wait(&self, handle: u64, timeout: Duration) -> Option<Result<Output>> {
+        self.shared.handles.wait(handle, timeout)
+    }
+
+    /// Forgets `handle` without waiting (its memory must stay valid until the op completes
+    /// anyway).
+    pub fn release(&self, handle: u64) {
+        self.shared.handles.release(handle);
+    }
+
+    /// The counters: cycles, tensors, collectives, fused_tensors, cache_hits, cache_misses,
+    /// negotiation_ns, negotiated_tensors.
+    pub fn stats(&self) -> Vec<(&'static str, u64)> {
+        self.shared.stats.snapshot()
+    }
+
+    /// Starts writing the timeline to `path` (rank 0 only; other ranks ignore it).
+    pub fn start_timeline(&self, path: &Path, mark_cycles: bool) -> Result<()> {
+        if self.shared.comm.info().rank == 0 {
+            self.shared.timeline.start(path, mark_cycles)?;
+        }
+        Ok(())
+    }
+
+    /// Stops the timeline and completes its file.
+    pub fn stop_timeline(&self) -> Result<()> {
+        self.shared.timeline.stop()
+    }
+
+    /// Stops the engine: tells the other ranks (their engines stop too, failing what they
+    /// still wait for), waits up to 10 s for that cycle, fails what is left here.
+    pub fn shutdown(&self) {
+        lock(&self.shared.inbox).shutdown = true;
+        let Some(thread) = lock(&self.thread).take() else {
+            return;
+        };
+        let deadline = Instant::now() + SHUTDOWN_GRACE;
+        while !thread.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        if !thread.is_finished() {
+            log::warn!("the engine did not stop within {SHUTDOWN_GRACE:?}; closing the data plane");
+            self.shared.comm.shutdown();
+        }
+        if thread.join().is_err() {
+            log::error!("the engine thread panicked");
+        }
+        self.shared.stop(Error::Closed(
+            "kolo was shut down on this rank; call init() again to run more collectives".into(),
+        ));
+        if let Err(e) = self.shared.timeline.stop() {
+            log::warn!("could not complete the timeline file: {e}");
+        }
+    }
+
+    fn check_running(&self) -> Result<()> {
+        match &*lock(&self.shared.stopped) {
+            Some(error) => Err(error.replicate()),
+            None => Ok(()),
+        }
+    }
+
+    fn require_dynamic(&self, initializing: bool, what: &str) -> Result<()> {
+        if initializing || self.shared.config.dynamic_process_sets {
+            return Ok(());
+        }
+        Err(Error::Config(format!(
+            "{what} after init needs dynamic process sets: set KOLO_DYNAMIC_PROCESS_SETS=1 (or \
+             HOROVOD_DYNAMIC_PROCESS_SETS=1) on every rank, or pass the sets to init(process_sets=...)"
+        )))
+    }
+
+    fn set_op_name(&self, what: &str) -> String {
+        let mut n = lock(&self.shared.set_ops);
+        *n += 1;
+        format!("kolo.{what}_process_set.{n}")
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// Checks a submission's arguments against its process set of `size` ranks.
+fn validate(sub: &Submission, size: usize) -> Result<()> {
+    let kind = sub.kind;
+    let what = crate::collectives::label(kind, &sub.name);
+    let len = sub.tensor.len();
+    let check = match kind {
+        OpKind::Allreduce => check_tensor(&sub.name, len, &sub.shape, sub.dtype, "input")
+            .and_then(|()| reduce::check_reduction(sub.dtype, sub.op, sub.prescale, sub.postscale)),
+        OpKind::Reducescatter => check_first_dim(&sub.shape)
+            .and_then(|()| check_tensor(&sub.name, len, &sub.shape, sub.dtype, "input"))
+            .and_then(|()| reduce::check_reduction(sub.dtype, sub.op, sub.prescale, sub.postscale)),
+        OpKind::Broadcast => {
+            if sub.root >= size {
+                Err(format!(
+                    "root rank {} is out of range; the process set has {size} ranks (0 to {})",
+                    sub.root,
+                    size - 1
+                ))
+            } else {
+                check_tensor(&sub.name, len, &sub.shape, sub.dtype, "tensor")
+            }
+        }
+        OpKind::Allgather => check_first_dim(&sub.shape)
+            .and_then(|()| check_tensor(&sub.name, len, &sub.shape, sub.dtype, "input")),
+        OpKind::Alltoall => check_first_dim(&sub.shape)
+            .and_then(|()| check_tensor(&sub.name, len, &sub.shape, sub.dtype, "input"))
+            .and_then(|()| check_splits(&sub.splits, &sub.shape, size)),
+        OpKind::Barrier | OpKind::AddProcessSet | OpKind::RemoveProcessSet => Ok(()),
+    };
+    check.map_err(|m| Error::InvalidArgument(format!("{what}: {m}")))
+}
+
+/// The engine thread's state of one process set this rank belongs to.
+#[derive(Debug)]
+struct SetRuntime {
+    group: Group,
+    coordinator: Coordinator,
+    pending: HashMap<String, Local>,
+    fresh: Vec<String>,
+    join: Option<u64>,
+    stall_abort: bool,
+    warned: HashSet<String>,
+    last_stall_check: Instant,
+}
+
+impl SetRuntime {
+    fn new(group: Group, cache_capacity: usize) -> Self {
+        let size = group.members.len();
+        SetRuntime {
+            group,
+            coordinator: Coordinator::new(size, cache_capacity),
+            pending: HashMap::new(),
+            fresh: Vec::new(),
+            join: None,
+            stall_abort: false,
+            warned: HashSet::new(),
+            last_stall_check: Instant::now(),
+        }
+    }
+}
+
+/// What a cycle ended with.
+enum Flow {
+    Continue,
+    /// A rank asked to shut down.
+    Stop(usize),
+}
+
+impl Shared {
+    fn stop(&self, error: Error) {
+        let mut stopped = lock(&self.stopped);
+        if stopped.is_none() {
+            *stopped = Some(error.replicate());
+        }
+        drop(stopped);
+        self.handles.fail_all(&error);
+    }
+
+    fn run(&self) {
+        let info = self.comm.info().clone();
+        let mut sets: BTreeMap<u32, SetRuntime> = BTreeMap::new();
+        if let Some(group) = Group::new((0..info.size).collect(), info.rank) {
+            sets.insert(0, SetRuntime::new(group, self.config.cache_capacity));
+        }
+        let mut next_set_id = 1u32;
+        let mut fusion = AlignedBuf::default();
+        loop {
+            let started = Instant::now();
+            self.stats.cycle();
+            self.timeline.mark_cycle();
+            let outcome = self
+                .comm
+                .run(|session| self.cycle(session, &mut sets, &mut next_set_id, &mut fusion));
+            match outcome {
+                Ok(Flow::Continue) => {}
+                Ok(Flow::Stop(rank)) => {
+                    let me = info.rank;
+                    let why = if rank == me {
+                        "kolo was shut down on this rank; call init() again to run more collectives"
+                            .to_owned()
+                    } else {
+                        format!(
+                            "rank {rank} shut down kolo (it finished, or failed and called shutdown), so no more \
+                             collectives can run; this happens when ranks run different numbers of steps — \
+                             use hvd.join() to let ranks finish early"
+                        )
+                    };
+                    self.stop(Error::Closed(why));
+                    return;
+                }
+                Err(error) => {
+                    log::error!("rank {}: the engine stopped: {error}", info.rank);
+                    self.stop(error);
+                    return;
+                }
+            }
+            if let Some(rest) = self.config.cycle_time.checked_sub(started.elapsed()) {
+                std::thread::sleep(rest);
+            }
+        }
+    }
+
+    fn cycle(
+        &self,
+        session: &mut Session,
+        sets: &mut BTreeMap<u32, SetRuntime>,
+        next_set_id: &mut u32,
+        fusion: &mut AlignedBuf,
+    ) -> Result<Flow> {
+        let (items, shutdown) = {
+            let mut inbox = lock(&self.inbox);
+            (std::mem::take(&mut inbox.items), inbox.shutdown)
+        };
+        for item in items {
+            match item {
+                Item::Op(handle, sub) => match sets.get_mut(&sub.process_set) {
+                    Some(set) => {
+                        if self.timeline.is_on() {
+                            self.timeline.negotiate_start(&sub.name, sub.kind);
+                        }
+                        set.fresh.push(sub.name.clone());
+                        set.pending.insert(sub.name.clone(), Local { handle, sub });
+                    }
+                    None => self.handles.complete(
+                        handle,
+                        Err(Error::InvalidArgument(format!(
+                            "process set {} was removed before '{}' could run",
+                            sub.process_set, sub.name
+                        ))),
+                    ),
+                },
+                Item::Join(handle, id) => match sets.get_mut(&id) {
+                    Some(set) if set.join.is_none() => set.join = Some(handle),
+                    _ => self.handles.complete(
+                        handle,
+                        Err(Error::InvalidArgument(
+                            "join() is already in progress on this rank".into(),
+                        )),
+                    ),
+                },
+            }
+        }
+        let world = session.size;
+        let ids: Vec<u32> = sets.keys().copied().collect();
+        let mut actions = Vec::new();
+        for id in ids {
+            let Some(set) = sets.get_mut(&id) else {
+                continue;
+            };
+            let mut msg = CycleMessage::default();
+            if set.join.is_some() {
+                msg.flags |= FLAG_JOINED;
+            }
+            if shutdown && id == 0 {
+                msg.flags |= FLAG_SHUTDOWN;
+            }
+            if set.stall_abort {
+                msg.flags |= FLAG_STALL_ABORT;
+                set.stall_abort = false;
+            }
+            for name in set.fresh.drain(..) {
+                let Some(local) = set.pending.get(&name) else {
+                    continue;
+                };
+                let desc = local.sub.descriptor();
+                match set.coordinator.cache.lookup(&desc) {
+                    Some(bit) => msg.set_bit(bit),
+                    None => msg.requests.push(desc),
+                }
+            }
+            let started = Instant::now();
+            let capacity = set.coordinator.cache.capacity();
+            let payload = msg.encode();
+            let payloads = session.with_group(&mut set.group, |s| {
+                let tag = s.next_tag();
+                s.exchange("the engine's cycle", tag, &payload, MAX_MESSAGE_LEN)
+            })?;
+            let mut msgs = Vec::with_capacity(payloads.len());
+            for (r, p) in payloads.iter().enumerate() {
+                let decoded = CycleMessage::decode(p, world, capacity).map_err(|e| {
+                    Error::Internal(format!(
+                        "rank {} sent an unreadable cycle message: {e}",
+                        set.group.members[r]
+                    ))
+                })?;
+                msgs.push(decoded);
+            }
+            let now = Instant::now();
+            let decision = set.coordinator.decide(&msgs, now);
+            self.stats.negotiation(started.elapsed());
+            let mut executor = Executor {
+                handles: &self.handles,
+                stats: &self.stats,
+                timeline: &self.timeline,
+                fusion,
+                fusion_threshold: self.config.fusion_threshold,
+            };
+            let SetRuntime {
+                group,
+                pending,
+                join,
+                ..
+            } = set;
+            let done = session.with_group(group, |s| {
+                executor.run(s, decision.responses, pending, join)
+            })?;
+            actions.extend(done);
+            if let Some(rank) = decision.shutdown_by {
+                return Ok(Flow::Stop(set.group.members[rank]));
+            }
+            self.inspect_stalls(id, set, now);
+        }
+        for action in actions {
+            self.apply(action, sets, next_set_id, session.rank);
+        }
+        Ok(Flow::Continue)
+    }
+
+    fn apply(
+        &self,
+        action: SetAction,
+        sets: &mut BTreeMap<u32, SetRuntime>,
+        next_set_id: &mut u32,
+        me: usize,
+    ) {
+        match action {
+            SetAction::Add { members, handle } => {
+                let id = *next_set_id;
+                *next_set_id += 1;
+                lock(&self.sets).insert(id, members.clone());
+                if let Some(group) = Group::new(members, me) {
+                    sets.insert(id, SetRuntime::new(group, self.config.cache_capacity));
+                }
+                if let Some(handle) = handle {
+                    self.handles.complete(handle, Ok(Output::ProcessSet(id)));
+                }
+            }
+            SetAction::Remove { id } => {
+                lock(&self.sets).remove(&id);
+                if let Some(set) = sets.remove(&id) {
+                    for (name, local) in set.pending {
+                        self.handles.complete(
+                            local.handle,
+                            Err(Error::InvalidArgument(format!(
+                                "process set {id} was removed while '{name}' waited on it"
+                            ))),
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// Group rank 0 warns about tensors that some members have not submitted for longer than
+    /// the stall warning time, and asks every member to fail them after the shutdown time.
+    fn inspect_stalls(&self, id: u32, set: &mut SetRuntime, now: Instant) {
+        let Some(warn_after) = self.config.stall_warning else {
+            return;
+        };
+        let every = (warn_after / 4).clamp(Duration::from_millis(100), Duration::from_secs(5));
+        if set.group.rank != 0 || now.duration_since(set.last_stall_check) < every {
+            return;
+        }
+        set.last_stall_check = now;
+        let stalled = set.coordinator.stall_report(now, warn_after);
+        set.warned.retain(|n| stalled.iter().any(|(s, _)| s == n));
+        let fresh: Vec<&(String, Vec<usize>)> = stalled
+            .iter()
+            .filter(|(name, _)| !set.warned.contains(name))
+            .collect();
+        if !fresh.is_empty() {
+            let mut by_rank: BTreeMap<usize, Vec<&str>> = BTreeMap::new();
+            for (name, missing) in &fresh {
+                for &r in missing {
+                    by_rank.entry(set.group.members[r]).or_default().push(name);
+                }
+            }
+            let lines: Vec<String> = by_rank
+                .iter()
+                .map(|(rank, names)| format!("{rank}: [{}]", names.join(", ")))
+                .collect();
+            log::warn!(
+                "stall: one or more tensors were submitted by some ranks of process set {id} but not by others for \
+                 more than {warn_after:?}; this usually means ranks run different collectives or different numbers \
+                 of steps, and the job will wait forever. Missing ranks (rank: [tensors]):\n{}",
+                lines.join("\n")
+            );
+            for (name, _) in fresh {
+                set.warned.insert(name.clone());
+            }
+        }
+        if let Some(limit) = self.config.stall_shutdown {
+            if !set.coordinator.stall_report(now, limit).is_empty() {
+                log::error!(
+                    "stall: tensors waited more than {limit:?} (KOLO_STALL_SHUTDOWN_TIME_SECONDS); failing them on \
+                     every rank"
+                );
+                set.stall_abort = true;
+            }
+        }
+    }
+}
