@@ -8,11 +8,14 @@
    all, for N = 10, 100, 1000. Reported per tensor: negotiation time =
    delta(engine_stats()['negotiation_ns']) / delta(engine_stats()['negotiated_tensors']),
    averaged over the ranks, and wall time = median step time / N; plus the share of cache
-   hits. The response cache's capacity is read from ``KOLO_CACHE_CAPACITY`` when the engine
-   starts, so "cache off" needs its own job: run plainly (no kolorun), this script launches
-   ``kolorun -np 2`` twice -- once as configured (cache on, both parts) and once with
-   ``--cache-capacity 0`` (negotiation only) -- and prints both side by side with the ratio
-   off / on. Target: <= 5 us/tensor of negotiation with cache hits.
+   hits and the engine cycles per step. negotiation_ns is the wall time of every cycle's
+   agreement, including cycles that carried no tensor and waiting for the other rank, so the
+   per-tensor figure is an upper bound on the engine's own cost. The response cache's
+   capacity is read from ``KOLO_CACHE_CAPACITY`` when the engine starts, so "cache off" needs
+   its own job: run plainly (no kolorun), this script launches ``kolorun -np 2`` twice --
+   once as configured (cache on, both parts) and once with ``--cache-capacity 0``
+   (negotiation only) -- and prints both side by side with the ratio off / on.
+   Target: <= 5 us/tensor of negotiation with cache hits.
 2. Fusion: each step reduces 256 float32 tensors of 16 KiB: kolo starts 256 async allreduces
    and then synchronizes them (the engine fuses them into few collectives); the peer,
    torch.distributed gloo in the same processes, runs one ``all_reduce`` per tensor. Timed
@@ -40,7 +43,7 @@ from pathlib import Path
 import torch
 
 RESULTS = Path(__file__).resolve().parent / "results"
-COUNTERS = ("negotiation_ns", "negotiated_tensors", "cache_hits", "cache_misses")
+COUNTERS = ("negotiation_ns", "negotiated_tensors", "cache_hits", "cache_misses", "cycles")
 
 
 def free_port() -> int:
@@ -136,13 +139,15 @@ def run_worker(args: argparse.Namespace) -> None:
         after = stats()
         delta = mean_over_ranks([after[key] - before[key] for key in COUNTERS])
         wall = step_time_max(statistics.median(times))
-        neg_ns, negotiated, hits, misses = delta
+        neg_ns, negotiated, hits, misses, cycles = delta
         row = {
             "tensors_per_step": count,
             "steps": args.steps,
             "negotiation_us_per_tensor": neg_ns / negotiated / 1000 if negotiated else None,
             "negotiated_tensors": negotiated,
             "cache_hit_share": hits / (hits + misses) if hits + misses else None,
+            "cycles_per_step": cycles / args.steps,
+            "negotiation_us_per_cycle": neg_ns / cycles / 1000 if cycles else None,
             "wall_us_per_tensor": wall / count * 1e6,
             "step_ms": wall * 1e3,
         }
@@ -154,7 +159,8 @@ def run_worker(args: argparse.Namespace) -> None:
                 f"negotiation {count:5d} tensors/step (cache capacity {capacity}): "
                 f"{'n/a' if neg is None else f'{neg:8.2f}'} us/tensor negotiating, "
                 f"{row['wall_us_per_tensor']:8.2f} us/tensor wall, "
-                f"cache hits {'n/a' if hit is None else f'{hit:.0%}'}",
+                f"cache hits {'n/a' if hit is None else f'{hit:.0%}'}, "
+                f"{row['cycles_per_step']:.1f} cycles/step",
                 flush=True,
             )
 

@@ -71,21 +71,15 @@ class _GlobalProcessSet(ProcessSet):
         super().__init__([])
         self.process_set_id = 0
 
-    def _sync(self) -> None:
-        if _native.is_initialized():
-            self.ranks = list(range(int(_native.rank_info()["size"])))
+    @property  # type: ignore[override]
+    def ranks(self) -> list[int]:
+        if not _native.is_initialized():
+            return []
+        return list(range(int(_native.rank_info()["size"])))
 
-    def size(self) -> Optional[int]:
-        self._sync()
-        return super().size()
-
-    def rank(self) -> Optional[int]:
-        self._sync()
-        return super().rank()
-
-    def included(self) -> Optional[bool]:
-        self._sync()
-        return super().included()
+    @ranks.setter
+    def ranks(self, value: list[int]) -> None:
+        """The global set always holds every rank; assignments are ignored."""
 
     def __repr__(self) -> str:
         return "global_process_set"

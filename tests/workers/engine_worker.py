@@ -839,6 +839,10 @@ def main() -> int:
     if command not in SELF_INIT:
         hvd.init()
     SUBCOMMANDS[command](*args)
+    if command not in ("kill", "stall_shutdown") and hvd.is_initialized():
+        # No rank may shut down while another still runs collectives (shutdown ends the job's
+        # collectives everywhere, as in Horovod).
+        run_check("final_barrier", hvd.barrier)
     try:
         hvd.shutdown()
     except KoloError as err:

@@ -458,7 +458,15 @@ def grouped_allgather(
 
 
 def _broadcast_submit(buf: torch.Tensor, root_rank: int, name: str, ps: ProcessSet) -> int:
-    return _submit("broadcast", name, buf, ps, root=int(root_rank))
+    root = int(root_rank)
+    if ps.process_set_id != 0:
+        if root not in ps.ranks:
+            raise InvalidArgumentError(
+                f"broadcast '{name}': root rank {root} is not in {ps!r}; root_rank is a global "
+                "rank and must be a member of the process set"
+            )
+        root = ps.ranks.index(root)
+    return _submit("broadcast", name, buf, ps, root=root)
 
 
 def broadcast_async_(
@@ -467,7 +475,7 @@ def broadcast_async_(
     name: Optional[str] = None,
     process_set: Any = global_process_set,
 ) -> int:
-    """Starts an in-place broadcast from ``root_rank`` (a rank of the process set).
+    """Starts an in-place broadcast from global rank ``root_rank`` (a member of the set).
 
     Example::
 
@@ -777,8 +785,7 @@ class _BroadcastFn(torch.autograd.Function):
         grad = _allreduce(
             grad_output, _core.op_name("broadcast.grad", None), _core.Sum, 1.0, 1.0, ctx.ps
         )
-        me = ctx.ps.rank() if ctx.ps.process_set_id != 0 else _core.rank()
-        if me != ctx.root_rank:
+        if _core.rank() != ctx.root_rank:
             grad = grad * 0
         return grad, None, None, None
 
