@@ -6,7 +6,9 @@
 //! - [`transport`] and [`wire`]: the direct TCP data plane between ranks and its framed protocol.
 //! - [`collectives`] and [`reduce`]: allreduce, allgather, broadcast, alltoall, reducescatter and
 //!   barrier on CPU memory, with Horovod's reduction ops and scaling.
-//! - [`communicator`]: what a rank holds after joining a job; the API the Python binding calls.
+//! - [`communicator`]: runs one collective at a time on a rank's mesh.
+//! - [`engine`]: the background engine the Python binding submits to: negotiation across ranks,
+//!   response cache, tensor fusion, process sets, join, stall inspector and timeline.
 //! - [`launcher`]: `kolorun`, which starts a job's ranks locally and over ssh and supervises them.
 //! - [`worker`]: joining a job as one rank (driver registration, then the mesh).
 //!

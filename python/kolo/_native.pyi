@@ -1,6 +1,6 @@
 """Type stubs for kolo's private native module (the public API is the pure-Python package)."""
 
-from typing import Callable, Optional
+from typing import Optional
 
 __version__: str
 
@@ -21,49 +21,30 @@ def is_initialized() -> bool: ...
 def rank_info() -> dict[str, int | bool]: ...
 def build_info() -> dict[str, str | bool]: ...
 def kolorun(args: list[str]) -> int: ...
-def allreduce(
+def submit(
+    kind: str,
+    name: str,
     ptr: int,
     nbytes: int,
     shape: list[int],
     dtype: str,
-    op: str,
-    prescale: float,
-    postscale: float,
-    name: str,
-) -> None: ...
-def allgather(
-    ptr: int,
-    nbytes: int,
-    shape: list[int],
-    dtype: str,
-    name: str,
-    alloc: Callable[[list[int]], tuple[int, int]],
-) -> list[int]: ...
-def broadcast(
-    ptr: int, nbytes: int, shape: list[int], dtype: str, root: int, name: str
-) -> None: ...
-def alltoall(
-    ptr: int,
-    nbytes: int,
-    shape: list[int],
-    dtype: str,
-    splits: list[int],
-    name: str,
-    alloc: Callable[[list[int]], tuple[int, int]],
-) -> list[int]: ...
-def reducescatter(
-    in_ptr: int,
-    in_nbytes: int,
-    out_ptr: int,
-    out_nbytes: int,
-    shape: list[int],
-    dtype: str,
-    op: str,
-    prescale: float,
-    postscale: float,
-    name: str,
-) -> None: ...
-def barrier() -> None: ...
+    op: str = "Sum",
+    prescale: float = 1.0,
+    postscale: float = 1.0,
+    root: int = 0,
+    splits: list[int] = ...,
+    process_set: int = 0,
+) -> int: ...
+def join() -> int: ...
+def add_process_set(ranks: list[int], initializing: bool) -> int: ...
+def remove_process_set(id: int) -> int: ...
+def process_sets() -> list[tuple[int, list[int]]]: ...
+def poll(handle: int) -> bool: ...
+def wait(handle: int) -> int | tuple[bytearray, list[int]] | None: ...
+def release(handle: int) -> None: ...
+def engine_stats() -> dict[str, int]: ...
+def start_timeline(path: str, mark_cycles: bool) -> None: ...
+def stop_timeline() -> None: ...
 
 class DriverService:
     """A job driver service, for launchers written in Python (and tests)."""
