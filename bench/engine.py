@@ -12,9 +12,10 @@
    agreement, including cycles that carried no tensor and waiting for the other rank, so the
    per-tensor figure is an upper bound on the engine's own cost. The response cache's
    capacity is read from ``KOLO_CACHE_CAPACITY`` when the engine starts, so "cache off" needs
-   its own job: run plainly (no kolorun), this script launches ``kolorun -np 2`` twice --
-   once as configured (cache on, both parts) and once with ``--cache-capacity 0``
-   (negotiation only) -- and prints both side by side with the ratio off / on.
+   its own job: run plainly (no kolorun), this script launches ``kolorun -np 2`` jobs in
+   turn -- as configured (cache on, both parts), then with ``--cache-capacity 0``
+   (negotiation only), ``--repeats`` times -- and prints the medians side by side with the
+   ratio off / on.
    Target: <= 5 us/tensor of negotiation with cache hits.
 2. Fusion: each step reduces 256 float32 tensors of 16 KiB: kolo starts 256 async allreduces
    and then synchronizes them (the engine fuses them into few collectives); the peer,
@@ -237,70 +238,92 @@ def kolorun_path() -> str:
     return found
 
 
+def median_or_none(values: list) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
 def run_driver(args: argparse.Namespace) -> None:
     script = str(Path(__file__).resolve())
     common = ["--steps", str(args.steps), "--counts", *map(str, args.counts)]
     if args.pin:
         common.append("--pin")
+    jobs = {
+        "on": ([], [*common, "--rounds", str(args.rounds)]),
+        "off": (["--cache-capacity", "0"], [*common, "--skip-fusion"]),
+    }
+    runs: dict[str, list[dict]] = {"on": [], "off": []}
     with tempfile.TemporaryDirectory() as tmp:
-        jobs = {
-            "on": ([], [*common, "--rounds", str(args.rounds)]),
-            "off": (["--cache-capacity", "0"], [*common, "--skip-fusion"]),
-        }
-        results = {}
-        for label, (flags, script_args) in jobs.items():
-            out = Path(tmp) / f"{label}.json"
-            command = [
-                kolorun_path(),
-                "-np",
-                str(args.np),
-                *flags,
-                sys.executable,
-                script,
-                *script_args,
-                "--out",
-                str(out),
-            ]
-            print(f"$ {' '.join(command)}", flush=True)
-            code = subprocess.run(command, check=False).returncode
-            if code != 0:
-                raise SystemExit(f"bench/engine.py: the cache-{label} job failed (exit {code})")
-            results[label] = json.loads(out.read_text())
+        for repeat in range(args.repeats):  # on, off, on, off, ...: noise hits both alike
+            for label, (flags, script_args) in jobs.items():
+                out = Path(tmp) / f"{label}-{repeat}.json"
+                command = [
+                    kolorun_path(),
+                    "-np",
+                    str(args.np),
+                    *flags,
+                    sys.executable,
+                    script,
+                    *script_args,
+                    "--out",
+                    str(out),
+                ]
+                print(f"$ {' '.join(command)}", flush=True)
+                code = subprocess.run(command, check=False).returncode
+                if code != 0:
+                    raise SystemExit(f"bench/engine.py: the cache-{label} job failed (exit {code})")
+                runs[label].append(json.loads(out.read_text()))
 
-    print("summary:", flush=True)
+    def us(value: float | None) -> str:
+        return "n/a" if value is None else f"{value:8.2f}"
+
+    print(f"summary (median of {args.repeats} job(s) per cache setting):", flush=True)
     combined = []
-    for on, off in zip(results["on"]["negotiation"], results["off"]["negotiation"]):
-        ratio = None
-        if on["negotiation_us_per_tensor"] and off["negotiation_us_per_tensor"] is not None:
-            ratio = off["negotiation_us_per_tensor"] / on["negotiation_us_per_tensor"]
-        combined.append({"tensors_per_step": on["tensors_per_step"], "on": on, "off": off})
-        combined[-1]["ratio_negotiation_off_over_on"] = ratio
-
-        def us(row: dict, key: str) -> str:
-            return "n/a" if row[key] is None else f"{row[key]:8.2f}"
-
+    for i, count in enumerate(args.counts):
+        row: dict = {"tensors_per_step": count}
+        for label in ("on", "off"):
+            rows = [run["negotiation"][i] for run in runs[label]]
+            row[label] = {
+                key: median_or_none([r[key] for r in rows])
+                for key in ("negotiation_us_per_tensor", "wall_us_per_tensor", "cache_hit_share")
+            }
+            row[label]["jobs"] = rows
+        on, off = row["on"]["negotiation_us_per_tensor"], row["off"]["negotiation_us_per_tensor"]
+        row["ratio_negotiation_off_over_on"] = off / on if on and off is not None else None
+        combined.append(row)
+        ratio = row["ratio_negotiation_off_over_on"]
         print(
-            f"negotiation {on['tensors_per_step']:5d} tensors/step: "
-            f"cache on {us(on, 'negotiation_us_per_tensor')} us/tensor "
-            f"(wall {us(on, 'wall_us_per_tensor')}) | "
-            f"cache off {us(off, 'negotiation_us_per_tensor')} us/tensor "
-            f"(wall {us(off, 'wall_us_per_tensor')}) | "
+            f"negotiation {count:5d} tensors/step: "
+            f"cache on {us(on)} us/tensor (wall {us(row['on']['wall_us_per_tensor'])}) | "
+            f"cache off {us(off)} us/tensor (wall {us(row['off']['wall_us_per_tensor'])}) | "
             f"ratio off/on {'n/a' if ratio is None else f'{ratio:.2f}x'}",
             flush=True,
         )
-    fusion = results["on"]["fusion"]
-    if fusion:
+    fusions = [run["fusion"] for run in runs["on"] if run["fusion"]]
+    fusion = None
+    if fusions:
+        kolo_ms = statistics.median(f["kolo_step_ms"] for f in fusions)
+        gloo_ms = statistics.median(f["gloo_step_ms"] for f in fusions)
+        fusion = {
+            "tensors_per_step": fusions[0]["tensors_per_step"],
+            "bytes_per_tensor": fusions[0]["bytes_per_tensor"],
+            "kolo_step_ms": kolo_ms,
+            "gloo_step_ms": gloo_ms,
+            "ratio_gloo_over_kolo": gloo_ms / kolo_ms,
+            "jobs": fusions,
+        }
         print(
             f"fusion {fusion['tensors_per_step']} x {fusion['bytes_per_tensor'] // 1024} KiB: "
-            f"kolo {fusion['kolo_step_ms']:.2f} ms | gloo {fusion['gloo_step_ms']:.2f} ms | "
-            f"ratio gloo/kolo {fusion['ratio_gloo_over_kolo']:.2f}x",
+            f"kolo {kolo_ms:.2f} ms | gloo {gloo_ms:.2f} ms | "
+            f"ratio gloo/kolo {gloo_ms / kolo_ms:.2f}x",
             flush=True,
         )
+    first = runs["on"][0]
     payload = {
-        key: results["on"][key]
+        key: first[key]
         for key in ("bench", "kolo_version", "torch_version", "host", "cpus", "ranks")
     }
-    payload.update({"negotiation": combined, "fusion": fusion})
+    payload.update({"repeats": args.repeats, "negotiation": combined, "fusion": fusion})
     print(f"wrote {write_json(payload, args.out, 'engine')}", flush=True)
 
 
@@ -309,6 +332,9 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--np", type=int, default=2, help="ranks (driver mode)")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="driver mode: jobs per cache setting (median)"
+    )
     parser.add_argument("--counts", type=int, nargs="+", default=[10, 100, 1000])
     parser.add_argument("--steps", type=int, default=20, help="timed steps per tensor count")
     parser.add_argument("--rounds", type=int, default=5, help="fusion: alternating rounds")

@@ -1,14 +1,15 @@
 """CPU training throughput: kolo's DistributedOptimizer vs torch DDP (gloo), interleaved in one job.
 
-    kolorun -np 2 python bench/training.py [--batch-size 64] [--steps 20] [--rounds 5]
+    kolorun -np 2 python bench/training.py [--batch-size 64] [--steps 5] [--rounds 20]
 
 Both trainers run in the same processes on the same small CNN (3x32x32 synthetic images, 10
 classes, same initial weights): kolo as ``hvd.DistributedOptimizer`` around SGD, the peer as
 ``torch.nn.parallel.DistributedDataParallel`` over a gloo process group. Each round times
-``--steps`` steps of each, alternately, so machine noise hits both alike; the figure is the
-median over rounds of samples/sec over all ranks (batch size x ranks x steps / slowest rank's
-time). Each rank uses one torch thread (``--pin``: also one core). Prints one line with both
-figures and the ratio kolo / DDP (target: >= 1.0), and writes JSON to bench/results/.
+``--steps`` steps of each, alternately (short rounds, order flipped every round), so machine
+noise hits both alike; the figure is the median over rounds of samples/sec over all ranks
+(batch size x ranks x steps / slowest rank's time). Each rank uses one torch thread
+(``--pin``: also one core). Prints one line with both figures and the ratio kolo / DDP
+(target: >= 1.0), and writes JSON to bench/results/.
 """
 
 from __future__ import annotations
@@ -63,9 +64,9 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--batch-size", type=int, default=64, help="samples per rank per step")
-    parser.add_argument("--steps", type=int, default=20, help="steps per trainer per round")
+    parser.add_argument("--steps", type=int, default=5, help="steps per trainer per round")
     parser.add_argument("--warmup-steps", type=int, default=5)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument(
         "--pin",
         action="store_true",
@@ -127,9 +128,11 @@ def main() -> None:
     for step in trainers.values():
         timed(step, args.warmup_steps)
     samples: dict[str, list[float]] = {name: [] for name in trainers}
+    order = list(trainers)
     for _ in range(args.rounds):
-        for name, step in trainers.items():
-            samples[name].append(timed(step, args.steps))
+        for name in order:
+            samples[name].append(timed(trainers[name], args.steps))
+        order.reverse()  # kolo first, then DDP first, ...: neither always follows the other
 
     row = {name: statistics.median(values) for name, values in samples.items()}
     ratio = row["kolo"] / row["ddp"]

@@ -440,3 +440,5 @@ def test_stall_shutdown_ends_the_job_with_a_typed_error() -> None:
         assert 2.0 <= report["elapsed"] < 13.0, (
             f"rank {rank} raised {report['elapsed']:.1f} s after submitting (shutdown time 3 s)"
         )
+        stalled = "stall.never" if rank == 0 else "stall.other"
+        assert stalled in report["message"], f"the error does not name {stalled}: {report}"

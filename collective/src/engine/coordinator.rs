@@ -161,7 +161,7 @@ impl Coordinator {
                 self.table.remove(&name);
                 decision.responses.push(Response::Stalled {
                     message: format!(
-                        "'{name}' was given up by the stall inspector: ranks {missing:?} never submitted it \
+                        "waiting for ranks {missing:?} to submit '{name}'; the stall inspector gave up on it \
                          (KOLO_STALL_SHUTDOWN_TIME_SECONDS); check that every rank runs the same collectives"
                     ),
                     name,

@@ -42,6 +42,8 @@ pub(crate) struct Executor<'e> {
     pub timeline: &'e Timeline,
     pub fusion: &'e mut AlignedBuf,
     pub fusion_threshold: usize,
+    /// `KOLO_STALL_SHUTDOWN_TIME_SECONDS`, for the error of stalled tensors.
+    pub stall_shutdown: std::time::Duration,
 }
 
 /// Bytes of the tensor `desc` describes (0 if it does not fit).
@@ -137,7 +139,7 @@ impl Executor<'_> {
                         self.timeline_end(&local.sub.name);
                         let error = Error::Timeout {
                             what: message,
-                            after: std::time::Duration::ZERO,
+                            after: self.stall_shutdown,
                         };
                         self.handles.complete(local.handle, Err(error));
                     }

@@ -510,13 +510,17 @@ impl Shared {
             }
             let now = Instant::now();
             let decision = set.coordinator.decide(&msgs, now);
-            self.stats.negotiation(started.elapsed());
+            // Idle cycles (nothing submitted anywhere) are not negotiation.
+            if msgs.iter().any(|m| !m.bits.is_empty() || !m.requests.is_empty()) {
+                self.stats.negotiation(started.elapsed());
+            }
             let mut executor = Executor {
                 handles: &self.handles,
                 stats: &self.stats,
                 timeline: &self.timeline,
                 fusion,
                 fusion_threshold: self.config.fusion_threshold,
+                stall_shutdown: self.config.stall_shutdown.unwrap_or_default(),
             };
             let SetRuntime {
                 group,
