@@ -511,7 +511,10 @@ impl Shared {
             let now = Instant::now();
             let decision = set.coordinator.decide(&msgs, now);
             // Idle cycles (nothing submitted anywhere) are not negotiation.
-            if msgs.iter().any(|m| !m.bits.is_empty() || !m.requests.is_empty()) {
+            if msgs
+                .iter()
+                .any(|m| !m.bits.is_empty() || !m.requests.is_empty())
+            {
                 self.stats.negotiation(started.elapsed());
             }
             let mut executor = Executor {
