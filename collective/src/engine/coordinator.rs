@@ -365,6 +365,15 @@ mod tests {
             .responses
             .is_empty());
         let d = c.decide(&[CycleMessage::default(), m], now);
+        assert!(
+            matches!(&d.responses[..], [Response::Run { cached: true, .. }]),
+            "agreed through bits sent in different cycles: still a cache hit"
+        );
+        // A full descriptor from one rank makes it a miss.
+        let mut bits = CycleMessage::default();
+        bits.set_bit(bit);
+        c.decide(&[bits, CycleMessage::default()], now);
+        let d = c.decide(&[CycleMessage::default(), full(&[desc("a", 1)])], now);
         assert!(matches!(
             &d.responses[..],
             [Response::Run { cached: false, .. }]
