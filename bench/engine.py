@@ -8,9 +8,10 @@
    all, for N = 10, 100, 1000. Reported per tensor: negotiation time =
    delta(engine_stats()['negotiation_ns']) / delta(engine_stats()['negotiated_tensors']),
    averaged over the ranks, and wall time = median step time / N; plus the share of cache
-   hits and the engine cycles per step. negotiation_ns is the wall time of every cycle's
-   agreement, including cycles that carried no tensor and waiting for the other rank, so the
-   per-tensor figure is an upper bound on the engine's own cost. The response cache's
+   hits and the engine cycles per step. negotiation_ns is the wall time of the agreement in
+   every cycle that carried a tensor (idle cycles are not counted), including waiting for the
+   other rank to reach its exchange, so the per-tensor figure is an upper bound on the
+   engine's own cost. The response cache's
    capacity is read from ``KOLO_CACHE_CAPACITY`` when the engine starts, so "cache off" needs
    its own job: run plainly (no kolorun), this script launches ``kolorun -np 2`` jobs in
    turn -- as configured (cache on, both parts), then with ``--cache-capacity 0``
