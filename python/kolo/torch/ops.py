@@ -108,6 +108,18 @@ def _register(natives: list[int], keep: Any, finish: Callable[[list[Any]], Any])
     return handle
 
 
+def _register_group(parts: list[tuple[int, Any, Any]]) -> int:
+    """One handle for several submitted ops (native handle, kept tensor, finisher each)."""
+    if not parts:
+        raise InvalidArgumentError("grouped ops need at least one tensor")
+    finishers = [f for _, _, f in parts]
+    return _register(
+        [n for n, _, _ in parts],
+        [k for _, k, _ in parts],
+        lambda results: [f(r) for f, r in zip(finishers, results)],
+    )
+
+
 def _submit(
     kind: str,
     name: str,
@@ -433,14 +445,7 @@ def grouped_allgather_async(
     ps = resolve(process_set)
     base = _core.op_name("grouped_allgather", name)
     parts = [_allgather_submit(t, f"{base}.{i}", ps) for i, t in enumerate(tensors)]
-    if not parts:
-        raise InvalidArgumentError("grouped ops need at least one tensor")
-    finishers = [f for _, _, f in parts]
-    return _register(
-        [n for n, _, _ in parts],
-        [k for _, k, _ in parts],
-        lambda results: [f(r) for f, r in zip(finishers, results)],
-    )
+    return _register_group(parts)
 
 
 def grouped_allgather(
@@ -628,14 +633,7 @@ def grouped_reducescatter_async(
         _reducescatter_submit(t, f"{base}.{i}", reduce_op, prescale_factor, postscale_factor, ps)
         for i, t in enumerate(tensors)
     ]
-    if not parts:
-        raise InvalidArgumentError("grouped ops need at least one tensor")
-    finishers = [f for _, _, f in parts]
-    return _register(
-        [n for n, _, _ in parts],
-        [k for _, k, _ in parts],
-        lambda results: [f(r) for f, r in zip(finishers, results)],
-    )
+    return _register_group(parts)
 
 
 def grouped_reducescatter(
