@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Optional, Union
 
-from kolo import _native
+from kolo import _core, _native
 from kolo.exceptions import InvalidArgumentError
 
 
@@ -34,7 +34,7 @@ class ProcessSet:
         self.process_set_id: Optional[int] = None
 
     def _registered(self) -> bool:
-        return self.process_set_id is not None and _native.is_initialized()
+        return self.process_set_id is not None and _core.is_initialized()
 
     def size(self) -> Optional[int]:
         """Number of ranks in the set, or None before it is registered."""
@@ -45,14 +45,14 @@ class ProcessSet:
         set is registered."""
         if not self._registered():
             return None
-        me = int(_native.rank_info()["rank"])
+        me = _core.rank()
         return self.ranks.index(me) if me in self.ranks else -1
 
     def included(self) -> Optional[bool]:
         """Whether this process is a member, or None before the set is registered."""
         if not self._registered():
             return None
-        return int(_native.rank_info()["rank"]) in self.ranks
+        return _core.rank() in self.ranks
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, ProcessSet) and self.ranks == other.ranks
@@ -73,9 +73,7 @@ class _GlobalProcessSet(ProcessSet):
 
     @property  # type: ignore[override]
     def ranks(self) -> list[int]:
-        if not _native.is_initialized():
-            return []
-        return list(range(int(_native.rank_info()["size"])))
+        return list(range(_core.size())) if _core.is_initialized() else []
 
     @ranks.setter
     def ranks(self, value: list[int]) -> None:

@@ -102,12 +102,6 @@ pub fn remove_process_set(py: Python<'_>, id: u32) -> PyResult<u64> {
         .py_err()
 }
 
-/// Every registered process set as `(id, ranks)`.
-#[pyfunction]
-pub fn process_sets(py: Python<'_>) -> PyResult<Vec<(u32, Vec<usize>)>> {
-    Ok(session::current(py)?.engine().process_sets())
-}
-
 /// True once the op behind `handle` finished.
 #[pyfunction]
 pub fn poll(py: Python<'_>, handle: u64) -> PyResult<bool> {
@@ -135,13 +129,6 @@ pub fn wait(py: Python<'_>, handle: u64) -> PyResult<Py<PyAny>> {
         }
         py.check_signals()?;
     }
-}
-
-/// Forgets `handle` without waiting for it.
-#[pyfunction]
-pub fn release(py: Python<'_>, handle: u64) -> PyResult<()> {
-    session::current(py)?.engine().release(handle);
-    Ok(())
 }
 
 /// The engine's counters.
@@ -178,10 +165,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(join, m)?)?;
     m.add_function(wrap_pyfunction!(add_process_set, m)?)?;
     m.add_function(wrap_pyfunction!(remove_process_set, m)?)?;
-    m.add_function(wrap_pyfunction!(process_sets, m)?)?;
     m.add_function(wrap_pyfunction!(poll, m)?)?;
     m.add_function(wrap_pyfunction!(wait, m)?)?;
-    m.add_function(wrap_pyfunction!(release, m)?)?;
     m.add_function(wrap_pyfunction!(engine_stats, m)?)?;
     m.add_function(wrap_pyfunction!(start_timeline, m)?)?;
     m.add_function(wrap_pyfunction!(stop_timeline, m)?)?;

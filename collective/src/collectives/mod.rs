@@ -175,24 +175,16 @@ impl Session {
         if self.size == 1 {
             return Ok(vec![payload.to_vec()]);
         }
-        let members = self.members.clone();
         let me = self.rank;
-        let mesh = self.mesh()?;
-        let peers: Vec<usize> = members
+        let peers: Vec<usize> = self
+            .members
             .iter()
             .enumerate()
             .filter(|(r, _)| *r != me)
             .map(|(_, &g)| g)
             .collect();
-        let mut received = mesh.exchange(what, tag, payload, max_len, &peers)?;
-        let mut out = Vec::with_capacity(members.len());
-        for r in 0..members.len() {
-            if r == me {
-                out.push(payload.to_vec());
-            } else {
-                out.push(std::mem::take(&mut received[r - usize::from(r > me)]));
-            }
-        }
+        let mut out = self.mesh()?.exchange(what, tag, payload, max_len, &peers)?;
+        out.insert(me, payload.to_vec());
         Ok(out)
     }
 

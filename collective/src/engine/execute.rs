@@ -22,6 +22,29 @@ pub(crate) struct Local {
     pub sub: Submission,
 }
 
+impl Local {
+    /// The submitted tensor's memory.
+    fn bytes<'a>(&self) -> &'a mut [u8] {
+        // SAFETY: the submitter handed this memory to the engine until the handle completes,
+        // and only the engine thread (the caller) runs ops.
+        unsafe { self.sub.tensor.bytes() }
+    }
+}
+
+/// The bytes of `local`'s tensor, or nothing for a joined rank.
+fn input<'a>(local: &Option<Local>) -> &'a [u8] {
+    local.as_ref().map_or(&[], |l| &*l.bytes())
+}
+
+/// An output allocator for collectives whose result size depends on other ranks: grows `out`
+/// to the rows received times `row` bytes.
+fn grow<'a>(out: &'a mut Vec<u8>, row: usize) -> impl FnOnce(&[u64]) -> Result<&'a mut [u8]> {
+    move |rows| {
+        out.resize(rows.iter().sum::<u64>() as usize * row, 0);
+        Ok(&mut out[..])
+    }
+}
+
 /// A change to the set of process sets, agreed on the global set.
 #[derive(Debug, PartialEq)]
 pub(crate) enum SetAction {
@@ -198,8 +221,7 @@ impl Executor<'_> {
                 let reduction = reduction_of(&desc);
                 let mut stand_in = Vec::new();
                 let buf = match &local {
-                    // SAFETY: the submitter handed this memory to the engine until completion.
-                    Some(l) => unsafe { l.sub.tensor.bytes() },
+                    Some(l) => l.bytes(),
                     None => {
                         stand_in.resize(tensor_bytes(&desc), 0);
                         reduce::fill_identity(desc.dtype, reduction.op, &mut stand_in);
@@ -212,8 +234,7 @@ impl Executor<'_> {
             OpKind::Broadcast => {
                 let mut stand_in = Vec::new();
                 let buf = match &local {
-                    // SAFETY: as above.
-                    Some(l) => unsafe { l.sub.tensor.bytes() },
+                    Some(l) => l.bytes(),
                     None => {
                         stand_in.resize(tensor_bytes(&desc), 0);
                         &mut stand_in[..]
@@ -230,34 +251,23 @@ impl Executor<'_> {
                 .map(|()| Output::Done)
             }
             OpKind::Allgather => {
-                // SAFETY: as above.
-                let input: &[u8] = local
-                    .as_ref()
-                    .map_or(&[], |l| unsafe { l.sub.tensor.bytes() });
+                let input = input(&local);
                 let row = row_bytes(&desc.shape, desc.dtype).map_err(Error::InvalidArgument)?;
                 let mut data = Vec::new();
-                let out = &mut data;
                 collectives::allgather(
                     session,
                     &name,
                     input,
                     &desc.shape,
                     desc.dtype,
-                    move |rows| {
-                        out.resize(rows.iter().sum::<u64>() as usize * row, 0);
-                        Ok(&mut out[..])
-                    },
+                    grow(&mut data, row),
                 )
                 .map(|rows| Output::Tensor { data, rows })
             }
             OpKind::Alltoall => {
-                // SAFETY: as above.
-                let input: &[u8] = local
-                    .as_ref()
-                    .map_or(&[], |l| unsafe { l.sub.tensor.bytes() });
+                let input = input(&local);
                 let row = row_bytes(&desc.shape, desc.dtype).map_err(Error::InvalidArgument)?;
                 let mut data = Vec::new();
-                let out = &mut data;
                 collectives::alltoall(
                     session,
                     &name,
@@ -265,18 +275,12 @@ impl Executor<'_> {
                     &desc.shape,
                     desc.dtype,
                     &desc.splits,
-                    move |rows| {
-                        out.resize(rows.iter().sum::<u64>() as usize * row, 0);
-                        Ok(&mut out[..])
-                    },
+                    grow(&mut data, row),
                 )
                 .map(|rows| Output::Tensor { data, rows })
             }
             OpKind::Reducescatter => {
-                // SAFETY: as above.
-                let input: &[u8] = local
-                    .as_ref()
-                    .map_or(&[], |l| unsafe { l.sub.tensor.bytes() });
+                let input = input(&local);
                 let row = row_bytes(&desc.shape, desc.dtype).map_err(Error::InvalidArgument)?;
                 let rows =
                     reducescatter_rows(desc.shape.first().map_or(0, |&r| r as u64), session.size);
@@ -367,8 +371,7 @@ impl Executor<'_> {
                         self.timeline
                             .activity_start(&desc.name, "MEMCPY_IN_FUSION_BUFFER");
                     }
-                    // SAFETY: the submitter handed this memory to the engine until completion.
-                    dst.copy_from_slice(unsafe { l.sub.tensor.bytes() });
+                    dst.copy_from_slice(l.bytes());
                     if on {
                         self.timeline.activity_end(&desc.name);
                         self.timeline.activity_start(&desc.name, "TCP_ALLREDUCE");
@@ -401,8 +404,7 @@ impl Executor<'_> {
                             .activity_start(&desc.name, "MEMCPY_OUT_FUSION_BUFFER");
                     }
                     let src = &buf[at..at + tensor_bytes(&desc)];
-                    // SAFETY: as above.
-                    unsafe { local.sub.tensor.bytes() }.copy_from_slice(src);
+                    local.bytes().copy_from_slice(src);
                     if on {
                         self.timeline.activity_end(&desc.name);
                         self.timeline.end_op(&desc.name);

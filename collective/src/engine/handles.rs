@@ -117,14 +117,6 @@ impl Handles {
                 .0;
         }
     }
-
-    /// Forgets handle `id` (its result is dropped).
-    pub(crate) fn release(&self, id: u64) {
-        let mut table = self.lock();
-        if let Some(Slot::Pending { set, name }) = table.slots.remove(&id) {
-            table.outstanding.remove(&(set, name));
-        }
-    }
 }
 
 fn unknown(id: u64) -> Error {

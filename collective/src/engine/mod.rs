@@ -118,24 +118,25 @@ impl Engine {
         })
     }
 
-    /// The engine's settings.
-    pub fn config(&self) -> &EngineConfig {
-        &self.shared.config
-    }
-
     /// Submits `sub` and returns its handle at once. Invalid arguments fail here, before any
     /// other rank is involved.
     pub fn submit(&self, sub: Submission) -> Result<u64> {
         self.check_running()?;
-        let members = self.members(sub.process_set)?;
         let me = self.shared.comm.info().rank;
-        if !members.contains(&me) {
-            return Err(Error::InvalidArgument(format!(
-                "rank {me} is not in process set {} (ranks {members:?}); only its members may run collectives on it",
-                sub.process_set
-            )));
-        }
-        validate(&sub, members.len())?;
+        let size = {
+            let sets = lock(&self.shared.sets);
+            let members = sets
+                .get(&sub.process_set)
+                .ok_or_else(|| no_such_set(sub.process_set))?;
+            if !members.contains(&me) {
+                return Err(Error::InvalidArgument(format!(
+                    "rank {me} is not in process set {} (ranks {members:?}); only its members may run collectives on it",
+                    sub.process_set
+                )));
+            }
+            members.len()
+        };
+        validate(&sub, size)?;
         let handle = self.shared.handles.open(sub.process_set, &sub.name)?;
         lock(&self.shared.inbox).items.push(Item::Op(handle, sub));
         Ok(handle)
@@ -194,19 +195,10 @@ impl Engine {
 
     /// The members (global ranks) of process set `id`.
     pub fn members(&self, id: u32) -> Result<Vec<usize>> {
-        lock(&self.shared.sets).get(&id).cloned().ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "process set {id} does not exist (it was never added, or was removed)"
-            ))
-        })
-    }
-
-    /// Every registered process set: id and members.
-    pub fn process_sets(&self) -> Vec<(u32, Vec<usize>)> {
         lock(&self.shared.sets)
-            .iter()
-            .map(|(id, m)| (*id, m.clone()))
-            .collect()
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| no_such_set(id))
     }
 
     /// True once `handle` completed.
@@ -218,12 +210,6 @@ impl Engine {
     /// while it is still running.
     pub fn wait(&self, handle: u64, timeout: Duration) -> Option<Result<Output>> {
         self.shared.handles.wait(handle, timeout)
-    }
-
-    /// Forgets `handle` without waiting (its memory must stay valid until the op completes
-    /// anyway).
-    pub fn release(&self, handle: u64) {
-        self.shared.handles.release(handle);
     }
 
     /// The counters: cycles, tensors, collectives, fused_tensors, cache_hits, cache_misses,
@@ -299,6 +285,12 @@ impl Drop for Engine {
     fn drop(&mut self) {
         self.shutdown();
     }
+}
+
+fn no_such_set(id: u32) -> Error {
+    Error::InvalidArgument(format!(
+        "process set {id} does not exist (it was never added, or was removed)"
+    ))
 }
 
 /// Checks a submission's arguments against its process set of `size` ranks.

@@ -208,10 +208,6 @@ def _from_bytes(data: bytearray, rows: int, like: torch.Tensor) -> torch.Tensor:
     return torch.frombuffer(data, dtype=like.dtype).reshape(shape)
 
 
-def _world(ps: ProcessSet) -> int:
-    return len(ps.ranks) if ps.process_set_id != 0 else _core.size()
-
-
 # --- async ops (Horovod's names) ----------------------------------------------------------------
 
 
@@ -552,7 +548,7 @@ def alltoall_async(
     _core.require_initialized()
     ps = resolve(process_set)
     _require_dim(tensor, "alltoall")
-    world = _world(ps)
+    world = len(ps.ranks)
     src = _staged(tensor)
     chosen = _normalize_splits(splits, world) or _even_splits(src.shape[0], world)
     native = _submit("alltoall", _core.op_name("alltoall", name), src, ps, splits=chosen)
@@ -576,7 +572,7 @@ def _reducescatter_submit(
     _require_dim(tensor, "reducescatter")
     src = _staged(tensor)
     native = _submit("reducescatter", name, src, ps, op=op, prescale=prescale, postscale=postscale)
-    me = ps.rank() if ps.process_set_id != 0 else _core.rank()
+    me = ps.rank()
 
     def finish(result: Any) -> torch.Tensor:
         data, rows = result
@@ -767,8 +763,7 @@ class _AllgatherFn(torch.autograd.Function):
             _core.op_name("allgather.grad", None),
             ctx.ps,
         )
-        me = ctx.ps.rank() if ctx.ps.process_set_id != 0 else _core.rank()
-        offset = int(rows[:me].sum().item())
+        offset = int(rows[: ctx.ps.rank()].sum().item())
         return grad.narrow(0, offset, ctx.rows), None, None
 
 
@@ -813,7 +808,7 @@ class _ReducescatterFn(torch.autograd.Function):
         grad = _allgather(grad_output, _core.op_name("reducescatter.grad", None), ctx.ps)
         scale = ctx.prescale * ctx.postscale
         if ctx.op == _core.Average:
-            scale /= _world(ctx.ps)
+            scale /= len(ctx.ps.ranks)
         return grad * scale if scale != 1.0 else grad, None, None, None, None, None
 
 
@@ -941,7 +936,7 @@ def alltoall(
     _core.require_initialized()
     ps = resolve(process_set)
     _require_dim(tensor, "alltoall")
-    normalized = _normalize_splits(splits, _world(ps))
+    normalized = _normalize_splits(splits, len(ps.ranks))
     output, received = _AlltoallFn.apply(tensor, normalized, _core.op_name("alltoall", name), ps)
     return output if splits is None else (output, received)
 
