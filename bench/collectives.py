@@ -12,22 +12,15 @@ bench/results/.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
-import platform
-import socket
 import statistics
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from common import init_gloo, write_results
 
-import kolo
 import kolo.torch as hvd
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def human(nbytes: int) -> str:
@@ -35,12 +28,6 @@ def human(nbytes: int) -> str:
         if nbytes >= scale:
             return f"{nbytes / scale:g} {unit}"
     return f"{nbytes} B"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def probe(op, tensor: torch.Tensor) -> float:
@@ -80,10 +67,7 @@ def main() -> None:
         os.sched_setaffinity(0, {hvd.local_rank() % os.cpu_count()})
     except (AttributeError, OSError):
         pass
-    port = hvd.broadcast_object(free_port() if rank == 0 else None, root_rank=0)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size
-    )
+    init_gloo()
 
     def kolo_allreduce(t: torch.Tensor) -> None:
         hvd.allreduce_(t, op=hvd.Sum, name="bench")
@@ -129,24 +113,13 @@ def main() -> None:
         nbytes *= 4
 
     if rank == 0:
-        RESULTS.mkdir(exist_ok=True)
-        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-        out = RESULTS / f"collectives-{stamp}.json"
-        out.write_text(
-            json.dumps(
-                {
-                    "bench": "collectives",
-                    "kolo_version": kolo.__version__,
-                    "torch_version": torch.__version__,
-                    "host": platform.node(),
-                    "cpus": os.cpu_count(),
-                    "ranks": size,
-                    "results": results,
-                },
-                indent=2,
-            )
+        write_results(
+            "collectives",
+            {
+                "ranks": size,
+                "results": results,
+            },
         )
-        print(f"wrote {out}", flush=True)
     dist.destroy_process_group()
     hvd.shutdown()
 

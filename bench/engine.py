@@ -29,12 +29,9 @@ Writes JSON to bench/results/.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -43,15 +40,9 @@ import time
 from pathlib import Path
 
 import torch
+from common import init_gloo, write_results
 
-RESULTS = Path(__file__).resolve().parent / "results"
 COUNTERS = ("negotiation_ns", "negotiated_tensors", "cache_hits", "cache_misses", "cycles")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def cache_capacity() -> str:
@@ -59,14 +50,6 @@ def cache_capacity() -> str:
         if os.environ.get(name, "").strip():
             return os.environ[name].strip()
     return "1024 (default)"
-
-
-def write_json(payload: dict, out: Path | None, stem: str) -> Path:
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out = out or RESULTS / f"{stem}-{stamp}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(payload, indent=2))
-    return out
 
 
 # --- worker (one rank of a kolorun job) -------------------------------------------------------
@@ -109,11 +92,6 @@ def run_worker(args: argparse.Namespace) -> None:
         return float(slowest.item())
 
     payload: dict = {
-        "bench": "engine",
-        "kolo_version": kolo.__version__,
-        "torch_version": torch.__version__,
-        "host": platform.node(),
-        "cpus": os.cpu_count(),
         "ranks": size,
         "cache_capacity": capacity,
         "negotiation": [],
@@ -167,10 +145,7 @@ def run_worker(args: argparse.Namespace) -> None:
             )
 
     if not args.skip_fusion:
-        port = hvd.broadcast_object(free_port() if rank == 0 else None, root_rank=0)
-        dist.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size
-        )
+        init_gloo()
         tensors = [torch.zeros(args.fusion_bytes // 4) for _ in range(args.fusion_tensors)]
         names = [f"bench.fuse.{i}" for i in range(len(tensors))]
 
@@ -224,7 +199,7 @@ def run_worker(args: argparse.Namespace) -> None:
         dist.destroy_process_group()
 
     if rank == 0:
-        print(f"wrote {write_json(payload, args.out, 'engine')}", flush=True)
+        write_results("engine", payload, args.out)
     hvd.shutdown()
 
 
@@ -320,12 +295,9 @@ def run_driver(args: argparse.Namespace) -> None:
             flush=True,
         )
     first = runs["on"][0]
-    payload = {
-        key: first[key]
-        for key in ("bench", "kolo_version", "torch_version", "host", "cpus", "ranks")
-    }
-    payload.update({"repeats": args.repeats, "negotiation": combined, "fusion": fusion})
-    print(f"wrote {write_json(payload, args.out, 'engine')}", flush=True)
+    payload = {"ranks": first["ranks"], "repeats": args.repeats}
+    payload.update({"negotiation": combined, "fusion": fusion})
+    write_results("engine", payload, args.out)
 
 
 def main() -> None:

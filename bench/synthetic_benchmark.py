@@ -19,39 +19,18 @@ on 224x224 images unless ``--image-size`` says otherwise). Each rank uses one CP
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import os
-import platform
 import statistics
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from common import SmallCNN, write_results
 from torch import nn
 
-import kolo
 import kolo.torch as hvd
 
-RESULTS = Path(__file__).resolve().parent / "results"
 BUILTIN_MODELS = ("smallcnn", "mlp")
-
-
-class SmallCNN(nn.Module):
-    """Two 3x3 conv layers with pooling, then two linear layers (about 0.5 M parameters)."""
-
-    def __init__(self, num_classes: int, image_size: int) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(3, 32, 3, padding=1)
-        self.conv2 = nn.Conv2d(32, 64, 3, padding=1)
-        self.fc1 = nn.Linear(64 * (image_size // 4) ** 2, 128)
-        self.fc2 = nn.Linear(128, num_classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        return self.fc2(F.relu(self.fc1(torch.flatten(x, 1))))
 
 
 def build_model(name: str, num_classes: int, image_size: int) -> nn.Module:
@@ -174,31 +153,21 @@ def main() -> None:
     log(f"Total img/sec on {size} CPU(s): {size * mean:.1f} +-{size * conf:.1f}")
 
     if rank == 0:
-        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-        out = args.json or RESULTS / f"synthetic_benchmark-{stamp}.json"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(
-            json.dumps(
-                {
-                    "bench": "synthetic_benchmark",
-                    "kolo_version": kolo.__version__,
-                    "torch_version": torch.__version__,
-                    "host": platform.node(),
-                    "cpus": os.cpu_count(),
-                    "ranks": size,
-                    "model": args.model,
-                    "batch_size": args.batch_size,
-                    "image_size": args.image_size,
-                    "fp16_allreduce": args.fp16_allreduce,
-                    "img_sec_per_rank": img_secs,
-                    "img_sec_per_rank_mean": mean,
-                    "img_sec_per_rank_conf95": conf,
-                    "img_sec_total": size * mean,
-                },
-                indent=2,
-            )
+        write_results(
+            "synthetic_benchmark",
+            {
+                "ranks": size,
+                "model": args.model,
+                "batch_size": args.batch_size,
+                "image_size": args.image_size,
+                "fp16_allreduce": args.fp16_allreduce,
+                "img_sec_per_rank": img_secs,
+                "img_sec_per_rank_mean": mean,
+                "img_sec_per_rank_conf95": conf,
+                "img_sec_total": size * mean,
+            },
+            args.json,
         )
-        print(f"wrote {out}", flush=True)
     hvd.shutdown()
 
 

@@ -12,21 +12,17 @@ the overhead ratio on / off. Writes JSON to bench/results/.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
-import platform
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from common import write_results
 
 import kolo
 import kolo.torch as hvd
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def step(tensors: list[torch.Tensor]) -> float:
@@ -67,27 +63,19 @@ def main() -> None:
             f"timeline overhead ({args.tensors} x {args.bytes} B allreduces/step): "
             f"off {off * 1e3:.2f} ms, on {on * 1e3:.2f} ms, ratio on/off {on / off:.3f}"
         )
-        RESULTS.mkdir(exist_ok=True)
-        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-        out = RESULTS / f"timeline_overhead-{stamp}.json"
-        out.write_text(
-            json.dumps(
-                {
-                    "bench": "timeline_overhead",
-                    "ranks": hvd.size(),
-                    "tensors": args.tensors,
-                    "bytes": args.bytes,
-                    "step_ms_off": off * 1e3,
-                    "step_ms_on": on * 1e3,
-                    "ratio_on_off": on / off,
-                    "trace_bytes": trace_bytes,
-                    "stats": kolo.engine_stats(),
-                    "host": platform.node(),
-                },
-                indent=2,
-            )
+        write_results(
+            "timeline_overhead",
+            {
+                "ranks": hvd.size(),
+                "tensors": args.tensors,
+                "bytes": args.bytes,
+                "step_ms_off": off * 1e3,
+                "step_ms_on": on * 1e3,
+                "ratio_on_off": on / off,
+                "trace_bytes": trace_bytes,
+                "stats": kolo.engine_stats(),
+            },
         )
-        print(f"results: {out}")
     hvd.shutdown()
 
 

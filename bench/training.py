@@ -16,47 +16,17 @@ from __future__ import annotations
 
 import argparse
 import copy
-import datetime
-import json
 import os
-import platform
-import socket
 import statistics
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch import nn
+from common import SmallCNN, init_gloo, write_results
 from torch.nn.parallel import DistributedDataParallel
 
-import kolo
 import kolo.torch as hvd
-
-RESULTS = Path(__file__).resolve().parent / "results"
-
-
-class SmallCNN(nn.Module):
-    """Two 3x3 conv layers with pooling, then two linear layers (about 0.5 M parameters)."""
-
-    def __init__(self, num_classes: int = 10) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(3, 32, 3, padding=1)
-        self.conv2 = nn.Conv2d(32, 64, 3, padding=1)
-        self.fc1 = nn.Linear(64 * 8 * 8, 128)
-        self.fc2 = nn.Linear(128, num_classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        return self.fc2(F.relu(self.fc1(torch.flatten(x, 1))))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def main() -> None:
@@ -83,10 +53,7 @@ def main() -> None:
             os.sched_setaffinity(0, {hvd.local_rank() % os.cpu_count()})
         except (AttributeError, OSError):
             pass
-    port = hvd.broadcast_object(free_port() if rank == 0 else None, root_rank=0)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size
-    )
+    init_gloo()
 
     torch.manual_seed(0)
     base = SmallCNN()
@@ -143,29 +110,18 @@ def main() -> None:
             f"ratio {ratio:.2f}x",
             flush=True,
         )
-        RESULTS.mkdir(exist_ok=True)
-        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-        out = RESULTS / f"training-{stamp}.json"
-        out.write_text(
-            json.dumps(
-                {
-                    "bench": "training",
-                    "kolo_version": kolo.__version__,
-                    "torch_version": torch.__version__,
-                    "host": platform.node(),
-                    "cpus": os.cpu_count(),
-                    "ranks": size,
-                    "model": "smallcnn",
-                    "batch_size_per_rank": args.batch_size,
-                    "steps_per_round": args.steps,
-                    "samples_per_sec": samples,
-                    "median_samples_per_sec": row,
-                    "ratio_kolo_over_ddp": ratio,
-                },
-                indent=2,
-            )
+        write_results(
+            "training",
+            {
+                "ranks": size,
+                "model": "smallcnn",
+                "batch_size_per_rank": args.batch_size,
+                "steps_per_round": args.steps,
+                "samples_per_sec": samples,
+                "median_samples_per_sec": row,
+                "ratio_kolo_over_ddp": ratio,
+            },
         )
-        print(f"wrote {out}", flush=True)
     dist.destroy_process_group()
     hvd.shutdown()
 
