@@ -34,18 +34,15 @@ class NoneCompressor(Compressor):
         return tensor
 
 
-class FP16Compressor(Compressor):
-    """Sends floating-point tensors as float16 and casts the result back.
+class _CastCompressor(Compressor):
+    """Sends floating-point tensors as ``wire_dtype`` and casts the result back."""
 
-    Example::
+    wire_dtype: torch.dtype
 
-        hvd.allreduce(grad, compression=hvd.Compression.fp16)
-    """
-
-    @staticmethod
-    def compress(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    @classmethod
+    def compress(cls, tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:  # type: ignore[override]
         if tensor.dtype.is_floating_point:
-            return tensor.type(torch.float16), tensor.dtype
+            return tensor.type(cls.wire_dtype), tensor.dtype
         return tensor, tensor.dtype
 
     @staticmethod
@@ -53,7 +50,18 @@ class FP16Compressor(Compressor):
         return tensor if ctx is None or tensor.dtype == ctx else tensor.type(ctx)
 
 
-class BF16Compressor(Compressor):
+class FP16Compressor(_CastCompressor):
+    """Sends floating-point tensors as float16 and casts the result back.
+
+    Example::
+
+        hvd.allreduce(grad, compression=hvd.Compression.fp16)
+    """
+
+    wire_dtype = torch.float16
+
+
+class BF16Compressor(_CastCompressor):
     """Sends floating-point tensors as bfloat16 and casts the result back.
 
     bfloat16 keeps float32's exponent range (no overflow where float16 would) with fewer
@@ -64,15 +72,7 @@ class BF16Compressor(Compressor):
         opt = hvd.DistributedOptimizer(opt, compression=hvd.Compression.bf16)
     """
 
-    @staticmethod
-    def compress(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        if tensor.dtype.is_floating_point:
-            return tensor.type(torch.bfloat16), tensor.dtype
-        return tensor, tensor.dtype
-
-    @staticmethod
-    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
-        return tensor if ctx is None or tensor.dtype == ctx else tensor.type(ctx)
+    wire_dtype = torch.bfloat16
 
 
 class Compression:
