@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 start=$(date +%s)
 dev/system-deps.sh
 dev/setup.sh
+dev/emulators.sh
 export PATH="$PWD/.venv/bin:$PATH"
 
 echo "== cargo fmt --check"

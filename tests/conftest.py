@@ -10,6 +10,19 @@ from pathlib import Path
 
 import pytest
 
+# Storage servers on 127.0.0.1 (moto, fake-gcs-server, Azurite, MiniDFS) as fixtures.
+from support.emulators import (  # noqa: F401
+    azure_prefix,
+    azure_server,
+    gcs_prefix,
+    gcs_server,
+    hdfs_prefix,
+    hdfs_server,
+    remote_prefix,
+    s3_prefix,
+    s3_server,
+)
+
 REPO = Path(__file__).resolve().parents[1]
 WORKERS = Path(__file__).resolve().parent / "workers"
 BIN = Path(sys.executable).parent

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 
-from conftest import REPO, run_kolorun
+from conftest import REPO, run_kolorun, worker_env
 
 
 def test_synthetic_benchmark_prints_horovod_style_figures(tmp_path) -> None:
@@ -55,3 +57,39 @@ def test_synthetic_benchmark_rejects_adasum() -> None:
     )
     assert result.returncode != 0
     assert "kolo does not support Adasum" in result.stderr, result.stderr[-3000:]
+
+
+def test_loader_benchmark_compares_kolo_with_pyarrow(tmp_path) -> None:
+    out = tmp_path / "loader.json"
+    args = ["--data-dir", str(tmp_path / "data"), "--rows", "20000", "--columns", "8"]
+    args += ["--files", "2", "--row-group-rows", "5000", "--variants", "uncompressed,array"]
+    args += ["--batch-sizes", "256", "--peers", "kolo,pyarrow", "--repeats", "1"]
+    args += ["--memcpy-bytes", str(32 << 20), "--json", str(out)]
+    result = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "loader.py"), *args],
+        cwd=REPO,
+        env=worker_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    lines = [x for x in result.stdout.splitlines() if x.startswith("loader ")]
+    assert len(lines) == 2, result.stdout
+    for line, variant in zip(lines, ("uncompressed", "array")):
+        assert re.match(rf"loader {variant} b=256: kolo [\d.]+M rows/s \(", line), line
+        assert re.search(r"\| pyarrow [\d.]+M rows/s .* \| kolo/pyarrow [\d.]+x$", line), line
+    assert re.search(
+        r"^memcpy share uncompressed b=256: kolo [\d.]+ GB/s = \d+% ", result.stdout, re.M
+    )
+    figures = json.loads(out.read_text())
+    assert figures["bench"] == "loader" and figures["memcpy_GBps"] > 0
+    for entry in figures["results"]:
+        for name in ("kolo", "pyarrow"):
+            run = entry["loaders"][name]
+            assert run["rows"] == 19968 and run["complete_epoch"], run
+            assert run["rows_per_s"] > 0 and run["cpu_s_per_GB"] > 0 and run["peak_rss_bytes"] > 0
+            assert 0 < run["first_batch_s"] < 60
+        for key in ("shapes", "dtypes"):
+            assert entry["loaders"]["kolo"][key] == entry["loaders"]["pyarrow"][key], entry
+        assert entry["ratios_rows_per_s"]["pyarrow"] > 0

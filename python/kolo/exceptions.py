@@ -17,6 +17,7 @@ Example::
 
 from kolo._native import (
     ConfigError,
+    DataError,
     InternalError,
     InvalidArgumentError,
     JobAbortedError,
@@ -25,6 +26,7 @@ from kolo._native import (
     MismatchError,
     PeerConnectionError,
     RendezvousError,
+    StoreError,
     TimeoutError,
 )
 
@@ -38,6 +40,7 @@ HorovodInternalError = InternalError
 
 __all__ = [
     "ConfigError",
+    "DataError",
     "HorovodInternalError",
     "InternalError",
     "InvalidArgumentError",
@@ -48,5 +51,6 @@ __all__ = [
     "NotInitializedError",
     "PeerConnectionError",
     "RendezvousError",
+    "StoreError",
     "TimeoutError",
 ]

@@ -66,6 +66,19 @@ create_exception!(
     "Starting or supervising the processes of a job failed."
 );
 
+create_exception!(
+    kolo.exceptions,
+    StoreError,
+    KoloError,
+    "A store location could not be resolved or reached (URL, credentials, missing object)."
+);
+create_exception!(
+    kolo.exceptions,
+    DataError,
+    KoloError,
+    "A dataset cannot be used for training (missing or non-numeric column, nulls, ragged arrays, too few rows)."
+);
+
 /// Adds every exception class to the native module (re-exported by `kolo.exceptions`).
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
@@ -82,6 +95,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("JobAbortedError", py.get_type::<JobAbortedError>())?;
     m.add("PeerConnectionError", py.get_type::<PeerConnectionError>())?;
     m.add("LaunchError", py.get_type::<LaunchError>())?;
+    m.add("StoreError", py.get_type::<StoreError>())?;
+    m.add("DataError", py.get_type::<DataError>())?;
     Ok(())
 }
 
@@ -112,5 +127,25 @@ pub trait IntoPyResult<T> {
 impl<T> IntoPyResult<T> for kolo_collective::Result<T> {
     fn py_err(self) -> PyResult<T> {
         self.map_err(to_py)
+    }
+}
+
+/// Maps a store error onto `kolo.exceptions.StoreError`, keeping the message.
+pub fn store_to_py(err: kolo_store::Error) -> PyErr {
+    StoreError::new_err(err.to_string())
+}
+
+/// Maps a data-path error onto its `kolo.exceptions` class, keeping the message.
+pub fn data_to_py(err: kolo_estimator::Error) -> PyErr {
+    match err {
+        kolo_estimator::Error::Store(inner) => store_to_py(inner),
+        kolo_estimator::Error::Runtime(inner) => to_py(inner),
+        kolo_estimator::Error::DatasetNotFound { .. }
+        | kolo_estimator::Error::ReadFile { .. }
+        | kolo_estimator::Error::SourceNotFound { .. }
+        | kolo_estimator::Error::WriteParquet { .. } => StoreError::new_err(err.to_string()),
+        kolo_estimator::Error::InvalidArgument(_) => InvalidArgumentError::new_err(err.to_string()),
+        kolo_estimator::Error::Internal(_) => InternalError::new_err(err.to_string()),
+        _ => DataError::new_err(err.to_string()),
     }
 }

@@ -8,9 +8,12 @@ mod blocking;
 mod driver;
 mod error;
 mod launch;
+mod loader;
 mod logging;
 mod ops;
+mod prepare;
 mod session;
+mod store;
 
 /// The native module.
 #[pymodule]
@@ -22,5 +25,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     ops::register(m)?;
     launch::register(m)?;
     driver::register(m)?;
+    store::register(m)?;
+    loader::register(m)?;
+    prepare::register(m)?;
     Ok(())
 }

@@ -1,0 +1,296 @@
+"""Parquet -> torch loader throughput: kolo's ParquetLoader vs pyarrow, Ray Data, Petastorm.
+
+    python bench/loader.py [--rows 2621440] [--batch-sizes 32,256,4096]
+        [--variants uncompressed,snappy,array] [--peers kolo,pyarrow,ray,petastorm]
+        [--repeats 2] [--seconds 10] [--max-batches N] [--petastorm-python PATH]
+
+The dataset (about 1 GB: 100 float32 columns + int64 label, 8 files, 163,840-row row groups of
+about 64 MiB; see loader_data.py) is generated once into ``--data-dir`` and its files are read
+once before timing, so the page cache is warm and the runs measure the loaders, not the disk.
+Every (loader, batch size, variant) runs in a fresh process (loader_peers.py) that iterates one
+shuffled epoch, stopping early ``--seconds`` after its first batch or after ``--max-batches``,
+and reports rows, time to first batch (from building the loader; imports and ``ray.init`` are
+not included, ray.init is reported on its own), CPU seconds and peak memory of its process
+tree. The loaders take turns (kolo, peer, kolo, peer, ...) for ``--repeats`` rounds and the
+median run is kept. Throughput and CPU seconds per GB are steady state (rows, time and CPU
+after the first batch; the JSON also has CPU per GB with start-up); GB/s counts the logical
+bytes of the selected columns (408 B per row). One line per (variant, batch size) gives each
+loader's figures and kolo's ratio to each peer; kolo's GB/s at the largest batch on
+uncompressed data is also given as a share of a single-threaded memcpy.
+JSON goes to bench/results/loader-<time>.json (or ``--json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from loader_data import (
+    VARIANTS,
+    DatasetSpec,
+    ensure_dataset,
+    memcpy_bound_gbps,
+    parquet_files,
+    warm_page_cache,
+)
+
+HERE = Path(__file__).resolve().parent
+CHILD = HERE / "loader_peers.py"
+ALL_LOADERS = ("kolo", "pyarrow", "ray", "petastorm")
+DEFAULT_PETASTORM_PYTHON = Path.home() / ".cache/kolo-bench/petastorm-venv/bin/python"
+IMPORT_CHECKS = {
+    "kolo": "from kolo.data import ParquetLoader",
+    "pyarrow": "import pyarrow.parquet, torch",
+    "ray": "import ray.data, torch",
+    "petastorm": "from petastorm import make_batch_reader; from petastorm.pytorch import "
+    "BatchedDataLoader; import torch",
+}
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    def csv(text: str) -> list[str]:
+        return [x.strip() for x in text.split(",") if x.strip()]
+
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--data-dir", type=Path, default=Path.home() / ".cache/kolo-bench/loader")
+    parser.add_argument("--rows", type=int, default=2_621_440)
+    parser.add_argument("--columns", type=int, default=100, help="float32 columns (array length)")
+    parser.add_argument("--files", type=int, default=8)
+    parser.add_argument("--row-group-rows", type=int, default=163_840)
+    parser.add_argument("--variants", type=csv, default=list(VARIANTS))
+    parser.add_argument(
+        "--batch-sizes", type=lambda t: [int(x) for x in csv(t)], default=[32, 256, 4096]
+    )
+    parser.add_argument(
+        "--peers", type=csv, default=list(ALL_LOADERS), help="loaders to run, kolo included"
+    )
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument(
+        "--seconds", type=float, default=10.0, help="stop a run this long after its first batch"
+    )
+    parser.add_argument("--max-batches", type=int, default=1 << 40)
+    parser.add_argument("--shuffle-buffer", type=int, default=16_384, help="rows, every loader")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--memcpy-bytes", type=int, default=1 << 30)
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per run, then killed")
+    parser.add_argument("--petastorm-python", type=Path, default=None)
+    parser.add_argument("--json", type=Path, default=None, help="results file")
+    args = parser.parse_args(argv)
+    unknown = set(args.peers) - set(ALL_LOADERS) or set(args.variants) - set(VARIANTS)
+    if unknown:
+        parser.error(f"unknown loader or variant {sorted(unknown)}")
+    return args
+
+
+def interpreter(loader: str, args: argparse.Namespace) -> str:
+    if loader == "petastorm":
+        if args.petastorm_python:
+            return str(args.petastorm_python)
+        if DEFAULT_PETASTORM_PYTHON.exists():
+            return str(DEFAULT_PETASTORM_PYTHON)
+    return sys.executable
+
+
+def unavailable_reason(loader: str, python: str) -> Optional[str]:
+    """None when ``loader`` imports in ``python``, else the error's last line."""
+    probe = subprocess.run(
+        [python, "-c", IMPORT_CHECKS[loader]], capture_output=True, text=True, timeout=120
+    )
+    if probe.returncode == 0:
+        return None
+    lines = (probe.stderr or probe.stdout).strip().splitlines()
+    return lines[-1] if lines else f"exit status {probe.returncode}"
+
+
+def run_child(python: str, spec: dict[str, Any], timeout: float) -> dict[str, Any]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", RAY_DEDUP_LOGS="0")
+    try:
+        proc = subprocess.run(
+            [python, str(CHILD), json.dumps(spec)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+        )
+    except subprocess.TimeoutExpired:
+        return {"loader": spec["loader"], "error": f"timed out after {timeout:g} s"}
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT ") :])
+    tail = (proc.stderr or proc.stdout).strip().splitlines()
+    return {"loader": spec["loader"], "error": tail[-1] if tail else f"exit {proc.returncode}"}
+
+
+def figures(run: dict[str, Any], row_bytes: int) -> dict[str, Any]:
+    """Rates from one run's raw counts."""
+    steady = max(run["steady_seconds"], 1e-9)
+    rows_per_s = run["steady_rows"] / steady if run["steady_rows"] else run["rows"] / run["seconds"]
+    steady_gb = run["steady_rows"] * row_bytes / 1e9
+    gb = run["rows"] * row_bytes / 1e9
+    return {
+        **run,
+        "rows_per_s": rows_per_s,
+        "GBps": rows_per_s * row_bytes / 1e9,
+        "cpu_s_per_GB": run["steady_cpu_s"] / steady_gb if steady_gb else run["cpu_s"] / gb,
+        "cpu_s_per_GB_with_startup": run["cpu_s"] / gb,
+    }
+
+
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    good = sorted((r for r in runs if "error" not in r), key=lambda r: r["rows_per_s"])
+    if not good:
+        return runs[-1]
+    chosen = dict(good[(len(good) - 1) // 2])
+    chosen["rows_per_s_runs"] = [r["rows_per_s"] for r in good]
+    chosen["rows_per_s_median"] = statistics.median(chosen["rows_per_s_runs"])
+    return chosen
+
+
+def describe(result: dict[str, Any]) -> str:
+    name = result["loader"]
+    if "unavailable" in result:
+        return f"{name} unavailable ({result['unavailable']})"
+    if "error" in result:
+        return f"{name} failed ({result['error']})"
+    extra = f", ray.init {result['ray_init_s']:.1f} s" if "ray_init_s" in result else ""
+    return (
+        f"{name} {result['rows_per_s'] / 1e6:.3f}M rows/s ({result['GBps']:.2f} GB/s, "
+        f"{result['cpu_s_per_GB']:.2f} CPU-s/GB, first batch {result['first_batch_s']:.2f} s, "
+        f"peak RSS {result['peak_rss_bytes'] / 1e6:.0f} MB{extra})"
+    )
+
+
+def ratios(row: dict[str, dict[str, Any]]) -> dict[str, float]:
+    kolo = row.get("kolo", {})
+    if "rows_per_s" not in kolo:
+        return {}
+    return {
+        peer: kolo["rows_per_s"] / result["rows_per_s"]
+        for peer, result in row.items()
+        if peer != "kolo" and result.get("rows_per_s")
+    }
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    args = parse_args(argv)
+    loaders = [name for name in ALL_LOADERS if name in args.peers]
+    pythons = {name: interpreter(name, args) for name in loaders}
+    unavailable = {name: unavailable_reason(name, pythons[name]) for name in loaders}
+    for name, reason in unavailable.items():
+        if reason:
+            print(f"loader {name}: unavailable ({reason})", flush=True)
+
+    datasets = {}
+    for variant in args.variants:
+        spec = DatasetSpec(variant, args.rows, args.columns, args.files, args.row_group_rows)
+        started = time.perf_counter()
+        folder = ensure_dataset(args.data_dir, spec)
+        files = parquet_files(folder)
+        file_bytes = warm_page_cache(files)
+        datasets[variant] = (spec, folder, files)
+        print(
+            f"dataset {variant}: {spec.rows} rows x {spec.row_bytes} B = "
+            f"{spec.rows * spec.row_bytes / 1e9:.2f} GB logical, {file_bytes / 1e9:.2f} GB in "
+            f"{len(files)} files ({spec.compression}), page cache warmed "
+            f"({time.perf_counter() - started:.1f} s)",
+            flush=True,
+        )
+    memcpy = memcpy_bound_gbps(args.memcpy_bytes)
+    print(f"memcpy bound: {memcpy:.2f} GB/s (np.copyto of {args.memcpy_bytes >> 20} MiB, 1 thread)")
+
+    load_before = os.getloadavg()
+    results = []
+    for variant, (spec, folder, files) in datasets.items():
+        for batch_size in args.batch_sizes:
+            runs: dict[str, list[dict[str, Any]]] = {name: [] for name in loaders}
+            for _ in range(args.repeats):
+                for name in loaders:
+                    if unavailable[name]:
+                        continue
+                    child_spec = {
+                        "loader": name,
+                        "folder": str(folder),
+                        "files": [str(f) for f in files],
+                        "columns": spec.column_names,
+                        "batch_size": batch_size,
+                        "shuffle_buffer": args.shuffle_buffer,
+                        "seed": args.seed,
+                        "seconds": args.seconds,
+                        "max_batches": args.max_batches,
+                    }
+                    run = run_child(pythons[name], child_spec, args.timeout)
+                    runs[name].append(figures(run, spec.row_bytes) if "error" not in run else run)
+            row = {
+                name: {"loader": name, "unavailable": unavailable[name]}
+                if unavailable[name]
+                else median_run(runs[name])
+                for name in loaders
+            }
+            row_ratios = ratios(row)
+            line = " | ".join(describe(row[name]) for name in loaders)
+            if row_ratios:
+                line += " | " + ", ".join(f"kolo/{p} {r:.2f}x" for p, r in row_ratios.items())
+            print(f"loader {variant} b={batch_size}: {line}", flush=True)
+            entry = {
+                "variant": variant,
+                "batch_size": batch_size,
+                "loaders": row,
+                "ratios_rows_per_s": row_ratios,
+            }
+            kolo = row.get("kolo", {})
+            if variant == "uncompressed" and batch_size == max(args.batch_sizes) and "GBps" in kolo:
+                share = kolo["GBps"] / memcpy
+                entry["kolo_share_of_memcpy"] = share
+                print(
+                    f"memcpy share {variant} b={batch_size}: kolo {kolo['GBps']:.2f} GB/s = "
+                    f"{share:.0%} of the memcpy bound ({memcpy:.2f} GB/s)",
+                    flush=True,
+                )
+            results.append(entry)
+
+    from common import write_results
+
+    write_results(
+        "loader",
+        {
+            "dataset": {
+                variant: {
+                    "rows": spec.rows,
+                    "row_bytes": spec.row_bytes,
+                    "files": len(files),
+                    "row_group_rows": spec.row_group_rows,
+                    "compression": spec.compression,
+                    "file_bytes": sum(f.stat().st_size for f in files),
+                    "columns": len(spec.column_names),
+                }
+                for variant, (spec, _, files) in datasets.items()
+            },
+            "settings": {
+                "repeats": args.repeats,
+                "seconds_cap": args.seconds,
+                "max_batches": args.max_batches,
+                "shuffle_buffer_rows": args.shuffle_buffer,
+                "page_cache": "warm",
+                "loadavg_before": load_before,
+                "loadavg_after": os.getloadavg(),
+                "interpreters": pythons,
+            },
+            "memcpy_GBps": memcpy,
+            "unavailable": {k: v for k, v in unavailable.items() if v},
+            "results": results,
+        },
+        out=args.json,
+    )
+
+
+if __name__ == "__main__":
+    main()

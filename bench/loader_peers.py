@@ -1,0 +1,322 @@
+"""One loader run of the loader benchmark, in its own process: ``python loader_peers.py SPEC``.
+
+SPEC is a JSON object (loader, files, folder, columns, batch_size, shuffle_buffer, seed,
+seconds, max_batches). The process builds the loader, iterates one epoch (or until ``seconds``
+after the first batch, or ``max_batches``) and prints one line ``RESULT {json}`` with rows,
+timings, CPU seconds (user + system of the process tree, threads included) and peak memory
+(VmHWM; for Ray, whose work runs in other processes, the peak of the tree's summed PSS sampled
+every 0.1 s). It imports only the standard library at module level, so the Petastorm run can
+use another interpreter (a venv with the older pyarrow Petastorm needs).
+
+Every loader yields one dict of torch tensors per batch (scalar columns ``[B]``, the array column
+``[B, 100]``), ``batch_size`` rows, shuffled through a buffer of about ``shuffle_buffer`` rows,
+one epoch over the same files, last partial batch dropped (Petastorm's BatchedDataLoader has no
+drop_last: its one short last batch is accepted):
+
+- ``kolo``: ``kolo.data.ParquetLoader``.
+- ``pyarrow``: the hand-written loader a user would write: files in shuffled order,
+  ``ParquetFile.iter_batches`` in chunks of ``shuffle_buffer`` rows into a shuffle buffer of
+  numpy column arrays (permuted whenever it holds ``shuffle_buffer`` rows; the remainder carries
+  over), batches gathered by fancy indexing, ``torch.from_numpy`` per column.
+- ``ray``: ``ray.data.read_parquet(files, shuffle="files").select_columns(columns)
+  .iter_torch_batches(batch_size, local_shuffle_buffer_size)`` after ``ray.init(num_cpus=2)``
+  (ray.init timed on its own).
+- ``petastorm``: ``make_batch_reader(url, num_epochs=1, workers_count=2)`` +
+  ``petastorm.pytorch.BatchedDataLoader(reader, batch_size, shuffling_queue_capacity)``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import threading
+import time
+from typing import Any, Iterator
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _tree_pids(root: int) -> list[int]:
+    """``root`` and every live descendant (from /proc/*/stat parent links)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                ppid = int(stat.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    pids, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        pids.append(pid)
+        todo.extend(children.get(pid, []))
+    return pids
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """User + system CPU of this process (threads and reaped children included, from rusage)
+    plus that of ``root``'s other live descendants (from /proc, in clock ticks)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+    total = own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime
+    ticks = 0
+    for pid in _tree_pids(root)[1:]:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        ticks += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+    return total + ticks / CLOCK_TICKS
+
+
+def tree_pss_bytes(root: int) -> int:
+    """Summed proportional set size of ``root``'s tree (shared pages split, not double counted)."""
+    total = 0
+    for pid in _tree_pids(root):
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as rollup:
+                for line in rollup:
+                    if line.startswith("Pss:"):
+                        total += int(line.split()[1]) * 1024
+                        break
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
+
+
+def self_status_bytes(field: str) -> int:
+    """A size field of /proc/self/status (VmHWM = peak RSS, RssAnon, RssFile, ...)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+class TreeRssSampler:
+    """Samples the summed PSS of this process tree every 0.1 s (for multi-process loaders)."""
+
+    def __init__(self) -> None:
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.1):
+            self.peak = max(self.peak, tree_pss_bytes(os.getpid()))
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        return max(self.peak, tree_pss_bytes(os.getpid()))
+
+
+def kolo_batches(spec: dict[str, Any]) -> Iterator[dict]:
+    from kolo.data import ParquetLoader
+
+    loader = ParquetLoader(
+        spec["folder"],
+        spec["columns"],
+        batch_size=spec["batch_size"],
+        rank=0,
+        size=1,
+        shuffle=True,
+        seed=spec["seed"],
+        num_epochs=1,
+        drop_last=True,
+        to="torch",
+        shuffle_buffer_size=spec["shuffle_buffer"],
+    )
+    return iter(loader)
+
+
+def _column_array(column: Any) -> Any:
+    """A pyarrow column as numpy: scalars 1-D, a fixed-length list column 2-D."""
+    import pyarrow as pa
+
+    if pa.types.is_list(column.type) or pa.types.is_fixed_size_list(column.type):
+        if isinstance(column, pa.ChunkedArray):
+            column = column.combine_chunks()
+        width = len(column[0]) if len(column) else 0
+        return column.flatten().to_numpy().reshape(len(column), width)
+    return column.to_numpy()
+
+
+def pyarrow_batches(spec: dict[str, Any]) -> Iterator[dict]:
+    import numpy as np
+    import pyarrow.parquet as pq
+    import torch
+
+    rng = np.random.default_rng(spec["seed"])
+    columns, batch_size, capacity = spec["columns"], spec["batch_size"], spec["shuffle_buffer"]
+    pending: list[dict[str, np.ndarray]] = []
+    pending_rows = 0
+
+    def drain(final: bool) -> Iterator[dict]:
+        nonlocal pending, pending_rows
+        merged = {c: np.concatenate([chunk[c] for chunk in pending]) for c in columns}
+        order = rng.permutation(pending_rows)
+        full = pending_rows - pending_rows % batch_size
+        for start in range(0, full, batch_size):
+            index = order[start : start + batch_size]
+            yield {c: torch.from_numpy(merged[c][index]) for c in columns}
+        rest = order[full:]
+        pending = [{c: merged[c][rest] for c in columns}] if len(rest) and not final else []
+        pending_rows = len(rest) if not final else 0
+
+    for file_index in rng.permutation(len(spec["files"])):
+        parquet = pq.ParquetFile(spec["files"][file_index])
+        for record_batch in parquet.iter_batches(batch_size=capacity, columns=columns):
+            pending.append({c: _column_array(record_batch.column(c)) for c in columns})
+            pending_rows += record_batch.num_rows
+            if pending_rows >= capacity:
+                yield from drain(final=False)
+    if pending_rows:
+        yield from drain(final=True)
+
+
+def ray_init(report: dict[str, Any]) -> None:
+    """Starts Ray on this machine's 2 CPUs; reported apart from the loader's own time."""
+    import ray
+    import ray.data
+
+    start = time.perf_counter()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    report["ray_init_s"] = time.perf_counter() - start
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False
+    context.print_on_execution_start = False
+
+
+def ray_batches(spec: dict[str, Any]) -> Iterator[dict]:
+    import ray.data
+
+    dataset = ray.data.read_parquet(spec["files"], shuffle="files").select_columns(spec["columns"])
+    return iter(
+        dataset.iter_torch_batches(
+            batch_size=spec["batch_size"],
+            local_shuffle_buffer_size=spec["shuffle_buffer"],
+            local_shuffle_seed=spec["seed"],
+            drop_last=True,
+        )
+    )
+
+
+def petastorm_batches(spec: dict[str, Any]) -> Iterator[dict]:
+    from petastorm import make_batch_reader
+    from petastorm.pytorch import BatchedDataLoader
+
+    reader = make_batch_reader(
+        [f"file://{path}" for path in spec["files"]],
+        schema_fields=spec["columns"],
+        num_epochs=1,
+        workers_count=2,
+        shuffle_row_groups=True,
+        seed=spec["seed"],
+    )
+
+    def pipeline() -> Iterator[dict]:
+        with reader:
+            loader = BatchedDataLoader(
+                reader,
+                batch_size=spec["batch_size"],
+                shuffling_queue_capacity=spec["shuffle_buffer"],
+            )
+            yield from loader
+
+    return pipeline()
+
+
+PRELOAD = {
+    "kolo": "import kolo.data",
+    "pyarrow": "import numpy, pyarrow.parquet",
+    "ray": "import ray.data",
+    "petastorm": "import petastorm, petastorm.pytorch",
+}
+LOADERS = {
+    "kolo": kolo_batches,
+    "pyarrow": pyarrow_batches,
+    "ray": ray_batches,
+    "petastorm": petastorm_batches,
+}
+
+
+def run(spec: dict[str, Any]) -> dict[str, Any]:
+    """Times one pass of ``spec["loader"]``; CPU and RSS cover this whole process tree."""
+    import torch
+
+    name = spec["loader"]
+    report: dict[str, Any] = {"loader": name}
+    exec(PRELOAD[name])  # imports are not loader time
+    sampler = None
+    if name == "ray":
+        ray_init(report)
+        sampler = TreeRssSampler()
+    label, probe = spec["columns"][-1], spec["columns"][0]
+    batch_size = spec["batch_size"]
+    rows = count = 0
+    first = None
+    complete = True
+    short = False
+    cpu_start = cpu_first = tree_cpu_seconds(os.getpid())
+    start = time.perf_counter()
+    deadline = float("inf")
+    for batch in LOADERS[name](spec):
+        now = time.perf_counter()
+        if first is None:
+            first = now
+            deadline = now + spec["seconds"]
+            cpu_first = tree_cpu_seconds(os.getpid())
+            report["shapes"] = {c: list(batch[c].shape) for c in spec["columns"]}
+            report["dtypes"] = {c: str(batch[c].dtype).replace("torch.", "") for c in batch}
+            report["all_tensors"] = all(isinstance(t, torch.Tensor) for t in batch.values())
+        n = batch[label].shape[0]
+        if short or n > batch_size or len(batch) < len(spec["columns"]):
+            raise RuntimeError(f"{name}: a batch with {n} rows and {len(batch)} columns")
+        short = n < batch_size  # Petastorm's last batch holds the epoch's remainder
+        batch[label][-1].item()
+        batch[probe].reshape(-1)[-1].item()
+        rows += n
+        count += 1
+        if count >= spec["max_batches"] or now >= deadline:
+            complete = False
+            break
+    end = time.perf_counter()
+    if not rows:
+        raise RuntimeError(f"{name} gave no batch")
+    cpu_end = tree_cpu_seconds(os.getpid())
+    report.update(
+        rows=rows,
+        batches=count,
+        seconds=end - start,
+        first_batch_s=(first or end) - start,
+        steady_rows=max(rows - batch_size, 0),
+        steady_seconds=end - (first or end),
+        cpu_s=cpu_end - cpu_start,
+        steady_cpu_s=cpu_end - cpu_first,
+        peak_rss_bytes=max(self_status_bytes("VmHWM"), sampler.stop() if sampler else 0),
+        # at the end, this process only: file-backed pages (mapped Parquet files) vs heap
+        rss_anon_end_bytes=self_status_bytes("RssAnon"),
+        rss_file_end_bytes=self_status_bytes("RssFile"),
+        complete_epoch=complete,
+    )
+    return report
+
+
+def main() -> None:
+    spec = json.loads(sys.argv[1])
+    report = run(spec)
+    print("RESULT " + json.dumps(report), flush=True)
+    sys.stdout.flush()
+    os._exit(0)  # skip interpreter teardown (Ray/Petastorm threads); the figures are out
+
+
+if __name__ == "__main__":
+    main()

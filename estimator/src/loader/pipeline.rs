@@ -1,0 +1,554 @@
+//! The loader's threads: decode workers turn pieces (file, row group, row range) into chunks in
+//! parallel; one assembler thread puts them back in plan order, permutes shuffle windows,
+//! gathers batches and queues them for the caller.
+
+use std::collections::{HashMap, VecDeque};
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+use crate::loader::assemble::{allocate, Batch, BufferPool, Group, Segment, Window};
+use crate::loader::decode::{Chunk, ColumnSpec};
+use crate::loader::queue::{Pop, Queue};
+use crate::loader::source::FileReader;
+use crate::loader::state::Position;
+use crate::metadata::RowGroupRef;
+use crate::plan::{EpochPlan, PlanConfig, RankPlan};
+
+/// How often blocked threads look at the stop flag.
+const POLL: Duration = Duration::from_millis(50);
+/// How long dropping a loader waits for its threads.
+const JOIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Everything the threads share about the dataset and the loader's settings.
+#[derive(Debug)]
+pub struct Context {
+    /// One reader per data file.
+    pub readers: Vec<FileReader>,
+    /// Row groups in the global row index space.
+    pub row_groups: Vec<RowGroupRef>,
+    /// The selected columns.
+    pub specs: Vec<ColumnSpec>,
+    /// The output buffers.
+    pub groups: Vec<Group>,
+    /// The plan settings.
+    pub config: PlanConfig,
+    /// This rank.
+    pub rank: u32,
+    /// Epochs to run (`None`: no end).
+    pub num_epochs: Option<u64>,
+    /// Most rows per piece when a file's offset index lets a row group be read in parts.
+    pub piece_rows: usize,
+    /// Per file, the top-level indices of the selected columns (found once).
+    pub roots: Vec<OnceLock<Vec<usize>>>,
+    /// Threads that gather the columns of a shuffle window.
+    pub assemble_threads: usize,
+}
+
+impl Context {
+    /// The global row ranges of the row groups.
+    pub fn row_group_ranges(&self) -> Vec<Range<u64>> {
+        self.row_groups.iter().map(|g| g.rows.clone()).collect()
+    }
+
+    fn roots(&self, file: usize) -> Result<&[usize]> {
+        if let Some(roots) = self.roots[file].get() {
+            return Ok(roots);
+        }
+        let reader = &self.readers[file];
+        let schema = reader.metadata()?.schema().clone();
+        let roots = self
+            .specs
+            .iter()
+            .map(|spec| {
+                schema
+                    .index_of(&spec.name)
+                    .map_err(|_| Error::SchemaDiffers {
+                        column: spec.name.clone(),
+                        file: reader.file().url.clone(),
+                        expected: spec.dtype.name().to_string(),
+                        found: "missing".into(),
+                    })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(self.roots[file].get_or_init(|| roots))
+    }
+
+    /// Decodes one piece into chunks.
+    fn decode(&self, piece: &Piece) -> Result<Vec<Arc<Chunk>>> {
+        let reader = &self.readers[piece.file];
+        let roots = self.roots(piece.file)?;
+        let want = piece.rows.len();
+        let batches = reader.read(roots, piece.row_group, piece.rows.clone(), want)?;
+        let mut chunks = Vec::with_capacity(batches.len());
+        let mut got = 0;
+        for batch in &batches {
+            if batch.num_rows() > 0 {
+                got += batch.num_rows();
+                chunks.push(Arc::new(Chunk::from_batch(
+                    batch,
+                    &self.specs,
+                    &reader.file().url,
+                )?));
+            }
+        }
+        if got != want {
+            return Err(Error::Internal(format!(
+                "read {got} rows instead of {want} from row group {} of {}",
+                piece.row_group,
+                reader.file().url
+            )));
+        }
+        Ok(chunks)
+    }
+
+    /// Splits global `rows` into pieces along row groups (and, where the file has an offset
+    /// index, into parts of at most `piece_rows`).
+    fn pieces(&self, rows: &Range<u64>, out: &mut VecDeque<Piece>) -> Result<()> {
+        let mut at = rows.start;
+        while at < rows.end {
+            let g = self.row_groups.partition_point(|g| g.rows.end <= at);
+            let group = self.row_groups.get(g).ok_or_else(|| {
+                Error::Internal(format!("row {at} is past the dataset's row groups"))
+            })?;
+            let end = rows.end.min(group.rows.end);
+            let local = (at - group.rows.start) as usize..(end - group.rows.start) as usize;
+            let reader = &self.readers[group.file];
+            let split = reader.metadata()?.metadata().offset_index().is_some();
+            let step = if split {
+                self.piece_rows.max(1)
+            } else {
+                usize::MAX
+            };
+            let mut start = local.start;
+            while start < local.end {
+                let stop = local.end.min(start.saturating_add(step));
+                out.push_back(Piece {
+                    file: group.file,
+                    row_group: group.row_group,
+                    rows: start..stop,
+                });
+                start = stop;
+            }
+            at = end;
+        }
+        Ok(())
+    }
+}
+
+/// Rows of one row group to decode.
+#[derive(Debug, Clone)]
+struct Piece {
+    file: usize,
+    row_group: usize,
+    rows: Range<usize>,
+}
+
+/// What the assembler hands to the caller.
+#[derive(Debug)]
+pub enum Item {
+    /// A batch.
+    Batch(Batch),
+    /// The epoch ended (after its last batch).
+    EndOfEpoch(u64),
+    /// The last epoch (`num_epochs`) ended.
+    Finished,
+    /// Reading failed; the threads have stopped.
+    Failed(Error),
+}
+
+type Decoded = Result<Vec<Arc<Chunk>>>;
+
+/// The decode queue and the results waiting to be put in order.
+#[derive(Debug, Default)]
+struct Work {
+    state: Mutex<WorkState>,
+    work_ready: Condvar,
+    result_ready: Condvar,
+    stop: AtomicBool,
+}
+
+#[derive(Debug, Default)]
+struct WorkState {
+    queue: VecDeque<(u64, Piece)>,
+    done: HashMap<u64, Decoded>,
+}
+
+impl Work {
+    fn lock(&self) -> MutexGuard<'_, WorkState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+
+    fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        let _guard = self.lock();
+        self.work_ready.notify_all();
+        self.result_ready.notify_all();
+    }
+
+    /// Decode worker: takes pieces until stopped.
+    fn run_worker(&self, context: &Context) {
+        loop {
+            let (seq, piece) = {
+                let mut state = self.lock();
+                loop {
+                    if self.stopped() {
+                        return;
+                    }
+                    if let Some(job) = state.queue.pop_front() {
+                        break job;
+                    }
+                    state = self
+                        .work_ready
+                        .wait_timeout(state, POLL)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
+                }
+            };
+            let result = context.decode(&piece);
+            self.lock().done.insert(seq, result);
+            self.result_ready.notify_all();
+        }
+    }
+
+    /// The result of piece `seq`, waiting for it; `None` once stopped.
+    fn result(&self, seq: u64) -> Option<Decoded> {
+        let mut state = self.lock();
+        loop {
+            if let Some(result) = state.done.remove(&seq) {
+                return Some(result);
+            }
+            if self.stopped() {
+                return None;
+            }
+            state = self
+                .result_ready
+                .wait_timeout(state, POLL)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+}
+
+/// One epoch as the assembler runs it.
+#[derive(Debug)]
+struct EpochJob {
+    epoch: u64,
+    plan: RankPlan,
+    /// Output position to start at.
+    start: u64,
+    /// Output position to stop at (rows handed out in the epoch).
+    end: u64,
+}
+
+/// Generates the pieces to read, epoch after epoch, ahead of the assembler.
+#[derive(Debug)]
+struct Feed {
+    context: Arc<Context>,
+    next: Option<Position>,
+    pieces: VecDeque<Piece>,
+    jobs: VecDeque<EpochJob>,
+}
+
+impl Feed {
+    /// Plans the next epoch: queues its job and its pieces. `false` when there is none.
+    fn advance(&mut self) -> Result<bool> {
+        let Some(position) = self.next.take() else {
+            return Ok(false);
+        };
+        let context = &self.context;
+        if context.num_epochs.is_some_and(|n| position.epoch >= n) {
+            return Ok(false);
+        }
+        let plan = EpochPlan::new(
+            &context.row_group_ranges(),
+            &context.config,
+            position.epoch,
+            &position.history,
+        )
+        .rank(context.rank);
+        let end = plan.delivered_rows();
+        let start = position.offset.min(end);
+        if start < end {
+            let window = plan.window();
+            let first = start / window * window;
+            let last = plan.window_bounds((end - 1) / window).end;
+            for range in plan.rows().slice(first, last) {
+                context.pieces(&range, &mut self.pieces)?;
+            }
+        }
+        self.jobs.push_back(EpochJob {
+            epoch: position.epoch,
+            plan,
+            start,
+            end,
+        });
+        self.next = Some(Position {
+            epoch: position.epoch + 1,
+            offset: 0,
+            history: Vec::new(),
+        });
+        Ok(true)
+    }
+}
+
+/// The assembler's state.
+struct Assembler {
+    context: Arc<Context>,
+    work: Arc<Work>,
+    out: Arc<Queue<Item>>,
+    feed: Feed,
+    issued: u64,
+    consumed: u64,
+    lookahead: u64,
+    /// Decoded chunks not used up yet, with the first unused row of the front one.
+    stream: VecDeque<Arc<Chunk>>,
+    stream_row: usize,
+    pool: Arc<BufferPool>,
+}
+
+impl Assembler {
+    fn run(mut self) {
+        let item = match self.run_epochs() {
+            Ok(true) => Item::Finished,
+            Ok(false) => return,
+            Err(err) => Item::Failed(err),
+        };
+        let _ = self.out.push(item, POLL);
+        self.work.stop();
+    }
+
+    /// Runs epochs until `num_epochs` (`Ok(true)`) or a stop (`Ok(false)`).
+    fn run_epochs(&mut self) -> Result<bool> {
+        loop {
+            if self.feed.jobs.is_empty() && !self.feed.advance()? {
+                return Ok(true);
+            }
+            let job = self
+                .feed
+                .jobs
+                .pop_front()
+                .ok_or_else(|| Error::Internal("no epoch planned".into()))?;
+            if !self.run_epoch(&job)? || !self.send(Item::EndOfEpoch(job.epoch)) {
+                return Ok(false);
+            }
+        }
+    }
+
+    /// Hands out one epoch's batches; `false` when stopped.
+    fn run_epoch(&mut self, job: &EpochJob) -> Result<bool> {
+        let context = Arc::clone(&self.context);
+        let groups = &context.groups;
+        let batch_size = self.context.config.batch_size;
+        let plan = &job.plan;
+        let width = plan.window();
+        let mut window: Option<(u64, Window)> = None;
+        let mut position = job.start;
+        while position < job.end {
+            let rows = batch_size.min(job.end - position) as usize;
+            let mut buffers = allocate(groups, rows, &self.pool);
+            let mut filled = 0;
+            while filled < rows {
+                let index = position / width;
+                let bounds = plan.window_bounds(index);
+                if window.as_ref().is_none_or(|(i, _)| *i != index) {
+                    let Some(segments) = self.take_rows((bounds.end - bounds.start) as usize)?
+                    else {
+                        return Ok(false);
+                    };
+                    let permutation = plan.window_permutation(index);
+                    window = Some((
+                        index,
+                        Window::new(
+                            &segments,
+                            &permutation,
+                            groups,
+                            &self.pool,
+                            context.assemble_threads,
+                        ),
+                    ));
+                }
+                let Some((_, current)) = window.as_ref() else {
+                    return Err(Error::Internal("no shuffle window loaded".into()));
+                };
+                let from = (position - bounds.start) as usize;
+                let n = (rows - filled).min((bounds.end - position) as usize);
+                current.copy_out(groups, &mut buffers, from, n, filled);
+                filled += n;
+                position += n as u64;
+            }
+            let batch = Batch {
+                epoch: job.epoch,
+                rows,
+                end_offset: position,
+                last: position == job.end,
+                buffers: buffers.into_iter().map(Arc::new).collect(),
+            };
+            if !self.send(Item::Batch(batch)) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    fn send(&self, item: Item) -> bool {
+        !self.work.stopped() && self.out.push(item, POLL).is_ok()
+    }
+
+    /// Queues pieces for the decoders up to the lookahead.
+    fn top_up(&mut self) -> Result<()> {
+        let mut queued = Vec::new();
+        while self.issued + (queued.len() as u64) < self.consumed + self.lookahead {
+            match self.feed.pieces.pop_front() {
+                Some(piece) => queued.push(piece),
+                None => {
+                    if self.feed.jobs.len() >= 2 || !self.feed.advance()? {
+                        break;
+                    }
+                }
+            }
+        }
+        if !queued.is_empty() {
+            let mut state = self.work.lock();
+            for piece in queued {
+                state.queue.push_back((self.issued, piece));
+                self.issued += 1;
+            }
+            drop(state);
+            self.work.work_ready.notify_all();
+        }
+        Ok(())
+    }
+
+    /// The next `n` rows of the stream, as segments; `None` once stopped.
+    fn take_rows(&mut self, mut n: usize) -> Result<Option<Vec<Segment>>> {
+        let mut segments = Vec::new();
+        while n > 0 {
+            let Some(front) = self.stream.front() else {
+                self.top_up()?;
+                if self.consumed >= self.issued {
+                    return Err(Error::Internal(
+                        "the plan asked for more rows than it scheduled".into(),
+                    ));
+                }
+                let Some(result) = self.work.result(self.consumed) else {
+                    return Ok(None);
+                };
+                self.consumed += 1;
+                self.stream.extend(result?);
+                self.stream_row = 0;
+                self.top_up()?;
+                continue;
+            };
+            let take = n.min(front.rows - self.stream_row);
+            segments.push(Segment {
+                chunk: Arc::clone(front),
+                start: self.stream_row,
+                len: take,
+            });
+            n -= take;
+            self.stream_row += take;
+            if self.stream_row == front.rows {
+                self.stream.pop_front();
+                self.stream_row = 0;
+            }
+        }
+        Ok(Some(segments))
+    }
+}
+
+/// The running threads of a loader, from one position on. Dropping it stops them.
+#[derive(Debug)]
+pub struct Pipeline {
+    out: Arc<Queue<Item>>,
+    work: Arc<Work>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Pipeline {
+    /// Starts `decoders` decode threads and the assembler at `position`, keeping up to
+    /// `prefetch` batches ready.
+    pub fn start(
+        context: Arc<Context>,
+        position: Position,
+        prefetch: usize,
+        decoders: usize,
+    ) -> Result<Pipeline> {
+        let out = Arc::new(Queue::new(prefetch));
+        let work = Arc::new(Work::default());
+        let mut pipeline = Pipeline {
+            out: Arc::clone(&out),
+            work: Arc::clone(&work),
+            threads: Vec::new(),
+        };
+        for i in 0..decoders.max(1) {
+            let work = Arc::clone(&work);
+            let context = Arc::clone(&context);
+            pipeline.spawn(format!("kolo-decode-{i}"), move || {
+                work.run_worker(&context)
+            })?;
+        }
+        let assembler = Assembler {
+            feed: Feed {
+                context: Arc::clone(&context),
+                next: Some(position),
+                pieces: VecDeque::new(),
+                jobs: VecDeque::new(),
+            },
+            context,
+            work,
+            out,
+            issued: 0,
+            consumed: 0,
+            lookahead: (2 * decoders.max(1) + 1) as u64,
+            stream: VecDeque::new(),
+            stream_row: 0,
+            pool: Arc::default(),
+        };
+        pipeline.spawn("kolo-assemble".into(), move || assembler.run())?;
+        Ok(pipeline)
+    }
+
+    fn spawn(&mut self, name: String, body: impl FnOnce() + Send + 'static) -> Result<()> {
+        let handle = std::thread::Builder::new()
+            .name(name)
+            .spawn(body)
+            .map_err(Error::LoaderThread)?;
+        self.threads.push(handle);
+        Ok(())
+    }
+
+    /// The next item, waiting at most `timeout`.
+    pub fn pop(&self, timeout: Duration) -> Pop<Item> {
+        self.out.pop(timeout)
+    }
+}
+
+impl Drop for Pipeline {
+    fn drop(&mut self) {
+        self.work.stop();
+        self.out.close();
+        let deadline = Instant::now() + JOIN_TIMEOUT;
+        for handle in self.threads.drain(..) {
+            while !handle.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            if handle.is_finished() {
+                let _ = handle.join();
+            } else {
+                log::warn!(
+                    "loader thread {:?} did not stop within {JOIN_TIMEOUT:?}; leaving it to end \
+                     after its current read",
+                    handle.thread().name()
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,142 @@
+//! A bounded queue whose every wait has a timeout and which can be closed from either end.
+
+use std::collections::VecDeque;
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Multi-producer, multi-consumer bounded FIFO.
+#[derive(Debug)]
+pub struct Queue<T> {
+    state: Mutex<State<T>>,
+    not_empty: Condvar,
+    not_full: Condvar,
+    capacity: usize,
+}
+
+#[derive(Debug)]
+struct State<T> {
+    items: VecDeque<T>,
+    closed: bool,
+}
+
+/// What a timed pop found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Pop<T> {
+    /// The next item.
+    Item(T),
+    /// Nothing arrived in time.
+    Empty,
+    /// The queue is closed and drained.
+    Closed,
+}
+
+impl<T> Queue<T> {
+    /// A queue holding at most `capacity` (at least 1) items.
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            state: Mutex::new(State {
+                items: VecDeque::new(),
+                closed: false,
+            }),
+            not_empty: Condvar::new(),
+            not_full: Condvar::new(),
+            capacity: capacity.max(1),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State<T>> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Appends `item`, waiting (in slices of `poll`) while the queue is full; gives the item
+    /// back if the queue is closed.
+    pub fn push(&self, item: T, poll: Duration) -> Result<(), T> {
+        let mut state = self.lock();
+        loop {
+            if state.closed {
+                return Err(item);
+            }
+            if state.items.len() < self.capacity {
+                state.items.push_back(item);
+                drop(state);
+                self.not_empty.notify_one();
+                return Ok(());
+            }
+            state = self
+                .not_full
+                .wait_timeout(state, poll)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Takes the next item, waiting at most `timeout`.
+    pub fn pop(&self, timeout: Duration) -> Pop<T> {
+        let deadline = Instant::now() + timeout;
+        let mut state = self.lock();
+        loop {
+            if let Some(item) = state.items.pop_front() {
+                drop(state);
+                self.not_full.notify_one();
+                return Pop::Item(item);
+            }
+            if state.closed {
+                return Pop::Closed;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Pop::Empty;
+            }
+            state = self
+                .not_empty
+                .wait_timeout(state, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Closes the queue: pushes fail from now on, pops drain what is left.
+    pub fn close(&self) {
+        self.lock().closed = true;
+        self.not_empty.notify_all();
+        self.not_full.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn bounded_fifo_with_close() {
+        let queue = Arc::new(Queue::new(2));
+        queue.push(1, Duration::from_millis(10)).unwrap();
+        queue.push(2, Duration::from_millis(10)).unwrap();
+        let producer = {
+            let queue = Arc::clone(&queue);
+            std::thread::spawn(move || queue.push(3, Duration::from_millis(10)))
+        };
+        assert_eq!(queue.pop(Duration::from_secs(1)), Pop::Item(1));
+        producer.join().unwrap().unwrap();
+        assert_eq!(queue.pop(Duration::from_secs(1)), Pop::Item(2));
+        assert_eq!(queue.pop(Duration::from_secs(1)), Pop::Item(3));
+        assert_eq!(queue.pop(Duration::from_millis(5)), Pop::Empty);
+        queue.close();
+        assert_eq!(queue.push(4, Duration::from_millis(5)), Err(4));
+        assert_eq!(queue.pop(Duration::from_secs(1)), Pop::Closed);
+    }
+
+    #[test]
+    fn close_wakes_a_blocked_producer() {
+        let queue = Arc::new(Queue::new(1));
+        queue.push(1, Duration::from_millis(10)).unwrap();
+        let producer = {
+            let queue = Arc::clone(&queue);
+            std::thread::spawn(move || queue.push(2, Duration::from_secs(10)))
+        };
+        std::thread::sleep(Duration::from_millis(20));
+        queue.close();
+        assert_eq!(producer.join().unwrap(), Err(2));
+    }
+}

@@ -1,0 +1,243 @@
+//! Reading one Parquet data file: its footer, and row ranges of a row group for a projection.
+//!
+//! Local files are memory-mapped once and read through `bytes::Bytes` (no copies of compressed
+//! pages, and the page cache is shared between processes); remote files go through
+//! `ParquetObjectReader`, driven by the process-wide runtime from the calling (non-runtime)
+//! thread.
+
+use std::ops::Range;
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+
+use arrow::array::RecordBatch;
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use futures::{FutureExt, TryStreamExt};
+use kolo_store::Store;
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, ObjectStoreExt};
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder, RowSelection,
+};
+use parquet::arrow::async_reader::{AsyncFileReader, ParquetRecordBatchStreamBuilder};
+use parquet::arrow::ProjectionMask;
+use parquet::errors::ParquetError;
+use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData, ParquetMetaDataReader};
+
+use crate::error::{Error, Result};
+
+/// One data file of a dataset.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DataFile {
+    /// Key relative to the dataset's store.
+    pub rel: String,
+    /// Full URL, for messages.
+    pub url: String,
+    /// Size in bytes.
+    pub size: u64,
+}
+
+/// A data file opened for reading; footers and the local mapping are loaded once.
+#[derive(Debug)]
+pub struct FileReader {
+    store: Store,
+    file: DataFile,
+    mapped: OnceLock<Bytes>,
+    metadata: OnceLock<ArrowReaderMetadata>,
+}
+
+impl FileReader {
+    /// A reader of `file` in `store`; nothing is read yet.
+    pub fn new(store: Store, file: DataFile) -> Self {
+        Self {
+            store,
+            file,
+            mapped: OnceLock::new(),
+            metadata: OnceLock::new(),
+        }
+    }
+
+    /// The file.
+    pub fn file(&self) -> &DataFile {
+        &self.file
+    }
+
+    fn parquet_error(&self, source: ParquetError) -> Error {
+        Error::ReadParquet {
+            file: self.file.url.clone(),
+            source,
+        }
+    }
+
+    /// The whole file, mapped into memory, for local stores.
+    fn local_bytes(&self) -> Result<Option<Bytes>> {
+        let Some(path) = self.store.local_path(&self.file.rel) else {
+            return Ok(None);
+        };
+        if let Some(bytes) = self.mapped.get() {
+            return Ok(Some(bytes.clone()));
+        }
+        let bytes = map_file(&path)?;
+        Ok(Some(self.mapped.get_or_init(|| bytes).clone()))
+    }
+
+    fn object_reader(&self) -> ObjectReader {
+        ObjectReader {
+            store: self.store.object_store(),
+            path: self.store.path(&self.file.rel),
+            size: self.file.size,
+        }
+    }
+
+    /// The file's footer with its Arrow schema (and offset index, if the file has one, so
+    /// partial row groups skip pages instead of decoding them); loaded once.
+    pub fn metadata(&self) -> Result<&ArrowReaderMetadata> {
+        if let Some(metadata) = self.metadata.get() {
+            return Ok(metadata);
+        }
+        let options = ArrowReaderOptions::new()
+            .with_column_index_policy(PageIndexPolicy::Skip)
+            .with_offset_index_policy(PageIndexPolicy::Optional);
+        let metadata = match self.local_bytes()? {
+            Some(bytes) => ArrowReaderMetadata::load(&bytes, options),
+            None => {
+                let mut reader = self.object_reader();
+                kolo_collective::runtime::block_on(ArrowReaderMetadata::load_async(
+                    &mut reader,
+                    options,
+                ))?
+            }
+        }
+        .map_err(|e| self.parquet_error(e))?;
+        Ok(self.metadata.get_or_init(|| metadata))
+    }
+
+    /// Reads `rows` (relative to the row group) of `row_group` for the columns `roots`
+    /// (top-level column indices), as record batches of at most `batch_rows` rows.
+    pub fn read(
+        &self,
+        roots: &[usize],
+        row_group: usize,
+        rows: Range<usize>,
+        batch_rows: usize,
+    ) -> Result<Vec<RecordBatch>> {
+        let metadata = self.metadata()?.clone();
+        let group_rows = usize::try_from(metadata.metadata().row_group(row_group).num_rows())
+            .map_err(|_| Error::Internal("negative row count in a row group".into()))?;
+        let projection = ProjectionMask::roots(metadata.parquet_schema(), roots.iter().copied());
+        let selection = (rows.start > 0 || rows.end < group_rows).then(|| {
+            RowSelection::from_consecutive_ranges(std::iter::once(rows.clone()), group_rows)
+        });
+        let batch_rows = batch_rows.max(1);
+        match self.local_bytes()? {
+            Some(bytes) => {
+                let mut builder =
+                    ParquetRecordBatchReaderBuilder::new_with_metadata(bytes, metadata)
+                        .with_projection(projection)
+                        .with_row_groups(vec![row_group])
+                        .with_batch_size(batch_rows);
+                if let Some(selection) = selection {
+                    builder = builder.with_row_selection(selection);
+                }
+                let reader = builder.build().map_err(|e| self.parquet_error(e))?;
+                reader
+                    .collect::<std::result::Result<Vec<_>, _>>()
+                    .map_err(|e| self.parquet_error(ParquetError::External(Box::new(e))))
+            }
+            None => {
+                let mut builder = ParquetRecordBatchStreamBuilder::new_with_metadata(
+                    self.object_reader(),
+                    metadata,
+                )
+                .with_projection(projection)
+                .with_row_groups(vec![row_group])
+                .with_batch_size(batch_rows);
+                if let Some(selection) = selection {
+                    builder = builder.with_row_selection(selection);
+                }
+                let stream = builder.build().map_err(|e| self.parquet_error(e))?;
+                kolo_collective::runtime::block_on(stream.try_collect::<Vec<_>>())?
+                    .map_err(|e| self.parquet_error(e))
+            }
+        }
+    }
+}
+
+/// Reads a remote Parquet file through `object_store` (byte ranges, footer by suffix).
+#[derive(Debug)]
+struct ObjectReader {
+    store: Arc<dyn ObjectStore>,
+    path: ObjectPath,
+    size: u64,
+}
+
+fn store_error(source: object_store::Error) -> ParquetError {
+    ParquetError::External(Box::new(source))
+}
+
+impl AsyncFileReader for ObjectReader {
+    fn get_bytes(&mut self, range: Range<u64>) -> BoxFuture<'_, parquet::errors::Result<Bytes>> {
+        async move {
+            self.store
+                .get_range(&self.path, range)
+                .await
+                .map_err(store_error)
+        }
+        .boxed()
+    }
+
+    fn get_byte_ranges(
+        &mut self,
+        ranges: Vec<Range<u64>>,
+    ) -> BoxFuture<'_, parquet::errors::Result<Vec<Bytes>>> {
+        async move {
+            self.store
+                .get_ranges(&self.path, &ranges)
+                .await
+                .map_err(store_error)
+        }
+        .boxed()
+    }
+
+    fn get_metadata<'a>(
+        &'a mut self,
+        options: Option<&'a ArrowReaderOptions>,
+    ) -> BoxFuture<'a, parquet::errors::Result<Arc<ParquetMetaData>>> {
+        async move {
+            let (column_index, offset_index) = options
+                .map_or((PageIndexPolicy::Skip, PageIndexPolicy::Skip), |o| {
+                    (o.column_index_policy(), o.offset_index_policy())
+                });
+            let size = self.size;
+            let metadata = ParquetMetaDataReader::new()
+                .with_column_index_policy(column_index)
+                .with_offset_index_policy(offset_index)
+                .with_prefetch_hint(Some(FOOTER_PREFETCH))
+                .load_and_finish(self, size)
+                .await?;
+            Ok(Arc::new(metadata))
+        }
+        .boxed()
+    }
+}
+
+/// Bytes fetched from the end of a remote file in the first request (footer and usually
+/// the page index in one round trip).
+const FOOTER_PREFETCH: usize = 256 << 10;
+
+/// Maps `path` read-only into memory as `Bytes` (an empty file gives empty bytes).
+fn map_file(path: &Path) -> Result<Bytes> {
+    let io = |source| Error::ReadFile {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(io)?;
+    if file.metadata().map_err(io)?.len() == 0 {
+        return Ok(Bytes::new());
+    }
+    // SAFETY: the map is read-only and private to this process. Data files of a dataset are
+    // written once (Spark, `prepare_data`) and not modified while training reads them; a file
+    // truncated underneath would fault, as it would for any mmap reader (pyarrow's included).
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+    Ok(Bytes::from_owner(map))
+}

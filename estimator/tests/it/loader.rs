@@ -1,0 +1,526 @@
+//! The loader and the metadata over Parquet files written with the parquet crate: several
+//! files, uneven row groups, with and without offset indexes.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arrow::array::{
+    ArrayRef, BooleanArray, FixedSizeListArray, Float32Array, Int16Array, Int64Array, ListArray,
+    RecordBatch, StringArray,
+};
+use arrow::datatypes::{DataType, Field, Float32Type, Schema};
+use kolo_estimator::loader::{Batch, DType, Loader, LoaderOptions, Next};
+use kolo_estimator::metadata::{ColumnProblem, Dataset, METADATA_FILE};
+use kolo_estimator::Error;
+use parquet::arrow::ArrowWriter;
+use parquet::file::properties::WriterProperties;
+
+const ROWS: i64 = 301;
+
+fn batch_of(ids: std::ops::Range<i64>) -> RecordBatch {
+    let id: Vec<i64> = ids.clone().collect();
+    let x: Vec<f32> = id.iter().map(|&i| i as f32 * 0.5).collect();
+    let flag: Vec<bool> = id.iter().map(|&i| i % 3 == 0).collect();
+    let v = ListArray::from_iter_primitive::<Float32Type, _, _>(id.iter().map(|&i| {
+        Some(vec![
+            Some(i as f32),
+            Some(i as f32 + 0.25),
+            Some(i as f32 + 0.5),
+        ])
+    }));
+    let fixed_values: Vec<i16> = id
+        .iter()
+        .flat_map(|&i| [(i % 100) as i16, -((i % 100) as i16)])
+        .collect();
+    let fixed = FixedSizeListArray::new(
+        Arc::new(Field::new("item", DataType::Int16, false)),
+        2,
+        Arc::new(Int16Array::from(fixed_values)),
+        None,
+    );
+    let name = StringArray::from_iter_values(id.iter().map(|i| format!("row{i}")));
+    let columns: Vec<(&str, ArrayRef)> = vec![
+        ("id", Arc::new(Int64Array::from(id))),
+        ("x", Arc::new(Float32Array::from(x))),
+        ("flag", Arc::new(BooleanArray::from(flag))),
+        ("v", Arc::new(v)),
+        ("fixed", Arc::new(fixed)),
+        ("name", Arc::new(name)),
+    ];
+    let schema = Schema::new(
+        columns
+            .iter()
+            .map(|(n, a)| Field::new(*n, a.data_type().clone(), false))
+            .collect::<Vec<_>>(),
+    );
+    RecordBatch::try_new(
+        Arc::new(schema),
+        columns.into_iter().map(|(_, a)| a).collect(),
+    )
+    .unwrap()
+}
+
+fn write(path: &Path, batch: &RecordBatch, row_group: usize, offset_index: bool) {
+    let props = WriterProperties::builder()
+        .set_max_row_group_row_count(Some(row_group))
+        .set_data_page_row_count_limit(7)
+        .set_write_batch_size(7)
+        .set_offset_index_disabled(!offset_index)
+        .build();
+    let file = std::fs::File::create(path).unwrap();
+    let mut writer = ArrowWriter::try_new(file, batch.schema(), Some(props)).unwrap();
+    writer.write(batch).unwrap();
+    writer.close().unwrap();
+}
+
+/// Three files (137, 163 and 1 rows; row groups of 50, 64 and 1 rows; the second without an
+/// offset index) plus Spark's marker files.
+fn dataset_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    write(
+        &dir.path().join("part-00000.parquet"),
+        &batch_of(0..137),
+        50,
+        true,
+    );
+    write(
+        &dir.path().join("part-00001.parquet"),
+        &batch_of(137..300),
+        64,
+        false,
+    );
+    write(
+        &dir.path().join("part-00002.parquet"),
+        &batch_of(300..ROWS),
+        1,
+        true,
+    );
+    std::fs::write(dir.path().join("_SUCCESS"), b"").unwrap();
+    std::fs::write(dir.path().join(".part-00000.parquet.crc"), b"crc").unwrap();
+    dir
+}
+
+fn open(dir: &Path) -> Dataset {
+    Dataset::open(dir.to_str().unwrap(), &Default::default()).unwrap()
+}
+
+fn options(columns: &[&str], batch: u64, rank: u32, size: u32, drop_last: bool) -> LoaderOptions {
+    LoaderOptions {
+        rank,
+        size,
+        drop_last,
+        seed: 5,
+        shuffle_buffer_size: Some(40),
+        num_threads: Some(2),
+        ..LoaderOptions::new(columns.iter().map(|c| c.to_string()).collect(), batch)
+    }
+}
+
+fn next(loader: &mut Loader) -> Next {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match loader.next(Duration::from_millis(100)).unwrap() {
+            Next::Pending => assert!(Instant::now() < deadline, "no batch within 30 s"),
+            other => return other,
+        }
+    }
+}
+
+/// The values of scalar column `name` in `batch`, as i64 bits (8-byte dtypes).
+fn column_u64(loader: &Loader, batch: &Batch, name: &str) -> Vec<u64> {
+    let (g, group) = loader
+        .groups()
+        .iter()
+        .enumerate()
+        .find(|(_, g)| g.names.iter().any(|n| n == name))
+        .unwrap();
+    let k = group.names.iter().position(|n| n == name).unwrap();
+    let values = batch.buffers[g].as_u64().unwrap();
+    values[k * batch.rows..(k + 1) * batch.rows].to_vec()
+}
+
+/// The ids of the rest of the current epoch, batch by batch.
+fn epoch_ids(loader: &mut Loader) -> Vec<Vec<i64>> {
+    let mut batches = Vec::new();
+    loop {
+        match next(loader) {
+            Next::Batch(batch) => batches.push(
+                column_u64(loader, &batch, "id")
+                    .iter()
+                    .map(|&x| x as i64)
+                    .collect(),
+            ),
+            Next::EndOfEpoch(_) | Next::Finished => return batches,
+            Next::Pending => unreachable!(),
+        }
+    }
+}
+
+fn counts(ids: impl IntoIterator<Item = i64>) -> BTreeMap<i64, usize> {
+    let mut map = BTreeMap::new();
+    for id in ids {
+        *map.entry(id).or_default() += 1;
+    }
+    map
+}
+
+#[test]
+fn metadata_reads_footers_checks_arrays_and_caches() {
+    let dir = dataset_dir();
+    let dataset = open(dir.path());
+    let rels: Vec<&str> = dataset.files().iter().map(|f| f.rel.as_str()).collect();
+    assert_eq!(
+        rels,
+        [
+            "part-00000.parquet",
+            "part-00001.parquet",
+            "part-00002.parquet"
+        ]
+    );
+    let metadata = dataset.metadata().unwrap();
+    assert_eq!(metadata.rows, ROWS as u64);
+    assert_eq!(metadata.files[0].row_groups, vec![50, 50, 37]);
+    assert_eq!(metadata.files[1].row_groups, vec![64, 64, 35]);
+    let v = metadata.column("v").unwrap();
+    assert_eq!(
+        (v.dtype.as_deref(), v.shape.as_deref()),
+        (Some("float32"), Some(&[3][..]))
+    );
+    let fixed = metadata.column("fixed").unwrap();
+    assert_eq!(fixed.shape.as_deref(), Some(&[2][..]));
+    assert_eq!(
+        metadata.column("flag").unwrap().dtype.as_deref(),
+        Some("bool")
+    );
+    assert!(matches!(
+        metadata.column("name").unwrap().problem,
+        Some(ColumnProblem::Unsupported { .. })
+    ));
+    assert!(dir.path().join(METADATA_FILE).exists());
+    // The cache answers the second time; a changed dataset is described afresh.
+    assert_eq!(open(dir.path()).metadata().unwrap(), metadata);
+    write(
+        &dir.path().join("part-00003.parquet"),
+        &batch_of(ROWS..ROWS + 10),
+        10,
+        true,
+    );
+    let changed = open(dir.path());
+    assert_ne!(changed.fingerprint(), dataset.fingerprint());
+    assert_eq!(changed.metadata().unwrap().rows, ROWS as u64 + 10);
+    // A single file is a dataset too.
+    let single = open(&dir.path().join("part-00002.parquet"));
+    assert_eq!(single.metadata().unwrap().rows, 1);
+}
+
+#[test]
+fn every_rank_gets_equal_batches_and_every_row_appears() {
+    let dir = dataset_dir();
+    let dataset = open(dir.path());
+    for size in 1..=3u32 {
+        for drop_last in [false, true] {
+            let mut all = Vec::new();
+            let mut batch_counts = Vec::new();
+            for rank in 0..size {
+                let mut loader =
+                    Loader::open(&dataset, options(&["id", "x"], 16, rank, size, drop_last))
+                        .unwrap();
+                let batches = epoch_ids(&mut loader);
+                assert_eq!(batches.len() as u64, loader.batches_per_epoch());
+                batch_counts.push(batches.len());
+                let sizes: Vec<usize> = batches.iter().map(Vec::len).collect();
+                if drop_last {
+                    assert!(sizes.iter().all(|&n| n == 16), "{sizes:?}");
+                }
+                all.extend(batches.into_iter().flatten());
+            }
+            assert!(
+                batch_counts.iter().all(|&n| n == batch_counts[0]),
+                "{batch_counts:?}"
+            );
+            let seen = counts(all.iter().copied());
+            let per_rank = if drop_last {
+                ROWS as usize / size as usize / 16 * 16
+            } else {
+                (ROWS as usize).div_ceil(size as usize)
+            };
+            assert_eq!(all.len(), per_rank * size as usize);
+            if drop_last {
+                assert!(seen.values().all(|&c| c == 1));
+            } else {
+                assert_eq!(seen.len(), ROWS as usize, "size {size}: a row is missing");
+            }
+        }
+    }
+}
+
+#[test]
+fn values_arrive_with_their_dtypes_and_shapes() {
+    let dir = dataset_dir();
+    let dataset = open(dir.path());
+    let columns = ["id", "x", "flag", "v", "fixed"];
+    let mut loader = Loader::open(&dataset, options(&columns, 32, 0, 1, false)).unwrap();
+    let dtypes: Vec<(DType, Option<usize>)> = loader
+        .groups()
+        .iter()
+        .map(|g| (g.dtype, g.array_len))
+        .collect();
+    assert_eq!(
+        dtypes,
+        vec![
+            (DType::Int64, None),
+            (DType::Float32, None),
+            (DType::Bool, None),
+            (DType::Float32, Some(3)),
+            (DType::Int16, Some(2)),
+        ]
+    );
+    let mut rows = 0;
+    while let Next::Batch(batch) = next(&mut loader) {
+        let ids: Vec<i64> = column_u64(&loader, &batch, "id")
+            .iter()
+            .map(|&x| x as i64)
+            .collect();
+        let x: Vec<f32> = le_f32(&batch.buffers[1].to_bytes());
+        let flag = batch.buffers[2].to_bytes();
+        let v = le_f32(&batch.buffers[3].to_bytes());
+        let fixed: Vec<i16> = batch.buffers[4]
+            .to_bytes()
+            .chunks(2)
+            .map(|c| i16::from_le_bytes([c[0], c[1]]))
+            .collect();
+        assert_eq!(batch.buffers[3].shape, [batch.rows, 3]);
+        for (i, &id) in ids.iter().enumerate() {
+            assert_eq!(x[i], id as f32 * 0.5);
+            assert_eq!(flag[i], u8::from(id % 3 == 0));
+            assert_eq!(
+                &v[i * 3..i * 3 + 3],
+                &[id as f32, id as f32 + 0.25, id as f32 + 0.5]
+            );
+            assert_eq!(
+                &fixed[i * 2..i * 2 + 2],
+                &[(id % 100) as i16, -((id % 100) as i16)]
+            );
+        }
+        rows += batch.rows;
+    }
+    assert_eq!(rows, ROWS as usize);
+}
+
+fn le_f32(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+#[test]
+fn order_follows_seed_and_epoch_and_can_be_turned_off() {
+    let dir = dataset_dir();
+    let dataset = open(dir.path());
+    let mut a = Loader::open(&dataset, options(&["id"], 10, 0, 1, true)).unwrap();
+    let mut b = Loader::open(&dataset, options(&["id"], 10, 0, 1, true)).unwrap();
+    let a0 = epoch_ids(&mut a);
+    let a1 = epoch_ids(&mut a);
+    assert_eq!(a0, epoch_ids(&mut b));
+    assert_ne!(a0, a1);
+    assert_eq!(a.epoch(), 2);
+    let mut plain = options(&["id"], 10, 0, 1, false);
+    plain.shuffle = false;
+    let mut ordered = Loader::open(&dataset, plain).unwrap();
+    let ids: Vec<i64> = epoch_ids(&mut ordered).into_iter().flatten().collect();
+    assert_eq!(ids, (0..ROWS).collect::<Vec<_>>());
+}
+
+#[test]
+fn resuming_continues_exactly_or_spreads_the_rest_over_new_ranks() {
+    let dir = dataset_dir();
+    let dataset = open(dir.path());
+    let mut rest_of_old_ranks = Vec::new();
+    let mut state = None;
+    for rank in 0..2 {
+        let mut loader = Loader::open(&dataset, options(&["id"], 8, rank, 2, false)).unwrap();
+        epoch_ids(&mut loader); // epoch 0
+        let mut taken = 0;
+        while taken < 3 {
+            if let Next::Batch(_) = next(&mut loader) {
+                taken += 1;
+            }
+        }
+        let saved = loader.state();
+        assert_eq!((saved.epoch, saved.offset), (1, 24));
+        let rest: Vec<i64> = epoch_ids(&mut loader).into_iter().flatten().collect();
+        // Same size: the rest, exactly.
+        let mut again = Loader::open(&dataset, options(&["id"], 8, rank, 2, false)).unwrap();
+        again.load_state(&saved).unwrap();
+        let resumed: Vec<i64> = epoch_ids(&mut again).into_iter().flatten().collect();
+        assert_eq!(resumed, rest);
+        rest_of_old_ranks.extend(rest);
+        state = Some(saved);
+    }
+    // Three ranks: together the rows the two had left (254 rows: one wraps around).
+    let state = state.unwrap();
+    let mut resumed = Vec::new();
+    let mut batch_counts = Vec::new();
+    for rank in 0..3 {
+        let mut loader = Loader::open(&dataset, options(&["id"], 8, rank, 3, false)).unwrap();
+        loader.load_state(&state).unwrap();
+        let batches = epoch_ids(&mut loader);
+        batch_counts.push(batches.len());
+        resumed.extend(batches.into_iter().flatten());
+        assert_eq!(loader.epoch(), 2);
+    }
+    assert!(batch_counts.iter().all(|&n| n == batch_counts[0]));
+    let want = counts(rest_of_old_ranks.iter().copied());
+    let got = counts(resumed.iter().copied());
+    assert_eq!(
+        got.keys().collect::<Vec<_>>(),
+        want.keys().collect::<Vec<_>>()
+    );
+    if rest_of_old_ranks.len() % 3 == 0 {
+        assert_eq!(got, want);
+    }
+}
+
+#[test]
+fn a_changed_dataset_refuses_an_old_state() {
+    let dir = dataset_dir();
+    let mut loader = Loader::open(&open(dir.path()), options(&["id"], 8, 0, 1, true)).unwrap();
+    next(&mut loader);
+    let state = loader.state();
+    write(
+        &dir.path().join("part-00009.parquet"),
+        &batch_of(0..5),
+        5,
+        true,
+    );
+    let mut other = Loader::open(&open(dir.path()), options(&["id"], 8, 0, 1, true)).unwrap();
+    let err = other.load_state(&state).unwrap_err();
+    assert!(matches!(err, Error::DatasetChanged { .. }), "{err}");
+}
+
+fn open_err(dir: &Path, columns: &[&str], batch: u64, size: u32) -> Error {
+    match Dataset::open(dir.to_str().unwrap(), &Default::default())
+        .and_then(|d| Loader::open(&d, options(columns, batch, 0, size, true)))
+    {
+        Ok(_) => panic!("opening {} with {columns:?} should fail", dir.display()),
+        Err(err) => err,
+    }
+}
+
+#[test]
+fn bad_inputs_are_typed_and_named() {
+    let dir = dataset_dir();
+    let err = open_err(dir.path(), &["id", "nope"], 8, 1);
+    assert!(matches!(err, Error::UnknownColumn { .. }), "{err}");
+    assert!(
+        err.to_string().contains("'nope'") && err.to_string().contains("fixed"),
+        "{err}"
+    );
+    let err = open_err(dir.path(), &["name"], 8, 1);
+    assert!(matches!(err, Error::UnsupportedColumn { .. }), "{err}");
+    let err = open_err(dir.path(), &["id"], 200, 2);
+    assert!(matches!(err, Error::TooFewRows { .. }), "{err}");
+    assert!(err.to_string().contains("drop_last=False"), "{err}");
+
+    let empty = tempfile::tempdir().unwrap();
+    std::fs::write(empty.path().join("_SUCCESS"), b"").unwrap();
+    let err = open_err(empty.path(), &["id"], 8, 1);
+    assert!(matches!(err, Error::DatasetEmpty { .. }), "{err}");
+    let err = open_err(&empty.path().join("missing"), &["id"], 8, 1);
+    assert!(matches!(err, Error::DatasetNotFound { .. }), "{err}");
+    write(
+        &empty.path().join("part-0.parquet"),
+        &batch_of(0..0),
+        10,
+        true,
+    );
+    let err = open_err(empty.path(), &["id"], 8, 1);
+    assert!(matches!(err, Error::DatasetEmpty { .. }), "{err}");
+
+    // Nulls and ragged arrays, named with their file.
+    let bad = tempfile::tempdir().unwrap();
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("y", DataType::Int64, true),
+        Field::new(
+            "v",
+            DataType::List(Arc::new(Field::new("item", DataType::Float32, true))),
+            true,
+        ),
+    ]));
+    let good = RecordBatch::try_new(
+        schema.clone(),
+        vec![
+            Arc::new(Int64Array::from(vec![1, 2])),
+            Arc::new(ListArray::from_iter_primitive::<Float32Type, _, _>(vec![
+                Some(vec![Some(1.0), Some(2.0)]),
+                Some(vec![Some(1.0), Some(2.0)]),
+            ])),
+        ],
+    )
+    .unwrap();
+    let broken = RecordBatch::try_new(
+        schema,
+        vec![
+            Arc::new(Int64Array::from(vec![Some(1), None])),
+            Arc::new(ListArray::from_iter_primitive::<Float32Type, _, _>(vec![
+                Some(vec![Some(1.0), Some(2.0)]),
+                Some(vec![Some(1.0)]),
+            ])),
+        ],
+    )
+    .unwrap();
+    write(&bad.path().join("part-0.parquet"), &good, 10, true);
+    write(&bad.path().join("part-1.parquet"), &broken, 10, true);
+    let err = open_err(bad.path(), &["y"], 1, 1);
+    assert!(matches!(err, Error::NullsInColumn { .. }), "{err}");
+    assert!(
+        err.to_string().contains("'y'") && err.to_string().contains("part-1"),
+        "{err}"
+    );
+    let err = open_err(bad.path(), &["v"], 1, 1);
+    match &err {
+        Error::RaggedColumn {
+            file,
+            expected,
+            found,
+            ..
+        } => {
+            assert!(file.contains("part-1"), "{err}");
+            assert_eq!((*expected, *found), (2, 1));
+        }
+        other => panic!("{other}"),
+    }
+}
+
+#[test]
+fn a_decode_error_surfaces_on_next_and_dropping_stops_the_threads() {
+    let dir = dataset_dir();
+    let dataset = open(dir.path());
+    let mut loader = Loader::open(&dataset, options(&["id"], 8, 0, 1, true)).unwrap();
+    // Corrupt a data file after the metadata was read: the decode thread fails.
+    let path = dir.path().join("part-00001.parquet");
+    let len = std::fs::metadata(&path).unwrap().len();
+    std::fs::write(&path, vec![0u8; len as usize]).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let err = loop {
+        match loader.next(Duration::from_millis(100)) {
+            Ok(_) => assert!(Instant::now() < deadline, "the corrupt file was never read"),
+            Err(err) => break err,
+        }
+    };
+    assert!(matches!(err, Error::ReadParquet { .. }), "{err}");
+    assert!(err.to_string().contains("part-00001"), "{err}");
+    let fresh = dataset_dir();
+    let mut loader = Loader::open(&open(fresh.path()), options(&["id"], 8, 0, 1, true)).unwrap();
+    next(&mut loader);
+    let started = Instant::now();
+    drop(loader);
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+}

@@ -1,0 +1,4 @@
+//! Integration tests of kolo-estimator.
+
+mod loader;
+mod prepare;

@@ -1,0 +1,200 @@
+"""``ParquetLoader``: a rank's shuffled, equal-size share of a Parquet dataset as batches of
+torch tensors or numpy arrays, read and assembled on background threads in Rust.
+
+Every rank gets the same number of rows per epoch, so every rank runs the same number of
+steps. Row groups are shuffled per epoch and rows within windows of ``shuffle_buffer_size``
+rows; both follow ``(seed, epoch)``, so all ranks agree without talking to each other.
+
+Example::
+
+    import kolo.torch as hvd
+    from kolo.data import ParquetLoader
+
+    hvd.init()
+    loader = ParquetLoader("s3://bucket/train", ["features", "label"], batch_size=256)
+    for epoch in range(10):
+        for batch in loader:  # one epoch
+            train_step(batch["features"], batch["label"])
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
+
+import numpy as np
+
+from kolo import _core, _native
+from kolo.data.metadata import dataset_location
+
+__all__ = ["ParquetLoader"]
+
+
+class ParquetLoader:
+    """Iterates batches (dicts column → tensor) of this rank's share of a Parquet dataset.
+
+    Args:
+        dataset: a directory/prefix of Parquet files (Spark's output: ``part-*`` files;
+            ``_SUCCESS``, ``.crc`` and other ``_``/``.`` names are skipped) or one file; a
+            local path, a store URL (``s3://``, ``gs://``, ``az://``, ``hdfs://``,
+            ``dbfs:/``), or a store object with ``prefix_path`` and ``storage_options``.
+        columns: the columns to load: numeric or boolean scalars, or fixed-length arrays of
+            them (``[batch, len]`` tensors).
+        batch_size: rows per batch.
+        rank, size: this rank and the number of ranks; default ``hvd.rank()``/``hvd.size()``
+            when kolo is initialized, else 0 and 1.
+        shuffle: shuffle row groups and rows (within ``shuffle_buffer_size`` windows).
+        seed: seed of every shuffle; epoch ``e`` uses ``(seed, e)``.
+        num_epochs: None: each ``for`` loop over the loader runs one epoch, without end.
+            A number: one ``for`` loop runs the remaining epochs up to that many.
+        drop_last: True: each rank gets ``floor(rows / size)`` rows and whole batches only.
+            False: ``ceil(rows / size)`` rows (the last ranks wrap around to the first rows)
+            and a final partial batch, of the same size on every rank.
+        prefetch: batches kept ready on the background threads.
+        to: ``"torch"`` (tensors) or ``"numpy"`` (arrays).
+        storage_options: store options (``aws_endpoint``, ``google_service_account``, ...).
+        shuffle_buffer_size: rows per shuffle window (default ``max(16384, 4 * batch_size)``).
+        num_threads: decode threads (default ``min(4, CPUs)``).
+
+    ``state_dict()``/``load_state_dict()`` save and restore the position (rows handed out,
+    not prefetched), also into a loader with another number of ranks: it then hands out
+    exactly the rows of the epoch that no rank had handed out yet.
+    """
+
+    def __init__(
+        self,
+        dataset: Union[str, os.PathLike, Any],
+        columns: Union[str, Sequence[str]],
+        batch_size: int,
+        rank: Optional[int] = None,
+        size: Optional[int] = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        num_epochs: Optional[int] = None,
+        drop_last: bool = True,
+        prefetch: int = 2,
+        to: str = "torch",
+        *,
+        storage_options: Optional[Mapping[str, str]] = None,
+        shuffle_buffer_size: Optional[int] = None,
+        num_threads: Optional[int] = None,
+    ) -> None:
+        if to not in ("torch", "numpy"):
+            raise ValueError(f'to={to!r} must be "torch" or "numpy"')
+        self._torch = None
+        if to == "torch":
+            import torch
+
+            self._torch = torch
+        columns = [columns] if isinstance(columns, str) else [str(c) for c in columns]
+        initialized = _core.is_initialized()
+        if rank is None:
+            rank = _core.rank() if initialized else 0
+        if size is None:
+            size = _core.size() if initialized else 1
+        location, options = dataset_location(dataset, storage_options)
+        self._num_epochs = num_epochs
+        self._core = _native.ParquetLoaderCore(
+            location,
+            columns,
+            int(batch_size),
+            int(rank),
+            int(size),
+            bool(shuffle),
+            int(seed),
+            bool(drop_last),
+            int(prefetch),
+            options,
+            None if shuffle_buffer_size is None else int(shuffle_buffer_size),
+            None if num_threads is None else int(num_threads),
+            None if num_epochs is None else int(num_epochs),
+        )
+        self._layout = [(names, length is None) for names, _, length in self._core.layout]
+        flat = [name for names, _ in self._layout for name in names]
+        self._order = columns if flat != columns else None
+
+    def __len__(self) -> int:
+        """Batches per epoch (the same on every rank)."""
+        return int(self._core.batches_per_epoch)
+
+    @property
+    def rows_per_epoch(self) -> int:
+        """Rows this rank hands out per epoch."""
+        return int(self._core.rows_per_epoch)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next batch belongs to."""
+        return int(self._core.epoch)
+
+    @property
+    def shuffle_buffer_size(self) -> int:
+        """Rows per shuffle window."""
+        return int(self._core.shuffle_buffer_size)
+
+    @property
+    def url(self) -> str:
+        """The dataset's URL."""
+        return str(self._core.url)
+
+    def __iter__(self) -> Iterator[Dict[str, Any]]:
+        core = self._core
+        convert = self._convert
+        while True:
+            views = core.next_batch()
+            if views is None:
+                if self._num_epochs is None or core.finished:
+                    return
+                continue
+            yield convert(views)
+
+    def _convert(self, views: tuple) -> Dict[str, Any]:
+        out: Dict[str, Any] = {}
+        torch = self._torch
+        for (names, stacked), view in zip(self._layout, views):
+            array = np.asarray(view)
+            if torch is not None:
+                tensor = torch.from_numpy(array)
+                if stacked:
+                    out.update(zip(names, tensor.unbind(0)))
+                else:
+                    out[names[0]] = tensor
+            elif stacked:
+                out.update(zip(names, array))
+            else:
+                out[names[0]] = array
+        if self._order is not None:
+            out = {name: out[name] for name in self._order}
+        return out
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The position: epoch, rows of it handed out (``offset``), seed and the settings
+        that shape the plan, and the dataset's fingerprint. Save it with the model."""
+        return json.loads(self._core.state_json())
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continues from ``state``: exactly where it stood when size, batch size,
+        ``drop_last`` and ``shuffle_buffer_size`` match, else the rest of its epoch spread
+        over this loader's ranks. Raises :class:`~kolo.exceptions.DataError` if the dataset
+        changed since."""
+        self._core.load_state_json(json.dumps(dict(state)))
+
+    def close(self) -> None:
+        """Stops the background threads (iterating again restarts them)."""
+        self._core.close()
+
+    def __enter__(self) -> ParquetLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"ParquetLoader({self.url!r}, batches_per_epoch={len(self)}, "
+            f"epoch={self.epoch}, columns={self._columns()!r})"
+        )
+
+    def _columns(self) -> List[str]:
+        return [name for names, _ in self._layout for name in names]

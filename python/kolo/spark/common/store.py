@@ -1,0 +1,29 @@
+"""Horovod's ``horovod.spark.common.store`` names, backed by :mod:`kolo.store`.
+
+Example::
+
+    from kolo.spark.common.store import Store
+
+    store = Store.create("s3://bucket/experiments")
+    store.get_checkpoint_path("run_1")     # 's3://bucket/experiments/runs/run_1/checkpoint'
+"""
+
+from kolo.store import (
+    AbstractFilesystemStore,
+    DBFSLocalStore,
+    FilesystemStore,
+    HDFSStore,
+    LocalStore,
+    Store,
+    SyncReport,
+)
+
+__all__ = [
+    "AbstractFilesystemStore",
+    "DBFSLocalStore",
+    "FilesystemStore",
+    "HDFSStore",
+    "LocalStore",
+    "Store",
+    "SyncReport",
+]

@@ -1,0 +1,274 @@
+//! Binding of the loader and the dataset metadata of kolo's data path
+//! (`kolo.data.ParquetLoader`, `kolo.data.read_metadata`).
+//!
+//! Batches cross as `BufferView`s: each owns one native batch buffer and exposes it through
+//! `__array_interface__`, so `numpy.asarray(view)` is a zero-copy view kept alive by the view.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use kolo_estimator::loader::{BatchBuffer, Loader, LoaderOptions, LoaderState, Next};
+use kolo_estimator::metadata::Dataset;
+use kolo_store::StoreOptions;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+
+use crate::blocking::run_interruptibly;
+use crate::error::{data_to_py, to_py};
+
+/// How long opening a dataset may take to notice Ctrl-C before it is abandoned.
+const STOP_GRACE: Duration = Duration::from_secs(2);
+/// How often a waiting `next_batch` looks for Ctrl-C.
+const POLL: Duration = Duration::from_millis(100);
+
+fn store_options(storage_options: Option<HashMap<String, String>>) -> StoreOptions {
+    StoreOptions {
+        storage_options: storage_options.unwrap_or_default(),
+        ..StoreOptions::default()
+    }
+}
+
+fn invalid(message: String) -> PyErr {
+    to_py(kolo_collective::Error::InvalidArgument(message))
+}
+
+/// One buffer of a batch, owned here; `numpy.asarray(view)` views it without a copy.
+#[pyclass(name = "BufferView", module = "kolo._native", frozen)]
+#[derive(Debug)]
+pub struct BufferView {
+    buffer: BatchBuffer,
+    /// Address of the first element, taken once from exclusive access.
+    address: usize,
+}
+
+#[pymethods]
+impl BufferView {
+    /// numpy's array interface (version 3): address, dtype and shape of the buffer.
+    #[getter]
+    fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let interface = PyDict::new(py);
+        interface.set_item("version", 3)?;
+        interface.set_item("data", (self.address, false))?;
+        interface.set_item("typestr", self.buffer.dtype.typestr())?;
+        interface.set_item("shape", (self.buffer.shape[0], self.buffer.shape[1]))?;
+        Ok(interface)
+    }
+
+    /// Size in bytes.
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.buffer.byte_len()
+    }
+}
+
+impl BufferView {
+    fn new(mut buffer: BatchBuffer) -> Self {
+        // numpy may write through the address (the array is writable, as torch.from_numpy
+        // wants); nothing on the Rust side reads the buffer once it is here.
+        let address = buffer.as_mut_ptr() as usize;
+        Self { buffer, address }
+    }
+}
+
+/// The native loader under `kolo.data.ParquetLoader`.
+#[pyclass(name = "ParquetLoaderCore", module = "kolo._native")]
+#[derive(Debug)]
+pub struct ParquetLoaderCore {
+    loader: Loader,
+    url: String,
+}
+
+#[pymethods]
+impl ParquetLoaderCore {
+    #[new]
+    #[pyo3(signature = (
+        dataset, columns, batch_size, rank, size, shuffle, seed, drop_last, prefetch,
+        storage_options=None, shuffle_buffer_size=None, num_threads=None, num_epochs=None
+    ))]
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "mirrors the keyword arguments of ParquetLoader"
+    )]
+    fn new(
+        py: Python<'_>,
+        dataset: String,
+        columns: Vec<String>,
+        batch_size: i64,
+        rank: i64,
+        size: i64,
+        shuffle: bool,
+        seed: u64,
+        drop_last: bool,
+        prefetch: i64,
+        storage_options: Option<HashMap<String, String>>,
+        shuffle_buffer_size: Option<i64>,
+        num_threads: Option<i64>,
+        num_epochs: Option<i64>,
+    ) -> PyResult<Self> {
+        let positive = |name: &str, value: i64| -> PyResult<u64> {
+            u64::try_from(value)
+                .ok()
+                .filter(|&v| v > 0)
+                .ok_or_else(|| invalid(format!("{name}={value} must be a positive integer")))
+        };
+        let batch_size = positive("batch_size", batch_size)?;
+        let size = u32::try_from(positive("size", size)?)
+            .map_err(|_| invalid(format!("size={size} is too large")))?;
+        let rank = u32::try_from(rank)
+            .map_err(|_| invalid(format!("rank={rank} must be in 0..size-1")))?;
+        let prefetch = positive("prefetch", prefetch)? as usize;
+        let shuffle_buffer_size = shuffle_buffer_size
+            .map(|v| positive("shuffle_buffer_size", v))
+            .transpose()?;
+        let num_threads = num_threads
+            .map(|v| positive("num_threads", v).map(|v| v as usize))
+            .transpose()?;
+        let num_epochs = num_epochs
+            .map(|v| u64::try_from(v).map_err(|_| invalid(format!("num_epochs={v} must be >= 0"))))
+            .transpose()?;
+        let options = LoaderOptions {
+            columns,
+            batch_size,
+            rank,
+            size,
+            shuffle,
+            seed,
+            drop_last,
+            prefetch,
+            shuffle_buffer_size,
+            num_threads,
+            num_epochs,
+        };
+        let store_options = store_options(storage_options);
+        let opened = run_interruptibly(py, STOP_GRACE, move |_stop| {
+            let dataset = Dataset::open(&dataset, &store_options)?;
+            let url = dataset.url().to_string();
+            Loader::open(&dataset, options).map(|loader| (loader, url))
+        })?;
+        let (loader, url) = opened.map_err(data_to_py)?;
+        Ok(Self { loader, url })
+    }
+
+    /// The next batch as a tuple of `BufferView`s (one per entry of `layout`), or None at
+    /// the end of an epoch (and once `finished`). Waits without the GIL; Ctrl-C raises.
+    fn next_batch<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyTuple>>> {
+        loop {
+            let loader = &mut self.loader;
+            match py.detach(|| loader.next(POLL)).map_err(data_to_py)? {
+                Next::Batch(batch) => {
+                    let views = batch
+                        .buffers
+                        .into_iter()
+                        .map(|buffer| {
+                            let buffer = std::sync::Arc::try_unwrap(buffer).map_err(|_| {
+                                to_py(kolo_collective::Error::Internal(
+                                    "a batch buffer is still shared".into(),
+                                ))
+                            })?;
+                            Bound::new(py, BufferView::new(buffer))
+                        })
+                        .collect::<PyResult<Vec<_>>>()?;
+                    return PyTuple::new(py, views).map(Some);
+                }
+                Next::EndOfEpoch(_) | Next::Finished => return Ok(None),
+                Next::Pending => py.check_signals()?,
+            }
+        }
+    }
+
+    /// The buffers of every batch: `(column names, dtype, array length or None)`; None
+    /// means the buffer stacks scalar columns as `[columns, rows]`, a length means one array
+    /// column as `[rows, length]`.
+    #[getter]
+    fn layout(&self) -> Vec<(Vec<String>, &'static str, Option<usize>)> {
+        self.loader
+            .groups()
+            .iter()
+            .map(|g| (g.names.clone(), g.dtype.name(), g.array_len))
+            .collect()
+    }
+
+    /// The dataset's URL.
+    #[getter]
+    fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Batches per full epoch (the same on every rank).
+    #[getter]
+    fn batches_per_epoch(&self) -> u64 {
+        self.loader.batches_per_epoch()
+    }
+
+    /// Rows this rank hands out per full epoch.
+    #[getter]
+    fn rows_per_epoch(&self) -> u64 {
+        self.loader.rows_per_epoch()
+    }
+
+    /// The epoch the next batch belongs to.
+    #[getter]
+    fn epoch(&self) -> u64 {
+        self.loader.epoch()
+    }
+
+    /// Rows of the current epoch handed out so far.
+    #[getter]
+    fn offset(&self) -> u64 {
+        self.loader.offset()
+    }
+
+    /// Rows per shuffle window.
+    #[getter]
+    fn shuffle_buffer_size(&self) -> u64 {
+        self.loader.shuffle_buffer_size()
+    }
+
+    /// Whether all `num_epochs` epochs are done.
+    #[getter]
+    fn finished(&self) -> bool {
+        self.loader.finished()
+    }
+
+    /// The position as JSON (see `LoaderState`).
+    fn state_json(&self) -> PyResult<String> {
+        Ok(self.loader.state().to_json())
+    }
+
+    /// Continues from a position saved by `state_json` (this or another rank or size).
+    fn load_state_json(&mut self, py: Python<'_>, state: &str) -> PyResult<()> {
+        let state = LoaderState::from_json(state).map_err(data_to_py)?;
+        let loader = &mut self.loader;
+        py.detach(|| loader.load_state(&state)).map_err(data_to_py)
+    }
+
+    /// Stops the background threads now (they also stop when the loader is collected).
+    fn close(&mut self, py: Python<'_>) {
+        let loader = &mut self.loader;
+        py.detach(|| loader.stop());
+    }
+}
+
+/// The metadata of the dataset at `path` as JSON (cached beside the data).
+#[pyfunction]
+#[pyo3(signature = (path, storage_options=None))]
+fn read_metadata_json(
+    py: Python<'_>,
+    path: String,
+    storage_options: Option<HashMap<String, String>>,
+) -> PyResult<String> {
+    let options = store_options(storage_options);
+    let metadata = run_interruptibly(py, STOP_GRACE, move |_stop| {
+        Dataset::open(&path, &options).and_then(|dataset| dataset.metadata())
+    })?
+    .map_err(data_to_py)?;
+    Ok(metadata.to_json())
+}
+
+/// Adds this module's functions and classes to the native module.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<ParquetLoaderCore>()?;
+    m.add_class::<BufferView>()?;
+    m.add_function(wrap_pyfunction!(read_metadata_json, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,413 @@
+"""kolo.store (and its Horovod alias kolo.spark.common.store): round trips through local, DBFS,
+S3 (moto), GCS (fake-gcs-server), Azure (Azurite) and HDFS (MiniDFSCluster) stores; atomic
+checkpoint writes under SIGKILL; changed-files-only sync; pickling; bad input."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import kolo.spark.common.store as horovod_store
+from kolo import _native
+from kolo.exceptions import KoloError, StoreError
+from kolo.store import (
+    DBFSLocalStore,
+    FilesystemStore,
+    HDFSStore,
+    LocalStore,
+    Store,
+    SyncReport,
+)
+
+BACKENDS = ("local", "dbfs", "s3", "gcs", "azure", "hdfs")
+
+
+@pytest.fixture
+def dbfs_mount(tmp_path, monkeypatch) -> Path:
+    """A temporary directory standing in for the Databricks /dbfs mount."""
+    mount = tmp_path / "dbfs-mount"
+    mount.mkdir()
+    monkeypatch.setenv("KOLO_DBFS_MOUNT", str(mount))
+    return mount
+
+
+@pytest.fixture(params=BACKENDS)
+def location(request, tmp_path) -> tuple[str, dict]:
+    """(prefix URL, storage_options) of a fresh prefix on each backend in turn."""
+    if request.param == "local":
+        return str(tmp_path / "store"), {}
+    if request.param == "dbfs":
+        request.getfixturevalue("dbfs_mount")
+        return "dbfs:/experiments/store", {}
+    emulator = request.getfixturevalue(f"{request.param}_prefix")
+    return emulator.url, dict(emulator.storage_options)
+
+
+def test_round_trip_on_every_backend(location, tmp_path):
+    url, options = location
+    store = Store.create(url, storage_options=options)
+    run = "run_1"
+    checkpoint = store.get_checkpoint_path(run)
+    assert checkpoint == f"{store.prefix_path}/runs/{run}/{store.get_checkpoint_filename()}"
+    assert not store.exists(checkpoint)
+
+    store.write_bytes(checkpoint, b"epoch-1")
+    assert store.read(checkpoint) == b"epoch-1"
+    store.write_bytes(checkpoint, b"epoch-2 weights")
+    assert store.read(checkpoint) == b"epoch-2 weights"
+    store.write_text(store.get_logs_path(run) + "/metrics.json", '{"loss": 0.5}')
+    assert store.read_text(store.get_logs_path(run) + "/metrics.json") == '{"loss": 0.5}'
+    assert store.exists(store.get_run_path(run)), "a non-empty run directory exists"
+    assert store.list(store.get_run_path(run)) == [
+        checkpoint,
+        store.get_logs_path(run) + "/metrics.json",
+    ]
+
+    # Changed-files-only sync of a local run directory to the run path. The files are dated a
+    # minute back, so a fresh Store (another process) also sees the uploads as current.
+    local = tmp_path / "local-run"
+    (local / "logs").mkdir(parents=True)
+    (local / "model.pt").write_bytes(b"m" * 1000)
+    (local / "logs" / "events.1").write_bytes(b"e1")
+    a_minute_ago = time.time() - 60
+    for path in (local / "model.pt", local / "logs" / "events.1"):
+        os.utime(path, (a_minute_ago, a_minute_ago))
+    sync = store.sync_fn(run)
+    assert sync(str(local)) == SyncReport(["logs/events.1", "model.pt"], [], 1002)
+    assert sync(str(local)) == SyncReport([], ["logs/events.1", "model.pt"], 0)
+    in_new_process = pickle.loads(pickle.dumps(sync))
+    assert in_new_process(str(local)) == SyncReport([], ["logs/events.1", "model.pt"], 0)
+    (local / "model.pt").write_bytes(b"n" * 1001)
+    (local / "logs" / "events.2").write_bytes(b"e2")
+    changed = sync(str(local))
+    assert changed == SyncReport(["logs/events.2", "model.pt"], ["logs/events.1"], 1003)
+    assert store.read(store.get_run_path(run) + "/model.pt") == b"n" * 1001
+
+    # The store travels to another process as its arguments and works there.
+    clone = pickle.loads(pickle.dumps(store))
+    assert type(clone) is type(store) and clone.prefix_path == store.prefix_path
+    assert clone.read(checkpoint) == b"epoch-2 weights"
+
+    store.delete(store.get_logs_path(run))
+    assert not store.exists(store.get_logs_path(run) + "/metrics.json")
+    assert store.exists(checkpoint)
+    store.delete(store.get_run_path(run))
+    assert not store.exists(checkpoint)
+    assert store.list(store.get_runs_path()) == []
+    store.delete(store.get_run_path("never-existed"))
+
+
+def test_layout_matches_horovod(tmp_path):
+    store = FilesystemStore(str(tmp_path))
+    prefix = str(tmp_path)
+    assert store.get_train_data_path() == f"{prefix}/intermediate_train_data"
+    assert store.get_train_data_path(0) == f"{prefix}/intermediate_train_data.0"
+    assert store.get_val_data_path(2) == f"{prefix}/intermediate_val_data.2"
+    assert store.get_test_data_path(1) == f"{prefix}/intermediate_test_data.1"
+    assert store.get_runs_path() == f"{prefix}/runs"
+    assert store.get_run_path("r") == f"{prefix}/runs/r"
+    assert store.get_checkpoint_path("r") == f"{prefix}/runs/r/checkpoint"
+    assert store.get_logs_path("r") == f"{prefix}/runs/r/logs"
+    assert store.get_logs_subdir() == "logs"
+    assert store.saving_runs()
+    remote = store.to_remote("r", 3)
+    assert remote.train_data_path == f"{prefix}/intermediate_train_data.3"
+    assert remote.checkpoint_path == f"{prefix}/runs/r/checkpoint"
+
+    custom = FilesystemStore(
+        "s3://bucket/exp",
+        train_path="s3://other/train",
+        runs_path="s3://bucket/elsewhere",
+        save_runs=False,
+    )
+    assert custom.get_train_data_path(0) == "s3://other/train.0"
+    assert custom.get_val_data_path() == "s3://bucket/exp/intermediate_val_data"
+    assert custom.get_run_path("r") == "s3://bucket/elsewhere/r"
+    assert custom.get_checkpoint_path("r") is None and custom.get_logs_path("r") is None
+
+
+def test_create_dispatches_like_horovod(dbfs_mount):
+    assert type(Store.create("hdfs://127.0.0.1:8020/user/me")) is HDFSStore
+    for path in ("dbfs:/x", "/dbfs/x", "file:///dbfs/x", "file:/dbfs/x"):
+        store = Store.create(path)
+        assert type(store) is DBFSLocalStore and store.prefix_path == "/dbfs/x", path
+        assert store.get_checkpoint_filename() == "checkpoint.tf"
+    assert type(Store.create("s3://bucket/x")) is FilesystemStore
+    assert type(Store.create("/tmp/x")) is FilesystemStore
+    assert isinstance(LocalStore("/tmp/x"), FilesystemStore)
+    assert horovod_store.Store is Store and horovod_store.HDFSStore is HDFSStore
+
+
+def test_dbfs_forms_all_reach_the_mount(dbfs_mount):
+    store = Store.create("dbfs:/ml/exp")
+    checkpoint = store.get_checkpoint_path("r")
+    assert checkpoint == "/dbfs/ml/exp/runs/r/checkpoint.tf"
+    store.write_bytes("dbfs:/ml/exp/runs/r/checkpoint.tf", b"saved")
+    on_disk = dbfs_mount / "ml" / "exp" / "runs" / "r" / "checkpoint.tf"
+    assert on_disk.read_bytes() == b"saved"
+    for form in (
+        checkpoint,
+        "dbfs:/ml/exp/runs/r/checkpoint.tf",
+        "file:///dbfs/ml/exp/runs/r/checkpoint.tf",
+    ):
+        assert store.exists(form), form
+        assert store.read(form) == b"saved", form
+    assert not Path("/dbfs/ml/exp").exists() or Path("/dbfs") == dbfs_mount
+
+
+def test_paths_outside_the_prefix_and_relative_paths(tmp_path, monkeypatch):
+    store = FilesystemStore(str(tmp_path / "a"))
+    other = tmp_path / "b" / "file.txt"
+    store.write_text(str(other), "outside")
+    assert other.read_text() == "outside"
+    assert store.read(f"file://{other}") == b"outside"
+    monkeypatch.chdir(tmp_path)
+    relative = FilesystemStore("a")
+    relative.write_text(relative.get_run_path("r") + "/x", "rel")
+    assert (tmp_path / "a" / "runs" / "r" / "x").read_text() == "rel"
+    assert store.read(str(tmp_path / "a" / "runs" / "r" / "x")) == b"rel"
+
+
+def test_is_parquet_dataset(tmp_path):
+    store = FilesystemStore(str(tmp_path))
+    data = store.get_train_data_path(0)
+    assert not store.is_parquet_dataset(data)
+    store.write_bytes(data + "/_SUCCESS", b"")
+    assert not store.is_parquet_dataset(data)
+    store.write_bytes(data + "/part-00000.parquet", b"PAR1")
+    assert store.is_parquet_dataset(data)
+    assert store.is_parquet_dataset(data + "/part-00000.parquet")
+    assert not store.is_parquet_dataset(store.get_val_data_path(0))
+
+
+def test_every_store_class_pickles(tmp_path, dbfs_mount):
+    stores = [
+        Store(str(tmp_path / "s"), save_runs=False),
+        FilesystemStore(str(tmp_path / "f"), storage_options={"aws_region": "us-east-1"}),
+        LocalStore(str(tmp_path / "l"), runs_path=str(tmp_path / "runs")),
+        DBFSLocalStore("dbfs:/p"),
+        HDFSStore(
+            "/user/me/exp",
+            host="127.0.0.1",
+            port=9000,
+            user="me",
+            extra_conf={"dfs.client.use.datanode.hostname": "false"},
+            temp_dir=str(tmp_path),
+        ),
+        FilesystemStore("s3://bucket/exp", storage_options={"aws_allow_http": True}),
+    ]
+    for store in stores:
+        store.get_run_path("r")
+        clone = pickle.loads(pickle.dumps(store))
+        assert type(clone) is type(store)
+        assert clone.prefix_path == store.prefix_path
+        assert clone.storage_options == store.storage_options
+        for method in ("get_train_data_path", "get_runs_path", "saving_runs"):
+            assert getattr(clone, method)() == getattr(store, method)()
+        assert clone.get_checkpoint_path("r") == store.get_checkpoint_path("r")
+    hdfs = pickle.loads(pickle.dumps(stores[4]))
+    assert hdfs.prefix_path == "hdfs:///user/me/exp"
+    assert hdfs.native_location() == (
+        "hdfs://127.0.0.1:9000/user/me/exp",
+        {"dfs.client.use.datanode.hostname": "false"},
+    )
+    # A used store (native handle built) pickles too, and the clone still works.
+    used = stores[0]
+    used.write_text(used.get_train_data_path() + "/x", "1")
+    assert pickle.loads(pickle.dumps(used)).read(used.get_train_data_path() + "/x") == b"1"
+
+
+def test_hdfs_store_from_path_and_namenode_arguments(hdfs_server):
+    namenode = hdfs_server.endpoint  # hdfs://127.0.0.1:PORT
+    host, port = namenode.removeprefix("hdfs://").split(":")
+    base = "/" + hdfs_server.bucket
+    store = HDFSStore(base + "/by-args", host=host, port=int(port), driver="libhdfs")
+    assert store.prefix_path == f"hdfs://{base}/by-args"
+    store.write_text(store.get_checkpoint_path("r"), "hdfs!")
+    # Horovod's localized form (no scheme) maps to the same object.
+    assert store.read(f"{base}/by-args/runs/r/checkpoint") == b"hdfs!"
+    full = HDFSStore(f"{namenode}{base}/by-args")
+    assert full.read(full.get_checkpoint_path("r")) == b"hdfs!"
+    assert (
+        full.get_localized_path(full.get_checkpoint_path("r"))
+        == f"{base}/by-args/runs/r/checkpoint"
+    )
+
+
+# -- atomic writes under SIGKILL ----------------------------------------------------------------
+
+WRITER = textwrap.dedent(
+    """
+    import sys
+    from kolo.store import Store
+    url, path, size = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    options = dict(arg.split("=", 1) for arg in sys.argv[4:])
+    store = Store(url, storage_options=options)
+    payload = b"n" * size
+    print("writing", flush=True)
+    store.write_bytes(path, payload)
+    print("done", flush=True)
+    """
+)
+BIG = 200 * 1024 * 1024
+
+
+def kill_mid_write(store: Store, path: str, ready=None, delay: float = 0.0) -> None:
+    """Starts a child writing BIG bytes at ``path`` and SIGKILLs it in the middle."""
+    args = [f"{k}={v}" for k, v in (store.storage_options or {}).items()]
+    child = subprocess.Popen(
+        [sys.executable, "-c", WRITER, store.prefix_path, path, str(BIG), *args],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout.readline().strip() == "writing"
+        deadline = time.monotonic() + 30
+        while ready is not None and not ready():
+            assert child.poll() is None, "the writer finished before it was seen writing"
+            assert time.monotonic() < deadline, "never saw the write in progress"
+            time.sleep(0.001)
+        time.sleep(delay)
+        assert child.poll() is None, "the writer finished before the kill: the test proves nothing"
+        child.send_signal(signal.SIGKILL)
+        assert child.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
+def test_sigkill_mid_write_keeps_the_previous_local_checkpoint(tmp_path):
+    store = FilesystemStore(str(tmp_path / "store"))
+    checkpoint = store.get_checkpoint_path("r")
+    store.write_bytes(checkpoint, b"previous checkpoint")
+    run_dir = Path(checkpoint).parent
+
+    def staging_file_present() -> bool:
+        # object_store stages a local write in `<name>#<n>` and renames it when complete.
+        return any(p.name.startswith("checkpoint#") for p in run_dir.iterdir())
+
+    kill_mid_write(store, checkpoint, ready=staging_file_present)
+    assert store.read(checkpoint) == b"previous checkpoint"
+    assert store.list(store.get_run_path("r")) == [checkpoint], "the staging file is not listed"
+    store.write_bytes(checkpoint, b"next")
+    assert store.read(checkpoint) == b"next"
+
+
+def test_sigkill_mid_write_keeps_the_previous_s3_checkpoint(s3_prefix):
+    store = FilesystemStore(s3_prefix.url, storage_options=s3_prefix.storage_options)
+    checkpoint = store.get_checkpoint_path("r")
+    store.write_bytes(checkpoint, b"previous checkpoint")
+    kill_mid_write(store, checkpoint, delay=0.5)
+    assert store.read(checkpoint) == b"previous checkpoint"
+    assert store.list(store.get_run_path("r")) == [checkpoint]
+
+
+# -- bad input --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("location", "message"),
+    [
+        ("ftp://host/dir", "unsupported store scheme"),
+        ("s3://bad host/x", "malformed store URL"),
+        ("s3:///no-bucket", "names no bucket"),
+        ("dbfs://workspace/x", "dbfs:/path"),
+        ("file://otherhost/x", "three slashes"),
+        ("", "empty"),
+    ],
+)
+def test_bad_locations_raise_store_error(location, message):
+    with pytest.raises(StoreError, match=message) as info:
+        Store.create(location)
+    assert location in str(info.value)
+    assert isinstance(info.value, KoloError)
+
+
+def test_bad_options_raise_store_error(tmp_path):
+    with pytest.raises(StoreError, match="aws_acess_key_id"):
+        FilesystemStore("s3://b/x", storage_options={"aws_acess_key_id": "k"}).exists("s3://b/x/y")
+    with pytest.raises(StoreError, match="client_kwargs"):
+        FilesystemStore("s3://b/x", storage_options={"client_kwargs": {"endpoint_url": "x"}})
+    with pytest.raises(StoreError, match="absolute"):
+        HDFSStore("relative/path")
+
+
+def test_missing_object_names_the_path(tmp_path):
+    store = FilesystemStore(str(tmp_path))
+    missing = store.get_checkpoint_path("nope")
+    with pytest.raises(StoreError, match="no object at") as info:
+        store.read(missing)
+    assert "runs/nope/checkpoint" in str(info.value)
+
+
+def test_missing_s3_bucket_says_so(s3_server):
+    store = FilesystemStore("s3://kolo-no-such-bucket/x", storage_options=s3_server.storage_options)
+    with pytest.raises(StoreError, match="bucket/container does not exist") as info:
+        store.write_text(store.get_checkpoint_path("r"), "x")
+    assert "s3://kolo-no-such-bucket/x/runs/r/checkpoint" in str(info.value)
+
+
+def test_wrong_azure_key_is_refused(azure_prefix):
+    # Azurite checks shared-key signatures: a wrong (but well-formed) key must be refused.
+    options = dict(azure_prefix.storage_options)
+    options["azure_storage_account_key"] = "d3Jvbmcta2V5LXdyb25nLWtleS13cm9uZy1rZXk="
+    store = FilesystemStore(azure_prefix.url, storage_options=options)
+    with pytest.raises(StoreError, match="credentials") as info:
+        store.write_text(store.get_checkpoint_path("r"), "x")
+    assert azure_prefix.url in str(info.value)
+
+
+def test_unreachable_endpoint_fails_fast():
+    options = {
+        "aws_endpoint": "http://127.0.0.1:9",
+        "aws_allow_http": "true",
+        "aws_access_key_id": "k",
+        "aws_secret_access_key": "s",
+        "aws_region": "us-east-1",
+    }
+    store = FilesystemStore("s3://bucket/x", storage_options=options)
+    started = time.monotonic()
+    with pytest.raises(StoreError, match="endpoint"):
+        store.read(store.get_checkpoint_path("r"))
+    assert time.monotonic() - started < 30
+
+
+def test_native_calls_release_the_gil(s3_prefix):
+    store = FilesystemStore(s3_prefix.url, storage_options=s3_prefix.storage_options)
+    ticks = []
+    stop = threading.Event()
+
+    def tick():
+        while not stop.is_set():
+            ticks.append(time.monotonic())
+            time.sleep(0.005)
+
+    thread = threading.Thread(target=tick)
+    thread.start()
+    try:
+        started = time.monotonic()
+        store.write_bytes(store.get_checkpoint_path("r"), b"x" * (32 * 1024 * 1024))
+        elapsed = time.monotonic() - started
+    finally:
+        stop.set()
+        thread.join()
+    during = [t for t in ticks if started <= t <= started + elapsed]
+    assert len(during) >= max(2, int(elapsed / 0.005 * 0.3)), (len(during), elapsed)
+
+
+def test_native_store_reports_its_url(tmp_path):
+    handle = _native.Store(str(tmp_path))
+    assert handle.url == f"file://{tmp_path}"
+    assert str(handle.local_path("a/b")) == str(tmp_path / "a" / "b")
+    assert _native.resolve_store_url("s3a://b/p/") == "s3://b/p"
+    assert os.fspath(tmp_path)
