@@ -12,10 +12,12 @@ shuffled epoch, stopping early ``--seconds`` after its first batch or after ``--
 and reports rows, time to first batch (from building the loader; imports and ``ray.init`` are
 not included, ray.init is reported on its own), CPU seconds and peak memory of its process
 tree. The loaders take turns (kolo, peer, kolo, peer, ...) for ``--repeats`` rounds and the
-median run is kept. Throughput and CPU seconds per GB are steady state (rows, time and CPU
-after the first batch; the JSON also has CPU per GB with start-up); GB/s counts the logical
-bytes of the selected columns (408 B per row). One line per (variant, batch size) gives each
-loader's figures and kolo's ratio to each peer; kolo's GB/s at the largest batch on
+median run is kept (with two rounds, the slower one). Throughput and CPU seconds per GB are
+steady state (rows, time and CPU after the first batch; the JSON also has CPU per GB with
+start-up); GB/s counts the logical bytes of the selected columns (408 B per row). Peak RSS is
+VmHWM (mapped file pages included) and "anon" the sampled peak of anonymous memory; for Ray,
+the peak summed PSS of the driver and its Ray processes. One line per (variant, batch size)
+gives each loader's figures and kolo's ratio to each peer; kolo's GB/s at the largest batch on
 uncompressed data is also given as a share of a single-threaded memcpy.
 JSON goes to bench/results/loader-<time>.json (or ``--json``).
 """
@@ -165,7 +167,8 @@ def describe(result: dict[str, Any]) -> str:
     return (
         f"{name} {result['rows_per_s'] / 1e6:.3f}M rows/s ({result['GBps']:.2f} GB/s, "
         f"{result['cpu_s_per_GB']:.2f} CPU-s/GB, first batch {result['first_batch_s']:.2f} s, "
-        f"peak RSS {result['peak_rss_bytes'] / 1e6:.0f} MB{extra})"
+        f"peak RSS {result['peak_rss_bytes'] / 1e6:.0f} MB, "
+        f"anon {result['peak_rss_anon_bytes'] / 1e6:.0f} MB{extra})"
     )
 
 

@@ -4,9 +4,10 @@ SPEC is a JSON object (loader, files, folder, columns, batch_size, shuffle_buffe
 seconds, max_batches). The process builds the loader, iterates one epoch (or until ``seconds``
 after the first batch, or ``max_batches``) and prints one line ``RESULT {json}`` with rows,
 timings, CPU seconds (user + system of the process tree, threads included) and peak memory
-(VmHWM; for Ray, whose work runs in other processes, the peak of the tree's summed PSS sampled
-every 0.1 s). It imports only the standard library at module level, so the Petastorm run can
-use another interpreter (a venv with the older pyarrow Petastorm needs).
+(VmHWM, which counts mapped file pages too, plus the sampled peak of anonymous RSS; for Ray,
+whose work runs in other processes, the peak of the tree's summed PSS sampled every 0.1 s).
+It imports only the standard library at module level, so the Petastorm run can use another
+interpreter (a venv with the older pyarrow Petastorm needs).
 
 Every loader yields one dict of torch tensors per batch (scalar columns ``[B]``, the array column
 ``[B, 100]``), ``batch_size`` rows, shuffled through a buffer of about ``shuffle_buffer`` rows,
@@ -99,23 +100,30 @@ def self_status_bytes(field: str) -> int:
     return 0
 
 
-class TreeRssSampler:
-    """Samples the summed PSS of this process tree every 0.1 s (for multi-process loaders)."""
+class MemorySampler:
+    """Samples, every 0.1 s, this process's anonymous RSS (heap, not mapped files) and, for
+    multi-process loaders, the summed PSS of the process tree."""
 
-    def __init__(self) -> None:
-        self.peak = 0
+    def __init__(self, tree: bool) -> None:
+        self.tree = tree
+        self.peak_anon = self.peak_tree = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
+    def _sample(self) -> None:
+        self.peak_anon = max(self.peak_anon, self_status_bytes("RssAnon"))
+        if self.tree:
+            self.peak_tree = max(self.peak_tree, tree_pss_bytes(os.getpid()))
+
     def _run(self) -> None:
         while not self._stop.wait(0.1):
-            self.peak = max(self.peak, tree_pss_bytes(os.getpid()))
+            self._sample()
 
-    def stop(self) -> int:
+    def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
-        return max(self.peak, tree_pss_bytes(os.getpid()))
+        self._sample()
 
 
 def kolo_batches(spec: dict[str, Any]) -> Iterator[dict]:
@@ -255,10 +263,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     name = spec["loader"]
     report: dict[str, Any] = {"loader": name}
     exec(PRELOAD[name])  # imports are not loader time
-    sampler = None
     if name == "ray":
         ray_init(report)
-        sampler = TreeRssSampler()
+    sampler = MemorySampler(tree=name == "ray")
     label, probe = spec["columns"][-1], spec["columns"][0]
     batch_size = spec["batch_size"]
     rows = count = 0
@@ -292,6 +299,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     if not rows:
         raise RuntimeError(f"{name} gave no batch")
     cpu_end = tree_cpu_seconds(os.getpid())
+    sampler.stop()
     report.update(
         rows=rows,
         batches=count,
@@ -301,9 +309,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         steady_seconds=end - (first or end),
         cpu_s=cpu_end - cpu_start,
         steady_cpu_s=cpu_end - cpu_first,
-        peak_rss_bytes=max(self_status_bytes("VmHWM"), sampler.stop() if sampler else 0),
-        # at the end, this process only: file-backed pages (mapped Parquet files) vs heap
-        rss_anon_end_bytes=self_status_bytes("RssAnon"),
+        peak_rss_bytes=max(self_status_bytes("VmHWM"), sampler.peak_tree),
+        # this process only: peak anonymous memory (sampled), and file-backed pages at the end
+        peak_rss_anon_bytes=sampler.peak_anon,
         rss_file_end_bytes=self_status_bytes("RssFile"),
         complete_epoch=complete,
     )
