@@ -4,6 +4,7 @@ use arrow::array::{Array, AsArray};
 use arrow::datatypes::{DataType, Schema};
 
 use crate::error::{Error, Result};
+use crate::loader::columns::DType;
 
 /// What a column is for; named in errors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,21 +45,7 @@ pub struct ColumnInfo {
 
 /// numpy's name for a numeric or bool Arrow type; `None` for anything else.
 pub(crate) fn numpy_dtype(data_type: &DataType) -> Option<&'static str> {
-    Some(match data_type {
-        DataType::Boolean => "bool",
-        DataType::Int8 => "int8",
-        DataType::Int16 => "int16",
-        DataType::Int32 => "int32",
-        DataType::Int64 => "int64",
-        DataType::UInt8 => "uint8",
-        DataType::UInt16 => "uint16",
-        DataType::UInt32 => "uint32",
-        DataType::UInt64 => "uint64",
-        DataType::Float16 => "float16",
-        DataType::Float32 => "float32",
-        DataType::Float64 => "float64",
-        _ => return None,
-    })
+    DType::of(data_type).map(DType::name)
 }
 
 /// The element type of a list column, if the type is a (large, fixed-size) list.

@@ -8,22 +8,5 @@ Example::
     store.get_checkpoint_path("run_1")     # 's3://bucket/experiments/runs/run_1/checkpoint'
 """
 
-from kolo.store import (
-    AbstractFilesystemStore,
-    DBFSLocalStore,
-    FilesystemStore,
-    HDFSStore,
-    LocalStore,
-    Store,
-    SyncReport,
-)
-
-__all__ = [
-    "AbstractFilesystemStore",
-    "DBFSLocalStore",
-    "FilesystemStore",
-    "HDFSStore",
-    "LocalStore",
-    "Store",
-    "SyncReport",
-]
+from kolo.store import *  # noqa: F403 - the same names, under Horovod's module path
+from kolo.store import __all__  # noqa: F401
