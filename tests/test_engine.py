@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
 
 import pytest
 
-from conftest import run_kolorun, worker
+from conftest import REPO, run_kolorun, worker, worker_env
 
 WORKER = worker("engine_worker.py")
 LINE = re.compile(r"^\[(\d+)\]<(stdout|stderr)>:(.*)$")
@@ -95,6 +96,36 @@ def launch(
         stdout = _text(err.stdout) + "\n[kolorun timed out]"
         stderr, code = _text(err.stderr), None
     return Job(ranks, stdout, stderr, code, time.monotonic() - started)
+
+
+def launch_single(args: list[str], timeout: float = 60) -> Job:
+    """Runs the engine worker as one bare process (no launcher: a job of one rank)."""
+    started = time.monotonic()
+    extra = {"ENGINE_WORKER_DEADLINE": str(int(timeout - 10))}
+    try:
+        result = subprocess.run(
+            [sys.executable, WORKER, *args],
+            cwd=REPO,
+            env=worker_env(extra),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        stdout, stderr, code = result.stdout, result.stderr, result.returncode
+    except subprocess.TimeoutExpired as err:
+        stdout = _text(err.stdout) + "\n[timed out]"
+        stderr, code = _text(err.stderr), None
+
+    def as_rank_0(text: str, stream: str) -> str:
+        return "".join(f"[0]<{stream}>:{line}\n" for line in text.splitlines())
+
+    return Job(
+        1,
+        as_rank_0(stdout, "stdout"),
+        as_rank_0(stderr, "stderr"),
+        code,
+        time.monotonic() - started,
+    )
 
 
 def _text(value: Any) -> str:
@@ -442,3 +473,62 @@ def test_stall_shutdown_ends_the_job_with_a_typed_error() -> None:
         )
         stalled = "stall.never" if rank == 0 else "stall.other"
         assert stalled in report["message"], f"the error does not name {stalled}: {report}"
+
+
+# --- 11. wake on submit -------------------------------------------------------------------------
+
+LATENCY_CYCLE_MS = 20
+
+
+@pytest.fixture(scope="module")
+def latency_job() -> Job:
+    return launch(2, ["latency"], env={"KOLO_CYCLE_TIME": str(LATENCY_CYCLE_MS)}, timeout=120)
+
+
+def test_a_lone_synchronous_op_does_not_wait_for_the_cycle_time(latency_job: Job) -> None:
+    # Without wake-on-submit every op waits for the next cycle: a median of about 20 ms.
+    latency_job.require("latency")
+    for rank in range(2):
+        measured = latency_job.one(rank, "latency")
+        assert measured["ops"] == 200, measured
+        assert measured["median_ms"] < 5.0, (
+            f"rank {rank}: median {measured['median_ms']:.2f} ms for a tiny allreduce with "
+            f"KOLO_CYCLE_TIME={LATENCY_CYCLE_MS}; submit does not wake the engine: {measured}"
+        )
+    assert_clean_exit(latency_job)
+
+
+def test_a_burst_still_fuses_with_wake_on_submit(latency_job: Job) -> None:
+    latency_job.require("burst_steps")
+    for rank in range(2):
+        steps = latency_job.one(rank, "burst")["steps"]
+        assert len(steps) == 3, steps
+        for index, step in enumerate(steps):
+            assert step["tensors"] == STEP_TENSORS, (rank, index, step)
+            assert step["collectives"] < STEP_TENSORS / 10, (
+                f"rank {rank} step {index}: {step['collectives']} collectives for "
+                f"{STEP_TENSORS} tensors submitted in a burst; waking on submit broke fusion"
+            )
+
+
+# --- 12. init after shutdown --------------------------------------------------------------------
+
+REINIT_CHECKS = ["reinit_first", "reinit_between", "reinit_second", "reinit_third"]
+
+
+def test_init_after_shutdown_in_a_single_process() -> None:
+    job = launch_single(["reinit"])
+    for check in REINIT_CHECKS:
+        job.require(check)
+    assert job.one(0, "reinit")["ranks"] == [[0, 1]] * 3, job.tail()
+    assert job.one(0, "reinit_after_shutdown")["error"] == "NotInitializedError", job.tail()
+    assert_clean_exit(job)
+
+
+def test_init_after_shutdown_on_two_ranks() -> None:
+    job = launch(2, ["reinit"], timeout=90)
+    for check in REINIT_CHECKS:
+        job.require(check)
+    for rank in range(2):
+        assert job.one(rank, "reinit")["ranks"] == [[rank, 2]] * 3, job.tail()
+    assert_clean_exit(job)

@@ -241,6 +241,19 @@ impl Communicator {
         }
     }
 
+    /// Waits up to `timeout` until `wake` is readable or, with `peers`, another rank sent
+    /// something; returns whether another rank did. Fails like an operation would when the
+    /// communicator is closed, broken or the job aborted (the engine waits here between
+    /// cycles, so it notices those while idle).
+    pub(crate) fn wait_readable(
+        &self,
+        wake: std::os::fd::RawFd,
+        peers: bool,
+        timeout: std::time::Duration,
+    ) -> Result<bool> {
+        self.run(|session| session.wait_readable(wake, peers, timeout))
+    }
+
     fn lock_even_if_poisoned(&self) -> MutexGuard<'_, State> {
         self.state
             .lock()

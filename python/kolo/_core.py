@@ -20,6 +20,7 @@ from kolo.exceptions import InvalidArgumentError, NotInitializedError
 _lock = threading.Lock()
 _info: Optional[dict[str, Any]] = None
 _counters: dict[str, itertools.count] = {}
+_shutdown_at_exit = False
 
 
 def init(comm: Any = None, process_sets: Any = None) -> None:
@@ -28,7 +29,8 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     Under ``kolorun`` (or ``kolo.spark.run`` / ``RayExecutor``) the process registers with the
     job's driver service, receives its rank (a host's ranks are consecutive) and connects to its
     peers. Launched bare (``python train.py``) it becomes rank 0 of 1. Calling it again is a
-    no-op.
+    no-op; after :func:`shutdown` it joins the job again (every rank must): a fresh engine and
+    connections, the same rank.
 
     Example::
 
@@ -36,7 +38,7 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         hvd.init()
         print(hvd.rank(), hvd.size())
     """
-    global _info
+    global _info, _shutdown_at_exit
     if comm is not None:
         raise InvalidArgumentError(
             "init(comm=...) selects an MPI communicator, and kolo does not use MPI: launch the "
@@ -51,7 +53,9 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         _native.init()
         _info = _native.rank_info()
         _counters.clear()
-        atexit.register(shutdown)
+        if not _shutdown_at_exit:
+            atexit.register(shutdown)
+            _shutdown_at_exit = True
     from kolo import process_sets as _sets
 
     for ps in process_sets or []:
@@ -59,11 +63,21 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
 
 
 def shutdown() -> None:
-    """Leaves the job: closes connections to peers and the driver. ``init()`` may follow."""
+    """Leaves the job: closes connections to peers and the driver. ``init()`` may follow (on
+    every rank); process sets must then be registered again.
+
+    Example::
+
+        hvd.shutdown()
+        hvd.init()  # a fresh engine; hvd.rank() is the same as before
+    """
     global _info
+    from kolo import process_sets as _sets
+
     with _lock:
         _native.shutdown()
         _info = None
+    _sets._forget_registrations()
 
 
 def is_initialized() -> bool:

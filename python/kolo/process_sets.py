@@ -14,6 +14,7 @@ Example::
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable
 from typing import Any, Optional, Union
 
@@ -85,6 +86,18 @@ class _GlobalProcessSet(ProcessSet):
 
 global_process_set: ProcessSet = _GlobalProcessSet()
 
+# Sets registered since init (by object identity: equal sets may be distinct objects), so
+# shutdown can forget their ids (the next init starts afresh).
+_live_sets: weakref.WeakValueDictionary[int, ProcessSet] = weakref.WeakValueDictionary()
+
+
+def _forget_registrations() -> None:
+    """Marks every registered set unregistered (called by ``shutdown``): after the next
+    ``init`` they can be registered again, e.g. with ``init(process_sets=[...])``."""
+    for ps in list(_live_sets.values()):
+        ps.process_set_id = None
+    _live_sets.clear()
+
 
 def resolve(process_set: Any) -> ProcessSet:
     """The registered set for an op's ``process_set=`` argument (None: the global set)."""
@@ -113,6 +126,7 @@ def register(process_set: Union[ProcessSet, Iterable[int]], initializing: bool) 
         raise InvalidArgumentError(f"{ps!r} is already registered")
     handle = _native.add_process_set(ps.ranks, initializing)
     ps.process_set_id = int(_native.wait(handle))
+    _live_sets[id(ps)] = ps
     return ps
 
 
@@ -140,4 +154,5 @@ def remove_process_set(process_set: ProcessSet) -> bool:
         raise InvalidArgumentError("the global process set cannot be removed")
     _native.wait(_native.remove_process_set(int(ps.process_set_id)))
     ps.process_set_id = None
+    _live_sets.pop(id(ps), None)
     return True

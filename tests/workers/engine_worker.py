@@ -620,6 +620,89 @@ def kill_checks() -> None:
     run_check("kill", work, timeout=40)
 
 
+# --- latency of a lone op ----------------------------------------------------------------------
+
+LATENCY_OPS = 200
+
+
+def latency_checks() -> None:
+    """`LATENCY_OPS` sequential tiny synchronous allreduces, each timed alone (run with a long
+    KOLO_CYCLE_TIME: without wake-on-submit each one waits for the next cycle)."""
+
+    def work() -> None:
+        size = hvd.size()
+        hvd.barrier()
+        for _ in range(5):  # warm up
+            hvd.allreduce(torch.ones(1), op=hvd.Sum)
+        took = []
+        for k in range(LATENCY_OPS):
+            started = time.perf_counter()
+            out = hvd.allreduce(torch.ones(1), op=hvd.Sum)
+            took.append(time.perf_counter() - started)
+            expect_equal(f"latency op {k}", out, torch.full((1,), float(size)))
+        took.sort()
+        emit(
+            "latency",
+            {
+                "ops": len(took),
+                "median_ms": 1000 * took[len(took) // 2],
+                "p90_ms": 1000 * took[int(len(took) * 0.9)],
+                "max_ms": 1000 * took[-1],
+            },
+        )
+
+    run_check("latency", work, timeout=60)
+    # Bursts still fuse: a whole step's ops go into a few cycles, not one cycle each.
+    run_check("burst_steps", lambda: run_steps("burst", 3, 1000), timeout=60)
+
+
+# --- init after shutdown ------------------------------------------------------------------------
+
+
+def reinit_checks() -> None:
+    """init -> allreduce -> shutdown, twice in one process (Horovod allows init after shutdown:
+    a fresh engine and mesh, the same rank)."""
+    ranks: list[tuple[int, int]] = []
+    # The same set object is registered again by every init (shutdown forgets its id). A job
+    # of one rank has no set besides the global one.
+    solo = kolo.ProcessSet([0])
+    sets = [solo] if int(os.environ.get("KOLO_NUM_TASKS", "1")) > 1 else []
+
+    def round_trip(label: str) -> None:
+        hvd.init(process_sets=sets)
+        rank, size = hvd.rank(), hvd.size()
+        ranks.append((rank, size))
+        expect(0 <= rank < size, f"{label}: rank {rank} of {size}")
+        expect(hvd.is_initialized(), f"{label}: is_initialized() is False after init()")
+        if sets:
+            expect(solo.process_set_id not in (None, 0), f"{label}: {solo!r} not registered")
+        out = hvd.allreduce(torch.full((3,), float(rank + 1)), op=hvd.Sum)
+        expect_equal(f"{label} allreduce", out, torch.full((3,), float(sum(range(1, size + 1)))))
+        handle = hvd.allreduce_async_(torch.ones(2), op=hvd.Sum, name="reinit.async")
+        expect_equal(f"{label} async", hvd.synchronize(handle), torch.full((2,), float(size)))
+        if sets and solo.included():
+            out = hvd.allreduce(torch.ones(2), op=hvd.Sum, name="reinit.solo", process_set=solo)
+            expect_equal(f"{label} solo", out, torch.ones(2))
+        hvd.barrier()  # no rank shuts down while another still runs collectives
+        hvd.shutdown()
+        expect(not hvd.is_initialized(), f"{label}: is_initialized() is True after shutdown()")
+        expect(solo.process_set_id is None, f"{label}: {solo!r} still registered after shutdown")
+
+    def after_shutdown() -> None:
+        err = expect_error(
+            "allreduce after shutdown",
+            lambda: hvd.allreduce(torch.ones(1)),
+            KoloError,
+        )
+        report("reinit_after_shutdown", err)
+
+    run_check("reinit_first", lambda: round_trip("first"))
+    run_check("reinit_between", after_shutdown)
+    run_check("reinit_second", lambda: round_trip("second"))
+    run_check("reinit_third", lambda: round_trip("third"))
+    emit("reinit", {"ranks": ranks})
+
+
 # --- process sets -------------------------------------------------------------------------------
 
 
@@ -828,9 +911,11 @@ SUBCOMMANDS: dict[str, Callable[..., None]] = {
     "kill": kill_checks,
     "sets_static": sets_static_checks,
     "sets_dynamic": sets_dynamic_checks,
+    "latency": latency_checks,
+    "reinit": reinit_checks,
 }
 
-SELF_INIT = {"sets_static", "sets_dynamic"}
+SELF_INIT = {"sets_static", "sets_dynamic", "reinit"}
 
 
 def main() -> int:

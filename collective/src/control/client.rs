@@ -66,6 +66,9 @@ pub struct TaskInfo {
     pub data_addr: SocketAddr,
     /// Its process id.
     pub pid: u32,
+    /// The registration round: how many times this process joined the job before (0 at the
+    /// first `init()`; one more for each `init()` after a `shutdown()`).
+    pub generation: u32,
 }
 
 /// One peer in the job, as registration reports it.
@@ -214,8 +217,9 @@ impl DriverClient {
     }
 
     /// Registers `task` and waits (up to `start_timeout` plus slack) until every task has
-    /// registered; returns this worker's assignment. Errors are `Rendezvous` with the driver's
-    /// explanation (wrong secret, start timeout naming the missing tasks, duplicate index).
+    /// registered for round `task.generation`; returns this worker's assignment. Errors are
+    /// `Rendezvous` with the driver's explanation (wrong secret, start timeout naming the
+    /// missing tasks, duplicate index, a round the job is not in).
     pub async fn register(&self, task: &TaskInfo, start_timeout: Duration) -> Result<Registration> {
         let request = RegisterRequest {
             task_index: task.task_index,
@@ -223,6 +227,7 @@ impl DriverClient {
             hostname: task.hostname.clone(),
             data_addr: task.data_addr.to_string(),
             pid: task.pid,
+            generation: task.generation,
         };
         let bound = start_timeout + CALL_SLACK;
         let reply = self

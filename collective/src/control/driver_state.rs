@@ -1,5 +1,11 @@
 //! The job driver's state machine: registrations and the rank assignment, the start deadline,
 //! the key-value space, heartbeats and the abort flag. The gRPC handlers are thin wrappers.
+//!
+//! Registration happens in rounds: every task registers once per round, and the round completes
+//! (everyone gets the assignment) when the last one did. A worker that called `shutdown()` and
+//! then `init()` again registers for the next round (its request carries the round number); the
+//! first such registration opens the round, with its own start deadline. Ranks stay the same
+//! (the assignment depends only on the task indices and hosts); data addresses are new.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
@@ -34,11 +40,25 @@ struct Registered {
     pid: u32,
 }
 
+/// Where the current round's registration stands.
 #[derive(Debug, Clone)]
 pub(crate) enum Phase {
     Waiting,
-    Complete(Arc<Vec<PeerAssignment>>),
+    /// Every task registered; the assignment is the round's `completed` one.
+    Complete,
     TimedOut(String),
+}
+
+/// The current registration round.
+#[derive(Debug, Clone)]
+pub(crate) struct Round {
+    /// 0 for the first registration of every task; one more each time they join again.
+    generation: u32,
+    phase: Phase,
+    /// When the round opened (its start deadline counts from here).
+    opened: Instant,
+    /// The latest completed round: its generation and assignment.
+    completed: Option<(u32, Arc<Vec<PeerAssignment>>)>,
 }
 
 #[derive(Debug, Default)]
@@ -58,9 +78,9 @@ pub(crate) struct JobState {
     job_id: JobId,
     start_timeout: Duration,
     heartbeat_timeout: Duration,
-    started: Instant,
     inner: Mutex<Inner>,
-    phase: watch::Sender<Phase>,
+    /// Changed under the `inner` lock (its `tasks` belong to this round).
+    round: watch::Sender<Round>,
     abort: watch::Sender<Option<AbortCause>>,
     kv_version: watch::Sender<u64>,
     shutdown: watch::Sender<bool>,
@@ -78,25 +98,42 @@ impl JobState {
             job_id: config.job_id,
             start_timeout: config.start_timeout,
             heartbeat_timeout: config.heartbeat_timeout,
-            started: Instant::now(),
             inner: Mutex::new(Inner::default()),
-            phase: watch::channel(Phase::Waiting).0,
+            round: watch::channel(Round {
+                generation: 0,
+                phase: Phase::Waiting,
+                opened: Instant::now(),
+                completed: None,
+            })
+            .0,
             abort: watch::channel(None).0,
             kv_version: watch::channel(0).0,
             shutdown: watch::channel(false).0,
         }
     }
 
-    /// When registration must be complete.
-    pub(crate) fn start_deadline(&self) -> Instant {
-        self.started + self.start_timeout
+    /// The current round's generation, its start deadline (when its registration must be
+    /// complete), and whether it still waits for tasks.
+    pub(crate) fn round_deadline(&self) -> (u32, Instant, bool) {
+        let round = self.round.borrow();
+        (
+            round.generation,
+            round.opened + self.start_timeout,
+            matches!(round.phase, Phase::Waiting),
+        )
+    }
+
+    /// A receiver that changes whenever the round or its phase does.
+    pub(crate) fn subscribe_rounds(&self) -> watch::Receiver<Round> {
+        self.round.subscribe()
     }
 
     pub(crate) fn heartbeat_timeout(&self) -> Duration {
         self.heartbeat_timeout
     }
 
-    /// Records a registration (validated); completes the assignment when it is the last one.
+    /// Records a registration (validated); completes the assignment when it is the last one of
+    /// its round. A registration for the round after a completed one opens that round.
     pub(crate) fn register(&self, request: &RegisterRequest) -> Result<(), Status> {
         if let Some(cause) = self.abort_cause() {
             return Err(Status::aborted(format!("cannot join the job: {cause}")));
@@ -117,6 +154,32 @@ impl JobState {
             pid: request.pid,
         };
         let mut inner = lock(&self.inner);
+        let (current, complete) = {
+            let round = self.round.borrow();
+            (round.generation, matches!(round.phase, Phase::Complete))
+        };
+        let generation = request.generation;
+        if generation == current.wrapping_add(1) && complete {
+            inner.tasks.clear();
+            self.round.send_modify(|round| {
+                round.generation = generation;
+                round.phase = Phase::Waiting;
+                round.opened = Instant::now();
+            });
+            log::info!(
+                "job {}: task {index} joins again (init after shutdown); registration round {generation} \
+                 opened, waiting for all {} task(s)",
+                self.job_id,
+                self.num_tasks
+            );
+        } else if generation != current {
+            return Err(Status::failed_precondition(format!(
+                "task {index} registers for round {generation} (it called init() {generation} time(s) \
+                 before), but the job is in registration round {current}{}; every worker must \
+                 call init() and shutdown() alike",
+                if complete { "" } else { ", which not every task has joined yet" }
+            )));
+        }
         if let Some(existing) = inner.tasks.get(&index) {
             if *existing == entry {
                 return Ok(()); // A retried call: registration is idempotent.
@@ -127,7 +190,7 @@ impl JobState {
                 existing.pid, existing.hostname
             )));
         }
-        if let Phase::TimedOut(message) = &*self.phase.borrow() {
+        if let Phase::TimedOut(message) = &self.round.borrow().phase {
             return Err(Status::deadline_exceeded(message.clone()));
         }
         inner.tasks.insert(index, entry);
@@ -147,12 +210,17 @@ impl JobState {
                 }
             }
             log::info!(
-                "job {}: all {} task(s) registered on {} host(s); ranks assigned",
+                "job {}: all {} task(s) registered on {} host(s); ranks assigned (round {})",
                 self.job_id,
                 self.num_tasks,
-                peers.iter().filter(|p| p.local_rank == 0).count()
+                peers.iter().filter(|p| p.local_rank == 0).count(),
+                generation
             );
-            self.phase.send_replace(Phase::Complete(Arc::new(peers)));
+            let peers = Arc::new(peers);
+            self.round.send_modify(|round| {
+                round.phase = Phase::Complete;
+                round.completed = Some((round.generation, peers));
+            });
         }
         Ok(())
     }
@@ -181,26 +249,36 @@ impl JobState {
             .collect()
     }
 
-    /// Waits until the assignment is complete (then answers `task_index`'s registration), the
-    /// start deadline passed, the job was aborted or the driver shuts down.
-    pub(crate) async fn await_assignment(&self, task_index: u32) -> Result<RegisterReply, Status> {
-        let mut phase = self.phase.subscribe();
+    /// Waits until round `generation` is complete (then answers `task_index`'s registration),
+    /// its start deadline passed, the job was aborted or the driver shuts down.
+    pub(crate) async fn await_assignment(
+        &self,
+        task_index: u32,
+        generation: u32,
+    ) -> Result<RegisterReply, Status> {
+        let mut round = self.round.subscribe();
         let mut abort = self.abort.subscribe();
         let mut shutdown = self.shutdown.subscribe();
-        let limit = self.start_deadline() + REGISTER_SLACK;
+        let (_, deadline, _) = self.round_deadline();
+        let limit = deadline + REGISTER_SLACK;
         let waited = tokio::time::timeout_at(limit, async {
             tokio::select! {
-                _ = phase.wait_for(|p| !matches!(p, Phase::Waiting)) => {}
+                _ = round.wait_for(|r| r.generation != generation || !matches!(r.phase, Phase::Waiting)) => {}
                 _ = abort.wait_for(Option::is_some) => {}
                 _ = shutdown.wait_for(|down| *down) => {}
             }
         })
         .await;
-        let current = self.phase.borrow().clone();
-        match current {
-            Phase::Complete(peers) => return self.reply(task_index, &peers),
-            Phase::TimedOut(message) => return Err(Status::deadline_exceeded(message)),
-            Phase::Waiting => {}
+        let current = self.round.borrow().clone();
+        if let Some((done, peers)) = &current.completed {
+            if *done == generation {
+                return self.reply(task_index, peers);
+            }
+        }
+        if current.generation == generation {
+            if let Phase::TimedOut(message) = current.phase {
+                return Err(Status::deadline_exceeded(message));
+            }
         }
         if let Some(cause) = self.abort_cause() {
             return Err(Status::aborted(format!(
@@ -269,9 +347,15 @@ impl JobState {
         if missing.len() > LISTED_MISSING {
             listed.push_str(&format!(", ... ({} more)", missing.len() - LISTED_MISSING));
         }
+        let generation = self.round.borrow().generation;
+        let again = if generation == 0 {
+            String::new()
+        } else {
+            format!(" again (registration round {generation}: a task called init() after shutdown(), so every task must)")
+        };
         format!(
-            "timed out after {}s waiting for every task to register with the job driver: {} of {n} \
-             registered; missing task indices: [{listed}]. Check that every process called \
+            "timed out after {}s waiting for every task to register with the job driver{again}: {} \
+             of {n} registered; missing task indices: [{listed}]. Check that every process called \
              hvd.init() and that none failed at startup (see its output); if startup is just \
              slow, raise the start timeout (kolorun --start-timeout SECONDS, or {})",
             crate::control::env::format_seconds(self.start_timeout),
@@ -280,16 +364,20 @@ impl JobState {
         )
     }
 
-    /// Called at the start deadline: if registration is incomplete, fails every waiting and
-    /// later registration, and aborts the job when anyone is waiting.
-    pub(crate) fn on_start_deadline(&self) {
+    /// Called at the start deadline of round `generation`: if its registration is incomplete,
+    /// fails every waiting and later registration, and aborts the job when anyone is waiting.
+    pub(crate) fn on_start_deadline(&self, generation: u32) {
         let inner = lock(&self.inner);
-        if !matches!(*self.phase.borrow(), Phase::Waiting) {
-            return;
+        {
+            let round = self.round.borrow();
+            if round.generation != generation || !matches!(round.phase, Phase::Waiting) {
+                return;
+            }
         }
         let message = self.timeout_message(&inner);
         let registered = inner.tasks.len();
-        self.phase.send_replace(Phase::TimedOut(message.clone()));
+        self.round
+            .send_modify(|round| round.phase = Phase::TimedOut(message.clone()));
         drop(inner);
         if registered > 0 {
             self.abort(AbortCause {
@@ -335,11 +423,13 @@ impl JobState {
         }
     }
 
+    /// The assignment of the latest completed round (ranks are the same in every round).
     pub(crate) fn assignment(&self) -> Option<Arc<Vec<PeerAssignment>>> {
-        match &*self.phase.borrow() {
-            Phase::Complete(peers) => Some(Arc::clone(peers)),
-            _ => None,
-        }
+        self.round
+            .borrow()
+            .completed
+            .as_ref()
+            .map(|(_, peers)| Arc::clone(peers))
     }
 
     fn hostname_of_rank(&self, rank: u32) -> String {

@@ -39,8 +39,9 @@ impl Driver for Handlers {
         let peer = request.remote_addr();
         let request = request.into_inner();
         log::debug!(
-            "task {} registering from {peer:?}: host {} ({}), pid {}, data {}",
+            "task {} registering from {peer:?} (round {}): host {} ({}), pid {}, data {}",
             request.task_index,
+            request.generation,
             request.hostname,
             request.host_hash,
             request.pid,
@@ -48,7 +49,9 @@ impl Driver for Handlers {
         );
         self.state.register(&request)?;
         Ok(Response::new(
-            self.state.await_assignment(request.task_index).await?,
+            self.state
+                .await_assignment(request.task_index, request.generation)
+                .await?,
         ))
     }
 

@@ -251,11 +251,30 @@ impl Drop for DriverService {
     }
 }
 
+/// Times out every registration round (the first, and each one opened by workers that call
+/// `init()` again after `shutdown()`) that is still waiting at its start deadline.
 async fn start_deadline(state: Arc<JobState>) {
     let mut stop = state.subscribe_shutdown();
-    tokio::select! {
-        _ = tokio::time::sleep_until(state.start_deadline()) => state.on_start_deadline(),
-        _ = stop.wait_for(|down| *down) => {}
+    let mut rounds = state.subscribe_rounds();
+    loop {
+        rounds.borrow_and_update();
+        let (generation, deadline, waiting) = state.round_deadline();
+        let expired = async {
+            if waiting {
+                tokio::time::sleep_until(deadline).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
+        tokio::select! {
+            () = expired => state.on_start_deadline(generation),
+            changed = rounds.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+            _ = stop.wait_for(|down| *down) => return,
+        }
     }
 }
 

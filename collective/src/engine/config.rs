@@ -10,8 +10,14 @@ use crate::error::{Error, Result};
 /// How the engine runs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EngineConfig {
-    /// Time between the starts of two cycles (`KOLO_CYCLE_TIME`, milliseconds, default 1).
+    /// The longest time between the starts of two cycles (`KOLO_CYCLE_TIME`, milliseconds,
+    /// default 1): the most a submitted op waits before negotiation starts.
     pub cycle_time: Duration,
+    /// How long submissions must pause before a cycle starts early for them
+    /// (`KOLO_SUBMIT_QUIET_TIME`, milliseconds, default 0.1; kolo's own knob). A lone op starts
+    /// negotiating after this instead of waiting for the cycle time; a burst of ops submitted
+    /// closer together than this still goes into one cycle (and fuses).
+    pub submit_quiet_time: Duration,
     /// Largest fused allreduce buffer in bytes (`KOLO_FUSION_THRESHOLD`, default 128 MiB; 0
     /// turns fusion off).
     pub fusion_threshold: usize,
@@ -36,6 +42,7 @@ impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
             cycle_time: Duration::from_millis(1),
+            submit_quiet_time: Duration::from_micros(100),
             fusion_threshold: 128 << 20,
             cache_capacity: 1024,
             stall_warning: Some(Duration::from_secs(60)),
@@ -46,6 +53,9 @@ impl Default for EngineConfig {
         }
     }
 }
+
+/// kolo's own knob (Horovod has no such setting, so there is no `HOROVOD_*` spelling).
+const SUBMIT_QUIET_TIME: &str = "KOLO_SUBMIT_QUIET_TIME";
 
 /// The largest cache we accept (its bit vector travels every cycle).
 const MAX_CACHE_CAPACITY: usize = 1 << 20;
@@ -75,6 +85,19 @@ impl EngineConfig {
                 )));
             }
             config.cycle_time = Duration::from_secs_f64(ms / 1000.0);
+        }
+        if let Some(text) = get(SUBMIT_QUIET_TIME).filter(|v| !v.trim().is_empty()) {
+            let ms = parse_number(
+                SUBMIT_QUIET_TIME,
+                &text,
+                "a number of milliseconds (e.g. 0.1)",
+            )?;
+            if !(0.0..=60_000.0).contains(&ms) {
+                return Err(Error::Config(format!(
+                    "{SUBMIT_QUIET_TIME}={text:?} must be between 0 and 60000 milliseconds"
+                )));
+            }
+            config.submit_quiet_time = Duration::from_secs_f64(ms / 1000.0);
         }
         if let Some((name, text)) = knob("FUSION_THRESHOLD") {
             config.fusion_threshold = parse_count(&name, &text, "a number of bytes", usize::MAX)?;
@@ -163,6 +186,7 @@ mod tests {
         assert_eq!(c, EngineConfig::default());
         assert_eq!(c.fusion_threshold, 128 << 20);
         assert_eq!(c.cycle_time, Duration::from_millis(1));
+        assert_eq!(c.submit_quiet_time, Duration::from_micros(100));
         assert_eq!(c.cache_capacity, 1024);
         assert_eq!(c.stall_warning, Some(Duration::from_secs(60)));
     }
@@ -191,6 +215,16 @@ mod tests {
     }
 
     #[test]
+    fn submit_quiet_time_is_kolo_only_and_may_be_zero() {
+        let c = config(&[("KOLO_SUBMIT_QUIET_TIME", "0.25")]).unwrap();
+        assert_eq!(c.submit_quiet_time, Duration::from_micros(250));
+        let c = config(&[("KOLO_SUBMIT_QUIET_TIME", "0")]).unwrap();
+        assert_eq!(c.submit_quiet_time, Duration::ZERO);
+        let c = config(&[("HOROVOD_SUBMIT_QUIET_TIME", "5")]).unwrap();
+        assert_eq!(c.submit_quiet_time, Duration::from_micros(100));
+    }
+
+    #[test]
     fn bad_values_name_the_variable() {
         for (name, value) in [
             ("KOLO_CYCLE_TIME", "fast"),
@@ -199,6 +233,8 @@ mod tests {
             ("HOROVOD_CACHE_CAPACITY", "many"),
             ("KOLO_STALL_CHECK_DISABLE", "maybe"),
             ("KOLO_STALL_CHECK_TIME_SECONDS", "-5"),
+            ("KOLO_SUBMIT_QUIET_TIME", "-1"),
+            ("KOLO_SUBMIT_QUIET_TIME", "soon"),
         ] {
             match config(&[(name, value)]) {
                 Err(Error::Config(m)) => assert!(m.contains(name), "{m}"),

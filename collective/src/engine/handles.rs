@@ -1,6 +1,7 @@
 //! Handles: the caller's side of a submitted op, completed by the engine thread.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -13,9 +14,13 @@ enum Slot {
     Done(Result<Output>),
 }
 
+/// The last handle number given out in this process. Numbers are unique across engines, so a
+/// handle kept from before a `shutdown()` never names an op of the engine a later `init()`
+/// started.
+static LAST_HANDLE: AtomicU64 = AtomicU64::new(0);
+
 #[derive(Debug, Default)]
 struct Table {
-    next: u64,
     slots: HashMap<u64, Slot>,
     /// (process set, name) of every pending op: a name may be outstanding once per set.
     outstanding: HashSet<(u32, String)>,
@@ -43,8 +48,7 @@ impl Handles {
                  outstanding op needs its own name — synchronize the first one or pick another name"
             )));
         }
-        table.next += 1;
-        let id = table.next;
+        let id = LAST_HANDLE.fetch_add(1, Ordering::Relaxed) + 1;
         table.slots.insert(
             id,
             Slot::Pending {
@@ -144,5 +148,17 @@ mod tests {
         assert!(h.wait(b, Duration::from_millis(1)).is_none());
         h.fail_all(&Error::Closed("gone".into()));
         assert!(matches!(h.wait(b, Duration::ZERO), Some(Err(Error::Closed(m))) if m == "gone"));
+    }
+
+    #[test]
+    fn handle_numbers_are_unique_across_tables() {
+        let first = Handles::default().open(0, "x").unwrap();
+        let later = Handles::default();
+        let second = later.open(0, "x").unwrap();
+        assert_ne!(first, second);
+        assert!(
+            later.poll(first).is_err(),
+            "an earlier engine's handle is unknown here"
+        );
     }
 }

@@ -2,13 +2,16 @@
 //! submitted tensors are ready, fuses small allreduces, and runs the collectives, so callers
 //! submit ops and get handles at once (Horovod's design).
 //!
-//! Each cycle (every [`EngineConfig::cycle_time`]) the thread takes the ops submitted since the
-//! last cycle and, for every process set this rank belongs to (in id order, the same on every
-//! rank), sends each member one [`message::CycleMessage`]: response-cache bits for tensors
-//! that ran before with the same arguments, full descriptors for the others. Every member runs
-//! the same [`coordinator::Coordinator`] on the same messages, so all reach the same decision —
-//! which tensors are now submitted everywhere, in which order, which disagree — without a
-//! second round trip. The agreed allreduces are fused by dtype and op up to the fusion
+//! A cycle starts when ops were submitted and the submissions paused for
+//! [`EngineConfig::submit_quiet_time`] (so a lone op does not wait and a burst still fuses),
+//! when another rank started one, or at the latest [`EngineConfig::cycle_time`] after the last
+//! one. Each cycle the thread takes the ops submitted since the last cycle and, for every
+//! process set this rank belongs to (in id order, the same on every rank), sends each member
+//! one [`message::CycleMessage`]: response-cache bits for tensors that ran before with the same
+//! arguments, full descriptors for the others. Every member runs the same
+//! [`coordinator::Coordinator`] on the same messages, so all reach the same decision — which
+//! tensors are now submitted everywhere, in which order, which disagree — without a second
+//! round trip. The agreed allreduces are fused by dtype and op up to the fusion
 //! threshold and run; handles complete. Group rank 0 also runs the stall inspector and, on
 //! global rank 0, the [`timeline::Timeline`].
 
@@ -21,6 +24,7 @@ mod message;
 pub mod request;
 mod stats;
 pub mod timeline;
+mod wake;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
@@ -43,9 +47,13 @@ use message::{CycleMessage, FLAG_JOINED, FLAG_SHUTDOWN, FLAG_STALL_ABORT, MAX_ME
 pub use request::{Output, RawTensor, Submission};
 use stats::Stats;
 use timeline::Timeline;
+use wake::Wake;
 
 /// How long [`Engine::shutdown`] waits for the other ranks to agree before closing anyway.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// The longest single wait of an idle engine (it then checks for an abort or shutdown).
+const IDLE_TICK: Duration = Duration::from_millis(100);
 
 #[derive(Debug)]
 enum Item {
@@ -57,6 +65,15 @@ enum Item {
 struct Inbox {
     items: Vec<Item>,
     shutdown: bool,
+    /// When the latest item was submitted.
+    last_submit: Option<Instant>,
+}
+
+impl Inbox {
+    fn push(&mut self, item: Item) {
+        self.items.push(item);
+        self.last_submit = Some(Instant::now());
+    }
 }
 
 #[derive(Debug)]
@@ -65,6 +82,8 @@ struct Shared {
     config: EngineConfig,
     handles: Handles,
     inbox: Mutex<Inbox>,
+    /// Wakes the engine thread between cycles when something was submitted.
+    wake: Wake,
     stats: Stats,
     timeline: Timeline,
     /// Members (global ranks) of every registered process set.
@@ -101,6 +120,7 @@ impl Engine {
             config,
             handles: Handles::default(),
             inbox: Mutex::new(Inbox::default()),
+            wake: Wake::new().map_err(Error::Io)?,
             stats: Stats::default(),
             timeline,
             sets: Mutex::new(sets),
@@ -138,7 +158,8 @@ impl Engine {
         };
         validate(&sub, size)?;
         let handle = self.shared.handles.open(sub.process_set, &sub.name)?;
-        lock(&self.shared.inbox).items.push(Item::Op(handle, sub));
+        lock(&self.shared.inbox).push(Item::Op(handle, sub));
+        self.shared.wake.notify();
         Ok(handle)
     }
 
@@ -148,7 +169,8 @@ impl Engine {
     pub fn join(&self) -> Result<u64> {
         self.check_running()?;
         let handle = self.shared.handles.open(0, "")?;
-        lock(&self.shared.inbox).items.push(Item::Join(handle, 0));
+        lock(&self.shared.inbox).push(Item::Join(handle, 0));
+        self.shared.wake.notify();
         Ok(handle)
     }
 
@@ -235,6 +257,7 @@ impl Engine {
     /// still wait for), waits up to 10 s for that cycle, fails what is left here.
     pub fn shutdown(&self) {
         lock(&self.shared.inbox).shutdown = true;
+        self.shared.wake.notify();
         let Some(thread) = lock(&self.thread).take() else {
             return;
         };
@@ -409,9 +432,51 @@ impl Shared {
                     return;
                 }
             }
-            if let Some(rest) = self.config.cycle_time.checked_sub(started.elapsed()) {
-                std::thread::sleep(rest);
+            if let Err(error) = self.wait_for_next_cycle(started) {
+                log::error!("rank {}: the engine stopped: {error}", info.rank);
+                self.stop(error);
+                return;
             }
+        }
+    }
+
+    /// Waits until the next cycle should start, at the latest one cycle time after `started`
+    /// (Horovod's cycle), earlier when
+    /// - ops were submitted and no more came for the submit quiet time: a lone op starts
+    ///   negotiating at once, while ops submitted in a burst still go into one cycle and fuse;
+    /// - another rank started a cycle (its message arrived): cycles are exchanges among every
+    ///   rank, so the others join at once instead of letting it wait for their timers;
+    /// - shutdown was requested.
+    fn wait_for_next_cycle(&self, started: Instant) -> Result<()> {
+        let due = started + self.config.cycle_time;
+        let mut peer_started = false;
+        loop {
+            self.wake.rearm();
+            let now = Instant::now();
+            if now >= due {
+                return Ok(());
+            }
+            let (submitted, last_submit) = {
+                let inbox = lock(&self.inbox);
+                if inbox.shutdown {
+                    return Ok(());
+                }
+                (!inbox.items.is_empty(), inbox.last_submit)
+            };
+            let quiet_from = last_submit.map_or(now, |at| at + self.config.submit_quiet_time);
+            let until = if submitted || peer_started {
+                if now >= quiet_from {
+                    return Ok(());
+                }
+                quiet_from.min(due)
+            } else {
+                due
+            };
+            // Bounded, so an abort or a closing communicator is noticed while idle.
+            let timeout = (until - now).min(IDLE_TICK);
+            peer_started |= self
+                .comm
+                .wait_readable(self.wake.fd(), !peer_started, timeout)?;
         }
     }
 

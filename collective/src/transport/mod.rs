@@ -18,10 +18,12 @@ mod poll;
 mod setup;
 mod stream;
 
+pub(crate) use poll::wait_readable;
 pub(crate) use stream::{Buffers, RecvBlock, SendBlock, StreamPlan, CHUNK};
 
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -309,6 +311,23 @@ impl Mesh {
             while matches!((&link.stream).read(&mut sink), Ok(n) if n > 0) {}
         }
         self.links.iter_mut().for_each(|l| *l = None);
+    }
+
+    /// Waits up to `timeout` until `wake` or, with `peers`, a peer's connection is readable
+    /// (a message, end of stream or an error: whatever it is, the next collective reads it).
+    /// Returns whether a peer's was. The engine waits here between cycles.
+    pub(crate) fn wait_readable(
+        &self,
+        wake: RawFd,
+        peers: bool,
+        timeout: Duration,
+    ) -> io::Result<bool> {
+        let mut fds = vec![wake];
+        if peers {
+            fds.extend(self.links.iter().flatten().map(|l| l.stream.as_raw_fd()));
+        }
+        let ready = poll::wait_readable(&fds, timeout)?;
+        Ok(ready[1..].iter().any(|&r| r))
     }
 
     /// Reads the reason of a `Fail` frame whose header was just read (bounded wait).

@@ -35,6 +35,7 @@ fn task(index: u32, host: &str) -> TaskInfo {
         hostname: host.to_owned(),
         data_addr: SocketAddr::from(([127, 0, 0, 1], 20_000 + index as u16)),
         pid: 1_000 + index,
+        generation: 0,
     }
 }
 
@@ -187,6 +188,115 @@ fn three_tasks_on_two_hosts_get_consecutive_ranks() {
     assert_eq!(ranks, [0, 2, 1]);
     assert_eq!(assignment[1].hostname, "b");
     assert_eq!(assignment[1].pid, 1_001);
+}
+
+/// Registers `task(index, host)` for round `generation` with data port `port`, in a thread.
+fn register_round(
+    driver: &DriverService,
+    secret: &JobSecret,
+    index: u32,
+    generation: u32,
+    port: u16,
+) -> std::thread::JoinHandle<kolo_collective::Result<Registration>> {
+    let client = connect(driver, secret);
+    let info = TaskInfo {
+        generation,
+        data_addr: SocketAddr::from(([127, 0, 0, 1], port)),
+        ..task(index, "a")
+    };
+    std::thread::spawn(move || {
+        block_on(client.register(&info, Duration::from_secs(20))).and_then(|result| result)
+    })
+}
+
+#[test]
+fn tasks_that_init_again_register_for_the_next_round() {
+    let config = config(2);
+    let secret = config.secret.clone();
+    let driver = DriverService::start(config).unwrap();
+    let first: Vec<Registration> = [(0, 21_000), (1, 21_001)]
+        .map(|(index, port)| register_round(&driver, &secret, index, 0, port))
+        .into_iter()
+        .map(|waiter| waiter.join().unwrap().unwrap())
+        .collect();
+    assert_eq!(first[0].peers[1].data_addr.port(), 21_001);
+
+    // Task 1 calls init() again first: round 1 opens and waits for task 0.
+    let again = register_round(&driver, &secret, 1, 1, 22_001);
+    wait_until(
+        "task 1 registered for round 1",
+        Duration::from_secs(5),
+        || driver.registered_tasks() == [1],
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(!again.is_finished(), "round 1 completed without task 0");
+    assert_eq!(
+        driver.assignment().unwrap()[1].data_addr.port(),
+        21_001,
+        "the latest completed round's assignment stays visible"
+    );
+    // A registration for a finished round, or one that skips a round, is refused.
+    for stale in [0, 2] {
+        let err = register_round(&driver, &secret, 0, stale, 23_000)
+            .join()
+            .unwrap()
+            .unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("registration round 1"), "{text}");
+        assert!(text.contains("init() and shutdown() alike"), "{text}");
+    }
+    let zero = register_round(&driver, &secret, 0, 1, 22_000)
+        .join()
+        .unwrap()
+        .unwrap();
+    let one = again.join().unwrap().unwrap();
+    for (me, before) in [(&zero, &first[0]), (&one, &first[1])] {
+        assert_eq!((me.rank, me.size), (before.rank, before.size));
+        assert_eq!(me.job_id, before.job_id);
+        let ports: Vec<u16> = me.peers.iter().map(|p| p.data_addr.port()).collect();
+        assert_eq!(ports, [22_000, 22_001], "round 1 carries the new addresses");
+    }
+    assert_eq!(driver.assignment().unwrap()[0].data_addr.port(), 22_000);
+    assert!(driver.abort_cause().is_none());
+}
+
+#[test]
+fn a_round_opened_by_init_again_times_out_when_a_task_never_joins() {
+    let config = DriverConfig {
+        start_timeout: Duration::from_secs(1),
+        ..DriverConfig::new(2)
+    };
+    let secret = config.secret.clone();
+    let driver = DriverService::start(config).unwrap();
+    let round0 = [
+        register_round(&driver, &secret, 0, 0, 24_000),
+        register_round(&driver, &secret, 1, 0, 24_001),
+    ];
+    for waiter in round0 {
+        waiter.join().unwrap().unwrap();
+    }
+    // Later than the first round's start deadline: round 1 has its own.
+    std::thread::sleep(Duration::from_millis(1_200));
+    let started = Instant::now();
+    let err = register_round(&driver, &secret, 0, 1, 25_000)
+        .join()
+        .unwrap()
+        .unwrap_err();
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(800) && waited < Duration::from_secs(5),
+        "{waited:?}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains("register with the job driver again"),
+        "{text}"
+    );
+    assert!(text.contains("missing task indices: [1]"), "{text}");
+    assert!(
+        driver.abort_cause().is_some(),
+        "a timed-out round aborts the job"
+    );
 }
 
 #[test]
@@ -477,23 +587,26 @@ fn join_job_from_the_environment() {
         data_addr: None,
     };
     let envs = [env(0, "localhost"), env(1, "127.0.0.1")];
-    let joined: Vec<_> = std::thread::scope(|scope| {
-        let handles: Vec<_> = envs
-            .iter()
-            .map(|env| {
-                scope.spawn(move || {
-                    let ip = control::data_plane_ip(env).unwrap();
-                    assert!(ip.is_loopback());
-                    let listener = std::net::TcpListener::bind((ip, 0)).unwrap();
-                    let signal = AbortSignal::new();
-                    let (me, client) =
-                        control::join_job(env, listener.local_addr().unwrap(), signal).unwrap();
-                    (me, client, listener.local_addr().unwrap())
+    let join_all = || -> Vec<_> {
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = envs
+                .iter()
+                .map(|env| {
+                    scope.spawn(move || {
+                        let ip = control::data_plane_ip(env).unwrap();
+                        assert!(ip.is_loopback());
+                        let listener = std::net::TcpListener::bind((ip, 0)).unwrap();
+                        let signal = AbortSignal::new();
+                        let (me, client) =
+                            control::join_job(env, listener.local_addr().unwrap(), signal).unwrap();
+                        (me, client, listener.local_addr().unwrap())
+                    })
                 })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    };
+    let joined = join_all();
     // Two hosts (the hostname override differs), one rank each.
     assert_eq!((joined[0].0.rank, joined[1].0.rank), (0, 1));
     assert_eq!(
@@ -507,6 +620,15 @@ fn join_job_from_the_environment() {
     assert_eq!(joined[0].0.peers[1].data_addr, joined[1].2);
     assert_eq!(joined[0].0.peers[1].hostname, "127.0.0.1");
     for (me, client, _) in &joined {
+        block_on(client.leave(me.rank)).unwrap().unwrap();
+    }
+    // Both join again (init after shutdown): the next round, same ranks, new data addresses.
+    let again = join_all();
+    assert_eq!((again[0].0.rank, again[1].0.rank), (0, 1));
+    assert_eq!(again[0].0.peers[1].data_addr, again[1].2);
+    assert_eq!(again[1].0.peers[0].data_addr, again[0].2);
+    assert_ne!(again[1].2, joined[1].2);
+    for (me, client, _) in &again {
         block_on(client.leave(me.rank)).unwrap().unwrap();
     }
     // A worker whose KOLO_JOB_ID does not match the driver's is refused after registering.
