@@ -4,6 +4,7 @@ background errors, and a dataset in S3 (moto)."""
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections import Counter
 from pathlib import Path
@@ -12,8 +13,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from support.asserts import raises_exactly
 
 from kolo import _native
+from kolo.data import ColumnInfo
 from kolo.data.loader import ParquetLoader
 from kolo.data.metadata import read_metadata
 from kolo.exceptions import DataError, StoreError
@@ -83,6 +86,9 @@ def test_metadata_describes_files_row_groups_and_columns(dataset: Path) -> None:
     assert (
         meta.columns["name"].dtype is None and meta.columns["name"].problem["kind"] == "unsupported"
     )
+    vec = meta.columns["vec"]
+    assert type(vec) is ColumnInfo and vec.name == "vec" and vec.problem is None
+    assert vec.null_count == 0 and vec.uncompressed_bytes > 0 and vec.arrow_type.startswith("List")
     assert (dataset / "_kolo_metadata.json").exists()
     assert read_metadata(str(dataset)) == meta
     add_file(dataset)
@@ -220,31 +226,90 @@ def test_outputs_are_views_of_the_native_buffers(dataset: Path) -> None:
     del torch
 
 
+@pytest.mark.parametrize("compression", ["none", "snappy"])
+def test_plain_pages_load_the_rows_of_the_table(tmp_path: Path, compression: str) -> None:
+    # PLAIN pages are used without decoding (uncompressed: straight from the mapped file).
+    # Every row of both epochs must hold the table's values, for batches inside one shuffle
+    # window (views) and across two (copies): windows of 40 rows, batches of 16, pages of a
+    # few rows so windows span several pages.
+    table = pq.read_table(write_dataset(tmp_path / "source"))
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    for i, part in enumerate((table.slice(0, 130), table.slice(130))):
+        pq.write_table(
+            part,
+            plain / f"part-{i}.parquet",
+            row_group_size=50,
+            use_dictionary=False,
+            compression=compression,
+            data_page_size=256,
+        )
+    columns = ["x", "id", "y", "vec", "fixed", "small"]
+    expected = {c: table.column(c).to_numpy(zero_copy_only=False) for c in columns}
+    loader = ParquetLoader(
+        plain, columns, 16, shuffle_buffer_size=40, num_epochs=2, seed=3, to="numpy"
+    )
+    seen = []
+    for batch in loader:
+        ids = batch["id"]
+        seen.extend(ids.tolist())
+        for c in columns:
+            want = np.stack(expected[c][ids]) if batch[c].ndim == 2 else expected[c][ids]
+            np.testing.assert_array_equal(batch[c], want, err_msg=c)
+    assert len(seen) == 2 * 288 and len(set(seen[:288])) == 288
+
+
+def test_batches_inside_a_shuffle_window_are_views_of_it(tmp_path: Path) -> None:
+    table = pq.read_table(write_dataset(tmp_path / "source"))
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    pq.write_table(table, plain / "part-0.parquet", use_dictionary=False)
+    loader = ParquetLoader(plain, ["x", "id", "vec"], 16, shuffle_buffer_size=64, to="numpy")
+    first, second = itertools.islice(loader, 2)
+    for name, row_bytes in (("x", 4), ("vec", 12)):
+        a = first[name].__array_interface__["data"][0]
+        b = second[name].__array_interface__["data"][0]
+        assert b - a == 16 * row_bytes, f"{name}: batch 2 follows batch 1 in the window"
+    # A stacked scalar column steps over the window's rows; it stays writable for torch.
+    assert first["x"].strides == (4,) and first["x"].flags.writeable
+    np.testing.assert_array_equal(first["x"], first["id"].astype(np.float32) * 0.5)
+    np.testing.assert_array_equal(second["vec"][:, 2], second["id"] + 1.0)
+
+
 @pytest.mark.parametrize(
     ("columns", "batch_size", "size", "error", "words"),
     [
-        (["id", "missing"], 4, 1, DataError, ["'missing'", "available", "vec"]),
-        (["name"], 4, 1, DataError, ["'name'", "encode"]),
+        (
+            ["id", "missing"],
+            4,
+            1,
+            DataError,
+            ["selected column 'missing' is not in the dataset file://", "available", "vec"],
+        ),
+        (["name"], 4, 1, DataError, ["selected column 'name' has type Utf8; strings", "encode"]),
         (["id"], 200, 2, DataError, ["300 rows", "batch_size", "drop_last=False"]),
     ],
 )
 def test_bad_columns_and_sizes_raise_named_errors(
     dataset: Path, columns: list[str], batch_size: int, size: int, error: type, words: list[str]
 ) -> None:
-    with pytest.raises(error) as info:
+    with raises_exactly(error) as info:
         ParquetLoader(dataset, columns, batch_size, rank=0, size=size, to="numpy")
     for word in words:
         assert word in str(info.value)
 
 
-def test_nulls_and_ragged_arrays_name_column_and_file(tmp_path: Path) -> None:
+@pytest.mark.parametrize("use_dictionary", [True, False], ids=["dictionary", "plain"])
+def test_nulls_and_ragged_arrays_name_column_and_file(tmp_path: Path, use_dictionary: bool) -> None:
     good = pa.table({"a": pa.array([1.0, 2.0]), "v": pa.array([[1, 2], [3, 4]])})
     bad = pa.table({"a": pa.array([1.0, None]), "v": pa.array([[1, 2], [3]])})
-    pq.write_table(good, tmp_path / "part-0.parquet")
-    pq.write_table(bad, tmp_path / "part-1.parquet")
-    with pytest.raises(DataError, match=r"'a'.*null.*part-1"):
+    for name, table in (("part-0.parquet", good), ("part-1.parquet", bad)):
+        pq.write_table(table, tmp_path / name, use_dictionary=use_dictionary)
+    with raises_exactly(
+        DataError, r"^column 'a' has 1 null value\(s\) in file://.*part-1\.parquet;"
+    ):
         ParquetLoader(tmp_path, ["a"], 1, to="numpy")
-    with pytest.raises(DataError) as info:
+    with raises_exactly(DataError) as info:
         ParquetLoader(tmp_path, ["v"], 1, to="numpy")
     message = str(info.value)
     assert "'v'" in message and "part-1" in message and "length 1" in message and "2" in message
@@ -253,12 +318,14 @@ def test_nulls_and_ragged_arrays_name_column_and_file(tmp_path: Path) -> None:
 def test_empty_and_unreadable_datasets(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "_SUCCESS").write_bytes(b"")
-    with pytest.raises(DataError, match="no data files"):
+    with raises_exactly(
+        DataError, r"^the dataset file://.*/empty is empty \(it holds no data files"
+    ):
         ParquetLoader(tmp_path / "empty", ["id"], 1, to="numpy")
     write_dataset(tmp_path / "zero", rows=0)
-    with pytest.raises(DataError, match="no rows"):
+    with raises_exactly(DataError, r"/zero is empty \(its 3 data file\(s\) hold no rows\)"):
         ParquetLoader(tmp_path / "zero", ["id"], 1, to="numpy")
-    with pytest.raises(StoreError, match="does not exist"):
+    with raises_exactly(StoreError, r"/nowhere does not exist: .*check the path"):
         ParquetLoader(tmp_path / "nowhere", ["id"], 1, to="numpy")
     (tmp_path / "junk").mkdir()
     (tmp_path / "junk" / "part-0.parquet").write_bytes(b"not parquet at all")

@@ -8,8 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.asserts import raises_exactly
 
-from kolo.data.prepare import ColumnSpec, PreparedData, prepare_data
+import kolo.data
+from kolo.data import ColumnInfo, ColumnSpec
+from kolo.data.prepare import PreparedData, prepare_data
 from kolo.exceptions import DataError, InvalidArgumentError, StoreError
 
 pa = pytest.importorskip("pyarrow")
@@ -73,12 +76,15 @@ def test_parquet_path_ratio_split_is_complete_disjoint_balanced(tmp_path, parque
     assert prepared.train_path.endswith("/store/intermediate_train_data.0")
     assert prepared.val_path.endswith("/store/intermediate_val_data.0")
     assert prepared.columns == {
-        "id": ColumnSpec("int64", ()),
-        "x": ColumnSpec("float32", ()),
-        "vec": ColumnSpec("float32", (2,)),
-        "label": ColumnSpec("int64", ()),
-        "weight": ColumnSpec("float64", ()),
+        "id": ColumnInfo("id", "int64", ()),
+        "x": ColumnInfo("x", "float32", ()),
+        "vec": ColumnInfo("vec", "float32", (2,)),
+        "label": ColumnInfo("label", "int64", ()),
+        "weight": ColumnInfo("weight", "float64", ()),
     }
+    vec = prepared.columns["vec"]
+    assert type(vec) is ColumnInfo
+    assert (vec.arrow_type, vec.uncompressed_bytes, vec.null_count, vec.problem) == (None,) * 4
 
     train, val = read_dir(prepared.train_path), read_dir(prepared.val_path)
     assert len(train) == 6
@@ -129,7 +135,7 @@ def test_csv_path(tmp_path):
     train = read_dir(prepared.train_path)
     assert [t.num_rows for t in train] == [5, 5, 5, 5, 5, 4, 4, 4]
     assert ids_of(train) == list(range(37))
-    assert prepared.columns["x"] == ColumnSpec("float64", ())
+    assert prepared.columns["x"] == ColumnInfo("x", "float64", ())
 
 
 def test_pyarrow_table_and_reader(tmp_path):
@@ -142,16 +148,51 @@ def test_pyarrow_table_and_reader(tmp_path):
     assert prepared.dataset_idx == 9 and prepared.train_rows == ROWS
 
 
+def test_prepared_files_have_plain_pages_the_loader_reads_without_decoding(tmp_path):
+    prepared = prepare(tmp_path / "store", table(), partitions_per_process=2)
+    local = Path(prepared.train_path.removeprefix("file://"))
+    for part in sorted(local.glob("part-*.parquet")):
+        group = pq.ParquetFile(part).metadata.row_group(0)
+        for i in range(group.num_columns):
+            chunk = group.column(i)
+            assert not chunk.has_dictionary_page, chunk.path_in_schema
+            assert "PLAIN" in chunk.encodings, (chunk.path_in_schema, chunk.encodings)
+    loader = kolo.data.ParquetLoader(prepared.train_path, ["x", "vec"], 50, to="numpy")
+    batch = next(iter(loader))
+    np.testing.assert_array_equal(batch["vec"][:, 1] - 1, batch["x"] * 2)
+
+
 def test_pandas_dataframe(tmp_path):
     df = table().drop_columns(["vec"]).to_pandas()
     df.index = df.index + 1000  # the index is not written
     df["vec"] = [np.array([i, i * 2], dtype=np.float64) for i in range(ROWS)]
     prepared = prepare(tmp_path / "store", df, validation=0.1, num_processes=2)
     assert prepared.train_rows + prepared.val_rows == ROWS
-    assert prepared.columns["vec"] == ColumnSpec("float64", (2,))
+    assert prepared.columns["vec"] == ColumnInfo("vec", "float64", (2,))
     train = read_dir(prepared.train_path)
     assert train[0].column_names == ["id", "x", "vec", "label"]
     assert sorted(ids_of(train) + ids_of(read_dir(prepared.val_path))) == list(range(ROWS))
+
+
+def test_column_spec_is_column_info_and_both_describe_prepared_and_read_columns(tmp_path):
+    assert ColumnSpec is ColumnInfo
+    assert "ColumnInfo" in kolo.data.__all__ and "ColumnSpec" in kolo.data.__all__
+    # Lists of bools pass the same rules as in the loader; a ragged list is written as (None,).
+    source = pa.table(
+        {
+            "mask": pa.array([[True, False], [False, True]]),
+            "n": pa.array([[1.0], [2.0, 3.0]]),
+            "y": pa.array([0, 1]),
+        }
+    )
+    prepared = prepare(tmp_path / "store", source, feature_columns=["mask", "n"], label_columns="y")
+    assert prepared.columns["mask"] == ColumnSpec("mask", "bool", (2,))
+    assert prepared.columns["n"] == ColumnInfo("n", "float64", (None,))
+    meta = kolo.data.read_metadata(prepared.train_path)
+    read = meta.columns["mask"]
+    assert type(read) is ColumnInfo
+    assert (read.name, read.dtype, read.shape) == ("mask", "bool", (2,))
+    assert read.arrow_type is not None and read.problem is None
 
 
 def test_fewer_rows_than_files(tmp_path):
@@ -180,11 +221,32 @@ def test_kolo_store_object(tmp_path, parquet_source):
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        ({"feature_columns": ["id", "missing"]}, DataError, r"'missing'.*id, x, vec, label"),
-        ({"label_columns": ["name"]}, DataError, r"label column 'name' has type Utf8"),
-        ({"sample_weight_col": "vec"}, DataError, r"sample weight column 'vec'"),
-        ({"validation": "name"}, DataError, r"validation column 'name'"),
-        ({"validation": "nope"}, DataError, r"validation column 'nope' is not in the source"),
+        (
+            {"feature_columns": ["id", "missing"]},
+            DataError,
+            r"^feature column 'missing' is not in the source \(.*source\.parquet\); "
+            r"available columns: id, x, vec, label, weight, is_val, name \(check",
+        ),
+        (
+            {"label_columns": ["name"]},
+            DataError,
+            r"^label column 'name' has type Utf8(View)?; strings must be encoded as numbers",
+        ),
+        (
+            {"sample_weight_col": "vec"},
+            DataError,
+            r"^sample weight column 'vec' has type List\(.*one number per row, not an array",
+        ),
+        (
+            {"validation": "name"},
+            DataError,
+            r"^validation column 'name' has type Utf8(View)?; strings must be encoded",
+        ),
+        (
+            {"validation": "nope"},
+            DataError,
+            r"^validation column 'nope' is not in the source \(.*source\.parquet\)",
+        ),
         ({"validation": 1.0}, InvalidArgumentError, r"outside \[0, 1\)"),
         ({"validation": -0.5}, InvalidArgumentError, r"outside \[0, 1\)"),
         ({"num_processes": 0}, InvalidArgumentError, "num_processes"),
@@ -194,7 +256,7 @@ def test_kolo_store_object(tmp_path, parquet_source):
     ],
 )
 def test_bad_arguments(tmp_path, parquet_source, kwargs, error, match):
-    with pytest.raises(error, match=match):
+    with raises_exactly(error, match):
         prepare(tmp_path / "store", parquet_source, **kwargs)
     assert not (tmp_path / "store").exists()
 
@@ -202,24 +264,33 @@ def test_bad_arguments(tmp_path, parquet_source, kwargs, error, match):
 def test_bad_data(tmp_path):
     store = tmp_path / "store"
     nulls = table(10).set_column(3, "label", pa.array([0, None, 1, None, 2, 0, 1, 2, 0, 1]))
-    with pytest.raises(DataError, match=r"column 'label' has 2 null"):
+    with raises_exactly(
+        DataError,
+        r"^column 'label' has 2 null value\(s\) in the Arrow stream \(table\); tensors cannot "
+        r"hold missing values: fill or drop them",
+    ):
         prepare(store, nulls)
-    with pytest.raises(DataError, match="no rows"):
+    with raises_exactly(DataError, r"^the source \(.*\) is empty \(it has no rows\); check"):
         prepare(store, table(0))
-    with pytest.raises(DataError, match=r"validation split.*none of 3 rows"):
+    with raises_exactly(
+        DataError,
+        r"^the validation split is empty \(validation=0\.01 selected none of 3 rows\); use",
+    ):
         prepare(store, table(3), validation=0.01)
     everything = table(10).set_column(5, "is_val", pa.array([True] * 10))
-    with pytest.raises(DataError, match="train split"):
+    with raises_exactly(
+        DataError, r"^the train split is empty \(validation column 'is_val' took all 10 rows\)"
+    ):
         prepare(store, everything, validation="is_val")
     holes = pa.table({"id": [1, 2], "vec": pa.array([[1.0, None], [2.0, 3.0]]), "label": [0, 1]})
-    with pytest.raises(DataError, match=r"column 'vec' has 1 null value.*inside its lists"):
+    with raises_exactly(DataError, r"^column 'vec' has 1 null value\(s\) inside its lists in"):
         prepare(store, holes, feature_columns=["id", "vec"])
     assert not list(store.glob("intermediate_*/part-*"))
 
 
 def test_bad_sources(tmp_path):
     store = tmp_path / "store"
-    with pytest.raises(StoreError, match=r"missing.parquet"):
+    with raises_exactly(StoreError, r"missing\.parquet does not exist: .* check the path"):
         prepare(store, tmp_path / "missing.parquet")
     (tmp_path / "data.json").write_text("{}")
     with pytest.raises(DataError, match=r"data.json"):

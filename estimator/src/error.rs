@@ -23,50 +23,60 @@ pub enum Error {
         #[source]
         source: arrow::error::ArrowError,
     },
-    /// A column named in the preparation options is not in the source.
-    #[error("{role} column '{column}' is not in the source; available columns: {available}")]
-    ColumnMissing {
+    /// A column asked for (by the preparation options or the loader) is not in the source or
+    /// dataset.
+    #[error(
+        "{role} column '{column}' is not in {dataset}; available columns: {available} (check \
+         the name's spelling and case)"
+    )]
+    UnknownColumn {
+        /// What it was asked for: `feature`, `label`, `sample weight`, `validation` when
+        /// preparing, `selected` when loading.
+        role: &'static str,
         /// The column asked for.
         column: String,
-        /// What it was asked for (`feature`, `label`, `sample weight`, `validation`).
-        role: &'static str,
-        /// The source's columns, comma-separated.
+        /// Where it was looked for, as the message names it (`the source (data.csv)`,
+        /// `the dataset s3://bucket/train`).
+        dataset: String,
+        /// The columns there, comma-separated.
         available: String,
     },
-    /// A column has a type training cannot use.
-    #[error(
-        "{role} column '{column}' has type {data_type}, but it must be {allowed}; convert it \
-         first (e.g. encode strings as numbers, turn structs into list columns)"
-    )]
-    ColumnType {
+    /// A column asked for has a type that cannot become a tensor (or not in its role).
+    #[error("{role} column '{column}' has type {data_type}; {hint}")]
+    UnsupportedColumn {
+        /// What it was asked for (see [`Error::UnknownColumn`]).
+        role: &'static str,
         /// The column.
         column: String,
-        /// What it was asked for.
-        role: &'static str,
-        /// Its Arrow type.
-        data_type: arrow::datatypes::DataType,
-        /// The types allowed for the role.
-        allowed: &'static str,
+        /// Its Arrow type, as Arrow prints it.
+        data_type: String,
+        /// What is allowed, and how to convert the column.
+        hint: String,
     },
-    /// The source, or one side of the split, has no rows.
-    #[error("{what} has no rows; {fix}")]
+    /// A source, a dataset, or one side of a prepared split has no data.
+    #[error("{what} is empty ({why}); {fix}")]
     EmptyDataset {
-        /// Which data is empty.
+        /// Which data is empty (`the source (data.csv)`, `the train split`,
+        /// `the dataset s3://bucket/train`).
         what: String,
-        /// How to get rows into it.
+        /// What is missing (no rows, no data files) and why.
+        why: String,
+        /// How to get data there.
         fix: String,
     },
-    /// A column holds nulls (missing values), which training cannot use.
+    /// A column holds nulls (missing values), which tensors cannot hold.
     #[error(
-        "column '{column}' has {count} null value(s){where_}; fill or drop them before \
-         preparing (e.g. pandas' fillna/dropna)",
+        "column '{column}' has {count} null value(s){where_} in {location}; tensors cannot hold \
+         missing values: fill or drop them when preparing the data (e.g. pandas' fillna/dropna)",
         where_ = if *inside_lists { " inside its lists" } else { "" }
     )]
     NullValues {
         /// The column.
         column: String,
-        /// How many nulls.
+        /// How many nulls were found (in the part of the data looked at).
         count: u64,
+        /// Where they are: the file being loaded, or the source being prepared.
+        location: String,
         /// Whether the nulls are list elements rather than whole values.
         inside_lists: bool,
     },
@@ -107,12 +117,6 @@ pub enum Error {
         /// Why, and what to do.
         reason: String,
     },
-    /// A source path does not exist.
-    #[error("source {path} does not exist (no file, and no files under it as a directory)")]
-    SourceNotFound {
-        /// The path as given.
-        path: String,
-    },
     /// Writing a Parquet file into the store failed.
     #[error("writing {url} failed: {source}")]
     WriteParquet {
@@ -125,19 +129,14 @@ pub enum Error {
     /// The process-wide async runtime could not run a store or Parquet request.
     #[error("the kolo runtime failed: {0}")]
     Runtime(#[from] kolo_collective::Error),
-    /// A dataset path does not exist.
-    #[error("dataset {url} does not exist: no Parquet file there and no files under it")]
+    /// A dataset, or a source path to prepare, does not exist.
+    #[error(
+        "{location} does not exist: no file there and no files under it as a directory; check \
+         the path (and, for a remote store, the storage options)"
+    )]
     DatasetNotFound {
-        /// The dataset's URL.
-        url: String,
-    },
-    /// A dataset has no data files, or no rows in them.
-    #[error("dataset {url} is empty: {reason}")]
-    DatasetEmpty {
-        /// The dataset's URL.
-        url: String,
-        /// What is missing and how to get data there.
-        reason: String,
+        /// The path or URL as given (source) or resolved (dataset).
+        location: String,
     },
     /// A data file of the dataset cannot be read as Parquet.
     #[error("cannot read the Parquet file {file}: {source}")]
@@ -156,39 +155,6 @@ pub enum Error {
         /// The operating system's error.
         #[source]
         source: std::io::Error,
-    },
-    /// A column asked for is not in the dataset.
-    #[error("column '{column}' is not in the dataset {dataset}; available columns: {available}")]
-    UnknownColumn {
-        /// The column asked for.
-        column: String,
-        /// The dataset's URL.
-        dataset: String,
-        /// The file's columns, comma-separated.
-        available: String,
-    },
-    /// A column asked for has a type the loader cannot turn into a tensor.
-    #[error("column '{column}' has type {data_type}, which cannot be loaded as a tensor; {hint}")]
-    UnsupportedColumn {
-        /// The column.
-        column: String,
-        /// Its Arrow type.
-        data_type: String,
-        /// What to do instead.
-        hint: String,
-    },
-    /// A column asked for holds nulls in one of the files.
-    #[error(
-        "column '{column}' has {count} null value(s) in {file}; tensors cannot hold missing \
-         values: fill or drop them when preparing the data"
-    )]
-    NullsInColumn {
-        /// The column.
-        column: String,
-        /// The file holding the nulls.
-        file: String,
-        /// How many nulls were found (in the part of the file looked at).
-        count: u64,
     },
     /// An array column's rows do not all have the same length.
     #[error(

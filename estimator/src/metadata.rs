@@ -33,7 +33,7 @@ use object_store::ObjectStoreExt;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::loader::columns::{classify, same_type, ColumnShape};
+use crate::loader::columns::{classify, same_type, ColumnShape, SELECTED};
 use crate::loader::source::{DataFile, FileReader};
 
 /// The cache file's name in a dataset directory.
@@ -68,7 +68,7 @@ impl Dataset {
                 Ok(_) => Self::directory(store),
                 Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
                     Err(Error::DatasetNotFound {
-                        url: store.url().to_string(),
+                        location: store.url().to_string(),
                     })
                 }
                 Err(source) => Err(Error::ReadFile { path, source }),
@@ -90,7 +90,7 @@ impl Dataset {
                     Self::from_listing(store, Vec::new(), METADATA_FILE.to_string())
                 } else {
                     Err(Error::DatasetNotFound {
-                        url: store.url().to_string(),
+                        location: store.url().to_string(),
                     })
                 }
             }
@@ -114,7 +114,7 @@ impl Dataset {
             .collect();
         if listed.is_empty() {
             return Err(Error::DatasetNotFound {
-                url: parent.url_of(name),
+                location: parent.url_of(name),
             });
         }
         Self::from_listing(parent, listed, format!("_kolo_metadata.{name}.json"))
@@ -127,11 +127,10 @@ impl Dataset {
             store.url().to_string()
         };
         if listed.is_empty() {
-            return Err(Error::DatasetEmpty {
-                url,
-                reason: "it holds no data files (names starting with '_' or '.' are not data); \
-                         write Parquet files there first"
-                    .into(),
+            return Err(Error::EmptyDataset {
+                what: format!("the dataset {url}"),
+                why: "it holds no data files; names starting with '_' or '.' are not data".into(),
+                fix: "write Parquet files there first".into(),
             });
         }
         let fingerprint = fingerprint(&listed);
@@ -417,10 +416,11 @@ pub enum ColumnProblem {
 }
 
 impl ColumnProblem {
-    /// The error to raise when the column `column` is asked for.
+    /// The error to raise when the column `column` is selected for loading.
     pub fn to_error(&self, column: &str, arrow_type: &str) -> Error {
         match self {
             ColumnProblem::Unsupported { hint } => Error::UnsupportedColumn {
+                role: SELECTED,
                 column: column.to_string(),
                 data_type: arrow_type.to_string(),
                 hint: hint.clone(),
@@ -435,10 +435,11 @@ impl ColumnProblem {
                 expected: *expected,
                 found: *found,
             },
-            ColumnProblem::Nulls { file, count } => Error::NullsInColumn {
+            ColumnProblem::Nulls { file, count } => Error::NullValues {
                 column: column.to_string(),
-                file: file.clone(),
                 count: *count,
+                location: file.clone(),
+                inside_lists: false,
             },
         }
     }

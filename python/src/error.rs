@@ -142,7 +142,6 @@ pub fn data_to_py(err: kolo_estimator::Error) -> PyErr {
         kolo_estimator::Error::Runtime(inner) => to_py(inner),
         kolo_estimator::Error::DatasetNotFound { .. }
         | kolo_estimator::Error::ReadFile { .. }
-        | kolo_estimator::Error::SourceNotFound { .. }
         | kolo_estimator::Error::WriteParquet { .. } => StoreError::new_err(err.to_string()),
         kolo_estimator::Error::InvalidArgument(_) => InvalidArgumentError::new_err(err.to_string()),
         kolo_estimator::Error::Internal(_) => InternalError::new_err(err.to_string()),

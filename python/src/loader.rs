@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use kolo_estimator::loader::{BatchBuffer, Loader, LoaderOptions, LoaderState, Next};
+use kolo_estimator::loader::{BatchView, Loader, LoaderOptions, LoaderState, Next};
 use kolo_estimator::metadata::Dataset;
 use kolo_store::StoreOptions;
 use pyo3::prelude::*;
@@ -32,41 +32,35 @@ fn invalid(message: String) -> PyErr {
     to_py(kolo_collective::Error::InvalidArgument(message))
 }
 
-/// One buffer of a batch, owned here; `numpy.asarray(view)` views it without a copy.
+/// One buffer of a batch (a view of its shuffle window or its own buffer), kept alive here;
+/// `numpy.asarray(view)` views it without a copy.
 #[pyclass(name = "BufferView", module = "kolo._native", frozen)]
 #[derive(Debug)]
 pub struct BufferView {
-    buffer: BatchBuffer,
-    /// Address of the first element, taken once from exclusive access.
-    address: usize,
+    view: BatchView,
 }
 
 #[pymethods]
 impl BufferView {
-    /// numpy's array interface (version 3): address, dtype and shape of the buffer.
+    /// numpy's array interface (version 3): address, dtype, shape and strides.
     #[getter]
     fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let view = &self.view;
+        let [rows, cols] = view.shape();
+        let [row_stride, col_stride] = view.strides();
         let interface = PyDict::new(py);
         interface.set_item("version", 3)?;
-        interface.set_item("data", (self.address, false))?;
-        interface.set_item("typestr", self.buffer.dtype.typestr())?;
-        interface.set_item("shape", (self.buffer.shape[0], self.buffer.shape[1]))?;
+        interface.set_item("data", (view.address(), false))?;
+        interface.set_item("typestr", view.dtype().typestr())?;
+        interface.set_item("shape", (rows, cols))?;
+        interface.set_item("strides", (row_stride, col_stride))?;
         Ok(interface)
     }
 
     /// Size in bytes.
     #[getter]
     fn nbytes(&self) -> usize {
-        self.buffer.byte_len()
-    }
-}
-
-impl BufferView {
-    fn new(mut buffer: BatchBuffer) -> Self {
-        // numpy may write through the address (the array is writable, as torch.from_numpy
-        // wants); nothing on the Rust side reads the buffer once it is here.
-        let address = buffer.as_mut_ptr() as usize;
-        Self { buffer, address }
+        self.view.byte_len()
     }
 }
 
@@ -159,14 +153,7 @@ impl ParquetLoaderCore {
                     let views = batch
                         .buffers
                         .into_iter()
-                        .map(|buffer| {
-                            let buffer = std::sync::Arc::try_unwrap(buffer).map_err(|_| {
-                                to_py(kolo_collective::Error::Internal(
-                                    "a batch buffer is still shared".into(),
-                                ))
-                            })?;
-                            Bound::new(py, BufferView::new(buffer))
-                        })
+                        .map(|view| Bound::new(py, BufferView { view }))
                         .collect::<PyResult<Vec<_>>>()?;
                     return PyTuple::new(py, views).map(Some);
                 }

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::loader::columns::DType;
 use crate::loader::decode::{Chunk, ColumnSpec};
+use crate::loader::gather::Gather;
 
 /// One output buffer of every batch: its columns, dtype and shape.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -117,8 +118,8 @@ impl BufferPool {
     }
 }
 
-/// One buffer of a batch: C-contiguous, shaped `[columns, rows]` or `[rows, len]`. Dropping
-/// it gives its memory back to its loader's pool.
+/// One buffer of a window or batch: C-contiguous, shaped `[columns, rows]` or `[rows, len]`.
+/// Dropping it gives its memory back to its loader's pool.
 #[derive(Debug)]
 pub struct BatchBuffer {
     storage: Storage,
@@ -127,6 +128,8 @@ pub struct BatchBuffer {
     pub dtype: DType,
     /// Shape (row-major).
     pub shape: [usize; 2],
+    /// Address of the first element once views hand it out.
+    address: usize,
 }
 
 impl Drop for BatchBuffer {
@@ -147,6 +150,7 @@ impl BatchBuffer {
             pool: Some(Arc::clone(pool)),
             dtype,
             shape,
+            address: 0,
         }
     }
 
@@ -176,6 +180,14 @@ impl BatchBuffer {
         self.shape[0] * self.shape[1] * self.dtype.width()
     }
 
+    /// The elements as bytes, to fill.
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        let len = self.byte_len();
+        // SAFETY: the storage holds `shape[0] * shape[1]` elements of `dtype.width()` bytes
+        // (plain integers), so it is `len` initialized bytes, borrowed mutably here.
+        unsafe { std::slice::from_raw_parts_mut(self.as_mut_ptr(), len) }
+    }
+
     /// The elements as little-endian bytes.
     pub fn to_bytes(&self) -> Vec<u8> {
         match &self.storage {
@@ -185,13 +197,106 @@ impl BatchBuffer {
             Storage::W8(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         }
     }
+}
 
-    /// The elements of an 8-byte dtype as raw `u64` bits (tests and checks).
-    pub fn as_u64(&self) -> Option<&[u64]> {
-        match &self.storage {
-            Storage::W8(v) => Some(v),
-            _ => None,
+/// Rows `[from, from + rows)` of a window or batch buffer: one group of one batch. Batches
+/// that lie inside one shuffle window are views of it (no copy); the window's memory returns
+/// to the pool when its last view is dropped.
+#[derive(Debug, Clone)]
+pub struct BatchView {
+    buffer: Arc<BatchBuffer>,
+    /// Whether the buffer stacks scalar columns (`[columns, rows]`) rather than holding one
+    /// array column (`[rows, len]`).
+    stacked: bool,
+    from: usize,
+    rows: usize,
+    /// Address of the buffer's first element, taken while it was exclusively owned.
+    address: usize,
+}
+
+impl BatchView {
+    /// A view of rows `[from, from + rows)` of `buffer`.
+    fn new(buffer: Arc<BatchBuffer>, stacked: bool, from: usize, rows: usize) -> Self {
+        let address = buffer.address;
+        Self {
+            buffer,
+            stacked,
+            from,
+            rows,
+            address,
         }
+    }
+
+    /// A view of all of `buffer`.
+    fn whole(mut buffer: BatchBuffer, group: &Group) -> Self {
+        buffer.address = buffer.as_mut_ptr() as usize;
+        let stacked = group.array_len.is_none();
+        let rows = buffer.shape[usize::from(stacked)];
+        Self::new(Arc::new(buffer), stacked, 0, rows)
+    }
+
+    /// Element dtype.
+    pub fn dtype(&self) -> DType {
+        self.buffer.dtype
+    }
+
+    /// Shape: `[columns, rows]` for stacked scalars, `[rows, len]` for an array column.
+    pub fn shape(&self) -> [usize; 2] {
+        let [a, b] = self.buffer.shape;
+        if self.stacked {
+            [a, self.rows]
+        } else {
+            [self.rows, b]
+        }
+    }
+
+    /// Strides in bytes (the underlying buffer's row-major strides).
+    pub fn strides(&self) -> [usize; 2] {
+        let width = self.buffer.dtype.width();
+        [self.buffer.shape[1] * width, width]
+    }
+
+    /// Address of the first element. The memory stays valid while the view lives and may be
+    /// written through (numpy arrays are writable, as `torch.from_numpy` wants): views of one
+    /// buffer never overlap, and nothing on the Rust side reads rows once a view hands them out.
+    pub fn address(&self) -> usize {
+        let row = if self.stacked {
+            self.from
+        } else {
+            self.from * self.buffer.shape[1]
+        };
+        self.address + row * self.buffer.dtype.width()
+    }
+
+    /// Size in bytes.
+    pub fn byte_len(&self) -> usize {
+        let [a, b] = self.shape();
+        a * b * self.buffer.dtype.width()
+    }
+
+    /// The elements in row-major order as little-endian bytes.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let all = self.buffer.to_bytes();
+        let width = self.buffer.dtype.width();
+        let [stride, _] = self.strides();
+        let [rows, cols] = self.shape();
+        let start = self.address() - self.address;
+        (0..rows)
+            .flat_map(|r| {
+                let at = start + r * stride;
+                all[at..at + cols * width].to_vec()
+            })
+            .collect()
+    }
+
+    /// The elements of an 8-byte dtype as raw `u64` bits, row-major (tests and checks).
+    pub fn to_u64(&self) -> Option<Vec<u64>> {
+        (self.buffer.dtype.width() == 8).then(|| {
+            self.to_bytes()
+                .chunks_exact(8)
+                .map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()))
+                .collect()
+        })
     }
 }
 
@@ -206,8 +311,8 @@ pub struct Batch {
     pub end_offset: u64,
     /// Whether it is the epoch's last batch.
     pub last: bool,
-    /// One buffer per group.
-    pub buffers: Vec<Arc<BatchBuffer>>,
+    /// One view per group.
+    pub buffers: Vec<BatchView>,
 }
 
 /// Rows of a decoded chunk that belong to a window.
@@ -226,7 +331,7 @@ pub struct Segment {
 /// column at a time keeps the column's source rows in cache, whatever the batch size.
 #[derive(Debug)]
 pub struct Window {
-    buffers: Vec<BatchBuffer>,
+    buffers: Vec<Arc<BatchBuffer>>,
     rows: usize,
 }
 
@@ -255,45 +360,42 @@ impl Window {
             row_of.push((segments[s].start as u32) + (p - starts[s]));
         }
         let rows = permutation.len();
+        let ranges: Vec<_> = segments
+            .iter()
+            .map(|s| s.start as u32..(s.start + s.len) as u32)
+            .collect();
+        let gather = Gather {
+            segment_of: &segment_of,
+            row_of: &row_of,
+            ranges: &ranges,
+        };
         let mut buffers = allocate(groups, rows, pool);
         let bytes: usize = buffers.iter().map(BatchBuffer::byte_len).sum();
         let mut tasks = Vec::new();
         for (group, buffer) in groups.iter().zip(buffers.iter_mut()) {
             let len = group.array_len.unwrap_or(1);
-            let per_column = (rows * len).max(1);
+            let width = group.dtype.width();
+            let per_column = (rows * len * width).max(1);
             let columns = group.columns.iter().copied();
-            match &mut buffer.storage {
-                Storage::W1(v) => tasks.extend(
-                    v.chunks_mut(per_column)
-                        .zip(columns)
-                        .map(|(dst, column)| (Target::W1(dst), column, len)),
-                ),
-                Storage::W2(v) => tasks.extend(
-                    v.chunks_mut(per_column)
-                        .zip(columns)
-                        .map(|(dst, column)| (Target::W2(dst), column, len)),
-                ),
-                Storage::W4(v) => tasks.extend(
-                    v.chunks_mut(per_column)
-                        .zip(columns)
-                        .map(|(dst, column)| (Target::W4(dst), column, len)),
-                ),
-                Storage::W8(v) => tasks.extend(
-                    v.chunks_mut(per_column)
-                        .zip(columns)
-                        .map(|(dst, column)| (Target::W8(dst), column, len)),
-                ),
-            }
+            tasks.extend(
+                buffer
+                    .bytes_mut()
+                    .chunks_mut(per_column)
+                    .zip(columns)
+                    .map(|(dst, column)| (dst, column, width, len)),
+            );
         }
         let threads = if bytes >= PARALLEL_WINDOW_BYTES {
             threads.clamp(1, tasks.len().max(1))
         } else {
             1
         };
-        let run = |part: Vec<(Target<'_>, usize, usize)>| {
-            for (target, column, len) in part {
-                let sources = segments.iter().map(|s| &s.chunk.columns[column]);
-                target.gather(len, sources, &segment_of, &row_of);
+        let run = |part: Vec<(&mut [u8], usize, usize, usize)>| {
+            let mut sources = Vec::with_capacity(segments.len());
+            for (dst, column, width, len) in part {
+                sources.clear();
+                sources.extend(segments.iter().map(|s| s.chunk.columns[column].as_slice()));
+                gather.run(dst, width, len, &sources);
             }
         };
         if threads == 1 {
@@ -309,7 +411,25 @@ impl Window {
                 }
             });
         }
+        let buffers = buffers
+            .into_iter()
+            .map(|mut buffer| {
+                buffer.address = buffer.as_mut_ptr() as usize;
+                Arc::new(buffer)
+            })
+            .collect();
         Self { buffers, rows }
+    }
+
+    /// Window positions `[from, from + n)` as views, one per group of `groups`.
+    pub fn view(&self, groups: &[Group], from: usize, n: usize) -> Vec<BatchView> {
+        groups
+            .iter()
+            .zip(&self.buffers)
+            .map(|(group, buffer)| {
+                BatchView::new(Arc::clone(buffer), group.array_len.is_none(), from, n)
+            })
+            .collect()
     }
 
     /// Copies window positions `[from, from + n)` into rows `[at, at + n)` of `out` (one
@@ -348,31 +468,6 @@ impl Window {
 
 /// Windows of at least this many bytes are gathered on several threads.
 const PARALLEL_WINDOW_BYTES: usize = 1 << 20;
-
-/// One column's part of a window buffer, typed.
-enum Target<'a> {
-    W1(&'a mut [u8]),
-    W2(&'a mut [u16]),
-    W4(&'a mut [u32]),
-    W8(&'a mut [u64]),
-}
-
-impl Target<'_> {
-    fn gather<'b>(
-        self,
-        len: usize,
-        sources: impl Iterator<Item = &'b arrow::buffer::Buffer>,
-        segment_of: &[u32],
-        row_of: &[u32],
-    ) {
-        match self {
-            Target::W1(dst) => gather_rows(dst, len, sources, segment_of, row_of),
-            Target::W2(dst) => gather_rows(dst, len, sources, segment_of, row_of),
-            Target::W4(dst) => gather_rows(dst, len, sources, segment_of, row_of),
-            Target::W8(dst) => gather_rows(dst, len, sources, segment_of, row_of),
-        }
-    }
-}
 
 /// Rows `[from, from + n)` of a window buffer to rows `[at, at + n)` of a batch buffer.
 struct Copy {
@@ -413,90 +508,13 @@ pub fn allocate(groups: &[Group], rows: usize, pool: &Arc<BufferPool>) -> Vec<Ba
         .collect()
 }
 
-/// `dst[i*len .. +len] = source(segment_of[i])[row_of[i]*len .. +len]` for every `i`.
-fn gather_rows<'a, T: arrow::datatypes::ArrowNativeType>(
-    dst: &mut [T],
-    len: usize,
-    sources: impl Iterator<Item = &'a arrow::buffer::Buffer>,
-    segment_of: &[u32],
-    row_of: &[u32],
-) {
-    let sources: smallvec_like::Sources<'_, T> = smallvec_like::Sources::new(sources);
-    let n = row_of.len();
-    let dst = &mut dst[..n * len];
-    if sources.len() == 1 {
-        let src = sources.get(0);
-        if len == 1 {
-            for (d, &r) in dst.iter_mut().zip(row_of) {
-                *d = src[r as usize];
-            }
-        } else {
-            for (d, &r) in dst.chunks_exact_mut(len).zip(row_of) {
-                let r = r as usize * len;
-                d.copy_from_slice(&src[r..r + len]);
-            }
-        }
-        return;
-    }
-    if len == 1 {
-        for ((d, &s), &r) in dst.iter_mut().zip(segment_of).zip(row_of) {
-            *d = sources.get(s as usize)[r as usize];
-        }
-    } else {
-        for ((d, &s), &r) in dst.chunks_exact_mut(len).zip(segment_of).zip(row_of) {
-            let r = r as usize * len;
-            d.copy_from_slice(&sources.get(s as usize)[r..r + len]);
-        }
-    }
-}
-
-/// The typed source slices of one column across a window's segments, without allocating for
-/// the common one- and two-segment windows.
-mod smallvec_like {
-    use arrow::buffer::Buffer;
-    use arrow::datatypes::ArrowNativeType;
-
-    pub struct Sources<'a, T> {
-        inline: [&'a [T]; 2],
-        count: usize,
-        spill: Vec<&'a [T]>,
-    }
-
-    impl<'a, T: ArrowNativeType> Sources<'a, T> {
-        pub fn new(buffers: impl Iterator<Item = &'a Buffer>) -> Self {
-            let mut out = Sources {
-                inline: [&[], &[]],
-                count: 0,
-                spill: Vec::new(),
-            };
-            for buffer in buffers {
-                let slice = buffer.typed_data::<T>();
-                if out.count < 2 {
-                    out.inline[out.count] = slice;
-                } else {
-                    if out.count == 2 {
-                        out.spill.extend_from_slice(&out.inline);
-                    }
-                    out.spill.push(slice);
-                }
-                out.count += 1;
-            }
-            out
-        }
-
-        pub fn len(&self) -> usize {
-            self.count
-        }
-
-        #[inline]
-        pub fn get(&self, i: usize) -> &'a [T] {
-            if self.count <= 2 {
-                self.inline[i]
-            } else {
-                self.spill[i]
-            }
-        }
-    }
+/// Views of whole batch buffers made by [`allocate`] and filled.
+pub fn whole_views(groups: &[Group], buffers: Vec<BatchBuffer>) -> Vec<BatchView> {
+    buffers
+        .into_iter()
+        .zip(groups)
+        .map(|(buffer, group)| BatchView::whole(buffer, group))
+        .collect()
 }
 
 #[cfg(test)]
@@ -552,7 +570,11 @@ mod tests {
         for (x, y) in out_one.iter().zip(&out_four) {
             assert_eq!(x.to_bytes(), y.to_bytes());
         }
-        let ids = out_one[0].as_u64().unwrap();
+        // Views of the window hold the same rows as copies out of it.
+        for (copy, view) in out_one.iter().zip(four.view(&groups, 0, n)) {
+            assert_eq!(copy.to_bytes(), view.to_bytes());
+        }
+        let ids = whole_views(&groups, out_one)[0].to_u64().unwrap();
         assert!(ids
             .iter()
             .zip(&permutation)
@@ -601,16 +623,30 @@ mod tests {
         let window = Window::new(&segments, &[3, 0, 2, 1], &groups, &pool, 2);
         let mut out = allocate(&groups, 3, &pool);
         window.copy_out(&groups, &mut out, 1, 3, 0);
-        let ids: Vec<i64> = out
-            .iter()
-            .find(|b| b.dtype == DType::Int64)
-            .unwrap()
-            .as_u64()
+        let views = window.view(&groups, 1, 3);
+        let id_group = groups.iter().position(|g| g.dtype == DType::Int64).unwrap();
+        let ids: Vec<i64> = views[id_group]
+            .to_u64()
             .unwrap()
             .iter()
             .map(|&x| x as i64)
             .collect();
         assert_eq!(ids, vec![11, 20, 12]);
+        assert_eq!(views[1].to_bytes(), out[1].to_bytes());
+        assert_eq!(views[2].to_bytes(), out[2].to_bytes());
+        assert_eq!(views[2].shape(), [3, 2], "three rows of two");
+        assert_eq!(views[2].strides(), [8, 4]);
+        assert_eq!(
+            views[1].shape(),
+            [1, 3],
+            "one f32 scalar column, three rows"
+        );
+        assert_eq!(
+            views[1].strides(),
+            [16, 4],
+            "a row of the 4-row window apart"
+        );
+        drop(views);
         let floats: Vec<f32> = out[1]
             .to_bytes()
             .chunks(4)

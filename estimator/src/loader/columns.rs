@@ -144,22 +144,37 @@ pub struct ColumnKind {
     pub shape: ColumnShape,
 }
 
-/// Classifies `field`; an error names the column and says what to do with it.
+/// The role [`classify`] names in its errors: a column selected for loading.
+pub const SELECTED: &str = "selected";
+
+/// Classifies `field` as a column selected for loading; an error names the column and says
+/// what to do with it.
 pub fn classify(field: &Field) -> Result<ColumnKind> {
-    let unsupported = |hint: &str| Error::UnsupportedColumn {
+    classify_as(field, SELECTED)
+}
+
+/// Classifies `field`, asked for in `role` (`selected`, `feature`, `label`, ...): the one set
+/// of rules, shared by the loader and the preparation, for which Arrow columns can become
+/// tensors. The error ([`Error::UnsupportedColumn`]) names the role, the column and its type,
+/// and says what to do with it.
+pub fn classify_as(field: &Field, role: &'static str) -> Result<ColumnKind> {
+    tensor_kind(field.data_type()).map_err(|hint| Error::UnsupportedColumn {
+        role,
         column: field.name().clone(),
         data_type: field.data_type().to_string(),
         hint: hint.to_string(),
-    };
+    })
+}
+
+/// How a column of `data_type` becomes a tensor, or what to do with it instead.
+fn tensor_kind(data_type: &DataType) -> std::result::Result<ColumnKind, &'static str> {
     let element = |item: &Field| {
-        DType::of(item.data_type()).ok_or_else(|| {
-            unsupported(
-                "array columns must hold numbers or booleans (nested lists, strings and \
-                 structs are not supported); flatten or encode them first",
-            )
-        })
+        DType::of(item.data_type()).ok_or(
+            "array columns must hold numbers or booleans (nested lists, strings and structs \
+             are not supported); flatten or encode them first",
+        )
     };
-    match field.data_type() {
+    match data_type {
         DataType::List(item) | DataType::LargeList(item) => Ok(ColumnKind {
             dtype: element(item)?,
             shape: ColumnShape::List,
@@ -168,22 +183,22 @@ pub fn classify(field: &Field) -> Result<ColumnKind> {
             dtype: element(item)?,
             shape: ColumnShape::Fixed(u64::try_from(*len).unwrap_or(0)),
         }),
-        DataType::Struct(children) if is_spark_vector(children) => Err(unsupported(
-            "it is a Spark ML vector; convert it to an array first (kolo.data.prepare_data \
-             does, or pyspark.ml.functions.vector_to_array)",
-        )),
-        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => Err(unsupported(
-            "strings must be encoded as numbers first (e.g. StringIndexer or a vocabulary)",
-        )),
+        DataType::Struct(children) if is_spark_vector(children) => Err(
+            "it is a Spark ML vector; convert it to an array column first (e.g. \
+             pyspark.ml.functions.vector_to_array before writing the data)",
+        ),
+        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => {
+            Err("strings must be encoded as numbers first (e.g. StringIndexer or a vocabulary)")
+        }
         data_type => match DType::of(data_type) {
             Some(dtype) => Ok(ColumnKind {
                 dtype,
                 shape: ColumnShape::Scalar,
             }),
-            None => Err(unsupported(
-                "only numeric and boolean columns, and fixed-length arrays of them, can be \
-                 loaded; cast or encode it first",
-            )),
+            None => Err(
+                "only numeric and boolean columns, and fixed-length arrays of them, can \
+                 become tensors; cast or encode it first",
+            ),
         },
     }
 }
@@ -265,6 +280,39 @@ mod tests {
         );
         let err = classify(&Field::new("features", vector, true)).unwrap_err();
         assert!(err.to_string().contains("Spark ML vector"), "{err}");
+    }
+
+    #[test]
+    fn errors_name_the_role_column_and_type() {
+        let when = Field::new("when", DataType::Date32, true);
+        let err = classify(&when).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::UnsupportedColumn { role: SELECTED, ref column, .. } if column == "when"
+            ),
+            "{err}"
+        );
+        assert!(
+            err.to_string()
+                .starts_with("selected column 'when' has type Date32; only numeric"),
+            "{err}"
+        );
+        let nested = DataType::List(Arc::new(Field::new(
+            "item",
+            DataType::List(Arc::new(Field::new("item", DataType::Float32, true))),
+            true,
+        )));
+        let err = classify_as(&Field::new("v", nested, true), "label").unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.starts_with("label column 'v' has type List(")
+                && text.contains("array columns must hold numbers or booleans"),
+            "{text}"
+        );
+        let bools = DataType::List(Arc::new(Field::new("item", DataType::Boolean, true)));
+        let kind = classify_as(&Field::new("mask", bools, true), "feature").unwrap();
+        assert_eq!((kind.dtype, kind.shape), (DType::Bool, ColumnShape::List));
     }
 
     #[test]

@@ -73,10 +73,11 @@ fn nulls(spec: &ColumnSpec, file: &str, count: usize) -> Result<()> {
     if count == 0 {
         return Ok(());
     }
-    Err(Error::NullsInColumn {
+    Err(Error::NullValues {
         column: spec.name.clone(),
-        file: file.to_string(),
         count: count as u64,
+        location: file.to_string(),
+        inside_lists: false,
     })
 }
 
@@ -211,7 +212,7 @@ mod tests {
             "s3://b/part-1",
         )
         .unwrap_err();
-        assert!(matches!(err, Error::NullsInColumn { .. }), "{err}");
+        assert!(matches!(err, Error::NullValues { .. }), "{err}");
         assert!(err.to_string().contains("'y'") && err.to_string().contains("part-1"));
         let list = ListArray::from_iter_primitive::<Int32Type, _, _>(vec![
             Some(vec![Some(1), Some(2)]),
@@ -231,6 +232,6 @@ mod tests {
         let b = batch(vec![("v", Arc::new(list))]);
         let err = Chunk::from_batch(&b, &[ColumnSpec::for_test("v", DType::Int32, 2)], "part-3")
             .unwrap_err();
-        assert!(matches!(err, Error::NullsInColumn { .. }), "{err}");
+        assert!(matches!(err, Error::NullValues { .. }), "{err}");
     }
 }

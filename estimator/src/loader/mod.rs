@@ -24,7 +24,9 @@
 pub mod assemble;
 pub mod columns;
 pub mod decode;
+mod gather;
 mod pipeline;
+mod plain;
 pub mod queue;
 pub mod source;
 pub mod state;
@@ -33,7 +35,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-pub use assemble::{Batch, BatchBuffer, Group};
+pub use assemble::{Batch, BatchBuffer, BatchView, Group};
 pub use columns::DType;
 pub use state::LoaderState;
 
@@ -143,12 +145,10 @@ impl Loader {
     ) -> Result<Loader> {
         validate(&options)?;
         if metadata.rows == 0 {
-            return Err(Error::DatasetEmpty {
-                url: metadata.url.clone(),
-                reason: format!(
-                    "its {} data file(s) hold no rows; write rows there first",
-                    metadata.files.len()
-                ),
+            return Err(Error::EmptyDataset {
+                what: format!("the dataset {}", metadata.url),
+                why: format!("its {} data file(s) hold no rows", metadata.files.len()),
+                fix: "write rows there first".into(),
             });
         }
         let specs = resolve_columns(metadata, &options.columns)?;
@@ -418,8 +418,9 @@ fn resolve_columns(metadata: &DatasetMetadata, columns: &[String]) -> Result<Vec
         .iter()
         .map(|name| {
             let column = metadata.column(name).ok_or_else(|| Error::UnknownColumn {
+                role: columns::SELECTED,
                 column: name.clone(),
-                dataset: metadata.url.clone(),
+                dataset: format!("the dataset {}", metadata.url),
                 available: metadata
                     .columns
                     .iter()

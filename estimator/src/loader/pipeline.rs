@@ -10,7 +10,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
-use crate::loader::assemble::{allocate, Batch, BufferPool, Group, Segment, Window};
+use crate::loader::assemble::{allocate, whole_views, Batch, BufferPool, Group, Segment, Window};
 use crate::loader::decode::{Chunk, ColumnSpec};
 use crate::loader::queue::{Pop, Queue};
 use crate::loader::source::FileReader;
@@ -82,6 +82,9 @@ impl Context {
         let reader = &self.readers[piece.file];
         let roots = self.roots(piece.file)?;
         let want = piece.rows.len();
+        if let Some(chunks) = reader.read_plain(roots, &self.specs, piece.row_group, &piece.rows)? {
+            return Ok(chunks.into_iter().map(Arc::new).collect());
+        }
         let batches = reader.read(roots, piece.row_group, piece.rows.clone(), want)?;
         let mut chunks = Vec::with_capacity(batches.len());
         let mut got = 0;
@@ -353,49 +356,78 @@ impl Assembler {
         let mut position = job.start;
         while position < job.end {
             let rows = batch_size.min(job.end - position) as usize;
-            let mut buffers = allocate(groups, rows, &self.pool);
-            let mut filled = 0;
-            while filled < rows {
-                let index = position / width;
-                let bounds = plan.window_bounds(index);
-                if window.as_ref().is_none_or(|(i, _)| *i != index) {
-                    let Some(segments) = self.take_rows((bounds.end - bounds.start) as usize)?
-                    else {
+            let index = position / width;
+            self.load_window(&mut window, plan, index)?;
+            let Some((_, current)) = window.as_ref() else {
+                return Ok(false);
+            };
+            let bounds = plan.window_bounds(index);
+            let buffers = if position + rows as u64 <= bounds.end {
+                // The batch lies inside the window: hand out views of it.
+                let from = (position - bounds.start) as usize;
+                position += rows as u64;
+                current.view(groups, from, rows)
+            } else {
+                let mut buffers = allocate(groups, rows, &self.pool);
+                let mut filled = 0;
+                while filled < rows {
+                    let index = position / width;
+                    self.load_window(&mut window, plan, index)?;
+                    let Some((_, current)) = window.as_ref() else {
                         return Ok(false);
                     };
-                    let permutation = plan.window_permutation(index);
-                    window = Some((
-                        index,
-                        Window::new(
-                            &segments,
-                            &permutation,
-                            groups,
-                            &self.pool,
-                            context.assemble_threads,
-                        ),
-                    ));
+                    let bounds = plan.window_bounds(index);
+                    let from = (position - bounds.start) as usize;
+                    let n = (rows - filled).min((bounds.end - position) as usize);
+                    current.copy_out(groups, &mut buffers, from, n, filled);
+                    filled += n;
+                    position += n as u64;
                 }
-                let Some((_, current)) = window.as_ref() else {
-                    return Err(Error::Internal("no shuffle window loaded".into()));
-                };
-                let from = (position - bounds.start) as usize;
-                let n = (rows - filled).min((bounds.end - position) as usize);
-                current.copy_out(groups, &mut buffers, from, n, filled);
-                filled += n;
-                position += n as u64;
-            }
+                whole_views(groups, buffers)
+            };
             let batch = Batch {
                 epoch: job.epoch,
                 rows,
                 end_offset: position,
                 last: position == job.end,
-                buffers: buffers.into_iter().map(Arc::new).collect(),
+                buffers,
             };
             if !self.send(Item::Batch(batch)) {
                 return Ok(false);
             }
         }
         Ok(true)
+    }
+
+    /// Makes `window` the shuffle window `index` of `plan` (gathering it when it is not
+    /// already); leaves `None` there once stopped.
+    fn load_window(
+        &mut self,
+        window: &mut Option<(u64, Window)>,
+        plan: &RankPlan,
+        index: u64,
+    ) -> Result<()> {
+        if window.as_ref().is_some_and(|(i, _)| *i == index) {
+            return Ok(());
+        }
+        *window = None;
+        let bounds = plan.window_bounds(index);
+        let Some(segments) = self.take_rows((bounds.end - bounds.start) as usize)? else {
+            return Ok(());
+        };
+        let permutation = plan.window_permutation(index);
+        let context = &self.context;
+        *window = Some((
+            index,
+            Window::new(
+                &segments,
+                &permutation,
+                &context.groups,
+                &self.pool,
+                context.assemble_threads,
+            ),
+        ));
+        Ok(())
     }
 
     fn send(&self, item: Item) -> bool {

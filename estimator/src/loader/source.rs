@@ -25,6 +25,8 @@ use parquet::errors::ParquetError;
 use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData, ParquetMetaDataReader};
 
 use crate::error::{Error, Result};
+use crate::loader::decode::{Chunk, ColumnSpec};
+use crate::loader::plain;
 
 /// One data file of a dataset.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -110,6 +112,66 @@ impl FileReader {
         }
         .map_err(|e| self.parquet_error(e))?;
         Ok(self.metadata.get_or_init(|| metadata))
+    }
+
+    /// Rows `rows` of `row_group` for `specs` (top-level columns `roots`) from a local file:
+    /// columns with PLAIN pages straight from the pages, without decoding or copying (see
+    /// [`plain`]), the others decoded by the Arrow reader. `None` for remote files and when no
+    /// column reads plain.
+    pub fn read_plain(
+        &self,
+        roots: &[usize],
+        specs: &[ColumnSpec],
+        row_group: usize,
+        rows: &Range<usize>,
+    ) -> Result<Option<Vec<Chunk>>> {
+        let Some(bytes) = self.local_bytes()? else {
+            return Ok(None);
+        };
+        let metadata = self.metadata()?;
+        let runs = plain::column_runs(
+            &bytes,
+            metadata.metadata(),
+            metadata.schema(),
+            roots,
+            specs,
+            row_group,
+            rows,
+        )
+        .map_err(|e| self.parquet_error(e))?;
+        let decode: Vec<usize> = (0..specs.len()).filter(|&k| runs[k].is_none()).collect();
+        if decode.len() == specs.len() {
+            return Ok(None);
+        }
+        let mut columns: Vec<Vec<plain::Run>> =
+            runs.into_iter().map(Option::unwrap_or_default).collect();
+        if !decode.is_empty() {
+            let decode_roots: Vec<usize> = decode.iter().map(|&k| roots[k]).collect();
+            let decode_specs: Vec<ColumnSpec> = decode.iter().map(|&k| specs[k].clone()).collect();
+            let mut at = rows.start;
+            for batch in self.read(&decode_roots, row_group, rows.clone(), rows.len())? {
+                let n = batch.num_rows();
+                if n == 0 {
+                    continue;
+                }
+                let chunk = Chunk::from_batch(&batch, &decode_specs, &self.file.url)?;
+                for (&k, values) in decode.iter().zip(chunk.columns) {
+                    columns[k].push(plain::Run {
+                        start: at,
+                        rows: n,
+                        values,
+                    });
+                }
+                at += n;
+            }
+            if at != rows.end {
+                return Err(Error::Internal(format!(
+                    "decoded rows {}..{at} instead of {rows:?} from row group {row_group} of {}",
+                    rows.start, self.file.url
+                )));
+            }
+        }
+        Ok(Some(plain::cut(&columns, rows)))
     }
 
     /// Reads `rows` (relative to the row group) of `row_group` for the columns `roots`

@@ -4,7 +4,7 @@ use arrow::array::{Array, AsArray};
 use arrow::datatypes::{DataType, Schema};
 
 use crate::error::{Error, Result};
-use crate::loader::columns::DType;
+use crate::loader::columns::{classify_as, column_names, ColumnShape, DType};
 
 /// What a column is for; named in errors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,45 +58,36 @@ fn list_element(data_type: &DataType) -> Option<&DataType> {
     }
 }
 
-/// Checks that `column` exists in `schema` and has a type its role allows: numeric or bool
-/// scalars everywhere, lists of numbers for features and labels only.
-pub(crate) fn check_column(schema: &Schema, column: &str, role: Role) -> Result<()> {
+/// Checks that `column` exists in `schema` (the schema of `source`, as messages name it) and
+/// has a type its role allows: whatever the loader can turn into a tensor
+/// ([`classify_as`]) for features and labels, scalars only for the sample weight and the
+/// validation column.
+pub(crate) fn check_column(schema: &Schema, column: &str, role: Role, source: &str) -> Result<()> {
     let field = schema
         .field_with_name(column)
-        .map_err(|_| Error::ColumnMissing {
-            column: column.to_owned(),
+        .map_err(|_| Error::UnknownColumn {
             role: role.name(),
-            available: schema
-                .fields()
-                .iter()
-                .map(|f| f.name().as_str())
-                .collect::<Vec<_>>()
-                .join(", "),
+            column: column.to_owned(),
+            dataset: format!("the source ({source})"),
+            available: column_names(schema),
         })?;
-    let data_type = field.data_type();
-    let allowed = match role {
-        Role::Feature | Role::Label => {
-            numpy_dtype(data_type).is_some()
-                || list_element(data_type)
-                    .is_some_and(|e| numpy_dtype(e).is_some() && *e != DataType::Boolean)
-        }
-        Role::SampleWeight | Role::Validation => numpy_dtype(data_type).is_some(),
+    let kind = classify_as(field, role.name())?;
+    let scalar_only = match role {
+        Role::Feature | Role::Label => None,
+        Role::SampleWeight => Some("a sample weight must be one number per row, not an array"),
+        Role::Validation => Some(
+            "a validation column must be one bool or number per row (non-zero = validation \
+             row), not an array",
+        ),
     };
-    if allowed {
-        Ok(())
-    } else {
-        Err(Error::ColumnType {
-            column: column.to_owned(),
+    match scalar_only {
+        Some(hint) if kind.shape != ColumnShape::Scalar => Err(Error::UnsupportedColumn {
             role: role.name(),
-            data_type: data_type.clone(),
-            allowed: match role {
-                Role::Feature | Role::Label => {
-                    "a number, a bool, or a list / fixed-size list of numbers"
-                }
-                Role::SampleWeight => "a number",
-                Role::Validation => "a bool or a number (non-zero = validation row)",
-            },
-        })
+            column: column.to_owned(),
+            data_type: field.data_type().to_string(),
+            hint: hint.to_owned(),
+        }),
+        _ => Ok(()),
     }
 }
 
@@ -130,8 +121,13 @@ impl ShapeTracker {
         }
     }
 
-    /// Records the list lengths of `columns` (in schema order) and refuses nulls inside lists.
-    pub(crate) fn observe(&mut self, columns: &[std::sync::Arc<dyn Array>]) -> Result<()> {
+    /// Records the list lengths of `columns` (in schema order, read from `source`) and refuses
+    /// nulls inside lists.
+    pub(crate) fn observe(
+        &mut self,
+        columns: &[std::sync::Arc<dyn Array>],
+        source: &str,
+    ) -> Result<()> {
         for (
             Tracked {
                 name,
@@ -166,6 +162,7 @@ impl ShapeTracker {
                     return Err(Error::NullValues {
                         column: name.clone(),
                         count: nulls as u64,
+                        location: source.to_owned(),
                         inside_lists: true,
                     });
                 }
@@ -247,36 +244,73 @@ mod tests {
         ])
     }
 
+    const SOURCE: &str = "data.parquet";
+
     #[test]
-    fn numeric_bool_and_numeric_lists_pass() {
+    fn numeric_bool_and_lists_of_them_pass() {
         let s = schema();
-        check_column(&s, "x", Role::Feature).unwrap();
-        check_column(&s, "v", Role::Label).unwrap();
-        check_column(&s, "flag", Role::Feature).unwrap();
-        check_column(&s, "flag", Role::Validation).unwrap();
-        check_column(&s, "x", Role::SampleWeight).unwrap();
+        check_column(&s, "x", Role::Feature, SOURCE).unwrap();
+        check_column(&s, "v", Role::Label, SOURCE).unwrap();
+        check_column(&s, "bl", Role::Feature, SOURCE).unwrap();
+        check_column(&s, "flag", Role::Feature, SOURCE).unwrap();
+        check_column(&s, "flag", Role::Validation, SOURCE).unwrap();
+        check_column(&s, "x", Role::SampleWeight, SOURCE).unwrap();
     }
 
     #[test]
-    fn wrong_types_are_refused_naming_the_column() {
+    fn wrong_types_are_refused_naming_role_column_and_type() {
         let s = schema();
-        let err = check_column(&s, "s", Role::Feature).unwrap_err();
-        assert!(matches!(err, Error::ColumnType { ref column, .. } if column == "s"));
-        assert!(err.to_string().contains("'s'"), "{err}");
-        assert!(err.to_string().contains("Utf8"), "{err}");
-        let err = check_column(&s, "bl", Role::Label).unwrap_err();
-        assert!(matches!(err, Error::ColumnType { ref column, .. } if column == "bl"));
-        let err = check_column(&s, "v", Role::SampleWeight).unwrap_err();
-        assert!(matches!(err, Error::ColumnType { ref column, .. } if column == "v"));
-    }
-
-    #[test]
-    fn a_missing_column_lists_the_available_ones() {
-        let err = check_column(&schema(), "nope", Role::Feature).unwrap_err();
+        let err = check_column(&s, "s", Role::Feature, SOURCE).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::UnsupportedColumn { role: "feature", ref column, .. } if column == "s"
+            ),
+            "{err}"
+        );
+        assert_eq!(
+            err.to_string(),
+            "feature column 's' has type Utf8; strings must be encoded as numbers first (e.g. \
+             StringIndexer or a vocabulary)"
+        );
+        let err = check_column(&s, "v", Role::SampleWeight, SOURCE).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::UnsupportedColumn { role: "sample weight", ref column, .. } if column == "v"
+            ),
+            "{err}"
+        );
         let text = err.to_string();
         assert!(
-            text.contains("'nope'") && text.contains("x, v, s, bl, flag"),
+            text.starts_with("sample weight column 'v' has type List(")
+                && text.contains("one number per row, not an array"),
             "{text}"
+        );
+        let err = check_column(&s, "bl", Role::Validation, SOURCE).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::UnsupportedColumn { role: "validation", ref column, .. } if column == "bl"
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_missing_column_names_role_source_and_the_available_ones() {
+        let err = check_column(&schema(), "nope", Role::Label, SOURCE).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::UnknownColumn { role: "label", ref column, .. } if column == "nope"
+            ),
+            "{err}"
+        );
+        assert_eq!(
+            err.to_string(),
+            "label column 'nope' is not in the source (data.parquet); available columns: x, v, \
+             s, bl, flag (check the name's spelling and case)"
         );
     }
 
@@ -296,7 +330,7 @@ mod tests {
             Some(vec![Some(1.0), Some(2.0)]),
             Some(vec![Some(3.0), Some(4.0)]),
         ]));
-        tracker.observe(&[x.clone(), fixed]).unwrap();
+        tracker.observe(&[x.clone(), fixed], SOURCE).unwrap();
         assert_eq!(tracker.infos()[1].shape, vec![Some(2)]);
         assert_eq!(tracker.infos()[0].shape, Vec::<Option<usize>>::new());
         assert_eq!(tracker.infos()[0].dtype, "float32");
@@ -304,13 +338,24 @@ mod tests {
             Some(vec![Some(1.0)]),
             Some(vec![Some(3.0), Some(4.0)]),
         ]));
-        tracker.observe(&[x.clone(), ragged]).unwrap();
+        tracker.observe(&[x.clone(), ragged], SOURCE).unwrap();
         assert_eq!(tracker.infos()[1].shape, vec![None]);
         let holey: ArrayRef = Arc::new(ListArray::from_iter_primitive::<Float32Type, _, _>(vec![
             Some(vec![Some(1.0), None]),
             Some(vec![Some(3.0), Some(4.0)]),
         ]));
-        let err = tracker.observe(&[x, holey]).unwrap_err();
-        assert!(matches!(err, Error::NullValues { ref column, count: 1, .. } if column == "v"));
+        let err = tracker.observe(&[x, holey], SOURCE).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::NullValues { ref column, count: 1, inside_lists: true, .. } if column == "v"
+            ),
+            "{err}"
+        );
+        assert!(
+            err.to_string()
+                .starts_with("column 'v' has 1 null value(s) inside its lists in data.parquet;"),
+            "{err}"
+        );
     }
 }

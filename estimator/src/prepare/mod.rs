@@ -123,6 +123,7 @@ pub async fn prepare_data(
         frame.schema().as_arrow(),
         options,
         validation_column.as_deref(),
+        &source_name,
     )?;
     let mut projection: Vec<Expr> = keep.iter().map(ident).collect();
     projection.extend(validation_column.iter().map(ident));
@@ -249,11 +250,12 @@ fn session() -> SessionContext {
     SessionContext::new_with_config(config)
 }
 
-/// Checks that every named column exists and has a usable type.
+/// Checks that every named column exists in `source` and has a usable type.
 fn check_columns(
     schema: &Schema,
     options: &PrepareOptions,
     validation_column: Option<&str>,
+    source: &str,
 ) -> Result<()> {
     let roles = options
         .feature_columns
@@ -273,7 +275,7 @@ fn check_columns(
         )
         .chain(validation_column.map(|c| (c, Role::Validation)));
     for (column, role) in roles {
-        check_column(schema, column, role)?;
+        check_column(schema, column, role, source)?;
     }
     Ok(())
 }
@@ -353,6 +355,7 @@ fn check_counts(
     if counts.rows == 0 {
         return Err(Error::EmptyDataset {
             what: format!("the source ({source_name})"),
+            why: "it has no rows".into(),
             fix: "check the path and that the files hold data".into(),
         });
     }
@@ -366,6 +369,7 @@ fn check_counts(
             return Err(Error::NullValues {
                 column: column.to_owned(),
                 count,
+                location: source_name.to_owned(),
                 inside_lists: false,
             });
         }
@@ -388,14 +392,16 @@ fn check_split(
     };
     if train_rows == 0 {
         return Err(Error::EmptyDataset {
-            what: format!("the train split ({validation} took all {rows} rows)"),
+            what: "the train split".into(),
+            why: format!("{validation} took all {rows} rows"),
             fix: "use a smaller validation ratio, or mark fewer rows in the validation column"
                 .into(),
         });
     }
     if has_validation && val_rows == 0 {
         return Err(Error::EmptyDataset {
-            what: format!("the validation split ({validation} selected none of {rows} rows)"),
+            what: "the validation split".into(),
+            why: format!("{validation} selected none of {rows} rows"),
             fix: "use a larger ratio or more data, or pass validation=None".into(),
         });
     }
@@ -487,7 +493,7 @@ impl WriteJob {
         let keep = self.out_schema.fields().len();
         let out = RecordBatch::try_new(self.out_schema.clone(), batch.columns()[..keep].to_vec())
             .map_err(|e| Error::Internal(format!("re-schema of a scanned batch: {e}")))?;
-        self.shapes.observe(out.columns())?;
+        self.shapes.observe(out.columns(), &self.source_name)?;
         let mask: Option<BooleanArray> = if let Some(split) = &self.ratio_split {
             Some(
                 (0..out.num_rows() as u64)

@@ -176,8 +176,8 @@ async fn resolve(ctx: &SessionContext, path: &str, options: &StoreOptions) -> Re
                 .map(|f| format_of(&f.rel))
                 .collect();
             if files.is_empty() {
-                return Err(Error::SourceNotFound {
-                    path: path.to_owned(),
+                return Err(Error::DatasetNotFound {
+                    location: path.to_owned(),
                 });
             }
             let format = if formats.contains(&Some(Format::Parquet)) {

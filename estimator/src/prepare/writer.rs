@@ -52,7 +52,10 @@ impl BalancedWriter {
         compression: Compression,
         plan: Vec<u64>,
     ) -> Self {
+        // PLAIN pages without a dictionary: the loader uses such pages of numeric columns
+        // without decoding them (see `loader::plain`).
         let properties = WriterProperties::builder()
+            .set_dictionary_enabled(false)
             .set_compression(compression)
             .set_max_row_group_bytes(Some(MAX_ROW_GROUP_BYTES))
             .set_created_by(format!("kolo {}", env!("CARGO_PKG_VERSION")))

@@ -63,7 +63,20 @@ fn batch_of(ids: std::ops::Range<i64>) -> RecordBatch {
 }
 
 fn write(path: &Path, batch: &RecordBatch, row_group: usize, offset_index: bool) {
+    write_with(path, batch, row_group, offset_index, true);
+}
+
+/// Writes `batch` in row groups of `row_group` rows and pages of 7; `dictionary: false`
+/// writes PLAIN pages (the loader's no-copy path).
+fn write_with(
+    path: &Path,
+    batch: &RecordBatch,
+    row_group: usize,
+    offset_index: bool,
+    dictionary: bool,
+) {
     let props = WriterProperties::builder()
+        .set_dictionary_enabled(dictionary)
         .set_max_row_group_row_count(Some(row_group))
         .set_data_page_row_count_limit(7)
         .set_write_batch_size(7)
@@ -78,25 +91,20 @@ fn write(path: &Path, batch: &RecordBatch, row_group: usize, offset_index: bool)
 /// Three files (137, 163 and 1 rows; row groups of 50, 64 and 1 rows; the second without an
 /// offset index) plus Spark's marker files.
 fn dataset_dir() -> tempfile::TempDir {
+    dataset_dir_with(true)
+}
+
+fn dataset_dir_with(dictionary: bool) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    write(
-        &dir.path().join("part-00000.parquet"),
-        &batch_of(0..137),
-        50,
-        true,
-    );
-    write(
-        &dir.path().join("part-00001.parquet"),
-        &batch_of(137..300),
-        64,
-        false,
-    );
-    write(
-        &dir.path().join("part-00002.parquet"),
-        &batch_of(300..ROWS),
-        1,
-        true,
-    );
+    let files = [
+        (0..137, 50, true),
+        (137..300, 64, false),
+        (300..ROWS, 1, true),
+    ];
+    for (i, (ids, row_group, offset_index)) in files.into_iter().enumerate() {
+        let path = dir.path().join(format!("part-0000{i}.parquet"));
+        write_with(&path, &batch_of(ids), row_group, offset_index, dictionary);
+    }
     std::fs::write(dir.path().join("_SUCCESS"), b"").unwrap();
     std::fs::write(dir.path().join(".part-00000.parquet.crc"), b"crc").unwrap();
     dir
@@ -137,7 +145,7 @@ fn column_u64(loader: &Loader, batch: &Batch, name: &str) -> Vec<u64> {
         .find(|(_, g)| g.names.iter().any(|n| n == name))
         .unwrap();
     let k = group.names.iter().position(|n| n == name).unwrap();
-    let values = batch.buffers[g].as_u64().unwrap();
+    let values = batch.buffers[g].to_u64().unwrap();
     values[k * batch.rows..(k + 1) * batch.rows].to_vec()
 }
 
@@ -291,7 +299,7 @@ fn values_arrive_with_their_dtypes_and_shapes() {
             .chunks(2)
             .map(|c| i16::from_le_bytes([c[0], c[1]]))
             .collect();
-        assert_eq!(batch.buffers[3].shape, [batch.rows, 3]);
+        assert_eq!(batch.buffers[3].shape(), [batch.rows, 3]);
         for (i, &id) in ids.iter().enumerate() {
             assert_eq!(x[i], id as f32 * 0.5);
             assert_eq!(flag[i], u8::from(id % 3 == 0));
@@ -307,6 +315,44 @@ fn values_arrive_with_their_dtypes_and_shapes() {
         rows += batch.rows;
     }
     assert_eq!(rows, ROWS as usize);
+}
+
+/// Every buffer of every batch of two epochs on `rank` of 2, as bytes with its shape.
+fn epoch_bytes(dir: &Path, columns: &[&str], rank: u32) -> Vec<Vec<(Vec<u8>, [usize; 2])>> {
+    let mut options = options(columns, 16, rank, 2, false);
+    options.num_epochs = Some(2);
+    let mut loader = Loader::open(&open(dir), options).unwrap();
+    let mut batches = Vec::new();
+    loop {
+        match next(&mut loader) {
+            Next::Batch(batch) => batches.push(
+                batch
+                    .buffers
+                    .iter()
+                    .map(|b| (b.to_bytes(), b.shape()))
+                    .collect(),
+            ),
+            Next::EndOfEpoch(_) => {}
+            Next::Finished => return batches,
+            Next::Pending => unreachable!(),
+        }
+    }
+}
+
+#[test]
+fn plain_pages_load_the_same_batches_as_decoded_ones() {
+    // PLAIN pages are used without decoding (and, uncompressed, without copying); batches
+    // inside a shuffle window are views of it, the others (windows of 40, batches of 16) are
+    // copied together from two windows. All must match the Arrow reader's batches exactly.
+    let plain = dataset_dir_with(false);
+    let decoded = dataset_dir_with(true);
+    let columns = ["x", "id", "v"];
+    for rank in 0..2 {
+        let fast = epoch_bytes(plain.path(), &columns, rank);
+        let slow = epoch_bytes(decoded.path(), &columns, rank);
+        assert_eq!(fast.len(), 20, "301 rows, 2 ranks, batches of 16, 2 epochs");
+        assert_eq!(fast, slow);
+    }
 }
 
 fn le_f32(bytes: &[u8]) -> Vec<f32> {
@@ -414,13 +460,33 @@ fn open_err(dir: &Path, columns: &[&str], batch: u64, size: u32) -> Error {
 fn bad_inputs_are_typed_and_named() {
     let dir = dataset_dir();
     let err = open_err(dir.path(), &["id", "nope"], 8, 1);
-    assert!(matches!(err, Error::UnknownColumn { .. }), "{err}");
     assert!(
-        err.to_string().contains("'nope'") && err.to_string().contains("fixed"),
+        matches!(
+            err,
+            Error::UnknownColumn { role: "selected", ref column, .. } if column == "nope"
+        ),
         "{err}"
     );
+    let text = err.to_string();
+    assert!(
+        text.starts_with("selected column 'nope' is not in the dataset file://")
+            && text.contains("available columns: id, ")
+            && text.contains("fixed"),
+        "{text}"
+    );
     let err = open_err(dir.path(), &["name"], 8, 1);
-    assert!(matches!(err, Error::UnsupportedColumn { .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            Error::UnsupportedColumn { role: "selected", ref column, .. } if column == "name"
+        ),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .starts_with("selected column 'name' has type Utf8; strings must be encoded"),
+        "{err}"
+    );
     let err = open_err(dir.path(), &["id"], 200, 2);
     assert!(matches!(err, Error::TooFewRows { .. }), "{err}");
     assert!(err.to_string().contains("drop_last=False"), "{err}");
@@ -428,9 +494,20 @@ fn bad_inputs_are_typed_and_named() {
     let empty = tempfile::tempdir().unwrap();
     std::fs::write(empty.path().join("_SUCCESS"), b"").unwrap();
     let err = open_err(empty.path(), &["id"], 8, 1);
-    assert!(matches!(err, Error::DatasetEmpty { .. }), "{err}");
+    assert!(matches!(err, Error::EmptyDataset { .. }), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.starts_with("the dataset file://")
+            && text.contains("is empty (it holds no data files;")
+            && text.ends_with("write Parquet files there first"),
+        "{text}"
+    );
     let err = open_err(&empty.path().join("missing"), &["id"], 8, 1);
-    assert!(matches!(err, Error::DatasetNotFound { .. }), "{err}");
+    assert!(
+        matches!(err, Error::DatasetNotFound { ref location } if location.ends_with("/missing")),
+        "{err}"
+    );
+    assert!(err.to_string().contains("missing does not exist"), "{err}");
     write(
         &empty.path().join("part-0.parquet"),
         &batch_of(0..0),
@@ -438,7 +515,12 @@ fn bad_inputs_are_typed_and_named() {
         true,
     );
     let err = open_err(empty.path(), &["id"], 8, 1);
-    assert!(matches!(err, Error::DatasetEmpty { .. }), "{err}");
+    assert!(matches!(err, Error::EmptyDataset { .. }), "{err}");
+    assert!(
+        err.to_string()
+            .contains("is empty (its 1 data file(s) hold no rows); write rows there first"),
+        "{err}"
+    );
 
     // Nulls and ragged arrays, named with their file.
     let bad = tempfile::tempdir().unwrap();
@@ -475,10 +557,19 @@ fn bad_inputs_are_typed_and_named() {
     write(&bad.path().join("part-0.parquet"), &good, 10, true);
     write(&bad.path().join("part-1.parquet"), &broken, 10, true);
     let err = open_err(bad.path(), &["y"], 1, 1);
-    assert!(matches!(err, Error::NullsInColumn { .. }), "{err}");
     assert!(
-        err.to_string().contains("'y'") && err.to_string().contains("part-1"),
+        matches!(
+            err,
+            Error::NullValues { ref column, count: 1, ref location, inside_lists: false }
+                if column == "y" && location.ends_with("part-1.parquet")
+        ),
         "{err}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.starts_with("column 'y' has 1 null value(s) in file://")
+            && text.contains("part-1.parquet; tensors cannot hold missing values"),
+        "{text}"
     );
     let err = open_err(bad.path(), &["v"], 1, 1);
     match &err {

@@ -308,19 +308,27 @@ fn bad_inputs_are_refused_with_typed_errors() {
     o.feature_columns.push("nope".into());
     let err = run(&store, paths(&[&src]), &o).unwrap_err();
     assert!(
-        matches!(err, Error::ColumnMissing { ref column, .. } if column == "nope"),
+        matches!(err, Error::UnknownColumn { role: "feature", ref column, .. } if column == "nope"),
         "{err}"
     );
+    let text = err.to_string();
     assert!(
-        err.to_string().contains("id, x, v, y, w, is_val, s"),
-        "{err}"
+        text.starts_with("feature column 'nope' is not in the source (")
+            && text.contains("src.parquet); available columns: id, x, v, y, w, is_val, s"),
+        "{text}"
     );
 
     let mut o = options(None);
     o.label_columns = vec!["s".into()];
     let err = run(&store, paths(&[&src]), &o).unwrap_err();
     assert!(
-        matches!(err, Error::ColumnType { ref column, .. } if column == "s"),
+        matches!(err, Error::UnsupportedColumn { role: "label", ref column, .. } if column == "s"),
+        "{err}"
+    );
+    // DataFusion reads Parquet strings as Utf8View.
+    assert!(
+        err.to_string()
+            .starts_with("label column 's' has type Utf8View; strings must be encoded"),
         "{err}"
     );
 
@@ -330,7 +338,17 @@ fn bad_inputs_are_refused_with_typed_errors() {
         &options(None),
     )
     .unwrap_err();
-    assert!(matches!(err, Error::SourceNotFound { .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            Error::DatasetNotFound { ref location } if location.ends_with("missing.parquet")
+        ),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("missing.parquet does not exist"),
+        "{err}"
+    );
 
     let empty = Source::Batches {
         schema: schema(),
@@ -338,6 +356,11 @@ fn bad_inputs_are_refused_with_typed_errors() {
     };
     let err = run(&store, empty, &options(None)).unwrap_err();
     assert!(matches!(err, Error::EmptyDataset { .. }), "{err}");
+    assert_eq!(
+        err.to_string(),
+        "the source (the in-memory table) is empty (it has no rows); check the path and that \
+         the files hold data"
+    );
 
     let err = run(
         &store,
@@ -368,7 +391,15 @@ fn bad_inputs_are_refused_with_typed_errors() {
     };
     let err = run(&store, source, &options(None)).unwrap_err();
     assert!(
-        matches!(err, Error::NullValues { ref column, count: 2, .. } if column == "y"),
+        matches!(
+            err,
+            Error::NullValues { ref column, count: 2, inside_lists: false, .. } if column == "y"
+        ),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .starts_with("column 'y' has 2 null value(s) in the in-memory table;"),
         "{err}"
     );
     assert_eq!(

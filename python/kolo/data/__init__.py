@@ -10,8 +10,8 @@ Example::
 """
 
 from kolo.data.loader import ParquetLoader
-from kolo.data.metadata import ColumnInfo, DatasetMetadata, FileInfo, read_metadata
-from kolo.data.prepare import ColumnSpec, PreparedData, prepare_data
+from kolo.data.metadata import ColumnInfo, ColumnSpec, DatasetMetadata, FileInfo, read_metadata
+from kolo.data.prepare import PreparedData, prepare_data
 
 __all__ = [
     "ColumnInfo",

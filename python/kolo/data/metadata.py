@@ -22,21 +22,42 @@ from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 from kolo import _native
 
-__all__ = ["ColumnInfo", "DatasetMetadata", "FileInfo", "read_metadata"]
+__all__ = ["ColumnInfo", "ColumnSpec", "DatasetMetadata", "FileInfo", "read_metadata"]
 
 
 @dataclass(frozen=True)
 class ColumnInfo:
-    """One column: numpy dtype name and per-row shape (``()`` for scalars, ``(len,)`` for
-    arrays); both None when the column cannot be loaded, and ``problem`` says why."""
+    """One column of a dataset: its name, element dtype and per-row shape.
+
+    :func:`read_metadata` and :func:`kolo.data.prepare_data` both describe columns with it.
+    ``dtype`` is numpy's name of the element type (``"float32"``, ``"int64"``, ``"bool"``);
+    ``shape`` is ``()`` for a scalar and ``(n,)`` for an array column (``(None,)`` for a
+    prepared list column whose length varies between rows). Both are ``None`` when the column
+    cannot be loaded, and ``problem`` says why. The other fields come from the Parquet
+    footers; they are ``None`` where nothing measured them (columns returned by
+    ``prepare_data``). ``ColumnSpec`` is another name for this class.
+
+    Example::
+
+        info = read_metadata("/data/train").columns["features"]
+        assert (info.name, info.dtype, info.shape) == ("features", "float32", (784,))
+    """
 
     name: str
-    arrow_type: str
     dtype: Optional[str]
-    shape: Optional[Tuple[int, ...]]
-    uncompressed_bytes: int
-    null_count: Optional[int]
-    problem: Optional[Dict[str, Any]]
+    shape: Optional[Tuple[Optional[int], ...]]
+    #: The Arrow type, as Arrow prints it.
+    arrow_type: Optional[str] = None
+    #: Uncompressed bytes of the column in all files.
+    uncompressed_bytes: Optional[int] = None
+    #: Nulls counted; ``None`` when a file has no statistics.
+    null_count: Optional[int] = None
+    #: Why the column cannot be loaded: ``{"kind": "unsupported" | "ragged" | "nulls", ...}``.
+    problem: Optional[Dict[str, Any]] = None
+
+
+#: The former name of :class:`ColumnInfo` for prepared columns, kept for compatibility.
+ColumnSpec = ColumnInfo
 
 
 @dataclass(frozen=True)

@@ -22,30 +22,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from kolo import _native
-from kolo.data.metadata import dataset_location
+from kolo.data.metadata import ColumnInfo, dataset_location
 from kolo.exceptions import InvalidArgumentError
 
-__all__ = ["ColumnSpec", "PreparedData", "prepare_data"]
+__all__ = ["PreparedData", "prepare_data"]
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:")
-
-
-@dataclass(frozen=True)
-class ColumnSpec:
-    """The type of one prepared column.
-
-    ``dtype`` is numpy's name of the element type (``"float32"``, ``"int64"``, ``"bool"``);
-    ``shape`` is ``()`` for a scalar and ``(n,)`` for a list column (``(None,)`` when the list
-    length varies between rows).
-
-    Example::
-
-        spec = prepared.columns["features"]
-        assert spec.dtype == "float32" and spec.shape == (784,)
-    """
-
-    dtype: str
-    shape: tuple[int | None, ...]
 
 
 @dataclass(frozen=True)
@@ -68,8 +50,9 @@ class PreparedData:
     train_rows: int
     #: Rows written for validation.
     val_rows: int
-    #: The written columns in order: name → :class:`ColumnSpec`.
-    columns: Mapping[str, ColumnSpec]
+    #: The written columns in order: name → :class:`~kolo.data.ColumnInfo` (name, dtype and
+    #: shape; the footer fields are ``None``).
+    columns: Mapping[str, ColumnInfo]
     #: Train files written (``num_processes * partitions_per_process`` unless fewer rows).
     num_files: int
     #: Validation files written.
@@ -95,7 +78,8 @@ def prepare_data(
     """Write ``source`` into ``store`` as Horovod's prepared train (and validation) data.
 
     The feature, label and sample-weight columns are selected (in that order) and checked:
-    each must be numeric or bool, or (features and labels) a list of numbers, without nulls.
+    each must be numeric or bool, or (features and labels) a list of numbers or bools, without
+    nulls (the same rules :class:`~kolo.data.ParquetLoader` loads by).
     The rows are split into validation and train, and each side is written as Parquet under
     ``<prefix>/intermediate_train_data.<idx>/`` and ``<prefix>/intermediate_val_data.<idx>/``:
     exactly ``num_processes * partitions_per_process`` train files (fewer only when there are
@@ -130,7 +114,8 @@ def prepare_data(
             one raises :class:`kolo.exceptions.DataError`.
 
     Returns:
-        A :class:`PreparedData` describing what was written.
+        A :class:`PreparedData` describing what was written; its ``columns`` are
+        :class:`~kolo.data.ColumnInfo` objects.
 
     Raises:
         kolo.exceptions.DataError: A column is missing (the message lists the available
@@ -187,7 +172,9 @@ def prepare_data(
         val_path=result["val_path"],
         train_rows=result["train_rows"],
         val_rows=result["val_rows"],
-        columns={name: ColumnSpec(dtype, tuple(shape)) for name, dtype, shape in result["columns"]},
+        columns={
+            name: ColumnInfo(name, dtype, tuple(shape)) for name, dtype, shape in result["columns"]
+        },
         num_files=result["num_files"],
         val_num_files=result["val_num_files"],
     )
