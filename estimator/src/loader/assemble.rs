@@ -180,6 +180,13 @@ impl BatchBuffer {
         self.shape[0] * self.shape[1] * self.dtype.width()
     }
 
+    /// The filled buffer, shared by the views that hand it out (its address taken now, while
+    /// it is exclusively owned).
+    fn into_shared(mut self) -> Arc<Self> {
+        self.address = self.as_mut_ptr() as usize;
+        Arc::new(self)
+    }
+
     /// The elements as bytes, to fill.
     fn bytes_mut(&mut self) -> &mut [u8] {
         let len = self.byte_len();
@@ -228,11 +235,10 @@ impl BatchView {
     }
 
     /// A view of all of `buffer`.
-    fn whole(mut buffer: BatchBuffer, group: &Group) -> Self {
-        buffer.address = buffer.as_mut_ptr() as usize;
+    fn whole(buffer: BatchBuffer, group: &Group) -> Self {
         let stacked = group.array_len.is_none();
         let rows = buffer.shape[usize::from(stacked)];
-        Self::new(Arc::new(buffer), stacked, 0, rows)
+        Self::new(buffer.into_shared(), stacked, 0, rows)
     }
 
     /// Element dtype.
@@ -411,13 +417,7 @@ impl Window {
                 }
             });
         }
-        let buffers = buffers
-            .into_iter()
-            .map(|mut buffer| {
-                buffer.address = buffer.as_mut_ptr() as usize;
-                Arc::new(buffer)
-            })
-            .collect();
+        let buffers = buffers.into_iter().map(BatchBuffer::into_shared).collect();
         Self { buffers, rows }
     }
 

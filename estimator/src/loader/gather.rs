@@ -49,8 +49,8 @@ impl Gather<'_> {
         // `n` rows of `dst`, all checked above.
         unsafe {
             match (width, len) {
-                (4, 1) => scalars_4(dst, sources, segment_of, row_of),
-                (8, 1) => scalars_8(dst, sources, segment_of, row_of),
+                (4, 1) => wide_scalars::<u32>(dst, sources, segment_of, row_of),
+                (8, 1) => wide_scalars::<u64>(dst, sources, segment_of, row_of),
                 (2, 1) => scalars::<u16>(dst, sources, segment_of, row_of),
                 (1, 1) => scalars::<u8>(dst, sources, segment_of, row_of),
                 _ => rows(dst, row_bytes, sources, segment_of, row_of),
@@ -102,32 +102,24 @@ unsafe fn rows(
     }
 }
 
-/// 4-byte scalars.
+/// 4- or 8-byte scalars (`T` is `u32` or `u64`), with AVX-512 gathers where the CPU has them.
 ///
 /// # Safety
 /// See the kernels' safety contract above.
-unsafe fn scalars_4(dst: &mut [u8], sources: &[&[u8]], segment_of: &[u32], row_of: &[u32]) {
+unsafe fn wide_scalars<T: Copy>(
+    dst: &mut [u8],
+    sources: &[&[u8]],
+    segment_of: &[u32],
+    row_of: &[u32],
+) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512f") {
         // SAFETY: by the kernels' contract; the CPU has AVX-512F.
-        return unsafe { avx512::gather_4(dst, sources, segment_of, row_of) };
+        unsafe { avx512::gather::<T>(dst, sources, segment_of, row_of) };
+        return;
     }
     // SAFETY: by the kernels' contract.
-    unsafe { scalars::<u32>(dst, sources, segment_of, row_of) }
-}
-
-/// 8-byte scalars.
-///
-/// # Safety
-/// See the kernels' safety contract above.
-unsafe fn scalars_8(dst: &mut [u8], sources: &[&[u8]], segment_of: &[u32], row_of: &[u32]) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: by the kernels' contract; the CPU has AVX-512F.
-        return unsafe { avx512::gather_8(dst, sources, segment_of, row_of) };
-    }
-    // SAFETY: by the kernels' contract.
-    unsafe { scalars::<u64>(dst, sources, segment_of, row_of) }
+    unsafe { scalars::<T>(dst, sources, segment_of, row_of) }
 }
 
 /// Scalars of `T` (a plain integer type), one at a time.
@@ -188,43 +180,30 @@ pub(crate) mod avx512 {
         Some(table)
     }
 
-    /// 4-byte scalars.
+    /// 4- or 8-byte scalars (`T` is `u32` or `u64`): vector steps where the sources allow,
+    /// then the scalar loop for the rest.
     ///
     /// # Safety
     /// The kernels' contract (see the parent module), on a CPU with AVX-512F.
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn gather_4(dst: &mut [u8], sources: &[&[u8]], segment_of: &[u32], row_of: &[u32]) {
-        let done = match distances(sources) {
+    pub unsafe fn gather<T: Copy>(
+        dst: &mut [u8],
+        sources: &[&[u8]],
+        segment_of: &[u32],
+        row_of: &[u32],
+    ) {
+        let width = std::mem::size_of::<T>();
+        let done = match (distances(sources), width) {
             // SAFETY: the contract, and every lane's offset stays inside its own source.
-            Some(table) => unsafe { offsets_4(dst, sources[0], &table, segment_of, row_of) },
-            None => 0,
+            (Some(table), 4) => unsafe { offsets_4(dst, sources[0], &table, segment_of, row_of) },
+            // SAFETY: as above.
+            (Some(table), 8) => unsafe { offsets_8(dst, sources[0], &table, segment_of, row_of) },
+            _ => 0,
         };
         // SAFETY: the remaining positions, per the contract.
         unsafe {
-            super::scalars::<u32>(
-                &mut dst[done * 4..],
-                sources,
-                &segment_of[done..],
-                &row_of[done..],
-            )
-        }
-    }
-
-    /// 8-byte scalars.
-    ///
-    /// # Safety
-    /// The kernels' contract (see the parent module), on a CPU with AVX-512F.
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn gather_8(dst: &mut [u8], sources: &[&[u8]], segment_of: &[u32], row_of: &[u32]) {
-        let done = match distances(sources) {
-            // SAFETY: the contract, and every lane's offset stays inside its own source.
-            Some(table) => unsafe { offsets_8(dst, sources[0], &table, segment_of, row_of) },
-            None => 0,
-        };
-        // SAFETY: the remaining positions, per the contract.
-        unsafe {
-            super::scalars::<u64>(
-                &mut dst[done * 8..],
+            super::scalars::<T>(
+                &mut dst[done * width..],
                 sources,
                 &segment_of[done..],
                 &row_of[done..],
