@@ -1,12 +1,22 @@
-"""Allreduce bandwidth: kolo vs torch.distributed (gloo), interleaved in one job.
+"""Collectives: kolo (transport auto and tcp forced) vs torch.distributed gloo, interleaved.
 
-    kolorun -np 2 python bench/collectives.py [--min-bytes 4096] [--max-bytes 268435456]
+    kolorun -np 2 python bench/collectives.py [--quick] [--ops allreduce,allgather,...]
+        [--dtypes float32,bfloat16] [--transports auto,tcp] [--min-bytes 8]
+        [--max-bytes 268435456] [--rounds 3] [--budget 0.3] [--json PATH]
 
-Both libraries run in the same 2 processes; for every size the two are timed alternately
-(several rounds, median per library), so machine noise hits both alike. Prints one line per
-size with time, algbw and busbw (nccl-tests definitions: algbw = S / t,
-busbw = algbw * 2 (n - 1) / n) and the ratio kolo / gloo of busbw, and writes JSON to
-bench/results/.
+Every rank is pinned to one core. kolo's transport is chosen at ``hvd.init()`` from
+``KOLO_TRANSPORT``, so for every size the script runs each transport in turn (``hvd.shutdown()``,
+set ``KOLO_TRANSPORT``, ``hvd.init()``: a few ms) and, within it, for every op and dtype times
+kolo and gloo alternately (``--rounds`` rounds, median per library), so machine noise hits both
+alike. For allreduce it also times 2 concurrent memcpys of the same size (each rank copies its
+own buffer at the same time): the physical floor of a shared-memory allreduce.
+
+S (the size axis) follows nccl-tests: the tensor for allreduce and broadcast, the gathered
+output for allgather, the input for reducescatter, and each rank's send buffer for alltoall.
+algbw = S / t; busbw = algbw x 2(n-1)/n (allreduce), (n-1)/n (allgather, reducescatter,
+alltoall), 1 (broadcast). One line per (op, dtype, size) with each kolo transport's time and
+busbw, its ratio to gloo's busbw and, for allreduce, its time over the 2-memcpy time. JSON
+(with the newest calibration as the physical-limit denominators) goes to bench/results/.
 """
 
 from __future__ import annotations
@@ -15,27 +25,83 @@ import argparse
 import os
 import statistics
 import time
+from pathlib import Path
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
-from common import init_gloo, write_results
+from common import human, init_gloo, load_calibration, pin_one_core_per_rank, write_results
 
 import kolo.torch as hvd
 
-
-def human(nbytes: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:g} {unit}"
-    return f"{nbytes} B"
+OPS = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def probe(op, tensor: torch.Tensor) -> float:
+def bus_factor(op: str, n: int) -> float:
+    if op == "allreduce":
+        return 2 * (n - 1) / n
+    if op == "broadcast":
+        return 1.0
+    return (n - 1) / n
+
+
+def make_calls(
+    op: str, nbytes: int, dtype: torch.dtype, n: int
+) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    """(kolo call, gloo call) moving S = ``nbytes`` for ``op``; every element count is at
+    least one per rank."""
+    itemsize = torch.tensor([], dtype=dtype).element_size()
+    elements = max(n, nbytes // itemsize // n * n)
+    if op == "allreduce":
+        t = torch.ones(elements, dtype=dtype)
+        return (
+            lambda: hvd.allreduce_(t, op=hvd.Sum, name="bench.op"),
+            lambda: dist.all_reduce(t, op=dist.ReduceOp.SUM),
+        )
+    if op == "broadcast":
+        t = torch.ones(elements, dtype=dtype)
+        return (
+            lambda: hvd.broadcast_(t, root_rank=0, name="bench.op"),
+            lambda: dist.broadcast(t, src=0),
+        )
+    if op == "allgather":
+        t = torch.ones(elements // n, dtype=dtype)
+        out = torch.empty(elements, dtype=dtype)
+        return (
+            lambda: hvd.allgather(t, name="bench.op"),
+            lambda: dist.all_gather_into_tensor(out, t),
+        )
+    if op == "reducescatter":
+        t = torch.ones(elements, dtype=dtype)
+        out = torch.empty(elements // n, dtype=dtype)
+        return (
+            lambda: hvd.reducescatter(t, op=hvd.Sum, name="bench.op"),
+            lambda: dist.reduce_scatter_tensor(out, t, op=dist.ReduceOp.SUM),
+        )
+    if op == "alltoall":
+        t = torch.ones(elements, dtype=dtype)
+        out = torch.empty(elements, dtype=dtype)
+        return (
+            lambda: hvd.alltoall(t, name="bench.op"),
+            lambda: dist.all_to_all_single(out, t),
+        )
+    raise ValueError(f"unknown op {op!r}; choose from {', '.join(OPS)}")
+
+
+def two_memcpys(nbytes: int) -> Callable[[], Any]:
+    """Each rank copies ``nbytes`` at the same time as the other: 2 concurrent memcpys."""
+    src = torch.ones(max(1, nbytes), dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    return lambda: dst.copy_(src)
+
+
+def probe(call: Callable[[], Any]) -> float:
     """Seconds per call from a warm-up call and 3 timed ones (every rank makes the same calls)."""
-    op(tensor)
+    call()
     start = time.perf_counter()
     for _ in range(3):
-        op(tensor)
+        call()
     return (time.perf_counter() - start) / 3
 
 
@@ -44,84 +110,142 @@ def agreed_calls(seconds_per_call: float, budget_s: float) -> int:
     return int(hvd.allreduce(local, op=hvd.Min, name="bench.calls").item())
 
 
-def timed(op, tensor: torch.Tensor, calls: int) -> float:
+def timed(call: Callable[[], Any], calls: int) -> float:
+    """Seconds per call, the slowest rank's, after a barrier."""
     hvd.barrier()
     start = time.perf_counter()
     for _ in range(calls):
-        op(tensor)
+        call()
     elapsed = torch.tensor([time.perf_counter() - start])
     return float(hvd.allreduce(elapsed, op=hvd.Max, name="bench.elapsed").item()) / calls
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--min-bytes", type=int, default=4096)
-    parser.add_argument("--max-bytes", type=int, default=256 << 20)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--budget", type=float, default=0.4, help="seconds per timing")
-    args = parser.parse_args()
-
+def use_transport(transport: str, current: list[str]) -> None:
+    """Re-initializes kolo with ``KOLO_TRANSPORT=transport`` unless it already runs with it."""
+    if current and current[0] == transport:
+        return
+    if current:
+        hvd.shutdown()
+    os.environ["KOLO_TRANSPORT"] = transport
     hvd.init()
+    current[:] = [transport]
+
+
+def figures(seconds: float, nbytes: int, factor: float) -> dict[str, float]:
+    algbw = nbytes / seconds / 1e9
+    return {"time_us": seconds * 1e6, "algbw_GBps": algbw, "busbw_GBps": algbw * factor}
+
+
+def csv(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="8 B, 4 KiB, 1 MiB, 64 MiB")
+    parser.add_argument("--ops", type=csv, default=list(OPS))
+    parser.add_argument("--dtypes", type=csv, default=list(DTYPES))
+    parser.add_argument("--transports", type=csv, default=["auto", "tcp"])
+    parser.add_argument("--min-bytes", type=int, default=8)
+    parser.add_argument("--max-bytes", type=int, default=256 << 20)
+    parser.add_argument("--step", type=int, default=4, help="size multiplier")
+    parser.add_argument("--rounds", type=int, default=None, help="default 3 (quick 2)")
+    parser.add_argument("--budget", type=float, default=None, help="s per timing (0.3; quick 0.05)")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    for name in args.ops:
+        if name not in OPS:
+            parser.error(f"--ops: unknown op {name!r}; choose from {', '.join(OPS)}")
+    for name in args.dtypes:
+        if name not in DTYPES:
+            parser.error(f"--dtypes: unknown dtype {name!r}; choose from {', '.join(DTYPES)}")
+    rounds = args.rounds or (2 if args.quick else 3)
+    budget = args.budget or (0.05 if args.quick else 0.3)
+    if args.quick:
+        sizes = [8, 4 << 10, 1 << 20, 64 << 20]
+    else:
+        sizes, nbytes = [], args.min_bytes
+        while nbytes <= args.max_bytes:
+            sizes.append(nbytes)
+            nbytes *= args.step
+
+    current: list[str] = []
+    use_transport(args.transports[0], current)
     rank, size = hvd.rank(), hvd.size()
-    try:
-        os.sched_setaffinity(0, {hvd.local_rank() % os.cpu_count()})
-    except (AttributeError, OSError):
-        pass
+    core = pin_one_core_per_rank()
     init_gloo()
+    calibration = load_calibration() if rank == 0 else {}
 
-    def kolo_allreduce(t: torch.Tensor) -> None:
-        hvd.allreduce_(t, op=hvd.Sum, name="bench")
-
-    def gloo_allreduce(t: torch.Tensor) -> None:
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
-
-    results = []
-    nbytes = args.min_bytes
-    factor = 2 * (size - 1) / size
-    while nbytes <= args.max_bytes:
-        tensor = torch.ones(nbytes // 4, dtype=torch.float32)
-        calls = {
-            name: agreed_calls(probe(op, tensor), args.budget)
-            for name, op in (("kolo", kolo_allreduce), ("gloo", gloo_allreduce))
-        }
-        samples: dict[str, list[float]] = {"kolo": [], "gloo": []}
-        for _ in range(args.rounds):
-            samples["kolo"].append(timed(kolo_allreduce, tensor, calls["kolo"]))
-            samples["gloo"].append(timed(gloo_allreduce, tensor, calls["gloo"]))
-        row = {"op": "allreduce", "dtype": "float32", "bytes": nbytes, "ranks": size}
-        for name, times in samples.items():
-            seconds = statistics.median(times)
-            algbw = nbytes / seconds / 1e9
-            row[name] = {
-                "time_us": seconds * 1e6,
-                "algbw_GBps": algbw,
-                "busbw_GBps": algbw * factor,
-            }
-        row["ratio_busbw_kolo_over_gloo"] = row["kolo"]["busbw_GBps"] / row["gloo"]["busbw_GBps"]
-        results.append(row)
-        if rank == 0:
-            columns = [
-                f"{name} {row[name]['time_us']:10.1f} us "
-                f"algbw {row[name]['algbw_GBps']:6.3f} busbw {row[name]['busbw_GBps']:6.3f} GB/s"
-                for name in ("kolo", "gloo")
-            ]
-            print(
-                f"allreduce fp32 {human(nbytes):>9}: {columns[0]} | {columns[1]} | "
-                f"ratio {row['ratio_busbw_kolo_over_gloo']:.2f}x",
-                flush=True,
-            )
-        nbytes *= 4
+    results: list[dict[str, Any]] = []
+    for nbytes in sizes:
+        rows: dict[tuple[str, str], dict[str, Any]] = {}
+        samples: dict[tuple[str, str], dict[str, list[float]]] = {}
+        for transport in args.transports:
+            use_transport(transport, current)
+            kolo_name = f"kolo_{transport}"
+            for op in args.ops:
+                for dtype_name in args.dtypes:
+                    kolo_call, gloo_call = make_calls(op, nbytes, DTYPES[dtype_name], size)
+                    peers = {kolo_name: kolo_call, "gloo": gloo_call}
+                    if op == "allreduce":
+                        peers["memcpy2"] = two_memcpys(nbytes)
+                    calls = {name: agreed_calls(probe(c), budget) for name, c in peers.items()}
+                    bucket = samples.setdefault((op, dtype_name), {})
+                    for _ in range(rounds):
+                        for name, call in peers.items():
+                            bucket.setdefault(name, []).append(timed(call, calls[name]))
+        for (op, dtype_name), bucket in samples.items():
+            factor = bus_factor(op, size)
+            row: dict[str, Any] = {"op": op, "dtype": dtype_name, "bytes": nbytes, "ranks": size}
+            for name, times in bucket.items():
+                row[name] = figures(statistics.median(times), nbytes, factor)
+            for transport in args.transports:
+                kolo = row[f"kolo_{transport}"]
+                kolo["ratio_busbw_over_gloo"] = kolo["busbw_GBps"] / row["gloo"]["busbw_GBps"]
+                if "memcpy2" in row:
+                    kolo["ratio_time_over_2_memcpys"] = kolo["time_us"] / row["memcpy2"]["time_us"]
+            rows[(op, dtype_name)] = row
+            results.append(row)
+            if rank == 0:
+                print_row(row, args.transports)
 
     if rank == 0:
         write_results(
             "collectives",
             {
                 "ranks": size,
+                "pinned_core_rank0": core,
+                "transports": args.transports,
+                "quick": args.quick,
+                "rounds": rounds,
+                "budget_s": budget,
+                "calibration": calibration,
                 "results": results,
             },
+            args.json,
         )
     dist.destroy_process_group()
     hvd.shutdown()
+
+
+def print_row(row: dict[str, Any], transports: list[str]) -> None:
+    parts = []
+    for transport in transports:
+        kolo = row[f"kolo_{transport}"]
+        text = (
+            f"kolo[{transport}] {kolo['time_us']:10.1f} us busbw {kolo['busbw_GBps']:7.3f} GB/s "
+            f"{kolo['ratio_busbw_over_gloo']:6.2f}x gloo"
+        )
+        if "ratio_time_over_2_memcpys" in kolo:
+            text += f" {kolo['ratio_time_over_2_memcpys']:6.2f}x 2memcpy"
+        parts.append(text)
+    gloo = row["gloo"]
+    parts.append(f"gloo {gloo['time_us']:10.1f} us busbw {gloo['busbw_GBps']:7.3f} GB/s")
+    if "memcpy2" in row:
+        parts.append(f"2 memcpys {row['memcpy2']['time_us']:9.1f} us")
+    print(f"{row['op']} {row['dtype']} {human(row['bytes']):>9}: " + " | ".join(parts), flush=True)
 
 
 if __name__ == "__main__":

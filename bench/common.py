@@ -69,3 +69,43 @@ class SmallCNN(nn.Module):
         x = F.max_pool2d(F.relu(self.conv1(x)), 2)
         x = F.max_pool2d(F.relu(self.conv2(x)), 2)
         return self.fc2(F.relu(self.fc1(torch.flatten(x, 1))))
+
+
+def human(nbytes: float) -> str:
+    """``nbytes`` as ``"64 MiB"``, ``"4 KiB"`` or ``"8 B"``."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}"
+    return f"{nbytes:g} B"
+
+
+def pin_one_core_per_rank() -> Optional[int]:
+    """Pins this rank to core ``local_rank % cpus``; returns the core (None where unsupported)."""
+    try:
+        core = hvd.local_rank() % (os.cpu_count() or 1)
+        os.sched_setaffinity(0, {core})
+        return core
+    except (AttributeError, OSError):
+        return None
+
+
+def latest_results(stem: str) -> Optional[Path]:
+    """The newest ``bench/results/<stem>-*.json``, or None."""
+    found = sorted(RESULTS.glob(f"{stem}-*.json"))
+    return found[-1] if found else None
+
+
+def load_calibration() -> dict[str, Any]:
+    """The latest calibration (``bench/calibrate.py``), or a quick one run now (memcpy only,
+    not saved) when none was saved yet: the physical-limit denominators other results cite."""
+    path = latest_results("calibrate")
+    if path is not None:
+        record = json.loads(path.read_text())
+        record["source"] = str(path)
+        return record
+    import calibrate  # bench/ is on sys.path when a bench script runs
+
+    return {
+        "source": "quick calibration run now",
+        "memcpy": calibrate.measure_memcpy([1 << 20, 16 << 20, 64 << 20], budget_s=0.05),
+    }

@@ -1,6 +1,7 @@
 """CPU training throughput: kolo's DistributedOptimizer vs torch DDP (gloo), interleaved in one job.
 
     kolorun -np 2 python bench/training.py [--batch-size 64] [--steps 5] [--rounds 20]
+        [--quick] [--json PATH] [--single-rank-json PATH]
 
 Both trainers run in the same processes on the same small CNN (3x32x32 synthetic images, 10
 classes, same initial weights): kolo as ``hvd.DistributedOptimizer`` around SGD, the peer as
@@ -9,16 +10,22 @@ classes, same initial weights): kolo as ``hvd.DistributedOptimizer`` around SGD,
 noise hits both alike; the figure is the median over rounds of samples/sec over all ranks
 (batch size x ranks x steps / slowest rank's time). Each rank uses one torch thread
 (``--pin``: also one core). Prints one line with both figures and the ratio kolo / DDP
-(target: >= 1.0), and writes JSON to bench/results/.
+(target: >= 1.0), and writes JSON to bench/results/ (or ``--json``).
+
+Scaling: run it once with ``-np 1`` (``--json one.json``) and then with ``-np 2
+--single-rank-json one.json``; the second prints each trainer's scaling efficiency,
+samples/s on n ranks / (n x samples/s on 1 rank) (``bench/run_all.sh`` does both).
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import json
 import os
 import statistics
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -43,7 +50,17 @@ def main() -> None:
         help="pin each rank to one core (off by default: on a shared machine a pinned rank "
         "cannot move away from a busy core, which slows small collectives many times over)",
     )
+    parser.add_argument("--quick", action="store_true", help="--rounds 6 --warmup-steps 2")
+    parser.add_argument("--json", type=Path, default=None, help="where rank 0 writes results")
+    parser.add_argument(
+        "--single-rank-json",
+        type=Path,
+        default=None,
+        help="results of a 1-rank run of this script: print scaling efficiency against it",
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.warmup_steps = min(args.rounds, 6), min(args.warmup_steps, 2)
 
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
@@ -110,6 +127,17 @@ def main() -> None:
             f"ratio {ratio:.2f}x",
             flush=True,
         )
+        scaling = None
+        if args.single_rank_json is not None:
+            one = json.loads(args.single_rank_json.read_text())["median_samples_per_sec"]
+            scaling = {name: row[name] / (size * one[name]) for name in row}
+            print(
+                f"scaling 1 -> {size} ranks: kolo {row['kolo'] / one['kolo']:.2f}x "
+                f"({scaling['kolo']:.0%} efficiency) | ddp(gloo) {row['ddp'] / one['ddp']:.2f}x "
+                f"({scaling['ddp']:.0%} efficiency) | efficiency kolo/ddp "
+                f"{scaling['kolo'] / scaling['ddp']:.2f}x",
+                flush=True,
+            )
         write_results(
             "training",
             {
@@ -120,7 +148,14 @@ def main() -> None:
                 "samples_per_sec": samples,
                 "median_samples_per_sec": row,
                 "ratio_kolo_over_ddp": ratio,
+                "single_rank_median_samples_per_sec": (
+                    json.loads(args.single_rank_json.read_text())["median_samples_per_sec"]
+                    if args.single_rank_json
+                    else None
+                ),
+                "scaling_efficiency": scaling,
             },
+            args.json,
         )
     dist.destroy_process_group()
     hvd.shutdown()

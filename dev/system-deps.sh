@@ -1,14 +1,23 @@
 #!/usr/bin/env bash
-# Installs the system packages the test suite uses (openssh for the kolorun-over-ssh tests).
+# Installs the system packages kolo's jobs and tests use, when missing (Debian/Ubuntu, apt):
+#   java (a JRE 17+) for PySpark — always;
+#   openssh-server/-client for the kolorun-over-ssh tests — with --tests.
 set -euo pipefail
-if command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ]; then
+packages=()
+if ! command -v java >/dev/null 2>&1; then
+  packages+=(openjdk-17-jre-headless)
+fi
+if [ "${1:-}" = "--tests" ] && ! command -v sshd >/dev/null 2>&1 && [ ! -x /usr/sbin/sshd ]; then
+  packages+=(openssh-server openssh-client)
+fi
+if [ ${#packages[@]} -eq 0 ]; then
   exit 0
 fi
 if [ "$(id -u)" != 0 ]; then
-  echo "dev/system-deps.sh: openssh-server is missing; install it (apt-get install openssh-server openssh-client) or run as root" >&2
+  echo "dev/system-deps.sh: missing ${packages[*]}; install them (apt-get install ${packages[*]}) or run as root" >&2
   exit 1
 fi
-echo "== installing openssh-server and openssh-client (apt)"
+echo "== installing ${packages[*]} (apt)"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
-apt-get install -y -qq --no-install-recommends openssh-server openssh-client >/dev/null
+apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null

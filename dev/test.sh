@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
-dev/system-deps.sh
+dev/system-deps.sh --tests
 dev/setup.sh
 dev/emulators.sh
 export PATH="$PWD/.venv/bin:$PATH"

@@ -93,3 +93,125 @@ def test_loader_benchmark_compares_kolo_with_pyarrow(tmp_path) -> None:
         for key in ("shapes", "dtypes"):
             assert entry["loaders"]["kolo"][key] == entry["loaders"]["pyarrow"][key], entry
         assert entry["ratios_rows_per_s"]["pyarrow"] > 0
+
+
+def rank0_lines(stdout: str) -> list[str]:
+    return [
+        line.partition("<stdout>:")[2]
+        for line in stdout.splitlines()
+        if line.startswith("[0]<stdout>:")
+    ]
+
+
+def test_calibrate_prints_and_saves_the_physical_limits(tmp_path) -> None:
+    out = tmp_path / "calibrate.json"
+    args = ["--quick", "--min-bytes", str(64 << 10), "--max-bytes", str(256 << 10)]
+    args += ["--budget", "0.01", "--tcp-bytes", str(8 << 20), "--rounds", "50"]
+    result = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "calibrate.py"), *args, "--json", str(out)],
+        cwd=REPO / "bench",
+        env=worker_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert (
+        len(re.findall(r"^memcpy +\d+ KiB: 1 thread .* total [\d.]+x$", result.stdout, re.M)) == 2
+    )
+    assert re.search(
+        r"^tcp loopback: [\d.]+ GB/s one way \| ping-pong [\d.]+ us", result.stdout, re.M
+    )
+    assert re.search(r"^shm ping-pong .* tcp/shm latency [\d.]+x$", result.stdout, re.M)
+    figures = json.loads(out.read_text())
+    assert figures["bench"] == "calibrate"
+    assert [row["bytes"] for row in figures["memcpy"]] == [64 << 10, 256 << 10]
+    for row in figures["memcpy"]:
+        assert row["one_thread_GBps"] > 0 and row["two_threads_GBps_each"] > 0
+    assert figures["tcp_loopback"]["bandwidth_GBps"] > 0
+    assert figures["tcp_loopback"]["pingpong_one_way_us"] > 0
+    assert figures["shm"]["pingpong_one_way_us"] > 0
+
+
+def test_collectives_benchmark_covers_every_op_dtype_and_transport(tmp_path) -> None:
+    out = tmp_path / "collectives.json"
+    args = ["--min-bytes", "8", "--max-bytes", "64", "--step", "8", "--rounds", "1"]
+    args += ["--budget", "0.001", "--json", str(out)]
+    result = run_kolorun(
+        ["-np", "2", "python", str(REPO / "bench" / "collectives.py"), *args], timeout=90
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    lines = rank0_lines(result.stdout)
+    ops = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter")
+    for op in ops:
+        for dtype in ("float32", "bfloat16"):
+            for size in ("8 B", "64 B"):
+                line = next(x for x in lines if x.startswith(f"{op} {dtype} ") and f" {size}:" in x)
+                assert re.search(r"kolo\[auto\] .* [\d.]+x gloo", line), line
+                assert re.search(r"kolo\[tcp\] .* [\d.]+x gloo", line), line
+                assert ("x 2memcpy" in line) == (op == "allreduce"), line
+    figures = json.loads(out.read_text())
+    assert figures["bench"] == "collectives" and figures["transports"] == ["auto", "tcp"]
+    assert "memcpy" in figures["calibration"]
+    assert len(figures["results"]) == len(ops) * 2 * 2
+    for row in figures["results"]:
+        for name in ("kolo_auto", "kolo_tcp", "gloo"):
+            assert {"time_us", "algbw_GBps", "busbw_GBps"} <= row[name].keys(), row
+        assert row["kolo_tcp"]["ratio_busbw_over_gloo"] > 0
+        if row["op"] == "allreduce":
+            assert row["kolo_auto"]["ratio_time_over_2_memcpys"] > 0
+
+
+def test_fusion_benchmark_sweeps_threshold_and_cycle_time(tmp_path) -> None:
+    out = tmp_path / "fusion.json"
+    args = ["--thresholds-mib", "0,1", "--cycle-times-ms", "0,1", "--steps", "1"]
+    args += ["--scale", "1000", "--json", str(out)]
+    result = run_kolorun(
+        ["-np", "2", "python", str(REPO / "bench" / "fusion.py"), *args], timeout=60
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    lines = [x for x in rank0_lines(result.stdout) if x.startswith("fusion ")]
+    assert len(lines) == 4, result.stdout
+    for line in lines:
+        assert re.search(r"ms/step \( *[\d.]+ collectives\) \| +[\d.]+x default", line), line
+        assert re.search(r"kolo/gloo time +[\d.]+x$", line), line
+    figures = json.loads(out.read_text())
+    assert figures["tensors"] == 161 and len(figures["shapes"]) == 161
+    assert sorted((r["threshold_bytes"], r["cycle_time_ms"]) for r in figures["results"]) == [
+        (0, 0),
+        (0, 1),
+        (1 << 20, 0),
+        (1 << 20, 1),
+    ]
+    for row in figures["results"]:
+        assert row["kolo_step_s"] > 0 and row["collectives_per_step"] >= 1
+
+
+def test_training_benchmark_reports_scaling_efficiency(tmp_path) -> None:
+    one, two = tmp_path / "one.json", tmp_path / "two.json"
+    script = str(REPO / "bench" / "training.py")
+    common = ["--batch-size", "4", "--steps", "1", "--warmup-steps", "1", "--rounds", "2"]
+    result = run_kolorun(["-np", "1", "python", script, *common, "--json", str(one)], timeout=60)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    scaled = [*common, "--json", str(two), "--single-rank-json", str(one)]
+    result = run_kolorun(["-np", "2", "python", script, *scaled], timeout=60)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    lines = rank0_lines(result.stdout)
+    assert any(re.match(r"training smallcnn batch 4x2: kolo .* ratio [\d.]+x$", x) for x in lines)
+    assert any(
+        re.match(r"scaling 1 -> 2 ranks: kolo [\d.]+x \(\d+% efficiency\) .* kolo/ddp [\d.]+x$", x)
+        for x in lines
+    ), lines
+    figures = json.loads(two.read_text())
+    assert figures["ranks"] == 2 and set(figures["scaling_efficiency"]) == {"kolo", "ddp"}
+    assert json.loads(one.read_text())["ranks"] == 1
+
+
+def test_run_all_knows_its_modes() -> None:
+    result = subprocess.run(
+        ["bash", str(REPO / "bench" / "run_all.sh"), "--bogus"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2 and "--quick|--full" in result.stderr

@@ -1,4 +1,5 @@
-"""Every collective x dtype x op on 1, 2 and 3 ranks under kolorun, against a reference."""
+"""Every collective x dtype x op under kolorun, against a reference: 1, 2 and 3 ranks over TCP,
+2 and 3 ranks over shared memory, and two simulated hosts of two ranks (hierarchical)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,23 @@ import pytest
 
 from conftest import run_kolorun, worker
 
+#: The data planes the matrix runs on: (ranks, environment). "hier" simulates two hosts of two
+#: ranks each (shared memory within a host, TCP between the hosts' leaders).
+LAYOUTS = {
+    "tcp-1": (1, {"KOLO_TRANSPORT": "tcp"}),
+    "tcp-2": (2, {"KOLO_TRANSPORT": "tcp"}),
+    "tcp-3": (3, {"KOLO_TRANSPORT": "tcp"}),
+    "shm-2": (2, {"KOLO_TRANSPORT": "shm", "KOLO_TEST_HUGE": "1"}),
+    "shm-3": (3, {"KOLO_TRANSPORT": "shm", "KOLO_SHM_CHUNK_BYTES": "65536"}),
+    "hier-2x2": (4, {"KOLO_TEST_RANKS_PER_HOST": "2", "KOLO_TEST_HUGE": "1"}),
+}
 
-@pytest.mark.parametrize("ranks", [1, 2, 3])
-def test_every_collective_dtype_and_op_matches_reference(ranks: int) -> None:
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_every_collective_dtype_and_op_matches_reference(layout: str) -> None:
+    ranks, env = LAYOUTS[layout]
     result = run_kolorun(
-        ["-np", str(ranks), "python", worker("collectives_worker.py")], timeout=600
+        ["-np", str(ranks), "python", worker("collectives_worker.py")], timeout=900, env=env
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     summaries = re.findall(

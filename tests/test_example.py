@@ -1,4 +1,4 @@
-"""The README's main job: kolorun -np 2 python examples/torch_digits.py."""
+"""kolorun runs examples/torch_digits.py (the training example without Spark) on 2 ranks."""
 
 from __future__ import annotations
 

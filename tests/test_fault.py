@@ -1,19 +1,33 @@
-"""Fail-fast: a rank SIGKILLed inside an allreduce stops the job quickly and leaves no process."""
+"""Fail-fast: a rank SIGKILLed inside an allreduce stops the job quickly and leaves no process,
+over TCP and over shared memory (where it also leaves no segment in /dev/shm)."""
 
 from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
+
+import pytest
 
 from conftest import kill_quietly, pid_alive, run_kolorun, worker
 
 
-def test_sigkill_mid_allreduce_makes_others_raise_and_kolorun_fail(tmp_path) -> None:
+def kolo_segments() -> set[str]:
+    """kolo's shared-memory segments currently in /dev/shm."""
+    return {p.name for p in Path("/dev/shm").glob("kolo-*")}
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_sigkill_mid_allreduce_makes_others_raise_and_kolorun_fail(tmp_path, transport) -> None:
+    segments_before = kolo_segments()
     started = time.monotonic()
     result = run_kolorun(
-        ["-np", "3", "python", worker("sigkill_worker.py"), str(tmp_path)], timeout=120
+        ["-np", "3", "python", worker("sigkill_worker.py"), str(tmp_path)],
+        timeout=120,
+        env={"KOLO_TRANSPORT": transport},
     )
     elapsed = time.monotonic() - started
+    segments_after = kolo_segments()
     pids = [int(p.read_text()) for p in tmp_path.glob("rank*.pid")]
     try:
         assert result.returncode != 0, result.stdout + result.stderr
@@ -32,6 +46,9 @@ def test_sigkill_mid_allreduce_makes_others_raise_and_kolorun_fail(tmp_path) -> 
                 f"rank {rank} raised {raised_at - killed_at:.1f} s late"
             )
             assert "rank 1" in message, message
+        assert segments_after <= segments_before, (
+            f"left in /dev/shm: {sorted(segments_after - segments_before)}"
+        )
         assert len(pids) == 3
         assert not [pid for pid in pids if pid_alive(pid)], "a rank process survived kolorun"
     finally:

@@ -5,8 +5,17 @@
 //! or and `Min`/`Product` logical and. Scaling multiplies in float64 and converts back: floats
 //! round, integers truncate toward zero and wrap into the type like an integer overflow.
 //!
-//! The kernels run on typed slices when the bytes are aligned for the element type, so the
-//! loops auto-vectorize; misaligned buffers go through small aligned blocks instead.
+//! Speed: every kernel is one elementwise loop over typed slices (bfloat16 converts, reduces and
+//! rounds back in the same loop) that the compiler vectorizes. On x86-64 the whole kernel tree
+//! is compiled three times — baseline (SSE2), AVX2 and AVX-512 — and the widest one the CPU
+//! supports is picked once at run time; float16 uses the F16C conversion instructions on the
+//! AVX2 and AVX-512 tiers (the `half` crate's slice conversions on the baseline). Misaligned
+//! buffers go through small aligned blocks. The kernels run on the calling thread: splitting a
+//! large reduction over both cores of a 2-core machine did not help while the other rank of a
+//! 2-rank job reduces at the same time (both ranks of a ring or shared-memory allreduce do), as
+//! measured with `cargo bench -p kolo-collective --bench reduce`.
+
+use std::sync::OnceLock;
 
 use bytemuck::Pod;
 use half::f16;
@@ -14,6 +23,44 @@ use half::slice::HalfFloatSliceExt;
 
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
+
+/// The instruction-set tier the kernels run with, detected once per process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isa {
+    /// The target's baseline (SSE2 on x86-64), or any other architecture.
+    Baseline,
+    /// x86-64 AVX2 with F16C.
+    Avx2,
+    /// x86-64 AVX-512 (F, BW, DQ, VL) with AVX2 and F16C.
+    Avx512,
+}
+
+impl Isa {
+    /// The widest tier this CPU supports.
+    pub fn detected() -> Isa {
+        static DETECTED: OnceLock<Isa> = OnceLock::new();
+        *DETECTED.get_or_init(|| Isa::available().last().copied().unwrap_or(Isa::Baseline))
+    }
+
+    /// Every tier this CPU supports, narrowest first (always starts with `Baseline`).
+    pub fn available() -> Vec<Isa> {
+        let mut tiers = vec![Isa::Baseline];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c") {
+                tiers.push(Isa::Avx2);
+                if is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512dq")
+                    && is_x86_feature_detected!("avx512vl")
+                {
+                    tiers.push(Isa::Avx512);
+                }
+            }
+        }
+        tiers
+    }
+}
 
 /// Checks that `op` and the scale factors are supported for `dtype`: bool tensors support
 /// `Sum`, `Min`, `Max` and `Product` without scaling. Returns the reason otherwise.
@@ -43,6 +90,18 @@ pub fn check_reduction(
 /// `acc[i] = acc[i] op src[i]` for every element. `Average` reduces like `Sum` (the division
 /// is a postscale). Both slices must have the same length, a multiple of the element size.
 pub fn reduce_into(dtype: DType, op: ReduceOp, acc: &mut [u8], src: &[u8]) -> Result<()> {
+    reduce_into_with(Isa::detected(), dtype, op, acc, src)
+}
+
+/// [`reduce_into`] with the kernels of tier `isa`, which must be one of [`Isa::available`]
+/// (for tests and benchmarks; a tier the CPU lacks runs the baseline kernels instead).
+pub fn reduce_into_with(
+    isa: Isa,
+    dtype: DType,
+    op: ReduceOp,
+    acc: &mut [u8],
+    src: &[u8],
+) -> Result<()> {
     if acc.len() != src.len() || !acc.len().is_multiple_of(dtype.size()) {
         return Err(Error::Internal(format!(
             "reduce_into: {} and {} bytes of {dtype}",
@@ -50,25 +109,19 @@ pub fn reduce_into(dtype: DType, op: ReduceOp, acc: &mut [u8], src: &[u8]) -> Re
             src.len()
         )));
     }
-    match dtype {
-        DType::U8 => with_typed::<u8>(acc, src, |a, s| reduce_num(op, a, s)),
-        DType::I8 => with_typed::<i8>(acc, src, |a, s| reduce_num(op, a, s)),
-        DType::I16 => with_typed::<i16>(acc, src, |a, s| reduce_num(op, a, s)),
-        DType::I32 => with_typed::<i32>(acc, src, |a, s| reduce_num(op, a, s)),
-        DType::I64 => with_typed::<i64>(acc, src, |a, s| reduce_num(op, a, s)),
-        DType::F32 => with_typed::<f32>(acc, src, |a, s| reduce_num(op, a, s)),
-        DType::F64 => with_typed::<f64>(acc, src, |a, s| reduce_num(op, a, s)),
-        DType::F16 => with_typed::<f16>(acc, src, |a, s| reduce_f16(op, a, s)),
-        DType::BF16 => with_typed::<u16>(acc, src, |a, s| reduce_bf16(op, a, s)),
-        DType::Bool => {
-            if op == ReduceOp::Average {
-                return Err(Error::InvalidArgument(
-                    "op Average is not supported for bool tensors; use Sum, Max, Min or Product"
-                        .into(),
-                ));
-            }
-            reduce_bool(op, acc, src);
-        }
+    if dtype == DType::Bool && op == ReduceOp::Average {
+        return Err(Error::InvalidArgument(
+            "op Average is not supported for bool tensors; use Sum, Max, Min or Product".into(),
+        ));
+    }
+    match checked(isa) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `checked` returns the AVX-512 tier only when the CPU supports its features.
+        Isa::Avx512 => unsafe { x86::reduce_avx512(dtype, op, acc, src) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `checked` returns the AVX2 tier only when the CPU supports AVX2 and F16C.
+        Isa::Avx2 => unsafe { x86::reduce_avx2(dtype, op, acc, src) },
+        _ => reduce_kernels(Isa::Baseline, dtype, op, acc, src),
     }
     Ok(())
 }
@@ -76,6 +129,11 @@ pub fn reduce_into(dtype: DType, op: ReduceOp, acc: &mut [u8], src: &[u8]) -> Re
 /// Multiplies every element of `buf` by `factor` (a no-op for 1.0). Bool tensors cannot be
 /// scaled by anything but 1.0.
 pub fn scale(dtype: DType, buf: &mut [u8], factor: f64) -> Result<()> {
+    scale_with(Isa::detected(), dtype, buf, factor)
+}
+
+/// [`scale`] with the kernels of tier `isa` (see [`reduce_into_with`]).
+pub fn scale_with(isa: Isa, dtype: DType, buf: &mut [u8], factor: f64) -> Result<()> {
     if factor == 1.0 {
         return Ok(());
     }
@@ -85,23 +143,105 @@ pub fn scale(dtype: DType, buf: &mut [u8], factor: f64) -> Result<()> {
             buf.len()
         )));
     }
-    match dtype {
-        DType::U8 => with_typed_one::<u8>(buf, |b| scale_num(b, factor)),
-        DType::I8 => with_typed_one::<i8>(buf, |b| scale_num(b, factor)),
-        DType::I16 => with_typed_one::<i16>(buf, |b| scale_num(b, factor)),
-        DType::I32 => with_typed_one::<i32>(buf, |b| scale_num(b, factor)),
-        DType::I64 => with_typed_one::<i64>(buf, |b| scale_num(b, factor)),
-        DType::F32 => with_typed_one::<f32>(buf, |b| scale_num(b, factor)),
-        DType::F64 => with_typed_one::<f64>(buf, |b| scale_num(b, factor)),
-        DType::F16 => with_typed_one::<f16>(buf, |b| scale_f16(b, factor)),
-        DType::BF16 => with_typed_one::<u16>(buf, |b| scale_bf16(b, factor)),
-        DType::Bool => {
-            return Err(Error::InvalidArgument(format!(
-                "bool tensors cannot be scaled (factor {factor}); pass 1.0 or convert the tensor to a numeric dtype"
-            )))
-        }
+    if dtype == DType::Bool {
+        return Err(Error::InvalidArgument(format!(
+            "bool tensors cannot be scaled (factor {factor}); pass 1.0 or convert the tensor to a numeric dtype"
+        )));
+    }
+    match checked(isa) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `checked` returns the AVX-512 tier only when the CPU supports its features.
+        Isa::Avx512 => unsafe { x86::scale_avx512(dtype, buf, factor) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `checked` returns the AVX2 tier only when the CPU supports AVX2 and F16C.
+        Isa::Avx2 => unsafe { x86::scale_avx2(dtype, buf, factor) },
+        _ => scale_kernels(Isa::Baseline, dtype, buf, factor),
     }
     Ok(())
+}
+
+/// `isa` if this CPU supports it, else the baseline.
+fn checked(isa: Isa) -> Isa {
+    if isa == Isa::Baseline || Isa::available().contains(&isa) {
+        isa
+    } else {
+        Isa::Baseline
+    }
+}
+
+/// The kernel tree, inlined into each tier's entry point so that it is compiled with that
+/// tier's instructions (no closures on the way: a closure would be compiled once, for the
+/// baseline, and called from every tier). Misaligned buffers are staged through aligned blocks.
+#[inline(always)]
+fn reduce_kernels(isa: Isa, dtype: DType, op: ReduceOp, acc: &mut [u8], src: &[u8]) {
+    if is_aligned(dtype, acc) && is_aligned(dtype, src) {
+        reduce_aligned(isa, dtype, op, acc, src);
+        return;
+    }
+    let mut stage_acc = [0u64; STAGE_BYTES / 8];
+    let mut stage_src = [0u64; STAGE_BYTES / 8];
+    for (a, s) in acc.chunks_mut(STAGE_BYTES).zip(src.chunks(STAGE_BYTES)) {
+        let n = a.len();
+        let ta = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut stage_acc)[..n];
+        let ts = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut stage_src)[..n];
+        ta.copy_from_slice(a);
+        ts.copy_from_slice(s);
+        reduce_aligned(isa, dtype, op, ta, ts);
+        a.copy_from_slice(ta);
+    }
+}
+
+/// [`reduce_kernels`] on buffers aligned for `dtype`.
+#[inline(always)]
+fn reduce_aligned(isa: Isa, dtype: DType, op: ReduceOp, acc: &mut [u8], src: &[u8]) {
+    use bytemuck::{cast_slice as cs, cast_slice_mut as csm};
+    match dtype {
+        DType::U8 => reduce_num::<u8>(op, csm(acc), cs(src)),
+        DType::I8 => reduce_num::<i8>(op, csm(acc), cs(src)),
+        DType::I16 => reduce_num::<i16>(op, csm(acc), cs(src)),
+        DType::I32 => reduce_num::<i32>(op, csm(acc), cs(src)),
+        DType::I64 => reduce_num::<i64>(op, csm(acc), cs(src)),
+        DType::F32 => reduce_num::<f32>(op, csm(acc), cs(src)),
+        DType::F64 => reduce_num::<f64>(op, csm(acc), cs(src)),
+        DType::F16 => reduce_f16(isa, op, csm(acc), cs(src)),
+        DType::BF16 => reduce_bf16(op, csm(acc), cs(src)),
+        DType::Bool => reduce_bool(op, acc, src),
+    }
+}
+
+/// Like [`reduce_kernels`] for scaling (`dtype` is not bool).
+#[inline(always)]
+fn scale_kernels(isa: Isa, dtype: DType, buf: &mut [u8], factor: f64) {
+    if is_aligned(dtype, buf) {
+        scale_aligned(isa, dtype, buf, factor);
+        return;
+    }
+    let mut stage = [0u64; STAGE_BYTES / 8];
+    for b in buf.chunks_mut(STAGE_BYTES) {
+        let n = b.len();
+        let t = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut stage)[..n];
+        t.copy_from_slice(b);
+        scale_aligned(isa, dtype, t, factor);
+        b.copy_from_slice(t);
+    }
+}
+
+/// [`scale_kernels`] on a buffer aligned for `dtype`.
+#[inline(always)]
+fn scale_aligned(isa: Isa, dtype: DType, buf: &mut [u8], factor: f64) {
+    use bytemuck::cast_slice_mut as csm;
+    match dtype {
+        DType::U8 => scale_num::<u8>(csm(buf), factor),
+        DType::I8 => scale_num::<i8>(csm(buf), factor),
+        DType::I16 => scale_num::<i16>(csm(buf), factor),
+        DType::I32 => scale_num::<i32>(csm(buf), factor),
+        DType::I64 => scale_num::<i64>(csm(buf), factor),
+        DType::F32 => scale_num::<f32>(csm(buf), factor),
+        DType::F64 => scale_num::<f64>(csm(buf), factor),
+        DType::F16 => scale_f16(isa, csm(buf), factor),
+        DType::BF16 => scale_bf16(csm(buf), factor),
+        DType::Bool => {}
+    }
 }
 
 /// bfloat16 bits to float32 (exact).
@@ -177,6 +317,7 @@ fn zip_with<T: Copy>(acc: &mut [T], src: &[T], f: impl Fn(T, T) -> T) {
     }
 }
 
+#[inline(always)]
 fn reduce_num<T: Num>(op: ReduceOp, acc: &mut [T], src: &[T]) {
     match op {
         ReduceOp::Sum | ReduceOp::Average => zip_with(acc, src, T::sum),
@@ -186,27 +327,77 @@ fn reduce_num<T: Num>(op: ReduceOp, acc: &mut [T], src: &[T]) {
     }
 }
 
+#[inline(always)]
 fn scale_num<T: Num>(buf: &mut [T], factor: f64) {
     for x in buf {
         *x = T::scaled(*x, factor);
     }
 }
 
+#[inline(always)]
+fn bool_or(a: u8, b: u8) -> u8 {
+    u8::from((a | b) != 0)
+}
+
+#[inline(always)]
+fn bool_and(a: u8, b: u8) -> u8 {
+    u8::from(a != 0) & u8::from(b != 0)
+}
+
+#[inline(always)]
 fn reduce_bool(op: ReduceOp, acc: &mut [u8], src: &[u8]) {
     match op {
-        ReduceOp::Sum | ReduceOp::Max | ReduceOp::Average => {
-            zip_with(acc, src, |a, b| u8::from((a | b) != 0))
-        }
-        ReduceOp::Min | ReduceOp::Product => {
-            zip_with(acc, src, |a, b| u8::from(a != 0) & u8::from(b != 0))
-        }
+        ReduceOp::Sum | ReduceOp::Max | ReduceOp::Average => zip_with(acc, src, bool_or),
+        ReduceOp::Min | ReduceOp::Product => zip_with(acc, src, bool_and),
     }
 }
 
-/// Elements of a half-precision block converted to float32 at a time.
+/// bfloat16 ops: widen (a shift), compute in float32, round back (integer ops), so that one
+/// loop vectorizes.
+macro_rules! bf16_ops {
+    ($($name:ident => $f:expr),*) => {$(
+        #[inline(always)]
+        fn $name(a: u16, b: u16) -> u16 {
+            f32_to_bf16(($f)(bf16_to_f32(a), bf16_to_f32(b)))
+        }
+    )*};
+}
+bf16_ops!(
+    bf16_sum => <f32 as Num>::sum,
+    bf16_prod => <f32 as Num>::prod,
+    bf16_min => <f32 as Num>::min,
+    bf16_max => <f32 as Num>::max
+);
+
+#[inline(always)]
+fn reduce_bf16(op: ReduceOp, acc: &mut [u16], src: &[u16]) {
+    match op {
+        ReduceOp::Sum | ReduceOp::Average => zip_with(acc, src, bf16_sum),
+        ReduceOp::Product => zip_with(acc, src, bf16_prod),
+        ReduceOp::Min => zip_with(acc, src, bf16_min),
+        ReduceOp::Max => zip_with(acc, src, bf16_max),
+    }
+}
+
+#[inline(always)]
+fn scale_bf16(buf: &mut [u16], factor: f64) {
+    for x in buf {
+        *x = f32_to_bf16(f32::scaled(bf16_to_f32(*x), factor));
+    }
+}
+
+/// Elements of a float16 block converted to float32 at a time (baseline tier).
 const HALF_BLOCK: usize = 1024;
 
-fn reduce_f16(op: ReduceOp, acc: &mut [f16], src: &[f16]) {
+#[inline(always)]
+fn reduce_f16(isa: Isa, op: ReduceOp, acc: &mut [f16], src: &[f16]) {
+    #[cfg(target_arch = "x86_64")]
+    if isa != Isa::Baseline {
+        // SAFETY: the AVX2 and AVX-512 tiers are only chosen on CPUs with F16C (`Isa::available`).
+        unsafe { x86::reduce_f16_f16c(op, acc, src) };
+        return;
+    }
+    let _ = isa;
     let mut fa = [0f32; HALF_BLOCK];
     let mut fs = [0f32; HALF_BLOCK];
     for (a, s) in acc.chunks_mut(HALF_BLOCK).zip(src.chunks(HALF_BLOCK)) {
@@ -218,7 +409,15 @@ fn reduce_f16(op: ReduceOp, acc: &mut [f16], src: &[f16]) {
     }
 }
 
-fn scale_f16(buf: &mut [f16], factor: f64) {
+#[inline(always)]
+fn scale_f16(isa: Isa, buf: &mut [f16], factor: f64) {
+    #[cfg(target_arch = "x86_64")]
+    if isa != Isa::Baseline {
+        // SAFETY: the AVX2 and AVX-512 tiers are only chosen on CPUs with F16C (`Isa::available`).
+        unsafe { x86::scale_f16_f16c(buf, factor) };
+        return;
+    }
+    let _ = isa;
     let mut f = [0f32; HALF_BLOCK];
     for b in buf.chunks_mut(HALF_BLOCK) {
         let n = b.len();
@@ -228,71 +427,162 @@ fn scale_f16(buf: &mut [f16], factor: f64) {
     }
 }
 
-fn reduce_bf16(op: ReduceOp, acc: &mut [u16], src: &[u16]) {
-    let mut fa = [0f32; HALF_BLOCK];
-    let mut fs = [0f32; HALF_BLOCK];
-    for (a, s) in acc.chunks_mut(HALF_BLOCK).zip(src.chunks(HALF_BLOCK)) {
-        let n = a.len();
-        for (f, x) in fa.iter_mut().zip(a.iter()) {
-            *f = bf16_to_f32(*x);
-        }
-        for (f, x) in fs.iter_mut().zip(s) {
-            *f = bf16_to_f32(*x);
-        }
-        reduce_num(op, &mut fa[..n], &fs[..n]);
-        for (x, f) in a.iter_mut().zip(&fa) {
-            *x = f32_to_bf16(*f);
+/// The x86-64 tiers: entry points compiled with the tier's features, and the F16C kernels.
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::{
+        __m256, _mm256_add_ps, _mm256_cvtph_ps, _mm256_cvtps_ph, _mm256_max_ps, _mm256_min_ps,
+        _mm256_mul_ps, _mm_loadu_si128, _mm_storeu_si128, _MM_FROUND_TO_NEAREST_INT,
+    };
+
+    use half::f16;
+
+    use super::{reduce_kernels, scale_kernels, DType, Isa, Num, ReduceOp};
+
+    /// # Safety
+    /// The CPU must support AVX-512 F, BW, DQ and VL, AVX2 and F16C.
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,f16c")]
+    pub(super) unsafe fn reduce_avx512(dtype: DType, op: ReduceOp, acc: &mut [u8], src: &[u8]) {
+        reduce_kernels(Isa::Avx512, dtype, op, acc, src);
+    }
+
+    /// # Safety
+    /// The CPU must support AVX2 and F16C.
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) unsafe fn reduce_avx2(dtype: DType, op: ReduceOp, acc: &mut [u8], src: &[u8]) {
+        reduce_kernels(Isa::Avx2, dtype, op, acc, src);
+    }
+
+    /// # Safety
+    /// As [`reduce_avx512`].
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,f16c")]
+    pub(super) unsafe fn scale_avx512(dtype: DType, buf: &mut [u8], factor: f64) {
+        scale_kernels(Isa::Avx512, dtype, buf, factor);
+    }
+
+    /// # Safety
+    /// As [`reduce_avx2`].
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) unsafe fn scale_avx2(dtype: DType, buf: &mut [u8], factor: f64) {
+        scale_kernels(Isa::Avx2, dtype, buf, factor);
+    }
+
+    /// Loads 8 float16 values as float32.
+    ///
+    /// # Safety
+    /// `p` points to 8 readable float16 values (any alignment); the CPU has F16C.
+    #[inline]
+    #[target_feature(enable = "avx,f16c")]
+    unsafe fn load8(p: *const f16) -> __m256 {
+        // SAFETY: the caller guarantees 16 readable bytes; the load is unaligned.
+        _mm256_cvtph_ps(unsafe { _mm_loadu_si128(p.cast()) })
+    }
+
+    /// Rounds 8 float32 values to float16 (nearest, ties to even) and stores them.
+    ///
+    /// # Safety
+    /// `p` points to 8 writable float16 values (any alignment); the CPU has F16C.
+    #[inline]
+    #[target_feature(enable = "avx,f16c")]
+    unsafe fn store8(p: *mut f16, v: __m256) {
+        let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v);
+        // SAFETY: the caller guarantees 16 writable bytes; the store is unaligned.
+        unsafe { _mm_storeu_si128(p.cast(), h) };
+    }
+
+    /// `acc = f16(f(f32(acc), f32(src)))` 8 lanes at a time, the tail one by one.
+    macro_rules! f16c_zip {
+        ($acc:ident, $src:ident, |$a:ident, $s:ident| $vector:expr, $scalar:expr) => {{
+            let body = $acc.len() - $acc.len() % 8;
+            let (head, tail) = $acc.split_at_mut(body);
+            for (a, s) in head.chunks_exact_mut(8).zip($src.chunks_exact(8)) {
+                // SAFETY: both chunks hold exactly 8 float16 values; F16C is enabled here.
+                unsafe {
+                    let ($a, $s) = (load8(a.as_ptr()), load8(s.as_ptr()));
+                    store8(a.as_mut_ptr(), $vector);
+                }
+            }
+            for (a, s) in tail.iter_mut().zip(&$src[body..]) {
+                let ($a, $s) = (a.to_f32(), s.to_f32());
+                *a = f16::from_f32($scalar);
+            }
+        }};
+    }
+
+    /// float16 reduction through F16C: convert 8 lanes, reduce in float32, round back.
+    /// `Min`/`Max` keep `acc` unless `src` compares smaller/larger, as the scalar kernels do
+    /// (`_mm256_min_ps(s, a)` is `s < a ? s : a`).
+    ///
+    /// # Safety
+    /// The CPU must support AVX and F16C; the slices have the same length.
+    #[target_feature(enable = "avx,f16c")]
+    pub(super) unsafe fn reduce_f16_f16c(op: ReduceOp, acc: &mut [f16], src: &[f16]) {
+        match op {
+            ReduceOp::Sum | ReduceOp::Average => {
+                f16c_zip!(acc, src, |a, s| _mm256_add_ps(a, s), a + s)
+            }
+            ReduceOp::Product => f16c_zip!(acc, src, |a, s| _mm256_mul_ps(a, s), a * s),
+            ReduceOp::Min => {
+                f16c_zip!(
+                    acc,
+                    src,
+                    |a, s| _mm256_min_ps(s, a),
+                    <f32 as Num>::min(a, s)
+                )
+            }
+            ReduceOp::Max => {
+                f16c_zip!(
+                    acc,
+                    src,
+                    |a, s| _mm256_max_ps(s, a),
+                    <f32 as Num>::max(a, s)
+                )
+            }
         }
     }
-}
 
-fn scale_bf16(buf: &mut [u16], factor: f64) {
-    for x in buf {
-        *x = f32_to_bf16(f32::scaled(bf16_to_f32(*x), factor));
+    /// float16 scaling through F16C: widen to float32, scale in float64 rounding to float32
+    /// (as the baseline kernel), round to float16.
+    ///
+    /// # Safety
+    /// The CPU must support AVX and F16C.
+    #[target_feature(enable = "avx,f16c")]
+    pub(super) unsafe fn scale_f16_f16c(buf: &mut [f16], factor: f64) {
+        let mut lanes = [0f32; 8];
+        let body = buf.len() - buf.len() % 8;
+        let (head, tail) = buf.split_at_mut(body);
+        for chunk in head.chunks_exact_mut(8) {
+            // SAFETY: the chunk holds exactly 8 float16 values; F16C is enabled here.
+            let v = unsafe { load8(chunk.as_ptr()) };
+            // SAFETY: `lanes` has room for 8 float32 values.
+            unsafe { std::arch::x86_64::_mm256_storeu_ps(lanes.as_mut_ptr(), v) };
+            for x in &mut lanes {
+                *x = f32::scaled(*x, factor);
+            }
+            // SAFETY: as above; `lanes` holds 8 float32 values.
+            unsafe {
+                store8(
+                    chunk.as_mut_ptr(),
+                    std::arch::x86_64::_mm256_loadu_ps(lanes.as_ptr()),
+                )
+            };
+        }
+        for x in tail {
+            *x = f16::from_f32(f32::scaled(x.to_f32(), factor));
+        }
     }
 }
 
 /// Bytes of the aligned blocks misaligned buffers are staged through.
 const STAGE_BYTES: usize = 4096;
 
-fn is_aligned<T>(bytes: &[u8]) -> bool {
-    bytes.as_ptr().align_offset(std::mem::align_of::<T>()) == 0
-}
-
-/// Runs `f` on `acc` and `src` viewed as `T` slices, staging through aligned blocks when either
-/// is misaligned. Lengths are multiples of `size_of::<T>()` (checked by the callers).
-fn with_typed<T: Pod>(acc: &mut [u8], src: &[u8], mut f: impl FnMut(&mut [T], &[T])) {
-    if is_aligned::<T>(acc) && is_aligned::<T>(src) {
-        f(bytemuck::cast_slice_mut(acc), bytemuck::cast_slice(src));
-        return;
-    }
-    let mut stage_acc = [0u64; STAGE_BYTES / 8];
-    let mut stage_src = [0u64; STAGE_BYTES / 8];
-    for (a, s) in acc.chunks_mut(STAGE_BYTES).zip(src.chunks(STAGE_BYTES)) {
-        let n = a.len();
-        let ta = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut stage_acc)[..n];
-        let ts = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut stage_src)[..n];
-        ta.copy_from_slice(a);
-        ts.copy_from_slice(s);
-        f(bytemuck::cast_slice_mut(ta), bytemuck::cast_slice(ts));
-        a.copy_from_slice(ta);
-    }
-}
-
-/// Like [`with_typed`] for one buffer.
-fn with_typed_one<T: Pod>(buf: &mut [u8], mut f: impl FnMut(&mut [T])) {
-    if is_aligned::<T>(buf) {
-        f(bytemuck::cast_slice_mut(buf));
-        return;
-    }
-    let mut stage = [0u64; STAGE_BYTES / 8];
-    for b in buf.chunks_mut(STAGE_BYTES) {
-        let n = b.len();
-        let t = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut stage)[..n];
-        t.copy_from_slice(b);
-        f(bytemuck::cast_slice_mut(t));
-        b.copy_from_slice(t);
-    }
+/// True when `bytes` starts at an address aligned for `dtype`'s elements.
+fn is_aligned(dtype: DType, bytes: &[u8]) -> bool {
+    let align = match dtype {
+        DType::F16 => std::mem::align_of::<f16>(),
+        _ => dtype.size(),
+    };
+    (bytes.as_ptr() as usize).is_multiple_of(align)
 }
 
 /// Fills `buf` with the identity of `op` for `dtype` (what a rank without data contributes):
@@ -491,6 +781,239 @@ mod tests {
             reduce_into(DType::F32, ReduceOp::Sum, &mut [0; 6], &[0; 6]),
             Err(Error::Internal(_))
         ));
+    }
+
+    /// The scalar reference of one element: `a op b` (or `a * factor` when `factor` is set),
+    /// written independently of the kernels (plain per-type arithmetic).
+    fn reference(dtype: DType, op: ReduceOp, a: &[u8], b: &[u8], factor: Option<f64>) -> Vec<u8> {
+        macro_rules! int {
+            ($t:ty) => {{
+                let x = <$t>::from_ne_bytes(a.try_into().unwrap());
+                let y = <$t>::from_ne_bytes(b.try_into().unwrap());
+                let r = match (factor, op) {
+                    (Some(f), _) => (x as f64 * f) as i64 as $t,
+                    (None, ReduceOp::Sum | ReduceOp::Average) => x.wrapping_add(y),
+                    (None, ReduceOp::Product) => x.wrapping_mul(y),
+                    (None, ReduceOp::Min) => x.min(y),
+                    (None, ReduceOp::Max) => x.max(y),
+                };
+                r.to_ne_bytes().to_vec()
+            }};
+        }
+        // Float ops in float32 (float16/bfloat16 widened exactly); `Min`/`Max` keep `x` unless
+        // `y` compares smaller/larger.
+        let float32 = |x: f32, y: f32| -> f32 {
+            match (factor, op) {
+                (Some(f), _) => (f64::from(x) * f) as f32,
+                (None, ReduceOp::Sum | ReduceOp::Average) => x + y,
+                (None, ReduceOp::Product) => x * y,
+                (None, ReduceOp::Min) => {
+                    if y < x {
+                        y
+                    } else {
+                        x
+                    }
+                }
+                (None, ReduceOp::Max) => {
+                    if y > x {
+                        y
+                    } else {
+                        x
+                    }
+                }
+            }
+        };
+        match dtype {
+            DType::U8 => int!(u8),
+            DType::I8 => int!(i8),
+            DType::I16 => int!(i16),
+            DType::I32 => int!(i32),
+            DType::I64 => int!(i64),
+            DType::F32 => {
+                let x = f32::from_ne_bytes(a.try_into().unwrap());
+                let y = f32::from_ne_bytes(b.try_into().unwrap());
+                float32(x, y).to_ne_bytes().to_vec()
+            }
+            DType::F64 => {
+                let x = f64::from_ne_bytes(a.try_into().unwrap());
+                let y = f64::from_ne_bytes(b.try_into().unwrap());
+                let r = match (factor, op) {
+                    (Some(f), _) => x * f,
+                    (None, ReduceOp::Sum | ReduceOp::Average) => x + y,
+                    (None, ReduceOp::Product) => x * y,
+                    (None, ReduceOp::Min) => {
+                        if y < x {
+                            y
+                        } else {
+                            x
+                        }
+                    }
+                    (None, ReduceOp::Max) => {
+                        if y > x {
+                            y
+                        } else {
+                            x
+                        }
+                    }
+                };
+                r.to_ne_bytes().to_vec()
+            }
+            DType::F16 => {
+                let x = f16::from_ne_bytes(a.try_into().unwrap()).to_f32();
+                let y = f16::from_ne_bytes(b.try_into().unwrap()).to_f32();
+                f16::from_f32(float32(x, y)).to_ne_bytes().to_vec()
+            }
+            DType::BF16 => {
+                let x = f32::from_bits(u32::from(u16::from_ne_bytes(a.try_into().unwrap())) << 16);
+                let y = f32::from_bits(u32::from(u16::from_ne_bytes(b.try_into().unwrap())) << 16);
+                reference_f32_to_bf16(float32(x, y)).to_ne_bytes().to_vec()
+            }
+            DType::Bool => {
+                let (x, y) = (a[0] != 0, b[0] != 0);
+                vec![u8::from(match op {
+                    ReduceOp::Sum | ReduceOp::Max | ReduceOp::Average => x || y,
+                    ReduceOp::Min | ReduceOp::Product => x && y,
+                })]
+            }
+        }
+    }
+
+    /// Equal elements, where two NaNs of a float type count as equal (which NaN payload an
+    /// operation propagates depends on operand order, which the vectorizer may swap).
+    fn same_element(dtype: DType, got: &[u8], want: &[u8]) -> bool {
+        let nan = |b: &[u8]| match dtype {
+            DType::F16 => f16::from_ne_bytes([b[0], b[1]]).is_nan(),
+            DType::BF16 => bf16_to_f32(u16::from_ne_bytes([b[0], b[1]])).is_nan(),
+            DType::F32 => f32::from_ne_bytes(b.try_into().unwrap()).is_nan(),
+            DType::F64 => f64::from_ne_bytes(b.try_into().unwrap()).is_nan(),
+            _ => false,
+        };
+        got == want || (nan(got) && nan(want))
+    }
+
+    /// Random bytes as `dtype` elements; bool elements are 0 or 1 half the time.
+    fn element_bytes(dtype: DType, raw: &[u8]) -> Vec<u8> {
+        if dtype == DType::Bool {
+            raw.iter()
+                .map(|b| if b & 0x80 != 0 { b & 1 } else { *b })
+                .collect()
+        } else {
+            raw.to_vec()
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+
+        /// Every tier, dtype and op against the scalar reference, on random bits (NaN,
+        /// infinities, subnormals, wrapping integers), odd lengths and every misalignment.
+        #[test]
+        fn every_tier_matches_the_scalar_reference(
+            dtype_index in 0usize..10,
+            op_index in 0usize..5,
+            raw in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..1200),
+            acc_offset in 0usize..8,
+            src_offset in 0usize..8,
+            small in proptest::prelude::any::<bool>(),
+        ) {
+            let (dtype, op) = (DType::ALL[dtype_index], ReduceOp::ALL[op_index]);
+            proptest::prop_assume!(!(dtype == DType::Bool && op == ReduceOp::Average));
+            // Small values too, so that sums and products are not all overflow and NaN.
+            let raw: Vec<u8> = if small && dtype.is_float() {
+                raw.chunks(2 * dtype.size())
+                    .flat_map(|c| encode(dtype, f64::from(c[0] as i8) / 4.0))
+                    .collect()
+            } else {
+                element_bytes(dtype, &raw)
+            };
+            let n = raw.len() / 2 / dtype.size();
+            let a = &raw[..n * dtype.size()];
+            let b = &raw[n * dtype.size()..2 * n * dtype.size()];
+            let want: Vec<u8> = a
+                .chunks(dtype.size())
+                .zip(b.chunks(dtype.size()))
+                .flat_map(|(x, y)| reference(dtype, op, x, y, None))
+                .collect();
+            for isa in Isa::available() {
+                let mut acc = vec![0u8; acc_offset];
+                acc.extend_from_slice(a);
+                let mut src = vec![0u8; src_offset];
+                src.extend_from_slice(b);
+                reduce_into_with(isa, dtype, op, &mut acc[acc_offset..], &src[src_offset..])
+                    .unwrap();
+                for (i, (got, want)) in acc[acc_offset..]
+                    .chunks(dtype.size())
+                    .zip(want.chunks(dtype.size()))
+                    .enumerate()
+                {
+                    proptest::prop_assert!(
+                        same_element(dtype, got, want),
+                        "{isa:?} {dtype} {op} n={n} element {i}: {got:?} != {want:?}"
+                    );
+                }
+            }
+        }
+
+        /// Scaling: every tier and numeric dtype against the scalar reference.
+        #[test]
+        fn every_tier_scales_like_the_scalar_reference(
+            dtype_index in 0usize..9,
+            raw in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..600),
+            offset in 0usize..8,
+            factor in proptest::prop_oneof![
+                proptest::prelude::Just(0.5), proptest::prelude::Just(1.0 / 3.0),
+                proptest::prelude::Just(-2.5), -1e3f64..1e3
+            ],
+        ) {
+            let dtype = DType::ALL[dtype_index];
+            let n = raw.len() / dtype.size();
+            let a = &raw[..n * dtype.size()];
+            let want: Vec<u8> = a
+                .chunks(dtype.size())
+                .flat_map(|x| reference(dtype, ReduceOp::Sum, x, x, Some(factor)))
+                .collect();
+            for isa in Isa::available() {
+                let mut buf = vec![0u8; offset];
+                buf.extend_from_slice(a);
+                scale_with(isa, dtype, &mut buf[offset..], factor).unwrap();
+                for (i, (got, want)) in buf[offset..]
+                    .chunks(dtype.size())
+                    .zip(want.chunks(dtype.size()))
+                    .enumerate()
+                {
+                    proptest::prop_assert!(
+                        same_element(dtype, got, want),
+                        "{isa:?} {dtype} x{factor} n={n} element {i}: {got:?} != {want:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn large_buffers_match_across_tiers() {
+        // Long enough for every vector body and tail; each tier must agree with the baseline.
+        for dtype in DType::ALL {
+            for op in ReduceOp::ALL {
+                if dtype == DType::Bool && op == ReduceOp::Average {
+                    continue;
+                }
+                let n = 100_003;
+                let a: Vec<u8> = (0..n)
+                    .flat_map(|i| encode(dtype, f64::from((i * 7) % 13) - 6.0))
+                    .collect();
+                let b: Vec<u8> = (0..n)
+                    .flat_map(|i| encode(dtype, f64::from((i * 5) % 11) - 5.0))
+                    .collect();
+                let mut want = a.clone();
+                reduce_into_with(Isa::Baseline, dtype, op, &mut want, &b).unwrap();
+                for isa in Isa::available() {
+                    let mut got = a.clone();
+                    reduce_into_with(isa, dtype, op, &mut got, &b).unwrap();
+                    assert!(got == want, "{isa:?} {dtype} {op}");
+                }
+            }
+        }
     }
 
     fn encode(dtype: DType, x: f64) -> Vec<u8> {

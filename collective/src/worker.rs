@@ -3,23 +3,80 @@
 //! the same way.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use crate::abort::AbortSignal;
 use crate::communicator::{Communicator, RankInfo};
-use crate::control::client::DriverClient;
+use crate::control::client::{DriverClient, Registration};
 use crate::control::env::{parse_seconds, WorkerEnv};
 use crate::control::{data_plane_ip, join_job};
 use crate::engine::{Engine, EngineConfig};
 use crate::error::Result;
 use crate::runtime;
-use crate::transport::{DataListener, Mesh, MeshConfig};
+use crate::transport::{DataListener, Mesh, MeshConfig, TransportChoice};
 
 /// Environment variable: how long a collective may wait without progress before it fails.
 pub const COLLECTIVE_TIMEOUT: &str = "KOLO_COLLECTIVE_TIMEOUT_SECONDS";
 /// Default of [`COLLECTIVE_TIMEOUT`]: 30 minutes (long evaluation steps on one rank are fine).
 pub const DEFAULT_COLLECTIVE_TIMEOUT: Duration = Duration::from_secs(1800);
+
+/// A registration made before `init()`, waiting to be adopted by it (see [`register_early`]).
+#[derive(Debug)]
+struct EarlyJoin {
+    env: WorkerEnv,
+    listener: DataListener,
+    registration: Registration,
+    driver: DriverClient,
+    abort: AbortSignal,
+}
+
+static EARLY: Mutex<Option<EarlyJoin>> = Mutex::new(None);
+
+fn take_early(env: &WorkerEnv) -> Option<EarlyJoin> {
+    let mut slot = EARLY.lock().unwrap_or_else(PoisonError::into_inner);
+    match slot.take() {
+        Some(early) if early.env == *env => Some(early),
+        other => {
+            *slot = other;
+            None
+        }
+    }
+}
+
+/// Registers this process with the job named by `env` now, before `init()`: binds the
+/// data-plane listener, joins (rank assignment, heartbeats, abort watcher) and keeps all of it
+/// for the next [`Worker::join`] with the same `env` to adopt, so `init()` gets this very
+/// assignment instead of registering again. Returns the assignment and a client for the
+/// process's own driver calls (fetching its function, returning its result). Launchers whose
+/// ranks need the rank environment before user code is loaded (the Spark child) call it at
+/// start; a process whose code never calls `init()` calls [`leave_early`] at the end.
+pub fn register_early(env: &WorkerEnv) -> Result<(Registration, DriverClient)> {
+    let abort = AbortSignal::new();
+    let listener = DataListener::bind(data_plane_ip(env)?)?;
+    let (registration, driver) = join_job(env, listener.local_addr(), abort.clone())?;
+    let early = EarlyJoin {
+        env: env.clone(),
+        listener,
+        registration: registration.clone(),
+        driver: driver.clone(),
+        abort,
+    };
+    *EARLY.lock().unwrap_or_else(PoisonError::into_inner) = Some(early);
+    Ok((registration, driver))
+}
+
+/// Leaves the job for a process whose early registration ([`register_early`]) was never
+/// adopted by `init()`: stops its heartbeats and tells the driver the rank finished cleanly.
+/// Returns false when there was nothing to leave (`init()` adopted it; its `shutdown()` leaves).
+pub fn leave_early() -> Result<bool> {
+    let early = EARLY.lock().unwrap_or_else(PoisonError::into_inner).take();
+    let Some(early) = early else {
+        return Ok(false);
+    };
+    runtime::block_on(early.driver.leave(early.registration.rank))??;
+    Ok(true)
+}
 
 /// One rank of a job: its communicator, the engine that runs collectives on it, and, when
 /// launched, its link to the job driver.
@@ -55,10 +112,28 @@ impl Worker {
     }
 
     /// Registers with the driver named by `env`, connects to every peer and starts the engine.
+    /// Adopts the registration [`register_early`] made for the same `env`, if any.
     pub fn join(env: &WorkerEnv, engine_config: EngineConfig) -> Result<Self> {
-        let abort = AbortSignal::new();
-        let listener = DataListener::bind(data_plane_ip(env)?)?;
-        let (registration, driver) = join_job(env, listener.local_addr(), abort.clone())?;
+        let (listener, registration, driver, abort) = match take_early(env) {
+            Some(early) => {
+                log::debug!(
+                    "init() adopts the early registration as rank {}",
+                    early.registration.rank
+                );
+                (
+                    early.listener,
+                    early.registration,
+                    early.driver,
+                    early.abort,
+                )
+            }
+            None => {
+                let abort = AbortSignal::new();
+                let listener = DataListener::bind(data_plane_ip(env)?)?;
+                let (registration, driver) = join_job(env, listener.local_addr(), abort.clone())?;
+                (listener, registration, driver, abort)
+            }
+        };
         let rank = registration.rank;
         let config = MeshConfig {
             job_id: registration.job_id.0,
@@ -71,7 +146,18 @@ impl Worker {
             connect_timeout: env.start_timeout,
             op_timeout: collective_timeout()?,
         };
-        let mesh = match Mesh::establish(listener, config, abort.clone()) {
+        let job_id = config.job_id;
+        let hashes: Vec<String> = registration
+            .peers
+            .iter()
+            .map(|peer| peer.host_hash.clone())
+            .collect();
+        let established = TransportChoice::from_env().and_then(|choice| {
+            let mut mesh = Mesh::establish(listener, config, abort.clone())?;
+            mesh.setup_shm(&job_id, &hashes, choice)?;
+            Ok(mesh)
+        });
+        let mesh = match established {
             Ok(mesh) => mesh,
             Err(err) => {
                 let message = format!("could not connect to its peers: {err}");

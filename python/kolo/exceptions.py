@@ -15,6 +15,8 @@ Example::
         print("ranks disagreed:", err)
 """
 
+import builtins
+
 from kolo._native import (
     ConfigError,
     DataError,
@@ -35,6 +37,106 @@ class NotInitializedError(KoloError, ValueError):
     """A kolo call needs ``hvd.init()`` first (a ``ValueError`` too, as Horovod raises)."""
 
 
+class InvalidValueError(InvalidArgumentError, ValueError):
+    """An argument has an invalid value where Horovod raises ``ValueError`` (e.g.
+    ``RayExecutor(settings, num_workers=2, num_hosts=2)``); a ``ValueError`` too.
+
+    Example::
+
+        try:
+            RayExecutor(settings)
+        except ValueError as err:
+            print(err)  # Either `num_workers` or `num_hosts` must be set.
+    """
+
+
+class PlacementGroupTimeoutError(TimeoutError, builtins.TimeoutError):
+    """``RayExecutor.start()`` could not get its placement group within
+    ``placement_group_timeout_s``; the message gives the resources asked for and those
+    available. A :class:`TimeoutError` of kolo and Python's builtin ``TimeoutError`` too.
+
+    Attributes: ``requested`` (the bundles), ``available`` (``ray.available_resources()`` when
+    it gave up) and ``timeout_s``.
+
+    Example::
+
+        try:
+            executor.start()
+        except PlacementGroupTimeoutError as err:
+            print(err.requested, err.available)
+    """
+
+    def __init__(
+        self,
+        message: str,
+        requested: "list[dict[str, float]] | None" = None,
+        available: "dict[str, float] | None" = None,
+        timeout_s: "float | None" = None,
+    ) -> None:
+        super().__init__(message)
+        self.requested = requested or []
+        self.available = available or {}
+        self.timeout_s = timeout_s
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+    def __reduce__(self):  # type: ignore[override]
+        return (type(self), (str(self), self.requested, self.available, self.timeout_s))
+
+
+class NotEnoughSlotsError(LaunchError):
+    """The Spark cluster cannot run ``num_proc`` tasks at once (a barrier stage needs them all
+    together); the message says how many slots there are and how to get more."""
+
+
+class RankFailedError(LaunchError):
+    """A rank of ``kolo.spark.run`` or of a ``RayExecutor`` raised or died; the others were
+    stopped.
+
+    Attributes: ``rank`` (None when it failed before ranks were assigned), ``host`` (on Ray the
+    node: IP and node id), ``task_index`` (the Spark partition, the Ray actor's index),
+    ``task_attempt`` (Spark's attempt number; 0 on Ray) and ``remote_traceback`` (the rank's
+    traceback, or how its process ended).
+
+    Example::
+
+        try:
+            kolo.spark.run(fn, num_proc=2)
+        except RankFailedError as err:
+            print(err.rank, err.host, err.remote_traceback)
+    """
+
+    def __init__(
+        self,
+        message: str,
+        rank: "int | None" = None,
+        host: str = "",
+        task_index: "int | None" = None,
+        task_attempt: "int | None" = None,
+        remote_traceback: str = "",
+    ) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.host = host
+        self.task_index = task_index
+        self.task_attempt = task_attempt
+        self.remote_traceback = remote_traceback
+
+    def __reduce__(self):  # type: ignore[override]
+        return (
+            type(self),
+            (
+                str(self),
+                self.rank,
+                self.host,
+                self.task_index,
+                self.task_attempt,
+                self.remote_traceback,
+            ),
+        )
+
+
 #: Horovod's name for a failure inside a collective (elastic training catches it).
 HorovodInternalError = InternalError
 
@@ -44,12 +146,16 @@ __all__ = [
     "HorovodInternalError",
     "InternalError",
     "InvalidArgumentError",
+    "InvalidValueError",
     "JobAbortedError",
     "KoloError",
     "LaunchError",
     "MismatchError",
+    "NotEnoughSlotsError",
     "NotInitializedError",
     "PeerConnectionError",
+    "PlacementGroupTimeoutError",
+    "RankFailedError",
     "RendezvousError",
     "StoreError",
     "TimeoutError",

@@ -148,3 +148,30 @@ pub fn data_to_py(err: kolo_estimator::Error) -> PyErr {
         _ => DataError::new_err(err.to_string()),
     }
 }
+
+/// Maps a Spark-launch error onto its `kolo.exceptions` class, keeping the message.
+pub fn spark_to_py(err: kolo_spark_bridge::Error) -> PyErr {
+    match err {
+        kolo_spark_bridge::Error::Collective(inner) => to_py(inner),
+        kolo_spark_bridge::Error::Spawn { .. } => LaunchError::new_err(err.to_string()),
+        kolo_spark_bridge::Error::InvalidArgument(_) => {
+            InvalidArgumentError::new_err(err.to_string())
+        }
+        _ => InternalError::new_err(err.to_string()),
+    }
+}
+
+/// Maps a Ray-placement error onto its `kolo.exceptions` class, keeping the message: invalid
+/// arguments become `InvalidValueError` (an `InvalidArgumentError` and a `ValueError`, as
+/// Horovod raises `ValueError` for them).
+pub fn ray_to_py(py: Python<'_>, err: kolo_ray_bridge::Error) -> PyErr {
+    let message = err.to_string();
+    match err {
+        kolo_ray_bridge::Error::InvalidArgument(_) => py
+            .import("kolo.exceptions")
+            .and_then(|module| module.getattr("InvalidValueError"))
+            .and_then(|class| class.call1((message,)))
+            .map_or_else(|failed| failed, PyErr::from_value),
+        _ => InternalError::new_err(message),
+    }
+}

@@ -27,7 +27,7 @@ pub fn build_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let dict = PyDict::new(py);
     dict.set_item("version", env!("CARGO_PKG_VERSION"))?;
     dict.set_item("tcp", true)?;
-    dict.set_item("shm", false)?;
+    dict.set_item("shm", true)?;
     dict.set_item("cuda", false)?;
     dict.set_item("nccl", false)?;
     Ok(dict)

@@ -7,12 +7,15 @@ use pyo3::prelude::*;
 mod blocking;
 mod driver;
 mod error;
+mod job;
 mod launch;
 mod loader;
 mod logging;
 mod ops;
 mod prepare;
+mod ray;
 mod session;
+mod spark;
 mod store;
 
 /// The native module.
@@ -28,5 +31,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     store::register(m)?;
     loader::register(m)?;
     prepare::register(m)?;
+    job::register(m)?;
+    spark::register(m)?;
+    ray::register(m)?;
     Ok(())
 }

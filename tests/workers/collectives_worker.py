@@ -7,6 +7,7 @@ non-zero on any difference.
 
 from __future__ import annotations
 
+import os
 import sys
 import zlib
 
@@ -247,7 +248,41 @@ def check_objects(size: int, rank: int) -> None:
     hvd.barrier()
 
 
+def simulate_hosts() -> None:
+    """With KOLO_TEST_RANKS_PER_HOST=k, task i claims host "simhost<i // k>" (KOLO_HOSTNAME), so
+    one machine runs a job of several simulated hosts with k ranks each."""
+    per_host = os.environ.get("KOLO_TEST_RANKS_PER_HOST")
+    if per_host:
+        index = int(os.environ["KOLO_TASK_INDEX"])
+        os.environ["KOLO_HOSTNAME"] = f"simhost{index // int(per_host)}"
+
+
+def check_huge(size: int, rank: int) -> None:
+    """One allreduce, allgather and broadcast above 64 MiB (KOLO_TEST_HUGE=1)."""
+    if not os.environ.get("KOLO_TEST_HUGE"):
+        return
+    elements = 17 * 1024 * 1024 + 3  # 68 MiB of float32
+    case = "huge-allreduce"
+    inputs = [data(case, r, (elements,), torch.float32) for r in range(size)]
+    result = hvd.allreduce(inputs[rank], op=hvd.Sum, name=case)
+    check(case, result, reduce_reference(inputs, "Sum", 1.0, 1.0))
+    del inputs, result
+    case = "huge-allgather"
+    rows = elements // max(size, 1) + 1
+    mine = data(case, rank, (rows + rank,), torch.float32)
+    gathered = hvd.allgather(mine, name=case)
+    check(
+        case, gathered, torch.cat([data(case, r, (rows + r,), torch.float32) for r in range(size)])
+    )
+    del gathered
+    case = "huge-broadcast"
+    value = data(case, 0, (elements,), torch.float32)
+    mine = value if rank == 0 else torch.zeros(elements)
+    check(case, hvd.broadcast(mine, root_rank=0, name=case), value)
+
+
 def main() -> int:
+    simulate_hosts()
     hvd.init()
     size, rank = hvd.size(), hvd.rank()
     for suite in [
@@ -257,6 +292,7 @@ def main() -> int:
         check_alltoall,
         check_reducescatter,
         check_large,
+        check_huge,
         check_objects,
     ]:
         suite(size, rank)

@@ -1,10 +1,11 @@
-//! allgather: ring with one block per rank (ranks may differ in the first dimension).
+//! allgather: ring with one block per rank (ranks may differ in the first dimension); chunked
+//! copies through shared memory on one host; hierarchical across hosts.
 
-use super::allreduce::no_mesh;
-use super::{check_tensor, invalid, label, ring_allgather, row_bytes, row_segments, Session};
+use super::allreduce::{no_mesh, Ring};
+use super::{check_tensor, invalid, label, row_bytes, row_segments, Session};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::transport::{Buffers, StreamPlan};
+use crate::transport::Layout;
 use crate::wire::{OpDescriptor, OpKind};
 
 pub(crate) fn allgather<'a>(
@@ -54,23 +55,23 @@ pub(crate) fn allgather<'a>(
     if size == 1 {
         return Ok(rows);
     }
-    let (mut sends, mut recvs) = (Vec::with_capacity(size), Vec::with_capacity(size));
-    ring_allgather(&segs, rank, None, &mut sends, &mut recvs);
-    let plan = StreamPlan {
-        tag,
-        send_to: Some(session.peer((rank + 1) % size)),
-        recv_from: Some(session.peer((rank + size - 1) % size)),
-        send_blocks: &sends,
-        recv_blocks: &recvs,
-    };
-    let mesh = session.mesh.as_mut().ok_or_else(no_mesh)?;
-    mesh.run_stream(
-        &what,
-        &plan,
-        Buffers::InPlace(output),
-        &mut [],
-        |_, _, _| Err(Error::Internal("allgather has nothing to reduce".into())),
-    )?;
+    match session.shm_layout() {
+        Some(Layout::Flat) => session.on_node(&what, |node| node.allgather(output, &segs))?,
+        Some(Layout::Hierarchical(hosts)) if hosts.ranges.is_some() => {
+            super::hier::allgather(session, &hosts, &what, tag, output, &segs)?
+        }
+        _ => {
+            let members = session.members.clone();
+            let ring = Ring {
+                members: &members,
+                rank,
+                tag,
+                what: &what,
+            };
+            let mesh = session.mesh.as_mut().ok_or_else(no_mesh)?;
+            ring.allgather(mesh, output, &segs)?;
+        }
+    }
     Ok(rows)
 }
 

@@ -1,13 +1,17 @@
-//! allreduce: ring reduce-scatter then ring allgather, in place.
+//! allreduce: ring reduce-scatter then ring allgather, in place (over TCP); the shared-memory
+//! node's algorithm on one host; the hierarchical one across hosts. Also the ring and chain
+//! building blocks the hierarchical collectives run among host leaders.
+
+use std::ops::Range;
 
 use super::{
     check_tensor, even_segments, invalid, label, ring_allgather, ring_pieces, ring_reduce_scatter,
-    Session,
+    AlignedBuf, Session,
 };
 use crate::dtype::{DType, ReduceOp};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::reduce;
-use crate::transport::{Buffers, StreamPlan, CHUNK};
+use crate::transport::{Buffers, Layout, Mesh, RecvBlock, SendBlock, StreamPlan, CHUNK};
 use crate::wire::{OpDescriptor, OpKind};
 
 /// The reduction arguments shared by allreduce and reducescatter.
@@ -81,43 +85,155 @@ pub(crate) fn allreduce(
         .err()
         .map(|m| invalid(kind, name, m));
     let (_, tag) = session.negotiate(desc)?;
-    let (rank, size) = (session.rank, session.size);
+    let size = session.size;
     let factor = reduction.result_factor(size);
     let what = label(kind, name);
     reduce::scale(dtype, buf, reduction.prescale).map_err(|e| session.abandon(&what, e))?;
     if size == 1 {
         return reduce::scale(dtype, buf, factor);
     }
-    let segs = even_segments(buf.len() / dtype.size(), dtype.size(), size);
-    let (mut sends, mut recvs) = (Vec::new(), Vec::new());
-    let mut finals = Vec::new();
-    for piece in ring_pieces(&segs, dtype.size()) {
-        let last = ring_reduce_scatter(&piece, rank, &mut sends, &mut recvs);
-        ring_allgather(&piece, rank, Some(last), &mut sends, &mut recvs);
-        finals.push(last);
+    match session.shm_layout() {
+        Some(Layout::Flat) => session.on_node(&what, |node| {
+            node.allreduce(buf, dtype, reduction.op, factor)
+        }),
+        Some(Layout::Hierarchical(hosts)) => super::hier::allreduce(
+            session,
+            &hosts,
+            &what,
+            tag,
+            buf,
+            dtype,
+            reduction.op,
+            factor,
+        ),
+        None => {
+            let members = session.members.clone();
+            let rank = session.rank;
+            let Session { mesh, scratch, .. } = session;
+            let mesh = mesh.as_mut().ok_or_else(no_mesh)?;
+            let ring = Ring {
+                members: &members,
+                rank,
+                tag,
+                what: &what,
+            };
+            ring.allreduce(mesh, scratch, buf, dtype, reduction.op, factor)
+        }
     }
-    let mut is_final = vec![false; recvs.len()];
-    for i in finals {
-        is_final[i] = true;
+}
+
+/// A ring over some of the mesh's ranks: `members` (global ranks) in ring order, this rank's
+/// position, and the tag of the collective's frames.
+pub(crate) struct Ring<'a> {
+    pub members: &'a [usize],
+    pub rank: usize,
+    pub tag: u32,
+    pub what: &'a str,
+}
+
+impl Ring<'_> {
+    /// Ring reduce-scatter then ring allgather of `buf`, in place, pipelined in pieces; the
+    /// result is multiplied by `factor`.
+    pub(crate) fn allreduce(
+        &self,
+        mesh: &mut Mesh,
+        scratch: &mut AlignedBuf,
+        buf: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+        factor: f64,
+    ) -> Result<()> {
+        let (rank, size) = (self.rank, self.members.len());
+        let segs = even_segments(buf.len() / dtype.size(), dtype.size(), size);
+        let (mut sends, mut recvs) = (Vec::new(), Vec::new());
+        let mut finals = Vec::new();
+        for piece in ring_pieces(&segs, dtype.size()) {
+            let last = ring_reduce_scatter(&piece, rank, &mut sends, &mut recvs);
+            ring_allgather(&piece, rank, Some(last), &mut sends, &mut recvs);
+            finals.push(last);
+        }
+        let mut is_final = vec![false; recvs.len()];
+        for i in finals {
+            is_final[i] = true;
+        }
+        let plan = StreamPlan {
+            tag: self.tag,
+            send_to: Some(self.members[(rank + 1) % size]),
+            recv_from: Some(self.members[(rank + size - 1) % size]),
+            send_blocks: &sends,
+            recv_blocks: &recvs,
+        };
+        let reduction = Reduction {
+            op,
+            prescale: 1.0,
+            postscale: 1.0,
+        };
+        mesh.run_stream(
+            self.what,
+            &plan,
+            Buffers::InPlace(buf),
+            scratch.get(CHUNK),
+            reduction.sink(dtype, factor, &is_final),
+        )
     }
-    let plan = StreamPlan {
-        tag,
-        send_to: Some(session.peer((rank + 1) % size)),
-        recv_from: Some(session.peer((rank + size - 1) % size)),
-        send_blocks: &sends,
-        recv_blocks: &recvs,
-    };
-    let Session { mesh, scratch, .. } = session;
-    let Some(mesh) = mesh.as_mut() else {
-        return Err(no_mesh());
-    };
-    mesh.run_stream(
-        &what,
-        &plan,
-        Buffers::InPlace(buf),
-        scratch.get(CHUNK),
-        reduction.sink(dtype, factor, &is_final),
-    )
+
+    /// Ring allgather in place: `buf[segs[rank]]` holds this member's block; afterwards every
+    /// `buf[segs[j]]` holds member `j`'s.
+    pub(crate) fn allgather(
+        &self,
+        mesh: &mut Mesh,
+        buf: &mut [u8],
+        segs: &[Range<usize>],
+    ) -> Result<()> {
+        let size = self.members.len();
+        let rank = self.rank;
+        let (mut sends, mut recvs) = (Vec::with_capacity(size), Vec::with_capacity(size));
+        ring_allgather(segs, rank, None, &mut sends, &mut recvs);
+        let plan = StreamPlan {
+            tag: self.tag,
+            send_to: Some(self.members[(rank + 1) % size]),
+            recv_from: Some(self.members[(rank + size - 1) % size]),
+            send_blocks: &sends,
+            recv_blocks: &recvs,
+        };
+        mesh.run_stream(
+            self.what,
+            &plan,
+            Buffers::InPlace(buf),
+            &mut [],
+            |_, _, _| Err(Error::Internal("allgather has nothing to reduce".into())),
+        )
+    }
+
+    /// A pipelined chain from member `root` through the ring: afterwards every member's
+    /// `buf` holds root's.
+    pub(crate) fn broadcast(&self, mesh: &mut Mesh, buf: &mut [u8], root: usize) -> Result<()> {
+        let (rank, size) = (self.rank, self.members.len());
+        // Position in the chain root -> root+1 -> ... -> root-1.
+        let position = (rank + size - root) % size;
+        let send = [SendBlock {
+            range: 0..buf.len(),
+            after: (position > 0).then_some(0),
+        }];
+        let recv = [RecvBlock {
+            range: 0..buf.len(),
+            reduce: false,
+        }];
+        let plan = StreamPlan {
+            tag: self.tag,
+            send_to: (position + 1 < size).then(|| self.members[(rank + 1) % size]),
+            recv_from: (position > 0).then(|| self.members[(rank + size - 1) % size]),
+            send_blocks: &send,
+            recv_blocks: &recv,
+        };
+        mesh.run_stream(
+            self.what,
+            &plan,
+            Buffers::InPlace(buf),
+            &mut [],
+            |_, _, _| Err(Error::Internal("broadcast has nothing to reduce".into())),
+        )
+    }
 }
 
 pub(crate) fn no_mesh() -> crate::error::Error {

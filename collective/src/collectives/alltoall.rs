@@ -1,11 +1,12 @@
-//! alltoall: pairwise exchange over the mesh.
+//! alltoall: pairwise exchange over the mesh (also across hosts in the hierarchical layout);
+//! chunked through shared memory on one host.
 
 use super::allgather::check_first_dim;
 use super::allreduce::no_mesh;
 use super::{back, check_tensor, invalid, label, row_bytes, row_segments, Session};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::transport::{Buffers, RecvBlock, SendBlock, StreamPlan};
+use crate::transport::{Buffers, Layout, RecvBlock, SendBlock, StreamPlan};
 use crate::wire::{OpDescriptor, OpKind};
 
 pub(crate) fn alltoall<'a>(
@@ -59,6 +60,23 @@ pub(crate) fn alltoall<'a>(
     };
     output[recv_segs[rank].clone()].copy_from_slice(&input[send_segs[rank].clone()]);
     if size == 1 {
+        return Ok(recv_rows);
+    }
+    if let Some(Layout::Flat) = session.shm_layout() {
+        let row = row_bytes(shape, dtype).unwrap_or(0);
+        let longest = descs
+            .iter()
+            .flat_map(|d| d.splits.iter())
+            .map(|&rows| {
+                usize::try_from(rows)
+                    .unwrap_or(usize::MAX)
+                    .saturating_mul(row)
+            })
+            .max()
+            .unwrap_or(0);
+        session.on_node(&what, |node| {
+            node.alltoall(input, &send_segs, output, &recv_segs, longest)
+        })?;
         return Ok(recv_rows);
     }
     let members = session.members.clone();

@@ -1,10 +1,11 @@
-//! broadcast: a pipelined chain from the root.
+//! broadcast: a pipelined chain from the root over TCP; chunked through shared memory on one
+//! host; hierarchical across hosts.
 
-use super::allreduce::no_mesh;
+use super::allreduce::{no_mesh, Ring};
 use super::{check_tensor, invalid, label, Session};
 use crate::dtype::DType;
-use crate::error::{Error, Result};
-use crate::transport::{Buffers, RecvBlock, SendBlock, StreamPlan};
+use crate::error::Result;
+use crate::transport::Layout;
 use crate::wire::{OpDescriptor, OpKind};
 
 pub(crate) fn broadcast(
@@ -39,26 +40,22 @@ pub(crate) fn broadcast(
     if size == 1 {
         return Ok(());
     }
-    // Position in the chain root -> root+1 -> ... -> root-1.
-    let position = (rank + size - root) % size;
-    let send = [SendBlock {
-        range: 0..buf.len(),
-        after: (position > 0).then_some(0),
-    }];
-    let recv = [RecvBlock {
-        range: 0..buf.len(),
-        reduce: false,
-    }];
-    let plan = StreamPlan {
-        tag,
-        send_to: (position + 1 < size).then(|| session.peer((rank + 1) % size)),
-        recv_from: (position > 0).then(|| session.peer((rank + size - 1) % size)),
-        send_blocks: &send,
-        recv_blocks: &recv,
-    };
     let what = label(kind, name);
-    let mesh = session.mesh.as_mut().ok_or_else(no_mesh)?;
-    mesh.run_stream(&what, &plan, Buffers::InPlace(buf), &mut [], |_, _, _| {
-        Err(Error::Internal("broadcast has nothing to reduce".into()))
-    })
+    match session.shm_layout() {
+        Some(Layout::Flat) => session.on_node(&what, |node| node.broadcast(buf, root)),
+        Some(Layout::Hierarchical(hosts)) => {
+            super::hier::broadcast(session, &hosts, &what, tag, buf, root)
+        }
+        None => {
+            let members = session.members.clone();
+            let ring = Ring {
+                members: &members,
+                rank,
+                tag,
+                what: &what,
+            };
+            let mesh = session.mesh.as_mut().ok_or_else(no_mesh)?;
+            ring.broadcast(mesh, buf, root)
+        }
+    }
 }

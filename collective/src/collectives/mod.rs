@@ -16,12 +16,18 @@
 //! - broadcast: a pipelined chain from the root;
 //! - alltoall: pairwise exchange (step k: send to rank + k, receive from rank - k);
 //! - barrier: the negotiation alone.
+//!
+//! When the mesh has a shared-memory plane and the collective runs on the whole job, the data
+//! (and, on one host, the negotiation) goes through it instead: [`shm`] on one host,
+//! [`hier`] across hosts.
 
 pub(crate) mod allgather;
 pub(crate) mod allreduce;
 pub(crate) mod alltoall;
 mod broadcast;
+mod hier;
 mod reducescatter;
+pub(crate) mod shm;
 
 pub(crate) use allgather::allgather;
 pub(crate) use allreduce::allreduce;
@@ -33,7 +39,7 @@ use std::ops::Range;
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::transport::{Failure, Mesh, RecvBlock, SendBlock};
+use crate::transport::{Failure, Layout, Mesh, RecvBlock, SendBlock};
 use crate::wire::{OpDescriptor, OpKind, MAX_DIMS, MAX_NAME_LEN};
 
 /// Rows of a `rows`-row tensor that each of `size` ranks receives from a reducescatter
@@ -183,9 +189,46 @@ impl Session {
             .filter(|(r, _)| *r != me)
             .map(|(_, &g)| g)
             .collect();
+        if let Some(Layout::Flat) = self.shm_layout() {
+            return self.on_node(what, |node| node.exchange(payload, max_len));
+        }
         let mut out = self.mesh()?.exchange(what, tag, payload, max_len, &peers)?;
         out.insert(me, payload.to_vec());
         Ok(out)
+    }
+
+    /// How this collective uses shared memory: the mesh's layout when the session acts for
+    /// the whole job (every rank, in rank order); `None` for TCP.
+    pub(crate) fn shm_layout(&self) -> Option<Layout> {
+        let mesh = self.mesh.as_ref()?;
+        let plane = mesh.shm()?;
+        let whole = self.members.len() == mesh.size()
+            && self.members.iter().enumerate().all(|(i, &m)| i == m);
+        whole.then(|| plane.layout.clone())
+    }
+
+    /// Runs `f` on this host's shared-memory node; a failure makes the mesh unusable and is
+    /// reported as an error naming `what`.
+    pub(crate) fn on_node<T>(
+        &mut self,
+        what: &str,
+        f: impl FnOnce(&shm::Node<'_>) -> Result<T, Failure>,
+    ) -> Result<T> {
+        let mesh = self.mesh()?;
+        let result = match mesh.shm() {
+            Some(plane) => {
+                let members = plane.node.members();
+                let alive = |j: usize| mesh.peer_alive(members[j]);
+                f(&shm::Node {
+                    alive: &alive,
+                    node: &plane.node,
+                })
+            }
+            None => Err(Failure::Other(Error::Internal(
+                "a shared-memory collective ran without a shared-memory plane".into(),
+            ))),
+        };
+        result.map_err(|failure| mesh.fail(failure, what))
     }
 
     /// Waits up to `timeout` until `wake` is readable or, with `peers`, another rank sent
@@ -455,6 +498,14 @@ fn even_segments(count: usize, elem: usize, size: usize) -> Vec<Range<usize>> {
             range
         })
         .collect()
+}
+
+/// Horovod's uneven row split of `bytes` of float32 as byte ranges, for
+/// the shared-memory unit tests.
+#[cfg(test)]
+pub(crate) fn shm_test_segments(bytes: usize, size: usize) -> Vec<Range<usize>> {
+    let rows = reducescatter_rows((bytes / 4) as u64, size);
+    row_segments(&rows, 4).unwrap_or_default()
 }
 
 /// `(rank - k) mod size`.

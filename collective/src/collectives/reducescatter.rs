@@ -10,7 +10,7 @@ use super::{
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::reduce;
-use crate::transport::{Buffers, StreamPlan, CHUNK};
+use crate::transport::{Buffers, Layout, StreamPlan, CHUNK};
 use crate::wire::OpKind;
 
 /// Work buffers larger than this are released after each reducescatter.
@@ -49,6 +49,47 @@ pub(crate) fn reducescatter(
         .map_err(Error::InvalidArgument)
         .and_then(|row| row_segments(&rows, row))
         .map_err(|e| session.abandon(&what, e))?;
+    match session.shm_layout() {
+        Some(Layout::Flat) => {
+            let mut work = std::mem::take(&mut session.work);
+            let work_buf = work.get(input.len());
+            work_buf.copy_from_slice(input);
+            let result = match reduce::scale(dtype, work_buf, reduction.prescale) {
+                Err(e) => Err(session.abandon(&what, e)),
+                Ok(()) => session.on_node(&what, |node| {
+                    node.reducescatter(work_buf, output, &segs, dtype, reduction.op, factor)
+                }),
+            };
+            work.trim(KEEP_WORK);
+            session.work = work;
+            return result;
+        }
+        Some(Layout::Hierarchical(hosts)) => {
+            let mut work = std::mem::take(&mut session.work);
+            let work_buf = work.get(input.len());
+            work_buf.copy_from_slice(input);
+            let result = match reduce::scale(dtype, work_buf, reduction.prescale) {
+                Err(e) => Err(session.abandon(&what, e)),
+                Ok(()) => super::hier::allreduce(
+                    session,
+                    &hosts,
+                    &what,
+                    tag,
+                    work_buf,
+                    dtype,
+                    reduction.op,
+                    factor,
+                ),
+            };
+            if result.is_ok() {
+                output.copy_from_slice(&work_buf[segs[rank].clone()]);
+            }
+            work.trim(KEEP_WORK);
+            session.work = work;
+            return result;
+        }
+        None => {}
+    }
     let Session {
         mesh,
         scratch,

@@ -18,8 +18,8 @@ use crate::control::env::{DRIVER_ADDR, JOB_SECRET};
 use crate::control::ids::{JobId, JobSecret};
 use crate::control::proto::driver_client::DriverClient as RawClient;
 use crate::control::proto::{
-    AbortEvent, FailureReport, HeartbeatRequest, KvGetRequest, KvPutRequest, LeaveRequest,
-    RegisterReply, RegisterRequest, WatchAbortRequest,
+    AbortEvent, FailureReport, HeartbeatRequest, KvChunk, KvGetRequest, KvPutRequest, LeaveRequest,
+    PostRequest, RegisterReply, RegisterRequest, TaskEvent, WatchAbortRequest,
 };
 use crate::error::{Error, Result};
 use crate::runtime;
@@ -281,10 +281,99 @@ impl DriverClient {
 
     /// Reports that `rank` failed with `message`; the driver aborts the job with it.
     pub async fn report_failure(&self, rank: u32, message: &str) -> Result<()> {
-        let request = FailureReport {
+        self.send_failure(FailureReport {
             rank,
             message: message.to_owned(),
+            task_index: None,
+        })
+        .await
+    }
+
+    /// Reports that task `task_index` failed (for a launcher's task side that does not know the
+    /// rank); the driver names the task's rank and host and aborts the job.
+    pub async fn report_task_failure(&self, task_index: u32, message: &str) -> Result<()> {
+        self.send_failure(FailureReport {
+            rank: 0,
+            message: message.to_owned(),
+            task_index: Some(task_index),
+        })
+        .await
+    }
+
+    /// Sends driver-bound events of task `task_index` (delivered in order); answers whether the
+    /// job is aborted.
+    pub async fn post(&self, task_index: u32, events: Vec<TaskEvent>) -> Result<bool> {
+        let request = PostRequest { task_index, events };
+        let reply = self
+            .call(
+                CALL_TIMEOUT,
+                "sending events",
+                self.raw.clone().post(timed(request, CALL_TIMEOUT)),
+            )
+            .await?;
+        Ok(reply.aborted)
+    }
+
+    /// Stores `value` (any size: it travels in 1 MiB chunks) under `key`, allowing `timeout`.
+    pub async fn kv_put_stream(&self, key: &str, value: &[u8], timeout: Duration) -> Result<()> {
+        let mut chunks: Vec<KvChunk> = value
+            .chunks(crate::control::handlers::KV_CHUNK)
+            .map(|piece| KvChunk {
+                key: String::new(),
+                data: piece.to_vec(),
+            })
+            .collect();
+        if chunks.is_empty() {
+            chunks.push(KvChunk::default());
+        }
+        chunks[0].key = key.to_owned();
+        let stream = tokio_stream::iter(chunks);
+        self.call(
+            timeout,
+            "storing a value",
+            self.raw.clone().kv_put_stream(timed(stream, timeout)),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// The value of `key` (any size), waiting up to `timeout` for someone to put it and for it
+    /// to arrive; `Error::Timeout` when it stays unset.
+    pub async fn kv_get_stream(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        let request = KvGetRequest {
+            key: key.to_owned(),
+            timeout_ms,
         };
+        let bound = timeout.min(crate::control::driver_state::MAX_KV_WAIT) + CALL_SLACK;
+        let received = tokio::time::timeout(bound, async {
+            let mut stream = self
+                .raw
+                .clone()
+                .kv_get_stream(timed(request, bound))
+                .await?
+                .into_inner();
+            let mut value = Vec::new();
+            while let Some(chunk) = stream.message().await? {
+                value.extend_from_slice(&chunk.data);
+            }
+            Ok::<_, Status>(value)
+        })
+        .await;
+        match received {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(status)) if status.code() == Code::NotFound => Err(Error::Timeout {
+                what: format!("waiting for key {key:?} in the job driver's key-value store"),
+                after: timeout,
+            }),
+            Ok(Err(status)) => {
+                Err(self.map_call_error(CallError::Status(status), "reading a value", bound))
+            }
+            Err(_) => Err(self.map_call_error(CallError::NoAnswer, "reading a value", bound)),
+        }
+    }
+
+    async fn send_failure(&self, request: FailureReport) -> Result<()> {
         self.call(
             CALL_TIMEOUT,
             "reporting a failure",
@@ -319,6 +408,14 @@ impl DriverClient {
         let runtime = runtime::handle()?;
         runtime.spawn(heartbeat_loop(self.clone(), rank, abort.clone()));
         runtime.spawn(abort_watcher(self.clone(), rank, abort));
+        Ok(())
+    }
+
+    /// Spawns only the abort watcher (no heartbeats): for a launcher's task side that is not
+    /// itself a rank (the Spark task runner) but must stop its child when the job is aborted
+    /// or the driver goes away. Stops at [`DriverClient::stop_background`].
+    pub fn start_abort_watcher(&self, abort: AbortSignal) -> Result<()> {
+        runtime::handle()?.spawn(abort_watcher(self.clone(), u32::MAX, abort));
         Ok(())
     }
 

@@ -7,19 +7,19 @@
 //! first such registration opens the round, with its own start deadline. Ranks stay the same
 //! (the assignment depends only on the task indices and hosts); data addresses are new.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 use tonic::Status;
 
 use crate::abort::AbortCause;
 use crate::control::assign::assign_ranks;
 use crate::control::ids::JobId;
-use crate::control::proto::{Peer, RegisterReply, RegisterRequest};
+use crate::control::proto::{Peer, RegisterReply, RegisterRequest, TaskEvent};
 use crate::control::service::{DriverConfig, PeerAssignment};
 
 /// The longest a `KvGet` may wait, whatever the caller asks.
@@ -84,6 +84,10 @@ pub(crate) struct JobState {
     abort: watch::Sender<Option<AbortCause>>,
     kv_version: watch::Sender<u64>,
     shutdown: watch::Sender<bool>,
+    /// Driver-bound task events (`Post`), oldest first, until the launcher drains them.
+    events: Mutex<VecDeque<(u32, TaskEvent)>>,
+    /// Woken when events arrive.
+    events_ready: Notify,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -109,6 +113,8 @@ impl JobState {
             abort: watch::channel(None).0,
             kv_version: watch::channel(0).0,
             shutdown: watch::channel(false).0,
+            events: Mutex::new(VecDeque::new()),
+            events_ready: Notify::new(),
         }
     }
 
@@ -508,6 +514,53 @@ impl JobState {
             host,
             message,
         });
+    }
+
+    /// A launcher-side reporter (the Spark task runner) says task `task_index` failed: aborts
+    /// the job with its message, naming the task's rank when ranks are assigned.
+    pub(crate) fn report_task_failure(&self, task_index: u32, message: String) {
+        let peer = self
+            .assignment()
+            .and_then(|peers| peers.iter().find(|p| p.task_index == task_index).cloned());
+        let (rank, host) = match peer {
+            Some(peer) => (Some(peer.rank), peer.hostname),
+            None => (None, String::new()),
+        };
+        let message = match rank {
+            Some(_) => message,
+            None => format!("task {task_index} (before ranks were assigned): {message}"),
+        };
+        self.abort(AbortCause {
+            rank,
+            host,
+            message,
+        });
+    }
+
+    /// Queues driver-bound events from task `task_index` (kept in arrival order).
+    pub(crate) fn post(&self, task_index: u32, events: Vec<TaskEvent>) {
+        if events.is_empty() {
+            return;
+        }
+        lock(&self.events).extend(events.into_iter().map(|event| (task_index, event)));
+        self.events_ready.notify_one();
+    }
+
+    /// Takes every queued event, waiting up to `timeout` for the first one.
+    pub(crate) async fn take_events(&self, timeout: Duration) -> Vec<(u32, TaskEvent)> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let notified = self.events_ready.notified();
+            {
+                let mut events = lock(&self.events);
+                if !events.is_empty() {
+                    return events.drain(..).collect();
+                }
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return Vec::new();
+            }
+        }
     }
 
     pub(crate) fn kv_put(&self, key: String, value: Vec<u8>) {

@@ -5,16 +5,21 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::{Request, Response, Status};
+use tonic::{Request, Response, Status, Streaming};
 
 use crate::abort::AbortCause;
 use crate::control::driver_state::JobState;
 use crate::control::proto::driver_server::Driver;
 use crate::control::proto::{
-    AbortEvent, FailureReply, FailureReport, HeartbeatReply, HeartbeatRequest, KvGetReply,
-    KvGetRequest, KvPutReply, KvPutRequest, LeaveReply, LeaveRequest, RegisterReply,
-    RegisterRequest, WatchAbortRequest,
+    AbortEvent, FailureReply, FailureReport, HeartbeatReply, HeartbeatRequest, KvChunk, KvGetReply,
+    KvGetRequest, KvPutReply, KvPutRequest, LeaveReply, LeaveRequest, PostReply, PostRequest,
+    RegisterReply, RegisterRequest, WatchAbortRequest,
 };
+
+/// The size of the chunks `KvGetStream` sends.
+pub(crate) const KV_CHUNK: usize = 1 << 20;
+/// The largest value `KvPutStream` accepts.
+const MAX_STREAMED_VALUE: usize = 16 << 30;
 
 /// The service implementation handed to tonic.
 #[derive(Debug)]
@@ -83,7 +88,10 @@ impl Driver for Handlers {
         request: Request<FailureReport>,
     ) -> Result<Response<FailureReply>, Status> {
         let report = request.into_inner();
-        self.state.report_failure(report.rank, report.message);
+        match report.task_index {
+            Some(task_index) => self.state.report_task_failure(task_index, report.message),
+            None => self.state.report_failure(report.rank, report.message),
+        }
         Ok(Response::new(FailureReply {}))
     }
 
@@ -103,6 +111,72 @@ impl Driver for Handlers {
                     }
                 }
                 _ = sender.closed() => {}
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(receiver)))
+    }
+
+    async fn post(&self, request: Request<PostRequest>) -> Result<Response<PostReply>, Status> {
+        let request = request.into_inner();
+        self.state.post(request.task_index, request.events);
+        Ok(Response::new(PostReply {
+            aborted: self.state.abort_cause().is_some(),
+        }))
+    }
+
+    async fn kv_put_stream(
+        &self,
+        request: Request<Streaming<KvChunk>>,
+    ) -> Result<Response<KvPutReply>, Status> {
+        let mut chunks = request.into_inner();
+        let mut key: Option<String> = None;
+        let mut value = Vec::new();
+        while let Some(chunk) = chunks.message().await? {
+            if key.is_none() {
+                if chunk.key.is_empty() {
+                    return Err(Status::invalid_argument(
+                        "the first chunk of a streamed put must name the key",
+                    ));
+                }
+                key = Some(chunk.key);
+            }
+            if value.len() + chunk.data.len() > MAX_STREAMED_VALUE {
+                return Err(Status::resource_exhausted(format!(
+                    "a streamed value may hold at most {MAX_STREAMED_VALUE} bytes"
+                )));
+            }
+            value.extend_from_slice(&chunk.data);
+        }
+        let key = key.ok_or_else(|| Status::invalid_argument("a streamed put sent no chunk"))?;
+        self.state.kv_put(key, value);
+        Ok(Response::new(KvPutReply {}))
+    }
+
+    type KvGetStreamStream = ReceiverStream<Result<KvChunk, Status>>;
+
+    async fn kv_get_stream(
+        &self,
+        request: Request<KvGetRequest>,
+    ) -> Result<Response<Self::KvGetStreamStream>, Status> {
+        let request = request.into_inner();
+        let value = self
+            .state
+            .kv_get(&request.key, Duration::from_millis(request.timeout_ms))
+            .await?;
+        let (sender, receiver) = mpsc::channel(4);
+        tokio::spawn(async move {
+            let mut pieces = value.chunks(KV_CHUNK).peekable();
+            if pieces.peek().is_none() {
+                let _ = sender.send(Ok(KvChunk::default())).await;
+            }
+            for piece in pieces {
+                let chunk = KvChunk {
+                    key: String::new(),
+                    data: piece.to_vec(),
+                };
+                if sender.send(Ok(chunk)).await.is_err() {
+                    return;
+                }
             }
         });
         Ok(Response::new(ReceiverStream::new(receiver)))

@@ -16,6 +16,7 @@ use crate::control::driver_state::JobState;
 use crate::control::handlers::Handlers;
 use crate::control::ids::{JobId, JobSecret};
 use crate::control::proto::driver_server::DriverServer;
+use crate::control::proto::TaskEvent;
 use crate::error::{Error, Result};
 use crate::runtime;
 
@@ -219,6 +220,18 @@ impl DriverService {
     /// The value of `key` in the job's key-value space, if set.
     pub fn kv_value(&self, key: &str) -> Option<Vec<u8>> {
         self.state.kv_value(key)
+    }
+
+    /// Takes every driver-bound task event (`Post`) queued so far, in arrival order, waiting
+    /// up to `timeout` for the first one (an empty list when none came).
+    pub async fn take_events(&self, timeout: Duration) -> Vec<(u32, TaskEvent)> {
+        self.state.take_events(timeout).await
+    }
+
+    /// Aborts the job on behalf of task `task_index` (its rank and host when assigned), as a
+    /// task runner's failure report would. Returns nothing; the first cause wins.
+    pub fn report_task_failure(&self, task_index: u32, message: impl Into<String>) {
+        self.state.report_task_failure(task_index, message.into());
     }
 
     /// Stops the service without blocking: ends every `WatchAbort` stream (workers that still

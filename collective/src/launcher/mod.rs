@@ -20,7 +20,7 @@
 mod args;
 mod hosts;
 mod output;
-mod process;
+pub mod process;
 mod remote;
 mod supervise;
 

@@ -7,21 +7,23 @@ use std::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command, ExitSta
 
 /// What to execute for one rank.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Launch {
-    pub(crate) program: String,
-    pub(crate) args: Vec<String>,
+pub struct Launch {
+    /// The program to execute.
+    pub program: String,
+    /// Its arguments.
+    pub args: Vec<String>,
     /// Added to the inherited environment (local ranks; remote ranks carry them in the script).
-    pub(crate) envs: Vec<(String, String)>,
+    pub envs: Vec<(String, String)>,
     /// An ssh client: keep its stdin open (closing it stops the remote command).
-    pub(crate) remote: bool,
+    pub remote: bool,
     /// Written to an ssh client's stdin right after it starts (values the remote script reads,
     /// such as the job secret).
-    pub(crate) stdin_text: String,
+    pub stdin_text: String,
 }
 
 /// A running (or finished) rank process.
 #[derive(Debug)]
-pub(crate) struct RankProcess {
+pub struct RankProcess {
     pub(crate) task_index: u32,
     pub(crate) host: String,
     pub(crate) remote: bool,
@@ -31,12 +33,12 @@ pub(crate) struct RankProcess {
 }
 
 /// The process's output pipes, handed to the forwarding threads.
-pub(crate) type Pipes = (ChildStdout, ChildStderr);
+pub type Pipes = (ChildStdout, ChildStderr);
 
 impl RankProcess {
     /// Spawns `launch` in a new session (process group = its pid) that gets SIGKILL if the
     /// spawning thread dies.
-    pub(crate) fn spawn(task_index: u32, host: &str, launch: &Launch) -> io::Result<(Self, Pipes)> {
+    pub fn spawn(task_index: u32, host: &str, launch: &Launch) -> io::Result<(Self, Pipes)> {
         let mut command = Command::new(&launch.program);
         command
             .args(&launch.args)
@@ -100,7 +102,7 @@ impl RankProcess {
 
     /// The exit status once the process has exited (checks without blocking). When it is
     /// first seen, anything the rank left behind in its process group is killed.
-    pub(crate) fn poll(&mut self) -> io::Result<Option<ExitStatus>> {
+    pub fn poll(&mut self) -> io::Result<Option<ExitStatus>> {
         if self.status.is_none() {
             if let Some(status) = self.child.try_wait()? {
                 self.status = Some(status);
@@ -113,13 +115,13 @@ impl RankProcess {
     }
 
     /// True until the exit status has been collected.
-    pub(crate) fn is_running(&self) -> bool {
+    pub fn is_running(&self) -> bool {
         self.status.is_none()
     }
 
     /// Asks the rank to stop: closes an ssh client's stdin (the remote watchdog then stops the
     /// remote command) and sends `signal` to the process group.
-    pub(crate) fn stop(&mut self, signal: libc::c_int) {
+    pub fn stop(&mut self, signal: libc::c_int) {
         if self.is_running() {
             self.stdin = None;
             self.signal_group(signal);
@@ -136,13 +138,13 @@ impl RankProcess {
     }
 
     /// The process id (also its process group id).
-    pub(crate) fn pid(&self) -> u32 {
+    pub fn pid(&self) -> u32 {
         self.child.id()
     }
 }
 
 /// `(for people, for the abort cause, exit code kolorun should return)` describing `status`.
-pub(crate) fn describe_exit(status: ExitStatus, remote: bool) -> (String, String, i32) {
+pub fn describe_exit(status: ExitStatus, remote: bool) -> (String, String, i32) {
     if let Some(signal) = status.signal() {
         let what = format!("killed by signal {signal} ({})", signal_name(signal));
         return (format!("was {what}"), what, 128 + signal);
@@ -162,7 +164,7 @@ pub(crate) fn describe_exit(status: ExitStatus, remote: bool) -> (String, String
 }
 
 /// The conventional name of a signal number (`"SIGKILL"`), or `"SIG?"`.
-pub(crate) fn signal_name(signal: i32) -> &'static str {
+pub fn signal_name(signal: i32) -> &'static str {
     match signal {
         libc::SIGHUP => "SIGHUP",
         libc::SIGINT => "SIGINT",

@@ -14,10 +14,14 @@
 //! broadcast to learn the root cause, and stays unusable afterwards so later collectives fail
 //! fast instead of hanging.
 
+mod plane;
 mod poll;
 mod setup;
+pub(crate) mod shm;
 mod stream;
 
+pub(crate) use plane::{Hosts, Layout, ShmPlane};
+pub use plane::{TransportChoice, TRANSPORT};
 pub(crate) use poll::wait_readable;
 pub(crate) use stream::{Buffers, RecvBlock, SendBlock, StreamPlan, CHUNK};
 
@@ -99,6 +103,8 @@ pub struct Mesh {
     closing: Arc<AtomicBool>,
     /// Why the mesh became unusable, once it did.
     broken: Option<String>,
+    /// The shared-memory plane among this host's ranks, when collectives use it.
+    shm: Option<ShmPlane>,
 }
 
 /// How a data-plane wait went wrong; turned into an [`Error`] by [`Mesh::fail`].
@@ -326,8 +332,33 @@ impl Mesh {
         if peers {
             fds.extend(self.links.iter().flatten().map(|l| l.stream.as_raw_fd()));
         }
-        let ready = poll::wait_readable(&fds, timeout)?;
-        Ok(ready[1..].iter().any(|&r| r))
+        // With the flat shared-memory plane a peer starts a cycle by publishing a phase, not by
+        // sending: look at the counters every millisecond.
+        let flat = match &self.shm {
+            Some(plane) if peers && matches!(plane.layout, Layout::Flat) => Some(&plane.node),
+            _ => None,
+        };
+        let Some(node) = flat else {
+            let ready = poll::wait_readable(&fds, timeout)?;
+            return Ok(ready[1..].iter().any(|&r| r));
+        };
+        let deadline = Instant::now() + timeout;
+        loop {
+            if node.peer_ahead() {
+                return Ok(true);
+            }
+            let now = Instant::now();
+            let slice = deadline
+                .saturating_duration_since(now)
+                .min(Duration::from_millis(1));
+            let ready = poll::wait_readable(&fds, slice)?;
+            if ready.iter().any(|&r| r) {
+                return Ok(ready[1..].iter().any(|&r| r) || node.peer_ahead());
+            }
+            if Instant::now() >= deadline {
+                return Ok(node.peer_ahead());
+            }
+        }
     }
 
     /// Reads the reason of a `Fail` frame whose header was just read (bounded wait).

@@ -96,6 +96,7 @@ pub(super) fn establish(
         hosts: Vec::new(),
         closing: Arc::new(AtomicBool::new(false)),
         broken: None,
+        shm: None,
     })
 }
 

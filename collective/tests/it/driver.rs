@@ -654,3 +654,98 @@ fn join_job_from_the_environment() {
         "{err}"
     );
 }
+
+#[test]
+fn streamed_values_pass_the_message_limit_and_events_arrive_in_order() {
+    use kolo_collective::control::proto::{task_event, TaskEvent};
+
+    let config = config(1);
+    let secret = config.secret.clone();
+    let driver = DriverService::start(config).unwrap();
+    let client = connect(&driver, &secret);
+    // 9 MiB: more than twice gRPC's default 4 MiB message limit.
+    let big: Vec<u8> = (0..9 << 20).map(|i: u32| (i % 251) as u8).collect();
+    block_on(client.kv_put_stream("big", &big, Duration::from_secs(30)))
+        .unwrap()
+        .unwrap();
+    assert_eq!(driver.kv_value("big").as_deref(), Some(big.as_slice()));
+    let back = block_on(client.kv_get_stream("big", Duration::from_secs(5)))
+        .unwrap()
+        .unwrap();
+    assert_eq!(back, big);
+    let empty = block_on(client.kv_put_stream("empty", &[], Duration::from_secs(5)));
+    empty.unwrap().unwrap();
+    let back = block_on(client.kv_get_stream("empty", Duration::from_secs(5)));
+    assert!(back.unwrap().unwrap().is_empty());
+    let missing = block_on(client.kv_get_stream("missing", Duration::from_millis(100))).unwrap();
+    assert!(matches!(missing, Err(Error::Timeout { .. })), "{missing:?}");
+
+    for batch in 0..3u8 {
+        let events = (0..2u8)
+            .map(|i| TaskEvent {
+                kind: Some(task_event::Kind::Message(vec![batch, i])),
+            })
+            .collect();
+        assert!(!block_on(client.post(0, events)).unwrap().unwrap());
+    }
+    let events = block_on(driver.take_events(Duration::from_secs(1))).unwrap();
+    let messages: Vec<Vec<u8>> = events
+        .into_iter()
+        .map(|(task, event)| {
+            assert_eq!(task, 0);
+            match event.kind {
+                Some(task_event::Kind::Message(data)) => data,
+                other => panic!("unexpected {other:?}"),
+            }
+        })
+        .collect();
+    assert_eq!(
+        messages,
+        [[0, 0], [0, 1], [1, 0], [1, 1], [2, 0], [2, 1]].map(|m| m.to_vec())
+    );
+    let started = Instant::now();
+    assert!(block_on(driver.take_events(Duration::from_millis(200)))
+        .unwrap()
+        .is_empty());
+    assert!(started.elapsed() >= Duration::from_millis(150));
+
+    block_on(client.report_task_failure(0, "the child died"))
+        .unwrap()
+        .unwrap();
+    let cause = driver.abort_cause().unwrap();
+    assert_eq!(cause.rank, None);
+    assert!(cause.message.contains("task 0") && cause.message.contains("the child died"));
+    driver.shutdown();
+}
+
+#[test]
+fn init_adopts_an_early_registration() {
+    use kolo_collective::worker;
+
+    let config = config(1);
+    let driver = DriverService::start(config.clone()).unwrap();
+    let env = WorkerEnv {
+        driver_addr: driver.addr().to_string(),
+        secret: config.secret.clone(),
+        job_id: config.job_id,
+        task_index: 0,
+        num_tasks: 1,
+        start_timeout: config.start_timeout,
+        hostname: None,
+        host_hash_salt: None,
+        data_addr: None,
+    };
+    let (registration, _client) = worker::register_early(&env).unwrap();
+    assert_eq!((registration.rank, registration.size), (0, 1));
+    // A second registration for round 0 would be refused as a duplicate with another pid or
+    // address; adopting it joins without registering again.
+    let joined =
+        worker::Worker::join(&env, kolo_collective::engine::EngineConfig::default()).unwrap();
+    assert_eq!(joined.info().rank, 0);
+    assert!(
+        !worker::leave_early().unwrap(),
+        "adopted: nothing left to leave"
+    );
+    joined.shutdown();
+    driver.shutdown();
+}

@@ -1,8 +1,23 @@
-"""kolo on Spark: Horovod-compatible names under ``kolo.spark`` (``kolo.spark.common.store``).
+"""kolo on Spark: Horovod-compatible names under ``kolo.spark``.
+
+- :func:`run` runs a function on ``num_proc`` ranks of a Spark barrier stage
+  (``horovod.spark.run``); :mod:`kolo.spark.task` has the helpers for inside that function.
+- ``kolo.spark.common.store`` holds the stores (``Store.create``).
+
+Importing this package imports neither PySpark nor torch.
 
 Example::
 
-    from kolo.spark.common.store import Store
+    import kolo.spark
 
-    store = Store.create("hdfs://namenode:8020/user/me/experiments")
+    def fn(magic_number):
+        import kolo.torch as hvd
+        hvd.init()
+        return magic_number, hvd.rank(), hvd.local_rank(), hvd.size()
+
+    results = kolo.spark.run(fn, args=(42,), num_proc=2)
 """
+
+from kolo.spark.runner import run
+
+__all__ = ["run"]

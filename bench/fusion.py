@@ -1,0 +1,194 @@
+"""Tensor fusion on ResNet-50's gradients: sweep KOLO_FUSION_THRESHOLD and KOLO_CYCLE_TIME.
+
+    kolorun -np 2 python bench/fusion.py [--quick] [--thresholds-mib 0,1,4,25,64,128]
+        [--cycle-times-ms 0,1,5] [--steps 5] [--scale 1] [--json PATH]
+
+A "step" submits an allreduce (Average) of each of ResNet-50's 161 gradient tensors (their
+shapes are built below, in backward order: fc first, conv1 last; 25.6 M float32 parameters,
+97.5 MiB) asynchronously and waits for all, like ``hvd.DistributedOptimizer`` at the end of a
+backward pass. The knobs are read at ``hvd.init()``, so each (threshold, cycle time) setting
+re-initializes kolo (``hvd.shutdown()``, set the env, ``hvd.init()``). Interleaved with each
+setting, gloo allreduces the same bytes as one flat buffer (perfect fusion for free: the peer's
+floor). One line per setting: step time, how many collectives a step took, and the ratios to
+the default (128 MiB, 1 ms), to no fusion and to gloo's flat allreduce. ``--scale k`` divides
+every tensor's element count by k (for smoke tests). ``KOLO_CYCLE_TIME`` must be more than
+0, so cycle time 0 runs as 0.01 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from common import human, init_gloo, pin_one_core_per_rank, write_results
+
+import kolo
+import kolo.torch as hvd
+
+
+def resnet50_gradient_shapes() -> list[tuple[str, tuple[int, ...]]]:
+    """ResNet-50 (torchvision layout) parameter names and shapes, in backward order."""
+    shapes: list[tuple[str, tuple[int, ...]]] = [("conv1.weight", (64, 3, 7, 7))]
+    shapes += [("bn1.weight", (64,)), ("bn1.bias", (64,))]
+    in_ch = 64
+    for layer, (width, blocks) in enumerate(zip((64, 128, 256, 512), (3, 4, 6, 3)), start=1):
+        out_ch = width * 4
+        for block in range(blocks):
+            prefix = f"layer{layer}.{block}"
+            shapes += [
+                (f"{prefix}.conv1.weight", (width, in_ch, 1, 1)),
+                (f"{prefix}.bn1.weight", (width,)),
+                (f"{prefix}.bn1.bias", (width,)),
+                (f"{prefix}.conv2.weight", (width, width, 3, 3)),
+                (f"{prefix}.bn2.weight", (width,)),
+                (f"{prefix}.bn2.bias", (width,)),
+                (f"{prefix}.conv3.weight", (out_ch, width, 1, 1)),
+                (f"{prefix}.bn3.weight", (out_ch,)),
+                (f"{prefix}.bn3.bias", (out_ch,)),
+            ]
+            if block == 0:
+                shapes += [
+                    (f"{prefix}.downsample.0.weight", (out_ch, in_ch, 1, 1)),
+                    (f"{prefix}.downsample.1.weight", (out_ch,)),
+                    (f"{prefix}.downsample.1.bias", (out_ch,)),
+                ]
+            in_ch = out_ch
+    shapes += [("fc.weight", (1000, 2048)), ("fc.bias", (1000,))]
+    return shapes[::-1]
+
+
+# KOLO_CYCLE_TIME must be more than 0: a requested 0 runs with this (10 us).
+MIN_CYCLE_MS = 0.01
+
+
+def reinit(threshold_bytes: int, cycle_ms: float) -> None:
+    if hvd.is_initialized():
+        hvd.shutdown()
+    os.environ["KOLO_FUSION_THRESHOLD"] = str(threshold_bytes)
+    os.environ["KOLO_CYCLE_TIME"] = f"{max(cycle_ms, MIN_CYCLE_MS):g}"
+    hvd.init()
+
+
+def slowest(seconds: float) -> float:
+    return float(hvd.allreduce(torch.tensor([seconds]), op=hvd.Max, name="bench.elapsed").item())
+
+
+def csv_floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="3 steps per setting")
+    parser.add_argument("--thresholds-mib", type=csv_floats, default=[0, 1, 4, 25, 64, 128])
+    parser.add_argument("--cycle-times-ms", type=csv_floats, default=[0, 1, 5])
+    parser.add_argument("--steps", type=int, default=None, help="timed steps (5; quick 3)")
+    parser.add_argument("--scale", type=int, default=1, help="divide tensor sizes by this")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    steps = args.steps or (3 if args.quick else 5)
+
+    shapes = resnet50_gradient_shapes()
+    numels = [max(1, torch.Size(shape).numel() // args.scale) for _, shape in shapes]
+    total_bytes = 4 * sum(numels)
+
+    reinit(int(args.thresholds_mib[0] * (1 << 20)), args.cycle_times_ms[0])
+    rank, size = hvd.rank(), hvd.size()
+    pin_one_core_per_rank()
+    init_gloo()
+    grads = [torch.ones(n) for n in numels]
+    names = [f"grad.{name}" for name, _ in shapes]
+    flat = torch.ones(sum(numels))
+
+    def kolo_step() -> None:
+        handles = [hvd.allreduce_async_(g, op=hvd.Average, name=n) for g, n in zip(grads, names)]
+        for h in handles:
+            hvd.synchronize(h)
+
+    def gloo_step() -> None:
+        dist.all_reduce(flat)
+
+    def timed(step) -> float:
+        hvd.barrier()
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        return slowest(time.perf_counter() - start) / steps
+
+    results: list[dict[str, Any]] = []
+    for threshold_mib in args.thresholds_mib:
+        for cycle_ms in args.cycle_times_ms:
+            reinit(int(threshold_mib * (1 << 20)), cycle_ms)
+            kolo_step()  # warm-up: fills the response cache
+            before = kolo.engine_stats()
+            kolo_s = timed(kolo_step)
+            after = kolo.engine_stats()
+            gloo_s = timed(gloo_step)
+            results.append(
+                {
+                    "threshold_bytes": int(threshold_mib * (1 << 20)),
+                    "cycle_time_ms": cycle_ms,
+                    "kolo_step_s": kolo_s,
+                    "gloo_flat_step_s": gloo_s,
+                    "collectives_per_step": (after["collectives"] - before["collectives"]) / steps,
+                    "cycles_per_step": (after["cycles"] - before["cycles"]) / steps,
+                }
+            )
+
+    def find(threshold: float, cycle: float) -> dict[str, Any] | None:
+        for r in results:
+            if r["threshold_bytes"] == int(threshold * (1 << 20)) and r["cycle_time_ms"] == cycle:
+                return r
+        return None
+
+    default = find(128, 1) or results[-1]
+    for r in results:
+        no_fusion = find(0, r["cycle_time_ms"])
+        r["ratio_time_over_default"] = r["kolo_step_s"] / default["kolo_step_s"]
+        r["ratio_time_over_no_fusion"] = (
+            r["kolo_step_s"] / no_fusion["kolo_step_s"] if no_fusion else None
+        )
+        r["ratio_time_over_gloo_flat"] = r["kolo_step_s"] / r["gloo_flat_step_s"]
+        if rank == 0:
+            no_fusion_text = (
+                f"{r['ratio_time_over_no_fusion']:5.2f}x no-fusion"
+                if no_fusion
+                else "no-fusion n/a"
+            )
+            print(
+                f"fusion {human(r['threshold_bytes']):>9} cycle {r['cycle_time_ms']:g} ms: "
+                f"kolo {r['kolo_step_s'] * 1e3:8.2f} ms/step "
+                f"({r['collectives_per_step']:5.1f} collectives) | "
+                f"{r['ratio_time_over_default']:5.2f}x default | {no_fusion_text} | "
+                f"gloo flat {r['gloo_flat_step_s'] * 1e3:8.2f} ms, kolo/gloo time "
+                f"{r['ratio_time_over_gloo_flat']:5.2f}x",
+                flush=True,
+            )
+    if rank == 0:
+        write_results(
+            "fusion",
+            {
+                "ranks": size,
+                "model": "resnet50",
+                "tensors": len(shapes),
+                "total_bytes": total_bytes,
+                "scale": args.scale,
+                "steps": steps,
+                "shapes": [list(s) for _, s in shapes],
+                "results": results,
+            },
+            args.json,
+        )
+    dist.destroy_process_group()
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()

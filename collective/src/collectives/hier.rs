@@ -1,0 +1,128 @@
+//! Hierarchical collectives for jobs on several hosts with several ranks each: shared memory
+//! within each host, a TCP ring (or chain) among one leader per host (its lowest rank).
+//!
+//! - allreduce: shm allreduce within the host, ring allreduce among the leaders, shm
+//!   broadcast from the leader (reducescatter runs this and keeps its rows);
+//! - allgather (when every host's ranks are contiguous): shm allgather within the host, ring
+//!   allgather of the host blocks among the leaders, shm broadcast from the leader;
+//! - broadcast: shm broadcast on the root's host, a chain among the leaders from the root's
+//!   host, shm broadcast from the leader on the other hosts.
+//!
+//! alltoall and allgather over non-contiguous hosts stay on the TCP mesh.
+
+use std::ops::Range;
+
+use super::allreduce::{no_mesh, Ring};
+use super::Session;
+use crate::dtype::{DType, ReduceOp};
+use crate::error::Result;
+use crate::transport::Hosts;
+
+/// This rank's host and whether it leads it.
+fn place(session: &Session, hosts: &Hosts) -> (usize, bool) {
+    let host = hosts.host_of[session.rank];
+    (host, hosts.ranks[host][0] == session.rank)
+}
+
+/// Runs `f` on the ring of host leaders (this rank leads host `host`).
+fn among_leaders(
+    session: &mut Session,
+    hosts: &Hosts,
+    host: usize,
+    tag: u32,
+    what: &str,
+    f: impl FnOnce(&Ring<'_>, &mut Session) -> Result<()>,
+) -> Result<()> {
+    let leaders = hosts.leaders();
+    let ring = Ring {
+        members: &leaders,
+        rank: host,
+        tag,
+        what,
+    };
+    f(&ring, session)
+}
+
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the allreduce's arguments plus the layout and the frame tag"
+)]
+pub(crate) fn allreduce(
+    session: &mut Session,
+    hosts: &Hosts,
+    what: &str,
+    tag: u32,
+    buf: &mut [u8],
+    dtype: DType,
+    op: ReduceOp,
+    factor: f64,
+) -> Result<()> {
+    let (host, leader) = place(session, hosts);
+    session.on_node(what, |node| node.allreduce(buf, dtype, op, 1.0))?;
+    if leader {
+        among_leaders(session, hosts, host, tag, what, |ring, s| {
+            let Session { mesh, scratch, .. } = s;
+            let mesh = mesh.as_mut().ok_or_else(no_mesh)?;
+            ring.allreduce(mesh, scratch, buf, dtype, op, factor)
+        })?;
+    }
+    session.on_node(what, |node| node.broadcast(buf, 0))
+}
+
+pub(crate) fn allgather(
+    session: &mut Session,
+    hosts: &Hosts,
+    what: &str,
+    tag: u32,
+    output: &mut [u8],
+    segs: &[Range<usize>],
+) -> Result<()> {
+    let (host, leader) = place(session, hosts);
+    let local: Vec<Range<usize>> = hosts.ranks[host].iter().map(|&r| segs[r].clone()).collect();
+    session.on_node(what, |node| node.allgather(output, &local))?;
+    if leader {
+        let Some(ranges) = &hosts.ranges else {
+            return Err(crate::error::Error::Internal(
+                "hierarchical allgather over non-contiguous hosts".into(),
+            ));
+        };
+        let blocks: Vec<Range<usize>> = ranges
+            .iter()
+            .map(|r| segs[r.start].start..segs[r.end - 1].end)
+            .collect();
+        among_leaders(session, hosts, host, tag, what, |ring, s| {
+            let mesh = s.mesh.as_mut().ok_or_else(no_mesh)?;
+            ring.allgather(mesh, output, &blocks)
+        })?;
+    }
+    session.on_node(what, |node| node.broadcast(output, 0))
+}
+
+pub(crate) fn broadcast(
+    session: &mut Session,
+    hosts: &Hosts,
+    what: &str,
+    tag: u32,
+    buf: &mut [u8],
+    root: usize,
+) -> Result<()> {
+    let (host, leader) = place(session, hosts);
+    let root_host = hosts.host_of[root];
+    if host == root_host {
+        let root_local = hosts.ranks[host]
+            .iter()
+            .position(|&r| r == root)
+            .unwrap_or(0);
+        session.on_node(what, |node| node.broadcast(buf, root_local))?;
+    }
+    if leader {
+        among_leaders(session, hosts, host, tag, what, |ring, s| {
+            let mesh = s.mesh.as_mut().ok_or_else(no_mesh)?;
+            ring.broadcast(mesh, buf, root_host)
+        })?;
+    }
+    if host != root_host {
+        session.on_node(what, |node| node.broadcast(buf, 0))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,289 @@
+//! The launcher's side of a job, shared by `kolo.spark.run` and `kolo.ray.RayExecutor`: the
+//! job driver service plus what it collects from the tasks — start reports (attempt, host,
+//! pid), output lines labelled with ranks, user messages, exits, results and the first failure.
+//! The worker's side is [`crate::control::session`].
+
+use std::net::SocketAddr;
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use crate::control::proto::{task_event, TaskEvent};
+use crate::control::{DriverConfig, DriverService, PeerAssignment, WorkerEnv};
+use crate::error::{Error, Result};
+use crate::{runtime, AbortCause};
+
+/// The names of the job's key-value entries a launcher and its workers share.
+pub mod keys {
+    /// The pickled `(fn, args, kwargs)` every worker fetches.
+    pub const PAYLOAD: &str = "kolo.launch/payload";
+
+    /// The key holding task `task_index`'s pickled result.
+    pub fn result(task_index: u32) -> String {
+        format!("kolo.launch/result/{task_index}")
+    }
+}
+
+/// How to start the driver of one launch.
+#[derive(Debug, Clone)]
+pub struct LaunchDriverOptions {
+    /// Where the service listens (the driver host Spark uses; port 0 picks one).
+    pub bind: SocketAddr,
+    /// How many tasks (ranks) the job has (`num_proc`, `num_workers`).
+    pub num_tasks: usize,
+    /// Every task must register this long after the start.
+    pub start_timeout: Duration,
+    /// A registered rank silent this long gets the job aborted.
+    pub heartbeat_timeout: Duration,
+}
+
+/// What a task reported when it started its rank process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskStart {
+    /// The launcher's attempt number for the task (Spark's task attempt; 0 on Ray).
+    pub attempt: u32,
+    /// The host the task runs on (an executor's hostname, a Ray node).
+    pub hostname: String,
+    /// The pid of the process that runs the rank.
+    pub pid: u32,
+}
+
+/// Something a task sent, with the task's rank when ranks are assigned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DriverEvent {
+    /// The task started its rank process.
+    Started {
+        /// The task index (Spark partition id, Ray actor index).
+        task: u32,
+        /// What it reported.
+        start: TaskStart,
+    },
+    /// One output line of the rank process.
+    Output {
+        /// The task index.
+        task: u32,
+        /// The rank, once assigned.
+        rank: Option<u32>,
+        /// From stderr (else stdout).
+        stderr: bool,
+        /// The line, without its newline.
+        text: Vec<u8>,
+        /// When the task read it (microseconds since the Unix epoch).
+        unix_micros: u64,
+    },
+    /// A pickled object the user's function sent with `send_to_driver`.
+    Message {
+        /// The task index.
+        task: u32,
+        /// The rank, once assigned.
+        rank: Option<u32>,
+        /// The pickled object.
+        data: Vec<u8>,
+    },
+    /// The rank process ended.
+    Exited {
+        /// The task index.
+        task: u32,
+        /// The rank, once assigned.
+        rank: Option<u32>,
+        /// Exit status 0.
+        success: bool,
+        /// How it ended.
+        description: String,
+    },
+}
+
+#[derive(Debug, Default)]
+struct Collected {
+    starts: Vec<Option<TaskStart>>,
+    exits: Vec<Option<(bool, String)>>,
+    ranks: Option<Vec<u32>>,
+}
+
+/// The driver of one launch. Dropping it shuts the service down.
+#[derive(Debug)]
+pub struct LaunchDriver {
+    service: DriverService,
+    config: DriverConfig,
+    collected: Mutex<Collected>,
+}
+
+impl LaunchDriver {
+    /// Starts the job driver service.
+    pub fn start(options: &LaunchDriverOptions) -> Result<Self> {
+        if options.num_tasks == 0 {
+            return Err(Error::InvalidArgument(
+                "a job needs at least 1 task (num_proc, num_workers)".to_owned(),
+            ));
+        }
+        let config = DriverConfig {
+            bind: options.bind,
+            start_timeout: options.start_timeout,
+            heartbeat_timeout: options.heartbeat_timeout,
+            ..DriverConfig::new(options.num_tasks)
+        };
+        let service = DriverService::start(config.clone())?;
+        let collected = Collected {
+            starts: vec![None; options.num_tasks],
+            exits: vec![None; options.num_tasks],
+            ranks: None,
+        };
+        Ok(Self {
+            service,
+            config,
+            collected: Mutex::new(collected),
+        })
+    }
+
+    /// The `host:port` tasks connect to.
+    pub fn addr(&self) -> SocketAddr {
+        self.service.addr()
+    }
+
+    /// The job environment of task `task_index` (add [`WorkerEnv::to_vars`] to its process).
+    pub fn worker_env(&self, task_index: u32) -> WorkerEnv {
+        WorkerEnv {
+            driver_addr: self.service.addr().to_string(),
+            secret: self.config.secret.clone(),
+            job_id: self.config.job_id,
+            task_index,
+            num_tasks: u32::try_from(self.config.num_tasks).unwrap_or(u32::MAX),
+            start_timeout: self.config.start_timeout,
+            hostname: None,
+            host_hash_salt: None,
+            data_addr: None,
+        }
+    }
+
+    /// Publishes the pickled `(fn, args, kwargs)` for the workers.
+    pub fn put_payload(&self, payload: Vec<u8>) {
+        self.service.kv_put(keys::PAYLOAD, payload);
+    }
+
+    /// Task `task_index`'s pickled result, once it returned one.
+    pub fn result(&self, task_index: u32) -> Option<Vec<u8>> {
+        self.service.kv_value(&keys::result(task_index))
+    }
+
+    /// Every task's assignment (by task index) once all registered.
+    pub fn assignment(&self) -> Option<Vec<PeerAssignment>> {
+        self.service.assignment()
+    }
+
+    /// What task `task_index` reported at its start, if it did.
+    pub fn task_start(&self, task_index: u32) -> Option<TaskStart> {
+        self.lock()
+            .starts
+            .get(task_index as usize)
+            .cloned()
+            .flatten()
+    }
+
+    /// `(success, description)` of task `task_index`'s rank process, once it ended.
+    pub fn task_exit(&self, task_index: u32) -> Option<(bool, String)> {
+        self.lock()
+            .exits
+            .get(task_index as usize)
+            .cloned()
+            .flatten()
+    }
+
+    /// True once every task's rank process ended.
+    pub fn all_exited(&self) -> bool {
+        self.lock().exits.iter().all(Option::is_some)
+    }
+
+    /// The job's abort cause (the first failure), if any.
+    pub fn failure(&self) -> Option<AbortCause> {
+        self.service.abort_cause()
+    }
+
+    /// Records that task `task_index` failed (its process died, its actor was lost): the
+    /// driver names its rank and host in the abort cause and aborts the job.
+    pub fn report_task_failure(&self, task_index: u32, message: impl Into<String>) {
+        self.service.report_task_failure(task_index, message);
+    }
+
+    /// Aborts the job: every task stops its rank process.
+    pub fn abort(&self, message: impl Into<String>) {
+        self.service.abort(AbortCause {
+            rank: None,
+            host: String::new(),
+            message: message.into(),
+        });
+    }
+
+    /// Takes what the tasks sent, waiting up to `timeout` for the first event.
+    pub fn poll(&self, timeout: Duration) -> Result<Vec<DriverEvent>> {
+        let raw = runtime::block_on(self.service.take_events(timeout))?;
+        let mut collected = self.lock();
+        if collected.ranks.is_none() {
+            collected.ranks = self
+                .service
+                .assignment()
+                .map(|peers| peers.iter().map(|peer| peer.rank).collect());
+        }
+        let mut events = Vec::with_capacity(raw.len());
+        for (task, event) in raw {
+            let rank = collected
+                .ranks
+                .as_ref()
+                .and_then(|ranks| ranks.get(task as usize).copied());
+            if task as usize >= self.config.num_tasks {
+                log::warn!("an event from task {task}, which this job does not have; ignored");
+                continue;
+            }
+            if let Some(event) = convert(&mut collected, task, rank, event) {
+                events.push(event);
+            }
+        }
+        Ok(events)
+    }
+
+    /// Stops the service (idempotent).
+    pub fn shutdown(&self) {
+        self.service.shutdown();
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Collected> {
+        self.collected
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+fn convert(
+    collected: &mut Collected,
+    task: u32,
+    rank: Option<u32>,
+    event: TaskEvent,
+) -> Option<DriverEvent> {
+    let index = task as usize;
+    Some(match event.kind? {
+        task_event::Kind::Started(started) => {
+            let start = TaskStart {
+                attempt: started.attempt,
+                hostname: started.hostname,
+                pid: started.pid,
+            };
+            collected.starts[index] = Some(start.clone());
+            DriverEvent::Started { task, start }
+        }
+        task_event::Kind::Output(line) => DriverEvent::Output {
+            task,
+            rank,
+            stderr: line.stderr,
+            text: line.text,
+            unix_micros: line.unix_micros,
+        },
+        task_event::Kind::Message(data) => DriverEvent::Message { task, rank, data },
+        task_event::Kind::Exited(exited) => {
+            collected.exits[index] = Some((exited.success, exited.description.clone()));
+            DriverEvent::Exited {
+                task,
+                rank,
+                success: exited.success,
+                description: exited.description,
+            }
+        }
+    })
+}

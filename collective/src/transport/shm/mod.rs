@@ -1,0 +1,345 @@
+//! The shared-memory data plane among the ranks of one host.
+//!
+//! Every local rank creates one segment, `/dev/shm/kolo-<job id>-<rank>`: a header page with
+//! its phase counter (and a count of waiters sleeping on it), then two data *halves* of
+//! [`half_bytes`] each. The ranks map each other's segments during init, agree over TCP
+//! that all have, and unlink them at once: from then on nothing is left in `/dev/shm`
+//! whatever happens to any process (the mappings die with the processes).
+//!
+//! Collectives run as a sequence of *phases*. In phase `p` every local rank writes into its
+//! own half `p % 2`, publishes `p` in its counter (a release store), waits until every other
+//! rank published `p` too, then reads the others' halves `p % 2`. A rank publishes `p + 1`
+//! only after it finished reading phase `p`, so a half is never overwritten (phase `p + 2`)
+//! while someone still reads it: two halves make the protocol safe with a single wait per
+//! phase.
+//!
+//! Waiting spins briefly, then yields, then sleeps on a futex on the counter (the poster wakes
+//! sleepers); every sleep is at most [`SLEEP_SLICE`], after which the wait checks the job's
+//! abort signal, the communicator's shutdown and whether the awaited peer is still alive (its
+//! TCP connection, idle while shm carries the data, delivers end-of-stream when the process
+//! dies or a `Fail` frame when it gives up). A peer that makes no progress for the collective
+//! timeout is reported like a TCP timeout.
+
+mod segment;
+
+use std::io;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+pub(crate) use segment::Segment;
+
+use super::Failure;
+use crate::error::Error;
+use crate::wire::JobId;
+
+/// Environment variable: bytes of each of a segment's two data halves (default 4 MiB).
+pub const SHM_HALF_BYTES: &str = "KOLO_SHM_CHUNK_BYTES";
+/// Default of [`SHM_HALF_BYTES`].
+pub const DEFAULT_HALF_BYTES: usize = 4 << 20;
+/// Where segments live.
+pub const SHM_DIR: &str = "/dev/shm";
+
+/// Offset of the data halves in a segment (the header takes the first page).
+const DATA_OFFSET: usize = 4096;
+const MAGIC: u64 = u64::from_le_bytes(*b"KOLOSHM1");
+const POSTED_OFFSET: usize = 64;
+const WAITERS_OFFSET: usize = 128;
+/// The longest a waiter sleeps before checking abort, shutdown and the peer's liveness.
+pub(crate) const SLEEP_SLICE: Duration = Duration::from_millis(5);
+/// How long a waiter spins before it yields, and yields before it sleeps.
+const SPIN_FOR: Duration = Duration::from_micros(20);
+const YIELD_FOR: Duration = Duration::from_micros(200);
+
+/// Bytes of each data half: [`SHM_HALF_BYTES`] or the default, rounded to whole pages.
+pub fn half_bytes() -> Result<usize, Error> {
+    let Ok(text) = std::env::var(SHM_HALF_BYTES) else {
+        return Ok(DEFAULT_HALF_BYTES);
+    };
+    let bytes: usize = text.trim().parse().map_err(|_| {
+        Error::Config(format!(
+            "{SHM_HALF_BYTES}={text:?} is not a byte count; pass e.g. 4194304"
+        ))
+    })?;
+    if !(4096..=(1 << 30)).contains(&bytes) {
+        return Err(Error::Config(format!(
+            "{SHM_HALF_BYTES}={bytes} is out of range; pass 4096 to 1073741824 bytes"
+        )));
+    }
+    Ok(bytes.next_multiple_of(4096))
+}
+
+/// The segment path of `rank` in job `job_id` under `dir`.
+pub(crate) fn segment_path(dir: &std::path::Path, job_id: &JobId, rank: usize) -> PathBuf {
+    let hex: String = job_id.iter().map(|b| format!("{b:02x}")).collect();
+    dir.join(format!("kolo-{hex}-{rank}"))
+}
+
+/// The local ranks' segments, mapped, and this rank's phase counter.
+#[derive(Debug)]
+pub(crate) struct ShmNode {
+    /// This rank's index among the local ranks.
+    me: usize,
+    /// Global rank of each local rank (ascending).
+    members: Vec<usize>,
+    /// Every local rank's segment, indexed like `members`.
+    segments: Vec<Segment>,
+    half: usize,
+    /// The last phase this rank published (only the thread running a collective, which holds
+    /// the communicator's lock, touches it).
+    phase: AtomicU32,
+    op_timeout: Duration,
+}
+
+/// Read access to every local rank's half of the current phase.
+pub(crate) struct Halves<'a> {
+    node: &'a ShmNode,
+    index: usize,
+}
+
+impl Halves<'_> {
+    /// Local rank `j`'s half of this phase.
+    pub(crate) fn get(&self, j: usize) -> &[u8] {
+        // SAFETY: the half lies inside the mapping; its owner wrote it before publishing this
+        // phase (acquire-loaded by the wait) and does not write it again before this rank
+        // publishes the next phase.
+        unsafe { std::slice::from_raw_parts(self.node.half_ptr(j, self.index), self.node.half) }
+    }
+}
+
+impl ShmNode {
+    /// Creates this rank's segment (under `dir`), then calls `sync` (which returns once every
+    /// local rank created its own), maps the others', calls `sync` again, unlinks its own and
+    /// calls `sync` a last time, so no rank returns before every segment is unlinked.
+    pub(crate) fn setup(
+        dir: &std::path::Path,
+        job_id: &JobId,
+        members: Vec<usize>,
+        me: usize,
+        half: usize,
+        op_timeout: Duration,
+        mut sync: impl FnMut(u32) -> Result<(), Error>,
+    ) -> Result<ShmNode, Error> {
+        let len = DATA_OFFSET + 2 * half;
+        let mine_path = segment_path(dir, job_id, members[me]);
+        let mut mine = Segment::create(&mine_path, len).map_err(|e| shm_error(&mine_path, e))?;
+        // SAFETY: the header lies in the fresh mapping, which nobody else maps yet.
+        unsafe {
+            mine.ptr().cast::<u64>().write(MAGIC);
+            mine.ptr().add(8).cast::<u32>().write(std::process::id());
+        }
+        sync(0)?;
+        let mut segments = Vec::with_capacity(members.len());
+        for (j, &rank) in members.iter().enumerate() {
+            if j == me {
+                segments.push(None);
+                continue;
+            }
+            let path = segment_path(dir, job_id, rank);
+            let segment = Segment::open(&path, len).map_err(|e| shm_error(&path, e))?;
+            // SAFETY: the header lies in the mapping; its creator wrote it before `sync`.
+            let magic = unsafe { segment.ptr().cast::<u64>().read() };
+            if magic != MAGIC {
+                return Err(Error::Internal(format!(
+                    "shared-memory segment {} has no kolo header",
+                    path.display()
+                )));
+            }
+            segments.push(Some(segment));
+        }
+        sync(1)?;
+        mine.unlink().map_err(|e| shm_error(&mine_path, e))?;
+        // Once every rank passed this, no segment of the job is left in the directory.
+        sync(2)?;
+        segments[me] = Some(mine);
+        let segments = segments.into_iter().flatten().collect();
+        Ok(ShmNode {
+            me,
+            members,
+            segments,
+            half,
+            phase: AtomicU32::new(0),
+            op_timeout,
+        })
+    }
+
+    /// This rank's index among the local ranks.
+    pub(crate) fn me(&self) -> usize {
+        self.me
+    }
+
+    /// The number of local ranks.
+    pub(crate) fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    /// Global rank of each local rank.
+    pub(crate) fn members(&self) -> &[usize] {
+        &self.members
+    }
+
+    /// Bytes of one data half.
+    pub(crate) fn half(&self) -> usize {
+        self.half
+    }
+
+    fn half_ptr(&self, j: usize, index: usize) -> *mut u8 {
+        // SAFETY: DATA_OFFSET + 2 * half is the segment's length, so both halves are inside.
+        unsafe { self.segments[j].ptr().add(DATA_OFFSET + index * self.half) }
+    }
+
+    fn word(&self, j: usize, offset: usize) -> &AtomicU32 {
+        debug_assert!(offset + 4 <= self.segments[j].len());
+        // SAFETY: the word is inside the mapping, 4-byte aligned (page-aligned base), and only
+        // ever accessed atomically by every process.
+        unsafe { AtomicU32::from_ptr(self.segments[j].ptr().add(offset).cast::<u32>()) }
+    }
+
+    /// True when local rank `j` published a phase after this rank's last one (it started a
+    /// collective this rank has not joined yet).
+    pub(crate) fn peer_ahead(&self) -> bool {
+        let mine = self.phase.load(Ordering::Relaxed);
+        (0..self.len()).filter(|&j| j != self.me).any(|j| {
+            reached(
+                self.word(j, POSTED_OFFSET).load(Ordering::Acquire),
+                mine.wrapping_add(1),
+            )
+        })
+    }
+
+    /// Runs one phase: `write` fills this rank's half, then this rank waits until every
+    /// other rank wrote its half too. The returned [`Halves`] show every rank's half until
+    /// this rank runs its next phase. `alive(j)` is called while waiting for local rank `j`
+    /// (at least every [`SLEEP_SLICE`]) and fails when the wait must stop.
+    pub(crate) fn phase(
+        &self,
+        alive: &dyn Fn(usize) -> Result<(), Failure>,
+        write: impl FnOnce(&mut [u8]) -> Result<(), Error>,
+    ) -> Result<Halves<'_>, Failure> {
+        let phase = self.phase.load(Ordering::Relaxed).wrapping_add(1);
+        let index = (phase % 2) as usize;
+        {
+            // SAFETY: this rank's own half of this phase: nobody reads it until this rank
+            // publishes `phase`, and every reader of phase - 2 finished (it published
+            // phase - 1, which this rank waited for).
+            let mine =
+                unsafe { std::slice::from_raw_parts_mut(self.half_ptr(self.me, index), self.half) };
+            write(mine).map_err(Failure::Other)?;
+        }
+        self.phase.store(phase, Ordering::Relaxed);
+        let posted = self.word(self.me, POSTED_OFFSET);
+        posted.store(phase, Ordering::SeqCst);
+        if self.word(self.me, WAITERS_OFFSET).load(Ordering::SeqCst) > 0 {
+            futex_wake(posted);
+        }
+        for j in 0..self.len() {
+            if j != self.me {
+                self.wait_for(j, phase, alive)?;
+            }
+        }
+        Ok(Halves { node: self, index })
+    }
+
+    fn wait_for(
+        &self,
+        j: usize,
+        phase: u32,
+        alive: &dyn Fn(usize) -> Result<(), Failure>,
+    ) -> Result<(), Failure> {
+        let posted = self.word(j, POSTED_OFFSET);
+        if reached(posted.load(Ordering::Acquire), phase) {
+            return Ok(());
+        }
+        let start = Instant::now();
+        let mut spins = 0u32;
+        loop {
+            for _ in 0..64 {
+                if reached(posted.load(Ordering::Acquire), phase) {
+                    return Ok(());
+                }
+                std::hint::spin_loop();
+            }
+            spins += 1;
+            let waited = start.elapsed();
+            if waited >= SPIN_FOR {
+                break;
+            }
+            if spins > 100_000 {
+                break;
+            }
+        }
+        while start.elapsed() < YIELD_FOR {
+            if reached(posted.load(Ordering::Acquire), phase) {
+                return Ok(());
+            }
+            std::thread::yield_now();
+        }
+        let waiters = self.word(j, WAITERS_OFFSET);
+        let mut last_progress = Instant::now();
+        loop {
+            alive(j)?;
+            waiters.fetch_add(1, Ordering::SeqCst);
+            let seen = posted.load(Ordering::SeqCst);
+            if !reached(seen, phase) {
+                futex_wait(posted, seen, SLEEP_SLICE);
+            }
+            waiters.fetch_sub(1, Ordering::SeqCst);
+            let now_seen = posted.load(Ordering::Acquire);
+            if reached(now_seen, phase) {
+                return Ok(());
+            }
+            let now = Instant::now();
+            if now_seen != seen {
+                last_progress = now;
+            } else if now.duration_since(last_progress) >= self.op_timeout {
+                return Err(Failure::Timeout {
+                    peers: vec![self.members[j]],
+                });
+            }
+        }
+    }
+}
+
+/// True when counter value `seen` is at or past `target` (wrapping).
+fn reached(seen: u32, target: u32) -> bool {
+    (seen.wrapping_sub(target) as i32) >= 0
+}
+
+fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: FUTEX_WAIT on a valid, aligned, shared u32 with a relative timeout; spurious
+    // returns (EAGAIN, EINTR, ETIMEDOUT) are fine, the caller re-checks the word.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            expected,
+            &ts as *const libc::timespec,
+        );
+    }
+}
+
+fn futex_wake(word: &AtomicU32) {
+    // SAFETY: FUTEX_WAKE on a valid, aligned, shared u32; wakes every sleeper.
+    unsafe {
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX);
+    }
+}
+
+fn shm_error(path: &std::path::Path, source: io::Error) -> Error {
+    Error::Io(io::Error::new(
+        source.kind(),
+        format!(
+            "shared-memory segment {}: {source} (is {SHM_DIR} mounted and large enough? set \
+             KOLO_TRANSPORT=tcp to avoid shared memory)",
+            path.display()
+        ),
+    ))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,298 @@
+//! The segment protocol with one thread per simulated local rank, each mapping the segments
+//! itself as a separate process would.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use super::*;
+use crate::collectives::shm::Node;
+
+/// A fresh directory under /dev/shm (removed on drop) and a job id unique to the test.
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(name: &str) -> Dir {
+        let path = Path::new(SHM_DIR).join(format!("kolotest-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir(&path).unwrap();
+        Dir(path)
+    }
+
+    fn entries(&self) -> Vec<String> {
+        std::fs::read_dir(&self.0)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect()
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+const JOB: JobId = *b"shm-unit-test-id";
+
+/// Runs `body(node)` on `n` threads, each with its own node over segments in `dir`.
+fn run<T: Send + 'static>(
+    dir: &Dir,
+    n: usize,
+    half: usize,
+    body: impl Fn(usize, ShmNode) -> T + Send + Sync + 'static,
+) -> Vec<T> {
+    let barrier = Arc::new(Barrier::new(n));
+    let body = Arc::new(body);
+    let handles: Vec<_> = (0..n)
+        .map(|me| {
+            let (barrier, body, path) = (Arc::clone(&barrier), Arc::clone(&body), dir.0.clone());
+            std::thread::spawn(move || {
+                let node = ShmNode::setup(
+                    &path,
+                    &JOB,
+                    (0..n).collect(),
+                    me,
+                    half,
+                    Duration::from_secs(20),
+                    |_| {
+                        barrier.wait();
+                        Ok(())
+                    },
+                )
+                .unwrap();
+                body(me, node)
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+fn ok(_: usize) -> Result<(), Failure> {
+    Ok(())
+}
+
+#[test]
+fn segments_are_unlinked_once_every_rank_mapped_them() {
+    let dir = Dir::new("unlink");
+    let (path, n) = (dir.0.clone(), 3);
+    let barrier = Arc::new(Barrier::new(n));
+    let threads: Vec<_> = (0..n)
+        .map(|me| {
+            let (barrier, path) = (Arc::clone(&barrier), path.clone());
+            std::thread::spawn(move || {
+                let mut during = 0;
+                let node = ShmNode::setup(
+                    &path,
+                    &JOB,
+                    vec![4, 7, 9],
+                    me,
+                    4096,
+                    Duration::from_secs(5),
+                    |round| {
+                        barrier.wait();
+                        if round == 0 {
+                            during = std::fs::read_dir(&path).unwrap().count();
+                        }
+                        barrier.wait();
+                        Ok(())
+                    },
+                )
+                .unwrap();
+                assert_eq!(node.members(), [4, 7, 9]);
+                during
+            })
+        })
+        .collect();
+    let seen: Vec<usize> = threads.into_iter().map(|h| h.join().unwrap()).collect();
+    assert_eq!(
+        seen,
+        [3, 3, 3],
+        "every rank's segment exists while they map"
+    );
+    assert!(dir.entries().is_empty(), "left behind: {:?}", dir.entries());
+    assert!(segment_path(&dir.0, &JOB, 7)
+        .to_string_lossy()
+        .ends_with("kolo-73686d2d756e69742d746573742d6964-7"));
+}
+
+#[test]
+fn a_failed_setup_leaves_nothing_behind() {
+    let dir = Dir::new("failed");
+    let result = ShmNode::setup(
+        &dir.0,
+        &JOB,
+        vec![0, 1],
+        0,
+        4096,
+        Duration::from_secs(1),
+        |_| Ok(()),
+    );
+    // Rank 1 never created its segment: mapping it fails, and rank 0's own is removed.
+    assert!(matches!(result, Err(Error::Io(_))), "{result:?}");
+    assert!(dir.entries().is_empty(), "left behind: {:?}", dir.entries());
+}
+
+#[test]
+fn phases_never_show_a_half_being_overwritten() {
+    let dir = Dir::new("phases");
+    let n = 3;
+    let results = run(&dir, n, 4096, move |me, node| {
+        let mut checked = 0u64;
+        for p in 0..3000u64 {
+            let halves = node
+                .phase(&ok, |half| {
+                    let value = p * 16 + me as u64;
+                    for w in half.chunks_exact_mut(8).take(64) {
+                        w.copy_from_slice(&value.to_le_bytes());
+                    }
+                    Ok(())
+                })
+                .unwrap();
+            // Every rank published p; nobody may have started p + 2 on this half yet.
+            for j in 0..n {
+                for w in halves.get(j).chunks_exact(8).take(64) {
+                    assert_eq!(u64::from_le_bytes(w.try_into().unwrap()), p * 16 + j as u64);
+                    checked += 1;
+                }
+            }
+        }
+        checked
+    });
+    assert_eq!(results, vec![3000 * 64 * 3; 3]);
+}
+
+#[test]
+fn a_wait_stops_when_the_liveness_check_fails_or_times_out() {
+    let dir = Dir::new("dead");
+    let results = run(&dir, 2, 4096, |me, mut node| {
+        if me == 1 {
+            // The "dead" peer: maps everything, then never publishes.
+            std::thread::sleep(Duration::from_millis(300));
+            return None;
+        }
+        let started = Instant::now();
+        let gone = |_: usize| -> Result<(), Failure> {
+            if started.elapsed() > Duration::from_millis(50) {
+                Err(Failure::Aborted)
+            } else {
+                Ok(())
+            }
+        };
+        let failure = node.phase(&gone, |_| Ok(())).map(|_| ()).unwrap_err();
+        assert!(matches!(failure, Failure::Aborted), "{failure:?}");
+        assert!(started.elapsed() < Duration::from_millis(200));
+        node.op_timeout = Duration::from_millis(100);
+        let failure = node.phase(&ok, |_| Ok(())).map(|_| ()).unwrap_err();
+        assert!(
+            matches!(failure, Failure::Timeout { ref peers } if peers == &[1]),
+            "{failure:?}"
+        );
+        Some(started.elapsed())
+    });
+    assert!(results[0].unwrap() < Duration::from_secs(2));
+}
+
+#[test]
+fn a_peer_ahead_is_seen() {
+    let dir = Dir::new("ahead");
+    run(&dir, 2, 4096, |me, node| {
+        if me == 0 {
+            node.phase(&ok, |_| Ok(())).map(|_| ()).unwrap();
+        } else {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while !node.peer_ahead() {
+                assert!(Instant::now() < deadline);
+                std::thread::yield_now();
+            }
+            node.phase(&ok, |_| Ok(())).map(|_| ()).unwrap();
+            assert!(!node.peer_ahead());
+        }
+    });
+}
+
+fn f32s(values: impl IntoIterator<Item = f32>) -> Vec<u8> {
+    values.into_iter().flat_map(f32::to_le_bytes).collect()
+}
+
+#[test]
+fn node_collectives_match_the_reference() {
+    use crate::dtype::{DType, ReduceOp};
+    let dir = Dir::new("collectives");
+    let n = 3;
+    // A small half (16 KiB) so every algorithm takes many phases.
+    run(&dir, n, 16 << 10, move |me, node| {
+        let node = Node {
+            alive: &ok,
+            node: &node,
+        };
+        let input = |r: usize, len: usize| -> Vec<f32> {
+            (0..len).map(|i| ((i * 7 + r * 3) % 11) as f32).collect()
+        };
+        for len in [0usize, 1, 5, 1000, 4096, 30_011] {
+            let mut buf = f32s(input(me, len));
+            node.allreduce(&mut buf, DType::F32, ReduceOp::Sum, 0.5)
+                .unwrap();
+            let expected =
+                f32s((0..len).map(|i| (0..n).map(|r| input(r, len)[i]).sum::<f32>() * 0.5));
+            assert_eq!(buf, expected, "allreduce of {len}");
+
+            let segs = crate::collectives::shm_test_segments(len * 4, n);
+            let mut out = vec![0u8; segs[me].len()];
+            let full = f32s(input(me, len));
+            node.reducescatter(&full, &mut out, &segs, DType::F32, ReduceOp::Max, 1.0)
+                .unwrap();
+            let max = f32s((0..len).map(|i| (0..n).map(|r| input(r, len)[i]).fold(0.0, f32::max)));
+            assert_eq!(out, max[segs[me].clone()], "reducescatter of {len}");
+
+            let mut gathered = vec![0u8; len * 4 * n];
+            let gsegs: Vec<_> = (0..n).map(|r| r * len * 4..(r + 1) * len * 4).collect();
+            gathered[gsegs[me].clone()].copy_from_slice(&f32s(input(me, len)));
+            node.allgather(&mut gathered, &gsegs).unwrap();
+            let all: Vec<u8> = (0..n).flat_map(|r| f32s(input(r, len))).collect();
+            assert_eq!(gathered, all, "allgather of {len}");
+
+            let mut b = f32s(input(me, len));
+            node.broadcast(&mut b, 2).unwrap();
+            assert_eq!(b, f32s(input(2, len)), "broadcast of {len}");
+        }
+        // alltoall: rank r sends (r + j) * 5000 + 1 bytes to rank j.
+        let size = |from: usize, to: usize| (from + to) * 5000 + 1;
+        let byte = |from: usize, to: usize, i: usize| (from * 31 + to * 7 + i) as u8;
+        let send: Vec<_> = (0..n)
+            .scan(0, |at, j| {
+                let r = *at..*at + size(me, j);
+                *at = r.end;
+                Some(r)
+            })
+            .collect();
+        let recv: Vec<_> = (0..n)
+            .scan(0, |at, j| {
+                let r = *at..*at + size(j, me);
+                *at = r.end;
+                Some(r)
+            })
+            .collect();
+        let mut input = vec![0u8; send.last().unwrap().end];
+        for (j, r) in send.iter().enumerate() {
+            for (i, b) in input[r.clone()].iter_mut().enumerate() {
+                *b = byte(me, j, i);
+            }
+        }
+        let mut output = vec![0u8; recv.last().unwrap().end];
+        output[recv[me].clone()].copy_from_slice(&input[send[me].clone()]);
+        node.alltoall(&input, &send, &mut output, &recv, size(n - 1, n - 1))
+            .unwrap();
+        for (j, r) in recv.iter().enumerate() {
+            for (i, b) in output[r.clone()].iter().enumerate() {
+                assert_eq!(*b, byte(j, me, i), "alltoall from {j}");
+            }
+        }
+        let long = vec![me as u8; 40_000 * (me + 1)];
+        let got = node.exchange(&long, 1 << 20).unwrap();
+        for (j, payload) in got.iter().enumerate() {
+            assert_eq!(payload, &vec![j as u8; 40_000 * (j + 1)]);
+        }
+    });
+    assert!(dir.entries().is_empty());
+}

@@ -1,0 +1,542 @@
+"""``kolo.ray.TorchEstimator``: trains a PyTorch model with kolo on Ray actors, from a
+``ray.data.Dataset``, Parquet in a store, or any source :func:`kolo.data.prepare_data` takes.
+
+The training loop is the Spark estimator's (:class:`kolo.spark.torch.remote.RemoteTrainer`,
+built by the same :func:`~kolo.spark.torch.remote.build_training_spec`), run once per rank by
+:meth:`kolo.ray.RayExecutor.run`; only the launcher-specific pieces differ (rank 0's progress
+messages go through the rank's kolo session to this driver; the GPU is ``local_rank`` of the
+node's ``CUDA_VISIBLE_DEVICES``, which the executor orders that way).
+
+Example::
+
+    import numpy as np
+    import ray
+    import torch
+    from kolo.ray import TorchEstimator
+    from kolo.store import Store
+
+    ray.init(num_cpus=2, include_dashboard=False)
+    ds = ray.data.from_items([{"x": np.random.rand(8).astype("float32"), "y": i % 2}
+                              for i in range(1000)])
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    est = TorchEstimator(
+        num_workers=2,
+        store=Store.create("/tmp/kolo-store"),
+        model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.05),
+        loss=torch.nn.functional.cross_entropy,
+        feature_cols=["x"],
+        label_cols=["y"],
+        validation=0.1,
+        epochs=3,
+    )
+    result = est.fit(ds)
+    result.model, result.history["train_loss"], result.checkpoint_path
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import io
+import logging
+import threading
+import time
+from typing import Any, Dict, List, Optional, Union
+
+from kolo.exceptions import DataError, InvalidArgumentError, StoreError
+from kolo.spark.torch.remote import (
+    Progress,
+    RemoteTrainer,
+    build_training_spec,
+    check_model_and_loss,
+)
+
+__all__ = ["TorchEstimator", "TrainingResult"]
+
+log = logging.getLogger(__name__)
+
+#: The estimator's parameters and defaults; the names and defaults are the Spark estimator's
+#: (``kolo.spark.torch.TorchEstimator``) where they apply (``use_gpu`` differs: on Ray it
+#: reserves GPUs for the actors, so it is off unless asked for).
+_DEFAULTS: Dict[str, Any] = {
+    # placement
+    "num_workers": None,
+    "cpus_per_worker": 1,
+    "use_gpu": False,
+    "gpus_per_worker": None,
+    "settings": None,
+    "executor": None,
+    # data and store
+    "store": None,
+    "feature_cols": None,
+    "label_cols": None,
+    "sample_weight_col": None,
+    "validation": None,
+    "partitions_per_process": 10,
+    "run_id": None,
+    # model
+    "model": None,
+    "optimizer": None,
+    "loss": None,
+    "loss_weights": None,
+    "loss_constructors": None,
+    "metrics": None,
+    "callbacks": None,
+    "input_shapes": None,
+    "label_shapes": None,
+    "transformation_fn": None,
+    "train_minibatch_fn": None,
+    "gradient_compression": None,
+    "backward_passes_per_step": 1,
+    # loop
+    "batch_size": 32,
+    "val_batch_size": None,
+    "epochs": 1,
+    "train_steps_per_epoch": None,
+    "validation_steps_per_epoch": None,
+    "shuffle": True,
+    "shuffle_buffer_size": None,
+    "random_seed": None,
+    "train_reader_num_workers": 2,
+    "val_reader_num_workers": 2,
+    "verbose": 1,
+}
+
+
+@dataclasses.dataclass
+class TrainingResult:
+    """What :meth:`TorchEstimator.fit` returns.
+
+    Example::
+
+        result = est.fit(ds)
+        result.model.eval()
+        print(result.history["val_loss"][-1], result.checkpoint_path)
+    """
+
+    #: The trained ``torch.nn.Module`` (a copy of the estimator's model with rank 0's weights,
+    #: on the CPU).
+    model: Any
+    #: Per-epoch metrics averaged over the ranks: ``train_loss``, ``train_<metric>``... and
+    #: the ``val_`` ones with validation.
+    history: Dict[str, List[float]]
+    run_id: str
+    #: Where rank 0 wrote the run's checkpoint (``store.get_checkpoint_path(run_id)``; load it
+    #: with :func:`kolo.spark.torch.remote.load_checkpoint`); ``None`` for a store without one.
+    checkpoint_path: Optional[str]
+    #: Where the run's TensorBoard logs are (``store.get_logs_path(run_id)``).
+    logs_path: Optional[str]
+    #: The prepared data trained on: ``dataset_idx`` (-1 for a plain Parquet path),
+    #: ``train_path``, ``val_path``, ``train_rows``, ``val_rows``, ``columns`` (dtype, shape).
+    metadata: Dict[str, Any]
+    #: Seconds: ``prepare`` (writing the data), ``start`` (the executor), ``train`` (rank 0's
+    #: epochs), ``total``; ``start_epoch`` > 0 when the run resumed from its checkpoint.
+    timings: Dict[str, float]
+    start_epoch: int = 0
+
+
+def _session_send(obj: Any) -> None:
+    """Rank 0's progress message to the driver through the rank's kolo session (best effort;
+    :meth:`TorchEstimator.fit` polls the job driver for them)."""
+    import cloudpickle
+
+    from kolo import _native
+
+    try:
+        _native.session_send(cloudpickle.dumps(obj))
+    except Exception as err:  # progress is best effort; training goes on
+        log.debug("progress message not sent: %s", err)
+
+
+def _local_rank_gpu(local_rank: int) -> int:
+    """The RayExecutor orders a node's CUDA_VISIBLE_DEVICES so local_rank indexes a rank's own
+    GPU."""
+    return local_rank
+
+
+def _arrow_batches(dataset: Any, columns: List[str]) -> Any:
+    """The selected columns of a Ray Dataset as a ``pyarrow.RecordBatchReader``, Ray's tensor
+    columns (one array per row) as fixed-size lists of their flattened values."""
+    import numpy as np
+    import pyarrow as pa
+
+    def convert(table: Any) -> Any:
+        arrays, fields = [], []
+        for name in columns:
+            column = table.column(name).combine_chunks()
+            kind = column.type
+            if isinstance(kind, pa.ExtensionType):
+                shape = tuple(getattr(kind, "shape", ()) or ())
+                storage = column.storage
+                if shape and all(isinstance(d, int) and d >= 0 for d in shape):
+                    values = storage.flatten()
+                    while pa.types.is_list(values.type) or pa.types.is_large_list(values.type):
+                        values = values.flatten()
+                    column = pa.FixedSizeListArray.from_arrays(values, int(np.prod(shape)))
+                else:
+                    raise DataError(
+                        f"column {name!r} holds tensors of variable shape ({kind}); give "
+                        "every row an array of the same shape"
+                    )
+            arrays.append(column)
+            fields.append(pa.field(name, column.type))
+        return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
+
+    batches = (
+        convert(table)
+        for table in dataset.select_columns(columns).iter_batches(
+            batch_format="pyarrow", batch_size=None
+        )
+        if table.num_rows
+    )
+    first = next(batches, None)
+    if first is None:
+        raise DataError("the Ray Dataset has no rows: check its source and filters before fitting")
+
+    def chain() -> Any:
+        yield first
+        yield from batches
+
+    return pa.RecordBatchReader.from_batches(first.schema, chain())
+
+
+class TorchEstimator:
+    """Trains a PyTorch model on Ray with kolo; the Spark estimator's parameters (see
+    ``docs/estimator.md``), plus Ray placement.
+
+    Placement: ``num_workers`` ranks (default 1 per CPU the cluster has, at most the number
+    of training files), each an actor with ``cpus_per_worker`` CPUs (and ``gpus_per_worker``
+    GPUs with ``use_gpu``; the model trains on the rank's GPU), started by a
+    :class:`kolo.ray.RayExecutor` made from ``settings``
+    (:meth:`RayExecutor.create_settings`) — or pass ``executor``, an existing
+    ``RayExecutor`` (started or not; one the estimator started is shut down after ``fit``).
+
+    Model and loop: ``model``, ``optimizer`` (each rank builds the same class with the same
+    param groups, lr multiplied by the number of ranks as Horovod does), ``loss`` (or one per
+    label column, or ``loss_constructors``), ``loss_weights``, ``metrics``, ``callbacks``,
+    ``feature_cols``, ``label_cols``, ``sample_weight_col``, ``validation`` (ratio or column),
+    ``input_shapes``/``label_shapes``, ``transformation_fn``, ``train_minibatch_fn``,
+    ``batch_size`` (32), ``val_batch_size``, ``epochs`` (1), ``train_steps_per_epoch``,
+    ``validation_steps_per_epoch``, ``shuffle`` (True), ``shuffle_buffer_size``,
+    ``random_seed``, ``backward_passes_per_step`` (1), ``gradient_compression``,
+    ``partitions_per_process`` (10 files per rank), ``run_id`` (an existing checkpoint of
+    that id resumes), ``store`` (a :class:`kolo.store.Store` or a prefix: prepared data,
+    checkpoints, logs), ``verbose`` (1: a progress bar per epoch on the driver).
+
+    Unknown parameters raise :class:`~kolo.exceptions.InvalidArgumentError`.
+
+    Example::
+
+        est = TorchEstimator(num_workers=2, store="/tmp/kolo-store", model=model,
+                             optimizer=opt, loss=torch.nn.functional.cross_entropy,
+                             feature_cols=["features"], label_cols=["label"], epochs=5)
+        result = est.fit(ray_dataset)          # or est.fit(pandas_df), est.fit_on_parquet(0)
+        result.history["train_loss"]
+    """
+
+    def __init__(self, **params: Any) -> None:
+        self._params: Dict[str, Any] = dict(_DEFAULTS)
+        self.set_params(**params)
+
+    # -- parameters ------------------------------------------------------------------------
+
+    def set_params(self, **params: Any) -> TorchEstimator:
+        """Sets parameters by name; returns ``self``.
+
+        Example::
+
+            est.set_params(epochs=3, batch_size=64)
+        """
+        unknown = sorted(k for k in params if k not in _DEFAULTS)
+        if unknown:
+            raise InvalidArgumentError(
+                f"TorchEstimator has no parameter {', '.join(unknown)}; its parameters are: "
+                f"{', '.join(sorted(_DEFAULTS))}"
+            )
+        self._params.update(params)
+        return self
+
+    def get_params(self) -> Dict[str, Any]:
+        """Every parameter's value (a copy of the mapping; the objects are shared).
+
+        Example::
+
+            assert est.get_params()["batch_size"] == 32
+        """
+        return dict(self._params)
+
+    def _param(self, name: str) -> Any:
+        return self._params[name]
+
+    # -- checks ----------------------------------------------------------------------------
+
+    def _store(self) -> Any:
+        from kolo.store import Store
+
+        store = self._params["store"]
+        if store is None:
+            raise InvalidArgumentError(
+                "store is not set: pass store=kolo.store.Store.create(<path or URL>) (or the "
+                "path itself); it holds the prepared data, checkpoints and logs"
+            )
+        if isinstance(store, str):
+            store = Store.create(store)
+            self._params["store"] = store
+        probe = f"{store.get_runs_path()}/.kolo_write_probe"
+        try:
+            store.write_bytes(probe, b"kolo")
+            store.delete(probe)
+        except Exception as err:
+            raise StoreError(
+                f"the store {store.prefix_path} is not writable ({err}): pick a location the "
+                "driver and every Ray node can write, or fix its permissions or credentials"
+            ) from err
+        return store
+
+    def _columns(self) -> List[str]:
+        features, labels = self._params["feature_cols"], self._params["label_cols"]
+        if not features:
+            raise InvalidArgumentError("feature_cols is not set: pass feature_cols=[...]")
+        if not labels:
+            raise InvalidArgumentError("label_cols is not set: pass label_cols=[...]")
+        for name in ("feature_cols", "label_cols"):
+            if isinstance(self._params[name], str):
+                self._params[name] = [self._params[name]]
+        columns = [*self._params["feature_cols"], *self._params["label_cols"]]
+        if self._params["sample_weight_col"]:
+            columns.append(self._params["sample_weight_col"])
+        return list(dict.fromkeys(columns))
+
+    def _num_workers(self) -> int:
+        executor = self._params["executor"]
+        if executor is not None:
+            return int(executor.num_workers)
+        num = self._params["num_workers"]
+        if num is None:
+            import ray
+
+            if not ray.is_initialized():
+                ray.init()
+            num = max(1, int(ray.cluster_resources().get("CPU", 1) // self._cpus()))
+        if isinstance(num, bool) or not isinstance(num, int) or num < 1:
+            raise InvalidArgumentError(f"num_workers={num!r} must be an int of at least 1")
+        return num
+
+    def _cpus(self) -> float:
+        return float(self._params["cpus_per_worker"] or 1)
+
+    # -- fitting ---------------------------------------------------------------------------
+
+    def fit(self, data: Any) -> TrainingResult:
+        """Prepares ``data`` into the store as Parquet and trains on it.
+
+        ``data``: a ``ray.data.Dataset`` (its feature/label/weight columns streamed to the
+        driver as Arrow batches and written by :func:`kolo.data.prepare_data`, dictionary
+        encoding off, ``num_workers * partitions_per_process`` files; Ray tensor columns
+        become fixed-length arrays), or anything :func:`kolo.data.prepare_data` takes (a
+        pandas DataFrame, a pyarrow Table, Parquet/CSV paths). Columns: numbers, bools, or
+        fixed-length arrays of them.
+
+        Raises :class:`~kolo.exceptions.DataError` (a missing or unusable column — the
+        message lists the available ones —, no rows), :class:`~kolo.exceptions.
+        InvalidArgumentError` (missing or inconsistent parameters, unpicklable objects),
+        :class:`~kolo.exceptions.StoreError`, and
+        :class:`~kolo.exceptions.RankFailedError` when a rank fails.
+
+        Example::
+
+            result = est.fit(ray.data.from_pandas(df))
+        """
+        started = time.monotonic()
+        columns = self._columns()
+        store = self._store()
+        check_model_and_loss(self._param)
+        num_workers = self._num_workers()
+        source = data
+        if _is_ray_dataset(data):
+            names = list(data.schema().names)
+            for role, wanted in (
+                ("feature", self._params["feature_cols"]),
+                ("label", self._params["label_cols"]),
+                ("sample weight", [self._params["sample_weight_col"]]),
+                ("validation", [self._params["validation"]]),
+            ):
+                for name in wanted:
+                    if isinstance(name, str) and name not in names:
+                        raise DataError(
+                            f"the {role} column {name!r} is not in the Ray Dataset; its "
+                            f"columns are: {', '.join(names)} (check the name's spelling "
+                            "and case)"
+                        )
+            selected = list(columns)
+            if isinstance(self._params["validation"], str):
+                selected.append(self._params["validation"])
+            source = _arrow_batches(data, list(dict.fromkeys(selected)))
+        from kolo.data import prepare_data
+
+        seed = self._params["random_seed"]
+        prepared = prepare_data(
+            store,
+            source,
+            feature_columns=self._params["feature_cols"],
+            label_columns=self._params["label_cols"],
+            validation=self._params["validation"] or None,
+            sample_weight_col=self._params["sample_weight_col"],
+            num_processes=num_workers,
+            partitions_per_process=int(self._params["partitions_per_process"]),
+            seed=0 if seed is None else int(seed),
+        )
+        prepare_s = time.monotonic() - started
+        result = self.fit_on_parquet(prepared.dataset_idx)
+        result.timings["prepare"] = prepare_s
+        result.timings["total"] = time.monotonic() - started
+        return result
+
+    def fit_on_parquet(
+        self, data: Union[int, str, None] = None, val_path: Optional[str] = None
+    ) -> TrainingResult:
+        """Trains on Parquet data already written: ``data`` an int is the index of a dataset
+        prepared in the store (``intermediate_train_data.<idx>``, by :meth:`fit`,
+        :func:`kolo.data.prepare_data` or the Spark estimator; default 0), a string a path or
+        URL of Parquet files to train on as they are (``val_path``: optional validation
+        files). Files without dictionary encoding load fastest.
+
+        Example::
+
+            prepared = kolo.data.prepare_data(store, "train.parquet", feature_columns=["x"],
+                                              label_columns=["y"], num_processes=2)
+            result = est.fit_on_parquet(prepared.dataset_idx)
+            result = est.fit_on_parquet("s3://bucket/train/")
+        """
+        from kolo.spark.common.util import describe_dataset, get_dataset_metadata
+
+        started = time.monotonic()
+        columns = self._columns()
+        store = self._store()
+        check_model_and_loss(self._param)
+        if data is None or (isinstance(data, int) and not isinstance(data, bool)):
+            meta = get_dataset_metadata(store, 0 if data is None else data, columns)
+        elif isinstance(data, str):
+            options = store.native_location()[1] if hasattr(store, "native_location") else None
+            meta = describe_dataset(data, val_path, options, columns)
+        else:
+            raise InvalidArgumentError(
+                f"fit_on_parquet takes a dataset index (int) or a Parquet path (str), not "
+                f"{type(data).__name__}; for a Ray Dataset or a DataFrame use fit()"
+            )
+        result = self._train(store, meta)
+        result.timings["total"] = time.monotonic() - started
+        return result
+
+    def _train(self, store: Any, meta: Any) -> TrainingResult:
+        import torch
+
+        num_workers = self._num_workers()
+        batch_size = int(self._params["batch_size"])
+        per_rank = meta.train_rows // num_workers
+        if per_rank < batch_size:
+            raise DataError(
+                f"{meta.train_rows} training rows give each of the {num_workers} ranks "
+                f"{per_rank} rows, fewer than batch_size={batch_size}: lower batch_size or "
+                "num_workers, or add data"
+            )
+        run_id = self._params["run_id"] or f"run_{int(time.time() * 1000)}"
+        val_path = meta.val_path if meta.val_rows > 0 else None
+        spec = build_training_spec(self._param, store, run_id, meta.train_path, val_path)
+        trainer = RemoteTrainer(spec, send=_session_send, gpu_index=_local_rank_gpu)
+
+        executor, owned = self._executor(num_workers)
+        progress = Progress(int(self._params["verbose"]), int(self._params["epochs"]))
+        timings: Dict[str, float] = {"prepare": 0.0}
+        began = time.monotonic()
+        try:
+            if owned:
+                executor.start()
+            timings["start"] = time.monotonic() - began
+            results = _run_with_progress(executor, trainer, progress)
+        finally:
+            progress.close()
+            if owned:
+                executor.shutdown()
+        rank0 = results[0]
+        trained = copy.deepcopy(self._params["model"])
+        state = torch.load(io.BytesIO(rank0["model"]), map_location="cpu", weights_only=False)
+        trained.load_state_dict(state)
+        timings["train"] = float(rank0.get("timings", {}).get("train_s", 0.0))
+        return TrainingResult(
+            model=trained,
+            history=rank0["history"],
+            run_id=run_id,
+            checkpoint_path=store.get_checkpoint_path(run_id),
+            logs_path=store.get_logs_path(run_id),
+            metadata={
+                "dataset_idx": meta.dataset_idx,
+                "train_path": meta.train_path,
+                "val_path": val_path,
+                "train_rows": meta.train_rows,
+                "val_rows": meta.val_rows,
+                "columns": {
+                    name: {"dtype": info.dtype, "shape": info.shape}
+                    for name, info in meta.columns.items()
+                },
+            },
+            timings=timings,
+            start_epoch=int(rank0.get("start_epoch", 0)),
+        )
+
+    def _executor(self, num_workers: int) -> tuple:
+        """``(executor, owned)``: the given executor (owned if not started yet), or a new one."""
+        from kolo.ray.executor import RayExecutor
+
+        executor = self._params["executor"]
+        if executor is not None:
+            return executor, not executor.workers
+        executor = RayExecutor(
+            self._params["settings"],
+            num_workers=num_workers,
+            cpus_per_worker=self._cpus(),
+            use_gpu=bool(self._params["use_gpu"]),
+            gpus_per_worker=self._params["gpus_per_worker"],
+        )
+        return executor, True
+
+
+def _is_ray_dataset(data: Any) -> bool:
+    module = type(data).__module__ or ""
+    return module.startswith("ray.data") and hasattr(data, "iter_batches")
+
+
+def _run_with_progress(executor: Any, trainer: RemoteTrainer, progress: Progress) -> List[Any]:
+    """``executor.run(trainer)`` (fail-fast), with rank 0's progress messages taken from the
+    job driver on a thread and shown by ``progress``."""
+    import cloudpickle
+
+    driver = executor._driver
+    done = threading.Event()
+
+    def pump() -> None:
+        while True:
+            last = done.is_set()  # after the run: one more poll for the last epoch's message
+            try:
+                events = driver.poll(0.05 if last else 0.2)
+            except Exception as err:  # the job ended under us
+                log.debug("progress poll stopped: %s", err)
+                return
+            for event in events:
+                if event[0] == "message":
+                    _, task, rank, data = event
+                    try:
+                        progress.on_message(task if rank is None else rank, cloudpickle.loads(data))
+                    except Exception as err:  # a bar that fails must not stop training
+                        log.debug("progress message not shown: %s", err)
+            if last:
+                return
+
+    thread = threading.Thread(target=pump, name="kolo-ray-progress", daemon=True)
+    thread.start()
+    try:
+        return executor.run(trainer)
+    finally:
+        done.set()
+        thread.join(timeout=5)

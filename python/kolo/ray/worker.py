@@ -1,0 +1,79 @@
+"""The actor behind each rank of a :class:`kolo.ray.RayExecutor` (internal).
+
+The actor process *is* the rank: :meth:`_RankActor.setup` puts the job's ``KOLO_*`` variables
+into ``os.environ``, registers with the job driver at once (the launcher-neutral session
+``kolo._native.session_join``, as a Spark rank process does), sets the rank variables, and only
+then builds the user's executable, so ``hvd.init()`` inside it or inside any later function
+adopts that registration (the same rank).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import traceback
+from typing import Any, Callable, Optional
+
+
+class _RankActor:
+    """One rank; wrapped with ``ray.remote`` by the executor."""
+
+    def __init__(self) -> None:
+        self._executable: Any = None
+
+    def location(self) -> dict[str, Any]:
+        """Where the actor runs: Ray node id and IP, hostname, pid, assigned GPU ids."""
+        import ray
+
+        return {
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "node_ip": ray.util.get_node_ip_address(),
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "gpu_ids": [str(gpu) for gpu in ray.get_gpu_ids()],
+        }
+
+    def setup(
+        self,
+        env: dict[str, str],
+        host_label: str,
+        executable_cls: Optional[Callable[..., Any]],
+        executable_args: tuple,
+        executable_kwargs: dict,
+    ) -> dict[str, str]:
+        """Joins the job (blocks until every rank registered) and builds the executable."""
+        from kolo import _native
+
+        os.environ.update(env)
+        rank_vars = _native.session_join()
+        for name, value in rank_vars:
+            os.environ[name] = value
+        _native.session_post_started(0, host_label, os.getpid())
+        if executable_cls is not None:
+            self._executable = self._call(executable_cls, *executable_args, **executable_kwargs)
+        return dict(rank_vars)
+
+    def run(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """``fn(*args, **kwargs)``; a raise is reported to the driver, then re-raised."""
+        return self._call(fn, *args, **kwargs)
+
+    def execute(self, fn: Callable[[Any], Any]) -> Any:
+        """``fn(executable)``; a raise is reported to the driver, then re-raised."""
+        return self._call(fn, self._executable)
+
+    def ping(self) -> bool:
+        """True (the executor uses it to see an actor is gone)."""
+        return True
+
+    @staticmethod
+    def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except BaseException:
+            from kolo import _native
+
+            try:
+                _native.session_fail(traceback.format_exc())
+            except Exception:
+                pass
+            raise

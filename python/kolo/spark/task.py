@@ -1,0 +1,157 @@
+"""The task side of :func:`kolo.spark.run`, and helpers for the function it runs.
+
+Inside the function ``kolo.spark.run`` executes:
+
+- :func:`get_available_devices` gives the Spark GPU addresses of the task behind this rank;
+- :func:`send_to_driver` sends a small picklable object to the driver (``run(...,
+  _on_message=callback)`` receives it), in order.
+
+Example::
+
+    import kolo.spark
+    from kolo.spark.task import get_available_devices, send_to_driver
+
+    def fn():
+        send_to_driver({"step": 1})
+        return get_available_devices()
+
+    kolo.spark.run(fn, num_proc=2, _on_message=lambda rank, msg: print(rank, msg))
+
+The rest of the module is internal: ``_run_barrier_task`` is what each barrier task runs (it
+starts the rank process and waits for it), ``_child_main`` is the rank process.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import traceback
+from typing import Any, Iterable, Iterator, Optional
+
+#: The comma-separated Spark GPU addresses of the task, as the task runner hands them down.
+GPU_ADDRESSES_VAR = "KOLO_SPARK_GPU_ADDRESSES"
+
+#: How the task runner starts the rank process (``executable -c CHILD_CODE``).
+CHILD_CODE = "from kolo.spark.task import _child_main; _child_main()"
+
+#: How long a rank process waits for its function after every rank registered.
+_PAYLOAD_TIMEOUT_S = 120.0
+
+
+def get_available_devices() -> list[str]:
+    """The Spark GPU addresses (``TaskContext.resources()['gpu'].addresses``) of the task that
+    runs this rank; empty when the task has no GPUs.
+
+    Example::
+
+        def fn():
+            import torch
+            devices = kolo.spark.task.get_available_devices()
+            if devices:
+                torch.cuda.set_device(int(devices[0]))
+    """
+    value = os.environ.get(GPU_ADDRESSES_VAR)
+    if value is not None:
+        return [address for address in value.split(",") if address]
+    try:
+        from pyspark import TaskContext
+    except ImportError:
+        return []
+    context = TaskContext.get()
+    if context is None:
+        return []
+    gpu = context.resources().get("gpu")
+    return list(gpu.addresses) if gpu is not None else []
+
+
+def send_to_driver(obj: Any) -> None:
+    """Sends a small picklable object to the driver of ``kolo.spark.run``, which calls its
+    ``_on_message(rank, obj)`` callback with it; messages of one rank arrive in order.
+
+    Example::
+
+        def fn():
+            for epoch in range(3):
+                send_to_driver({"epoch": epoch, "loss": 0.1})
+    """
+    import cloudpickle
+
+    from kolo import _native
+
+    _native.session_send(cloudpickle.dumps(obj))
+
+
+def _task_gpu_addresses(context: Any) -> list[str]:
+    try:
+        gpu = context.resources().get("gpu")
+    except Exception:
+        return []
+    return list(gpu.addresses) if gpu is not None else []
+
+
+def _run_barrier_task(
+    job_env: dict[str, str],
+    user_env: dict[str, str],
+    executable: Optional[str],
+    term_grace: float,
+    partition: Iterable[Any],
+) -> Iterator[tuple[int, bool, str]]:
+    """One barrier task: start the rank process for this partition and wait for it."""
+    from pyspark import BarrierTaskContext
+
+    from kolo import _native
+
+    for _ in partition:
+        pass
+    context = BarrierTaskContext.get()
+    index = context.partitionId()
+    attempt = context.attemptNumber()
+    envs = list(user_env.items())
+    envs += list(job_env.items())
+    envs += [
+        ("KOLO_TASK_INDEX", str(index)),
+        (GPU_ADDRESSES_VAR, ",".join(_task_gpu_addresses(context))),
+        ("PYTHONUNBUFFERED", "1"),
+    ]
+    hostname = (
+        user_env.get("KOLO_HOSTNAME") or os.environ.get("KOLO_HOSTNAME") or socket.gethostname()
+    )
+    program = executable or sys.executable
+    success, description = _native.spark_run_task(
+        envs, program, ["-c", CHILD_CODE], attempt, hostname, term_grace
+    )
+    yield (index, bool(success), str(description))
+
+
+def _child_main() -> None:
+    """The rank process: register (the rank variables go into ``os.environ`` before the
+    function is unpickled), run the function, return its result or report its failure."""
+    from kolo import _native
+
+    try:
+        for name, value in _native.session_join():
+            os.environ[name] = value
+    except BaseException as err:
+        print(f"kolo.spark.run: the rank process could not join its job: {err}", file=sys.stderr)
+        sys.stderr.flush()
+        os._exit(1)
+    try:
+        import cloudpickle
+
+        fn, args, kwargs = cloudpickle.loads(_native.session_payload(_PAYLOAD_TIMEOUT_S))
+        result = fn(*args, **kwargs)
+        data = cloudpickle.dumps(result)
+    except BaseException:
+        text = traceback.format_exc()
+        sys.stderr.write(text)
+        sys.stderr.flush()
+        try:
+            _native.session_fail(text)
+        finally:
+            sys.stdout.flush()
+            sys.exit(1)
+    _native.session_put_result(data)
+    _native.session_finish()
+    sys.stdout.flush()
+    sys.stderr.flush()

@@ -1,0 +1,314 @@
+"""``TorchModel``: the Spark ML Transformer a :class:`~kolo.spark.torch.TorchEstimator`
+returns (Horovod's ``horovod.spark.torch.TorchModel``), with batched Arrow inference.
+
+``transform(df)`` keeps every input column and adds one output column per label
+(``<label>__output`` unless :meth:`TorchModel.setOutputCols` says otherwise): a double for a
+model output of one value per row, ``array<double>`` otherwise. Inference runs in a scalar
+pandas UDF over the feature columns only (the other columns stay in the JVM): the model
+travels once as a broadcast and is loaded once per Python worker, and each Arrow batch is
+predicted in chunks of ``inference_batch_size`` rows (on the task's GPU when ``use_gpu`` and
+Spark assigned one).
+
+Example::
+
+    predictions = torch_model.setOutputCols(["pred"]).transform(test_df)
+    predictions.select("label", "pred").show()
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from typing import Any, Dict, List, Optional, Tuple
+
+import cloudpickle
+import pandas as pd
+from pyspark.ml import Model
+from pyspark.ml.util import MLReadable, MLWritable
+
+from kolo.exceptions import DataError, InvalidArgumentError
+from kolo.spark.common.params import ModelParams, model_defaults
+from kolo.spark.common.serialization import KoloReader, KoloWriter
+
+__all__ = ["TorchModel"]
+
+log = logging.getLogger(__name__)
+
+#: The model loaded in this Python worker: (broadcast id, model, device).
+_LOADED: Dict[str, Any] = {}
+_LOADED_LOCK = threading.Lock()
+
+
+def _numpy_dtype(name: Optional[str]) -> Any:
+    import numpy as np
+
+    return np.dtype(name or "float32")
+
+
+class TorchModel(Model, ModelParams, MLReadable, MLWritable):
+    """A trained PyTorch model as a Spark ML Transformer.
+
+    Parameters (each with ``getX``/``setX``): ``model``, ``history``, ``feature_columns``,
+    ``label_columns``, ``output_cols``, ``run_id``, ``metadata``, ``input_shapes``,
+    ``use_gpu``, ``inference_batch_size`` (1024).
+
+    Example::
+
+        model = est.fit(df)
+        model.getHistory()["train_loss"]      # one value per epoch
+        model.getModel()                      # the trained torch.nn.Module
+        model.transform(test_df)              # + <label>__output columns
+        model.write().overwrite().save("/tmp/digits_model")
+        same = TorchModel.load("/tmp/digits_model")
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__()
+        self._setDefault(**model_defaults())
+        unknown = sorted(k for k in kwargs if not self.hasParam(k))
+        if unknown:
+            raise InvalidArgumentError(
+                f"TorchModel has no parameter {', '.join(unknown)}; its parameters are: "
+                f"{', '.join(sorted(p.name for p in self.params))}"
+            )
+        self._set(**kwargs)
+        self._timings: Dict[str, Any] = {}
+        self._start_epoch = 0
+
+    def getTimings(self) -> Dict[str, Any]:
+        """Where the time of the ``fit`` that made this model went (empty for a loaded model):
+        ``first_step`` (unix time the first training step started on rank 0) and ``parts``,
+        seconds of ``prepare`` (data preparation; 0 when reused or ``fit_on_parquet``),
+        ``launch`` (``kolo.spark.run`` call to the first step: barrier stage, rank start,
+        ``hvd.init``, model and loader set-up, broadcasts), ``train`` (epochs, validation
+        included, on rank 0), ``checkpoint`` (rank 0's writes) and ``model_return`` (rank 0's
+        return to the trained model on the driver: TensorBoard sync, result transfer, ranks'
+        exit, loading the weights).
+
+        Example::
+
+            parts = model.getTimings()["parts"]
+            print(f"launch {parts['launch']:.2f} s, train {parts['train']:.2f} s")
+        """
+        return dict(self._timings)
+
+    def getOutputCols(self) -> List[str]:
+        """The output column names: those set, else ``<label>__output`` for each label."""
+        cols = self.getOrDefault(self.output_cols)
+        if cols:
+            return list(cols)
+        return [f"{label}__output" for label in self.getLabelColumns() or []]
+
+    def getFeatureColumns(self) -> List[str]:
+        """The feature column names."""
+        return list(self.getOrDefault(self.feature_columns) or [])
+
+    def getLabelColumns(self) -> List[str]:
+        """The label column names."""
+        return list(self.getOrDefault(self.label_columns) or [])
+
+    # -- persistence ---------------------------------------------------------------------------
+
+    def write(self) -> KoloWriter:
+        """A writer that saves the model and its parameters (``write().save(path)``)."""
+        return KoloWriter(self)
+
+    @classmethod
+    def read(cls) -> KoloReader:
+        """A reader of what :meth:`write` saved."""
+        return KoloReader(cls)
+
+    # -- inference -------------------------------------------------------------------------------
+
+    def _output_sizes(self, model: Any) -> List[Optional[int]]:
+        """Values per row of each output (None: one value, a double column), from running the
+        model on two rows of zeros shaped like the training data."""
+        import numpy as np
+        import torch
+
+        columns = (self.getMetadata() or {}).get("columns", {})
+        shapes = self.getInputShapes()
+        inputs = []
+        for i, name in enumerate(self.getFeatureColumns()):
+            info = columns.get(name, {})
+            shape = tuple(info.get("shape") or ())
+            dtype = _numpy_dtype(info.get("dtype"))
+            x = torch.from_numpy(np.zeros((2, *shape), dtype=dtype))
+            if x.dtype == torch.float64:
+                x = x.float()
+            if shapes:
+                x = x.reshape(shapes[i])
+            inputs.append(x)
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                outputs = model(*inputs)
+        finally:
+            model.train(was_training)
+        if not isinstance(outputs, (tuple, list)):
+            outputs = [outputs]
+        labels = self.getLabelColumns()
+        if len(outputs) != len(labels):
+            raise InvalidArgumentError(
+                f"the model returns {len(outputs)} outputs for {len(labels)} label columns: "
+                "return one output per label"
+            )
+        sizes = []
+        for out in outputs:
+            per_row = int(np.prod(out.shape[1:])) if out.dim() > 1 else 1
+            sizes.append(None if per_row == 1 else per_row)
+        return sizes
+
+    def _transform(self, df: Any) -> Any:
+        from pyspark.ml.functions import vector_to_array
+        from pyspark.sql import functions as F
+        from pyspark.sql import types as T
+
+        from kolo.spark.common.util import _is_vector
+
+        model = self.getModel()
+        if model is None:
+            raise InvalidArgumentError("this TorchModel has no model")
+        fields = {f.name: f.dataType for f in df.schema.fields}
+        inputs, extra = [], []
+        for i, name in enumerate(self.getFeatureColumns()):
+            if name not in fields:
+                raise DataError(
+                    f"the feature column {name!r} is not in the DataFrame; its columns are: "
+                    f"{', '.join(fields)}"
+                )
+            if _is_vector(fields[name]):
+                tmp = f"__kolo_feature_{i}"
+                extra.append(vector_to_array(F.col(name), "float32").alias(tmp))
+                inputs.append(tmp)
+            else:
+                inputs.append(name)
+        out_cols = self.getOutputCols()
+        sizes = self._output_sizes(model)
+        if len(out_cols) != len(sizes):
+            raise InvalidArgumentError(
+                f"{len(out_cols)} output columns for {len(sizes)} model outputs: set one "
+                "output column per label with setOutputCols"
+            )
+        out_fields = [
+            T.StructField(
+                col, T.DoubleType() if size is None else T.ArrayType(T.DoubleType(), False), True
+            )
+            for col, size in zip(out_cols, sizes)
+        ]
+        payload = cloudpickle.dumps(
+            {"model": model, "input_shapes": self.getInputShapes(), "use_gpu": self.getUseGpu()}
+        )
+        broadcast = df.sparkSession.sparkContext.broadcast(payload)
+        predictor = _Predictor(broadcast, out_cols, sizes, int(self.getInferenceBatchSize()))
+        source = df.select("*", *extra) if extra else df
+        # Only the feature columns travel to Python and only the outputs come back; the
+        # other columns (Spark ML vectors included) stay in the JVM.
+        if len(out_fields) == 1:
+            udf = F.pandas_udf(predictor.series, out_fields[0].dataType)
+            result = source.withColumn(out_cols[0], udf(*inputs))
+        else:
+            udf = F.pandas_udf(predictor.frame, T.StructType(out_fields))
+            packed = "__kolo_outputs"
+            result = source.withColumn(packed, udf(*inputs)).select(
+                "*", *(F.col(f"{packed}.{col}").alias(col) for col in out_cols)
+            )
+            result = result.drop(packed)
+        return result.drop(*[f"__kolo_feature_{i}" for i in range(len(inputs))])
+
+
+class _Predictor:
+    """The pandas UDF body: feature columns in (one pandas batch), model outputs out."""
+
+    def __init__(
+        self, broadcast: Any, out_cols: List[str], sizes: List[Optional[int]], batch_size: int
+    ) -> None:
+        self.broadcast = broadcast
+        self.key = uuid.uuid4().hex
+        self.out_cols = out_cols
+        self.sizes = sizes
+        self.batch_size = max(1, batch_size)
+
+    def _load(self) -> Tuple[Any, Any, Any]:
+        import torch
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        # one intra-op thread per task CPU: the executor runs several tasks at once
+        torch.set_num_threads(max(1, context.cpus() if context is not None else 1))
+        key = self.key
+        with _LOADED_LOCK:
+            if _LOADED.get("key") != key:
+                payload = cloudpickle.loads(self.broadcast.value)
+                device = torch.device("cpu")
+                if payload["use_gpu"] and torch.cuda.is_available():
+                    gpus = context.resources().get("gpu") if context is not None else None
+                    if gpus is not None and gpus.addresses:
+                        device = torch.device("cuda", int(gpus.addresses[0]))
+                model = payload["model"].to(device)
+                model.eval()
+                _LOADED.clear()
+                _LOADED.update(key=key, model=model, device=device, shapes=payload["input_shapes"])
+            return _LOADED["model"], _LOADED["device"], _LOADED["shapes"]
+
+    @staticmethod
+    def _column(series: Any) -> Any:
+        """One feature column of the batch as a C-contiguous numpy array ([rows] or
+        [rows, len] for array columns), float64 narrowed to float32."""
+        import numpy as np
+
+        values = series.to_numpy()
+        if values.dtype == object:
+            if len(values) and len({len(v) for v in values}) > 1:
+                raise DataError(
+                    "a feature column holds arrays of different lengths; give every row a "
+                    "vector of the same length"
+                )
+            values = np.stack(values) if len(values) else values.astype(np.float32)
+        if values.dtype == np.float64:
+            values = values.astype(np.float32)
+        return np.ascontiguousarray(values)
+
+    def _predict(self, series: Tuple[Any, ...]) -> List[Any]:
+        """The outputs for one batch: per output, [rows] doubles or [rows, size] doubles."""
+        import numpy as np
+        import torch
+
+        model, device, shapes = self._load()
+        rows = len(series[0])
+        columns = [torch.from_numpy(self._column(s)) for s in series]
+        chunks: List[List[np.ndarray]] = [[] for _ in self.out_cols]
+        with torch.no_grad():
+            for start in range(0, rows, self.batch_size):
+                xs = [c[start : start + self.batch_size].to(device) for c in columns]
+                if shapes:
+                    xs = [x.reshape(s) for x, s in zip(xs, shapes)]
+                outputs = model(*xs)
+                if not isinstance(outputs, (tuple, list)):
+                    outputs = [outputs]
+                for i, out in enumerate(outputs):
+                    chunks[i].append(
+                        out.detach().to("cpu", torch.float64).reshape(out.shape[0], -1).numpy()
+                    )
+        results = []
+        for parts, size in zip(chunks, self.sizes):
+            values = np.concatenate(parts) if parts else np.zeros((0, size or 1))
+            results.append(values[:, 0] if size is None else values)
+        return results
+
+    @staticmethod
+    def _as_series(values: Any) -> pd.Series:
+        return pd.Series(values if values.ndim == 1 else list(values))
+
+    def series(self, *series: pd.Series) -> pd.Series:
+        """The UDF for one output column."""
+        return self._as_series(self._predict(series)[0])
+
+    def frame(self, *series: pd.Series) -> pd.DataFrame:
+        """The UDF for several output columns (a struct of them)."""
+        outputs = self._predict(series)
+        return pd.DataFrame(
+            {col: self._as_series(values) for col, values in zip(self.out_cols, outputs)}
+        )

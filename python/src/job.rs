@@ -1,0 +1,311 @@
+//! The launcher-neutral native pieces shared by `kolo.spark.run` and `kolo.ray.RayExecutor`:
+//! the driver-side `LaunchDriver` and the worker's session functions (`session_*`), wrappers
+//! over `kolo_collective::control::{launch, session}`.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use kolo_collective::control::{DriverEvent, LaunchDriver, LaunchDriverOptions, WorkerSession};
+use kolo_collective::Error;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyTuple};
+
+use crate::blocking::run_interruptibly;
+use crate::error::to_py;
+
+/// `value` seconds as a `Duration`, or `InvalidArgumentError` naming `name`.
+pub fn seconds(name: &str, value: f64) -> PyResult<Duration> {
+    if value.is_finite() && value > 0.0 && value < 1e9 {
+        Ok(Duration::from_secs_f64(value))
+    } else {
+        Err(to_py(Error::InvalidArgument(format!(
+            "{name}={value} must be a positive number of seconds"
+        ))))
+    }
+}
+
+/// The job driver of one launch (`kolo.spark.run`, `RayExecutor`).
+#[pyclass(name = "LaunchDriver", module = "kolo._native")]
+#[derive(Debug)]
+pub struct PyLaunchDriver {
+    inner: Arc<LaunchDriver>,
+}
+
+#[pymethods]
+impl PyLaunchDriver {
+    #[new]
+    #[pyo3(signature = (num_tasks, bind = "127.0.0.1:0", start_timeout = 30.0, heartbeat_timeout = 30.0))]
+    fn new(
+        py: Python<'_>,
+        num_tasks: usize,
+        bind: &str,
+        start_timeout: f64,
+        heartbeat_timeout: f64,
+    ) -> PyResult<Self> {
+        let bind: SocketAddr = bind.parse().map_err(|_| {
+            to_py(Error::InvalidArgument(format!(
+                "bind={bind:?} is not an IP:port address (e.g. 127.0.0.1:0)"
+            )))
+        })?;
+        let options = LaunchDriverOptions {
+            bind,
+            num_tasks,
+            start_timeout: seconds("start_timeout", start_timeout)?,
+            heartbeat_timeout: seconds("heartbeat_timeout", heartbeat_timeout)?,
+        };
+        let inner = py.detach(|| LaunchDriver::start(&options)).map_err(to_py)?;
+        Ok(Self {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// The `host:port` tasks connect to.
+    #[getter]
+    fn addr(&self) -> String {
+        self.inner.addr().to_string()
+    }
+
+    /// The `KOLO_*` variables of task `task_index` (the secret among them: never log them).
+    fn worker_env<'py>(&self, py: Python<'py>, task_index: u32) -> PyResult<Bound<'py, PyDict>> {
+        let dict = PyDict::new(py);
+        for (name, value) in self.inner.worker_env(task_index).to_vars() {
+            dict.set_item(name, value)?;
+        }
+        Ok(dict)
+    }
+
+    /// Publishes the pickled `(fn, args, kwargs)`.
+    fn put_payload(&self, py: Python<'_>, payload: Vec<u8>) {
+        py.detach(|| self.inner.put_payload(payload));
+    }
+
+    /// What the tasks sent since the last call, waiting up to `timeout` seconds for something:
+    /// tuples `("started", task, attempt, hostname, pid)`, `("output", task, rank, stderr,
+    /// bytes, unix_micros)`, `("message", task, rank, bytes)`, `("exited", task, rank,
+    /// success, description)`.
+    fn poll<'py>(&self, py: Python<'py>, timeout: f64) -> PyResult<Vec<Bound<'py, PyTuple>>> {
+        let timeout = Duration::from_secs_f64(timeout.clamp(0.0, 60.0));
+        let inner = Arc::clone(&self.inner);
+        let events = py.detach(move || inner.poll(timeout)).map_err(to_py)?;
+        events
+            .into_iter()
+            .map(|event| match event {
+                DriverEvent::Started { task, start } => PyTuple::new(
+                    py,
+                    [
+                        "started".into_pyobject(py)?.into_any(),
+                        task.into_pyobject(py)?.into_any(),
+                        start.attempt.into_pyobject(py)?.into_any(),
+                        start.hostname.into_pyobject(py)?.into_any(),
+                        start.pid.into_pyobject(py)?.into_any(),
+                    ],
+                ),
+                DriverEvent::Output {
+                    task,
+                    rank,
+                    stderr,
+                    text,
+                    unix_micros,
+                } => PyTuple::new(
+                    py,
+                    [
+                        "output".into_pyobject(py)?.into_any(),
+                        task.into_pyobject(py)?.into_any(),
+                        rank.into_pyobject(py)?.into_any(),
+                        pyo3::types::PyBool::new(py, stderr).to_owned().into_any(),
+                        PyBytes::new(py, &text).into_any(),
+                        unix_micros.into_pyobject(py)?.into_any(),
+                    ],
+                ),
+                DriverEvent::Message { task, rank, data } => PyTuple::new(
+                    py,
+                    [
+                        "message".into_pyobject(py)?.into_any(),
+                        task.into_pyobject(py)?.into_any(),
+                        rank.into_pyobject(py)?.into_any(),
+                        PyBytes::new(py, &data).into_any(),
+                    ],
+                ),
+                DriverEvent::Exited {
+                    task,
+                    rank,
+                    success,
+                    description,
+                } => PyTuple::new(
+                    py,
+                    [
+                        "exited".into_pyobject(py)?.into_any(),
+                        task.into_pyobject(py)?.into_any(),
+                        rank.into_pyobject(py)?.into_any(),
+                        pyo3::types::PyBool::new(py, success).to_owned().into_any(),
+                        description.into_pyobject(py)?.into_any(),
+                    ],
+                ),
+            })
+            .collect()
+    }
+
+    /// Task `task_index`'s pickled result, or None.
+    fn result<'py>(&self, py: Python<'py>, task_index: u32) -> Option<Bound<'py, PyBytes>> {
+        let value = py.detach(|| self.inner.result(task_index))?;
+        Some(PyBytes::new(py, &value))
+    }
+
+    /// `(attempt, hostname, pid)` task `task_index` reported at its start, or None.
+    fn task_start(&self, task_index: u32) -> Option<(u32, String, u32)> {
+        self.inner
+            .task_start(task_index)
+            .map(|start| (start.attempt, start.hostname, start.pid))
+    }
+
+    /// `(success, description)` of task `task_index`'s rank process once it ended, or None.
+    fn task_exit(&self, task_index: u32) -> Option<(bool, String)> {
+        self.inner.task_exit(task_index)
+    }
+
+    /// True once every task's rank process ended.
+    fn all_exited(&self) -> bool {
+        self.inner.all_exited()
+    }
+
+    /// The first failure as `(rank or None, host, message)`, or None.
+    fn failure(&self) -> Option<(Option<u32>, String, String)> {
+        self.inner
+            .failure()
+            .map(|cause| (cause.rank, cause.host, cause.message))
+    }
+
+    /// Every task's assignment (dicts by task index) once all registered, else None.
+    fn assignment<'py>(&self, py: Python<'py>) -> PyResult<Option<Vec<Bound<'py, PyDict>>>> {
+        let Some(peers) = self.inner.assignment() else {
+            return Ok(None);
+        };
+        let mut rows = Vec::with_capacity(peers.len());
+        for peer in peers {
+            let row = PyDict::new(py);
+            row.set_item("task_index", peer.task_index)?;
+            row.set_item("rank", peer.rank)?;
+            row.set_item("size", peer.size)?;
+            row.set_item("local_rank", peer.local_rank)?;
+            row.set_item("local_size", peer.local_size)?;
+            row.set_item("cross_rank", peer.cross_rank)?;
+            row.set_item("cross_size", peer.cross_size)?;
+            row.set_item("host_hash", peer.host_hash)?;
+            row.set_item("hostname", peer.hostname)?;
+            rows.push(row);
+        }
+        Ok(Some(rows))
+    }
+
+    /// Records that task `task_index` failed (its process died, its actor was lost): the abort
+    /// cause names its rank and host, and the job is aborted.
+    fn report_task_failure(&self, task_index: u32, message: String) {
+        self.inner.report_task_failure(task_index, message);
+    }
+
+    /// Aborts the job: every task stops its rank process.
+    fn abort(&self, message: String) {
+        self.inner.abort(message);
+    }
+
+    /// Stops the service (idempotent).
+    fn shutdown(&self, py: Python<'_>) {
+        py.detach(|| self.inner.shutdown());
+    }
+}
+
+static SESSION: Mutex<Option<Arc<WorkerSession>>> = Mutex::new(None);
+
+fn session() -> PyResult<Arc<WorkerSession>> {
+    SESSION
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone()
+        .ok_or_else(|| {
+            to_py(Error::InvalidArgument(
+                "this process has no job session (send_to_driver and the rank helpers work \
+                 only inside the function kolo.spark.run or RayExecutor runs)"
+                    .into(),
+            ))
+        })
+}
+
+/// Registers this process with the job its `KOLO_*` environment names; returns the rank variables to set (a list of
+/// `(name, value)`).
+#[pyfunction]
+fn session_join(py: Python<'_>) -> PyResult<Vec<(String, String)>> {
+    let session = run_interruptibly(py, Duration::from_secs(1), |_stop| {
+        WorkerSession::join_from_env()
+    })?
+    .map_err(to_py)?;
+    let vars = session.rank_env();
+    *SESSION.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(session));
+    Ok(vars)
+}
+
+/// Fetches the pickled `(fn, args, kwargs)`, waiting up to `timeout` seconds.
+#[pyfunction]
+fn session_payload<'py>(py: Python<'py>, timeout: f64) -> PyResult<Bound<'py, PyBytes>> {
+    let session = session()?;
+    let timeout = seconds("timeout", timeout)?;
+    let payload = run_interruptibly(py, Duration::from_secs(1), move |_stop| {
+        session.fetch_payload(timeout)
+    })?
+    .map_err(to_py)?;
+    Ok(PyBytes::new(py, &payload))
+}
+
+/// Returns this rank's pickled result to the driver.
+#[pyfunction]
+fn session_put_result(py: Python<'_>, result: Vec<u8>) -> PyResult<()> {
+    let session = session()?;
+    run_interruptibly(py, Duration::from_secs(1), move |_stop| {
+        session.put_result(&result)
+    })?
+    .map_err(to_py)
+}
+
+/// Sends a small pickled object to the driver.
+#[pyfunction]
+fn session_send(py: Python<'_>, message: Vec<u8>) -> PyResult<()> {
+    let session = session()?;
+    py.detach(move || session.send_message(message))
+        .map_err(to_py)
+}
+
+/// Tells the driver this task's worker runs (a `started` event with attempt, host, pid).
+#[pyfunction]
+fn session_post_started(py: Python<'_>, attempt: u32, hostname: String, pid: u32) -> PyResult<()> {
+    let session = session()?;
+    py.detach(move || session.post_started(attempt, &hostname, pid))
+        .map_err(to_py)
+}
+
+/// Reports that the user's function failed (`message` carries the traceback).
+#[pyfunction]
+fn session_fail(py: Python<'_>, message: String) -> PyResult<()> {
+    let session = session()?;
+    py.detach(move || session.report_failure(&message))
+        .map_err(to_py)
+}
+
+/// Ends the session (leaves the job unless `init()` adopted it).
+#[pyfunction]
+fn session_finish(py: Python<'_>) -> PyResult<()> {
+    let session = session()?;
+    py.detach(move || session.finish()).map_err(to_py)
+}
+
+/// Adds the launch driver class and the session functions to the native module.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyLaunchDriver>()?;
+    m.add_function(wrap_pyfunction!(session_join, m)?)?;
+    m.add_function(wrap_pyfunction!(session_payload, m)?)?;
+    m.add_function(wrap_pyfunction!(session_put_result, m)?)?;
+    m.add_function(wrap_pyfunction!(session_send, m)?)?;
+    m.add_function(wrap_pyfunction!(session_post_started, m)?)?;
+    m.add_function(wrap_pyfunction!(session_fail, m)?)?;
+    m.add_function(wrap_pyfunction!(session_finish, m)?)?;
+    Ok(())
+}

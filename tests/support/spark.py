@@ -1,0 +1,173 @@
+"""A local PySpark session for the Spark suites, bound to 127.0.0.1 and using this venv's Python.
+
+Example::
+
+    from support.spark import spark  # a pytest fixture, imported by conftest.py
+
+    def test_count(spark):
+        assert spark.range(3).count() == 3
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Iterator
+
+import pytest
+
+
+def local_session_builder(master: str = "local[2]"):
+    """A ``SparkSession.Builder`` for tests: loopback only, no UI, small shuffles."""
+    pyspark_sql = pytest.importorskip("pyspark.sql")
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    return (
+        pyspark_sql.SparkSession.builder.master(master)
+        .appName("kolo-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .config("spark.pyspark.python", sys.executable)
+    )
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[object]:
+    """One ``local[2]`` SparkSession for the whole test session."""
+    session = local_session_builder().getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_for_port(port: int, timeout: float) -> bool:
+    import socket
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as sock:
+            sock.settimeout(0.5)
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return True
+        time.sleep(0.2)
+    return False
+
+
+#: The simulated hostnames of the standalone cluster's two workers (``KOLO_HOSTNAME`` in each
+#: Worker's environment, inherited by its executors and their Python workers).
+STANDALONE_HOSTS = ("kolo-host-a", "kolo-host-b")
+
+
+@pytest.fixture(scope="session")
+def standalone_cluster(tmp_path_factory) -> Iterator[str]:
+    """A Spark standalone cluster from the pyspark package: one Master and two Workers (2 cores,
+    1 GiB each) on 127.0.0.1 with random free ports, the Workers simulating two hosts through
+    ``KOLO_HOSTNAME`` (see :data:`STANDALONE_HOSTS`). Yields the master URL; tears everything
+    down (process groups) at the end.
+
+    Example::
+
+        def test_cluster(standalone_cluster):
+            session = local_session_builder(standalone_cluster).getOrCreate()
+    """
+    import signal
+    import subprocess
+    import time
+
+    pyspark = pytest.importorskip("pyspark")
+    spark_home = os.path.dirname(pyspark.__file__)
+    spark_class = os.path.join(spark_home, "bin", "spark-class")
+    root = tmp_path_factory.mktemp("spark-standalone")
+    base_env = dict(
+        os.environ,
+        SPARK_HOME=spark_home,
+        SPARK_LOCAL_IP="127.0.0.1",
+        SPARK_LOG_DIR=str(root / "logs"),
+        PYSPARK_PYTHON=sys.executable,
+    )
+    processes: list[subprocess.Popen] = []
+
+    def start(name: str, args: list[str], env: dict[str, str]) -> None:
+        log = open(root / f"{name}.log", "wb")
+        processes.append(
+            subprocess.Popen(
+                [spark_class, *args],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
+
+    port = _free_port()
+    master = f"spark://127.0.0.1:{port}"
+    try:
+        start(
+            "master",
+            [
+                "org.apache.spark.deploy.master.Master",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--webui-port",
+                str(_free_port()),
+            ],
+            base_env,
+        )
+        if not _wait_for_port(port, 60):
+            pytest.fail(f"the Spark master did not start; see {root / 'master.log'}")
+        for index, host in enumerate(STANDALONE_HOSTS):
+            work_dir = root / f"work-{index}"
+            work_dir.mkdir()
+            start(
+                f"worker-{index}",
+                [
+                    "org.apache.spark.deploy.worker.Worker",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(_free_port()),
+                    "--webui-port",
+                    str(_free_port()),
+                    "--cores",
+                    "2",
+                    "--memory",
+                    "1g",
+                    "--work-dir",
+                    str(work_dir),
+                    master,
+                ],
+                dict(base_env, KOLO_HOSTNAME=host),
+            )
+        yield master
+    finally:
+        for process in processes:
+            try:
+                os.killpg(process.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 15
+        for process in processes:
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            process.wait(timeout=10)
