@@ -56,7 +56,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--transform-rows", type=int, default=None, help="default: --rows")
+    parser.add_argument("--transform-rows", type=int, default=400_000)
     parser.add_argument("--json", type=Path, default=None, help="results file")
     return parser.parse_args(argv)
 
@@ -231,7 +231,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     spark = spark_session()
     df = make_frame(spark, args.rows, args.features, seed=1)
     df.count()
-    test_rows = args.transform_rows or args.rows
+    test_rows = args.transform_rows
     test_df = make_frame(spark, test_rows, args.features, seed=2)
     test_df.count()
     kolo_runs: list[dict] = []

@@ -20,10 +20,12 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
+import warnings
 from typing import Any, Dict, List, Optional, Tuple
 
 import cloudpickle
 import pandas as pd
+import pyarrow as pa
 from pyspark.ml import Model
 from pyspark.ml.util import MLReadable, MLWritable
 
@@ -206,17 +208,70 @@ class TorchModel(Model, ModelParams, MLReadable, MLWritable):
         source = df.select("*", *extra) if extra else df
         # Only the feature columns travel to Python and only the outputs come back; the
         # other columns (Spark ML vectors included) stay in the JVM.
+        # Spark >= 4.1: an Arrow UDF (no pandas, no Python object per row); else a pandas UDF.
+        arrow_udf = getattr(F, "arrow_udf", None)
         if len(out_fields) == 1:
-            udf = F.pandas_udf(predictor.series, out_fields[0].dataType)
+            if arrow_udf is not None:
+                udf = arrow_udf(predictor.arrow_array, out_fields[0].dataType)
+            else:
+                udf = F.pandas_udf(predictor.series, out_fields[0].dataType)
             result = source.withColumn(out_cols[0], udf(*inputs))
         else:
-            udf = F.pandas_udf(predictor.frame, T.StructType(out_fields))
+            if arrow_udf is not None:
+                udf = arrow_udf(predictor.arrow_struct, T.StructType(out_fields))
+            else:
+                udf = F.pandas_udf(predictor.frame, T.StructType(out_fields))
             packed = "__kolo_outputs"
             result = source.withColumn(packed, udf(*inputs)).select(
                 "*", *(F.col(f"{packed}.{col}").alias(col) for col in out_cols)
             )
             result = result.drop(packed)
         return result.drop(*[f"__kolo_feature_{i}" for i in range(len(inputs))])
+
+
+def _stacked(values: Any) -> Any:
+    """An object array of equal-length 1-D arrays (pandas' form of an Arrow list column) as
+    one [rows, len] array. Arrow converts a list column into views of one flat buffer, so
+    when the rows lie back to back there, that buffer is used as it is; else they are
+    copied."""
+    import numpy as np
+
+    if not len(values):
+        return np.zeros((0, 0), dtype=np.float32)
+    lengths = {len(v) for v in values}
+    if len(lengths) > 1:
+        raise DataError(
+            "a feature column holds arrays of different lengths; give every row a vector of "
+            "the same length"
+        )
+    first, last = values[0], values[-1]
+    width = len(first)
+    base = first.base
+    if (
+        isinstance(first, np.ndarray)
+        and isinstance(last, np.ndarray)
+        and base is not None
+        and last.base is base
+        and isinstance(base, np.ndarray)
+        and base.flags.c_contiguous
+        and first.dtype == base.dtype == last.dtype
+        and first.flags.c_contiguous
+        and width > 0
+    ):
+        item = base.itemsize
+        start, remainder = divmod(first.ctypes.data - base.ctypes.data, item)
+        end = start + len(values) * width
+        # Arrow list offsets only grow, so with every row `width` long and the last row
+        # `(rows - 1) * width` after the first, each row lies right after the one before.
+        if (
+            not remainder
+            and start >= 0
+            and end <= base.size
+            and last.ctypes.data == base.ctypes.data + (end - width) * item
+            and all(v.base is base for v in values)
+        ):
+            return base.reshape(-1)[start:end].reshape(len(values), width)
+    return np.stack(values)
 
 
 class _Predictor:
@@ -259,26 +314,76 @@ class _Predictor:
         [rows, len] for array columns), float64 narrowed to float32."""
         import numpy as np
 
+        if series.isnull().any():
+            raise DataError("a feature column holds nulls; fill or drop them before transform")
         values = series.to_numpy()
         if values.dtype == object:
-            if len(values) and len({len(v) for v in values}) > 1:
-                raise DataError(
-                    "a feature column holds arrays of different lengths; give every row a "
-                    "vector of the same length"
-                )
-            values = np.stack(values) if len(values) else values.astype(np.float32)
+            values = _stacked(values)
         if values.dtype == np.float64:
             values = values.astype(np.float32)
         return np.ascontiguousarray(values)
 
-    def _predict(self, series: Tuple[Any, ...]) -> List[Any]:
-        """The outputs for one batch: per output, [rows] doubles or [rows, size] doubles."""
+    @staticmethod
+    def _arrow_column(array: pa.Array) -> Any:
+        """One feature column (an Arrow array) as numpy, like :meth:`_column`."""
+        import numpy as np
+        import pyarrow.compute as pc
+
+        if array.null_count:
+            raise DataError("a feature column holds nulls; fill or drop them before transform")
+        if pa.types.is_list(array.type) or pa.types.is_large_list(array.type):
+            rows = len(array)
+            lengths = pc.list_value_length(array)
+            low, high = (pc.min(lengths).as_py(), pc.max(lengths).as_py()) if rows else (0, 0)
+            if low != high:
+                raise DataError(
+                    "a feature column holds arrays of different lengths; give every row a "
+                    "vector of the same length"
+                )
+            values = array.flatten().to_numpy(zero_copy_only=False).reshape(rows, high or 0)
+        elif pa.types.is_fixed_size_list(array.type):
+            values = array.flatten().to_numpy(zero_copy_only=False)
+            values = values.reshape(len(array), array.type.list_size)
+        else:
+            values = array.to_numpy(zero_copy_only=False)
+        if values.dtype == np.float64:
+            values = values.astype(np.float32)
+        return np.ascontiguousarray(values)
+
+    @staticmethod
+    def _to_arrow(values: Any) -> pa.Array:
+        """[rows] → a double array; [rows, size] → a list<double> array."""
+        import numpy as np
+
+        if values.ndim == 1:
+            return pa.array(values, type=pa.float64())
+        rows, size = values.shape
+        offsets = pa.array(np.arange(0, rows * size + 1, size, dtype=np.int32))
+        return pa.ListArray.from_arrays(offsets, pa.array(values.reshape(-1)))
+
+    def arrow_array(self, *arrays: pa.Array) -> pa.Array:
+        """The Arrow UDF for one output column."""
+        return self._to_arrow(self._predict([self._arrow_column(a) for a in arrays])[0])
+
+    def arrow_struct(self, *arrays: pa.Array) -> pa.Array:
+        """The Arrow UDF for several output columns (a struct of them)."""
+        outputs = self._predict([self._arrow_column(a) for a in arrays])
+        return pa.StructArray.from_arrays(
+            [self._to_arrow(values) for values in outputs], names=self.out_cols
+        )
+
+    def _predict(self, columns: List[Any]) -> List[Any]:
+        """The outputs for one batch of feature columns (numpy): per output, [rows] doubles
+        or [rows, size] doubles."""
         import numpy as np
         import torch
 
         model, device, shapes = self._load()
-        rows = len(series[0])
-        columns = [torch.from_numpy(self._column(s)) for s in series]
+        rows = len(columns[0])
+        with warnings.catch_warnings():
+            # Arrow's buffers are read-only; the model only reads its inputs.
+            warnings.simplefilter("ignore", UserWarning)
+            columns = [torch.from_numpy(c) for c in columns]
         chunks: List[List[np.ndarray]] = [[] for _ in self.out_cols]
         with torch.no_grad():
             for start in range(0, rows, self.batch_size):
@@ -300,15 +405,16 @@ class _Predictor:
 
     @staticmethod
     def _as_series(values: Any) -> pd.Series:
+        """[rows] → a double Series; [rows, size] → a Series of [size] arrays."""
         return pd.Series(values if values.ndim == 1 else list(values))
 
     def series(self, *series: pd.Series) -> pd.Series:
         """The UDF for one output column."""
-        return self._as_series(self._predict(series)[0])
+        return self._as_series(self._predict([self._column(c) for c in series])[0])
 
     def frame(self, *series: pd.Series) -> pd.DataFrame:
         """The UDF for several output columns (a struct of them)."""
-        outputs = self._predict(series)
+        outputs = self._predict([self._column(c) for c in series])
         return pd.DataFrame(
             {col: self._as_series(values) for col, values in zip(self.out_cols, outputs)}
         )
