@@ -3,11 +3,11 @@
 
 use std::time::Duration;
 
-use kolo_collective::engine::{Output, RawTensor, Submission};
+use kolo_collective::engine::{recycle_output, Output, RawTensor, Submission};
 use kolo_collective::wire::OpKind;
 use kolo_collective::{DType, Error, ReduceOp};
 use pyo3::prelude::*;
-use pyo3::types::{PyByteArray, PyDict};
+use pyo3::types::PyDict;
 
 use crate::error::IntoPyResult;
 use crate::session;
@@ -109,7 +109,8 @@ pub fn poll(py: Python<'_>, handle: u64) -> PyResult<bool> {
 }
 
 /// Waits for `handle` without the GIL (Ctrl-C raises KeyboardInterrupt; the op keeps running).
-/// Returns None, `(bytearray, rows)` for ops with a new output, or an int (join: last rank;
+/// Returns None, `(capsule, rows)` for ops with a new output (a DLPack capsule of a 1-D uint8
+/// CPU tensor that owns the engine's buffer: `torch.from_dlpack` takes it without a copy), or an int (join: last rank;
 /// add_process_set: the id).
 #[pyfunction]
 pub fn wait(py: Python<'_>, handle: u64) -> PyResult<Py<PyAny>> {
@@ -119,7 +120,7 @@ pub fn wait(py: Python<'_>, handle: u64) -> PyResult<Py<PyAny>> {
         if let Some(result) = py.detach(|| engine.wait(handle, Duration::from_millis(100))) {
             return match result.py_err()? {
                 Output::Done => Ok(py.None()),
-                Output::Tensor { data, rows } => Ok((PyByteArray::new(py, &data), rows)
+                Output::Tensor { data, rows } => Ok((dlpack_bytes(py, data)?, rows)
                     .into_pyobject(py)?
                     .into_any()
                     .unbind()),
@@ -128,6 +129,125 @@ pub fn wait(py: Python<'_>, handle: u64) -> PyResult<Py<PyAny>> {
             };
         }
         py.check_signals()?;
+    }
+}
+
+// DLPack (v0.8 ABI, the legacy `dltensor` capsule every torch version takes): hands an engine
+// output to Python without copying it. A fresh copy of a 64 MiB result cost more than the
+// collective (page faults on new memory), and the buffer goes back to the engine when the
+// tensor is freed (`recycle_output`).
+
+#[repr(C)]
+struct DlDevice {
+    device_type: i32,
+    device_id: i32,
+}
+
+#[repr(C)]
+struct DlDataType {
+    code: u8,
+    bits: u8,
+    lanes: u16,
+}
+
+#[repr(C)]
+struct DlTensor {
+    data: *mut std::ffi::c_void,
+    device: DlDevice,
+    ndim: i32,
+    dtype: DlDataType,
+    shape: *mut i64,
+    strides: *mut i64,
+    byte_offset: u64,
+}
+
+#[repr(C)]
+struct DlManagedTensor {
+    dl_tensor: DlTensor,
+    manager_ctx: *mut std::ffi::c_void,
+    deleter: Option<unsafe extern "C" fn(*mut DlManagedTensor)>,
+}
+
+/// The managed tensor and what it points into; `managed` first, so a pointer to it is a
+/// pointer to the whole.
+#[repr(C)]
+struct Owned {
+    managed: DlManagedTensor,
+    shape: [i64; 1],
+    data: Vec<u8>,
+}
+
+const DLTENSOR: &std::ffi::CStr = c"dltensor";
+const K_DL_CPU: i32 = 1;
+const K_DL_UINT: u8 = 1;
+
+/// The DLPack deleter: frees the [`Owned`] and recycles its bytes.
+unsafe extern "C" fn delete_owned(managed: *mut DlManagedTensor) {
+    if managed.is_null() {
+        return;
+    }
+    // SAFETY: `managed` is the pointer `dlpack_bytes` got from `Box::into_raw` of an `Owned`
+    // (`managed` is its first field of a `repr(C)` struct); DLPack calls the deleter once.
+    let owned = unsafe { Box::from_raw(managed.cast::<Owned>()) };
+    recycle_output(owned.data);
+}
+
+/// Destructor of the capsule: frees the tensor when no consumer took it (a consumer renames
+/// the capsule `used_dltensor` and calls the deleter itself).
+unsafe extern "C" fn drop_capsule(capsule: *mut pyo3::ffi::PyObject) {
+    // SAFETY: Python calls this with the capsule being destroyed (GIL held); checking the
+    // name sets no exception.
+    unsafe {
+        if pyo3::ffi::PyCapsule_IsValid(capsule, DLTENSOR.as_ptr()) == 1 {
+            let managed = pyo3::ffi::PyCapsule_GetPointer(capsule, DLTENSOR.as_ptr());
+            delete_owned(managed.cast::<DlManagedTensor>());
+        }
+    }
+}
+
+/// A DLPack capsule of `data` as a 1-D uint8 CPU tensor that owns it.
+fn dlpack_bytes(py: Python<'_>, mut data: Vec<u8>) -> PyResult<Py<PyAny>> {
+    let len = i64::try_from(data.len()).map_err(|_| {
+        crate::error::to_py(Error::Internal("an output of more than 2^63 bytes".into()))
+    })?;
+    let ptr = data.as_mut_ptr().cast::<std::ffi::c_void>();
+    let owned = Box::into_raw(Box::new(Owned {
+        managed: DlManagedTensor {
+            dl_tensor: DlTensor {
+                data: ptr,
+                device: DlDevice {
+                    device_type: K_DL_CPU,
+                    device_id: 0,
+                },
+                ndim: 1,
+                dtype: DlDataType {
+                    code: K_DL_UINT,
+                    bits: 8,
+                    lanes: 1,
+                },
+                shape: std::ptr::null_mut(),
+                strides: std::ptr::null_mut(),
+                byte_offset: 0,
+            },
+            manager_ctx: std::ptr::null_mut(),
+            deleter: Some(delete_owned),
+        },
+        shape: [len],
+        data,
+    }));
+    // SAFETY: `owned` is a valid, uniquely owned `Owned` (just leaked from its box): point the
+    // shape at its own field (the box never moves), then hand the allocation to the capsule,
+    // whose destructor or consumer frees it exactly once. The Vec's heap buffer (`ptr`) did
+    // not move when the Vec moved into the box.
+    unsafe {
+        (*owned).managed.dl_tensor.shape = (*owned).shape.as_mut_ptr();
+        (*owned).managed.manager_ctx = owned.cast();
+        let capsule = pyo3::ffi::PyCapsule_New(owned.cast(), DLTENSOR.as_ptr(), Some(drop_capsule));
+        if capsule.is_null() {
+            delete_owned(owned.cast());
+            return Err(PyErr::fetch(py));
+        }
+        Ok(Bound::from_owned_ptr(py, capsule).unbind())
     }
 }
 

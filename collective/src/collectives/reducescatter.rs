@@ -50,6 +50,12 @@ pub(crate) fn reducescatter(
         .and_then(|row| row_segments(&rows, row))
         .map_err(|e| session.abandon(&what, e))?;
     match session.shm_layout() {
+        // Without a prescale the node reads the input as it is: no work copy.
+        Some(Layout::Flat) if reduction.prescale == 1.0 => {
+            return session.on_node(&what, |node| {
+                node.reducescatter(input, output, &segs, dtype, reduction.op, factor)
+            });
+        }
         Some(Layout::Flat) => {
             let mut work = std::mem::take(&mut session.work);
             let work_buf = work.get(input.len());

@@ -2,6 +2,7 @@
 //! out of the fusion buffer, the collectives themselves, and completing handles.
 
 use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
 
 use super::coordinator::Response;
 use super::handles::Handles;
@@ -36,11 +37,55 @@ fn input<'a>(local: &Option<Local>) -> &'a [u8] {
     local.as_ref().map_or(&[], |l| &*l.bytes())
 }
 
-/// An output allocator for collectives whose result size depends on other ranks: grows `out`
-/// to the rows received times `row` bytes.
+/// Output buffers handed back by [`recycle_output`], largest total [`SPARE_BYTES`].
+static SPARE: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
+/// The most bytes (capacity) [`SPARE`] keeps.
+const SPARE_BYTES: usize = 256 << 20;
+/// Smaller outputs are neither kept nor taken from [`SPARE`] (fresh ones are cheap).
+const SPARE_MIN: usize = 1 << 20;
+
+/// Takes back the bytes of an [`Output::Tensor`] whose tensor is gone, so that the next
+/// allgather, alltoall or reducescatter writes into pages that are already mapped instead of
+/// faulting in (and zeroing) fresh ones: at 64 MiB that costs more than the collective itself.
+/// Keeps at most 256 MiB; buffers under 1 MiB are dropped.
+pub fn recycle_output(buf: Vec<u8>) {
+    if buf.capacity() < SPARE_MIN || buf.capacity() > SPARE_BYTES {
+        return;
+    }
+    let mut spare = SPARE.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut held: usize = spare.iter().map(Vec::capacity).sum();
+    while held + buf.capacity() > SPARE_BYTES && !spare.is_empty() {
+        held -= spare.remove(0).capacity();
+    }
+    spare.push(buf);
+}
+
+/// A `len`-byte output buffer, every byte of which the collective overwrites: a recycled one
+/// (stale contents) when one holds `len` bytes without being more than twice as large, else a
+/// fresh zeroed allocation (`calloc`: untouched pages are not written).
+fn output_buffer(len: usize) -> Vec<u8> {
+    if len >= SPARE_MIN {
+        let mut spare = SPARE.lock().unwrap_or_else(PoisonError::into_inner);
+        let best = spare
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.len() >= len && b.capacity() / 2 <= len)
+            .min_by_key(|(_, b)| b.capacity())
+            .map(|(i, _)| i);
+        if let Some(i) = best {
+            let mut buf = spare.swap_remove(i);
+            buf.truncate(len);
+            return buf;
+        }
+    }
+    vec![0u8; len]
+}
+
+/// An output allocator for collectives whose result size depends on other ranks: makes `out`
+/// the rows received times `row` bytes long (see [`output_buffer`]).
 fn grow<'a>(out: &'a mut Vec<u8>, row: usize) -> impl FnOnce(&[u64]) -> Result<&'a mut [u8]> {
     move |rows| {
-        out.resize(rows.iter().sum::<u64>() as usize * row, 0);
+        *out = output_buffer(rows.iter().sum::<u64>() as usize * row);
         Ok(&mut out[..])
     }
 }
@@ -284,7 +329,7 @@ impl Executor<'_> {
                 let row = row_bytes(&desc.shape, desc.dtype).map_err(Error::InvalidArgument)?;
                 let rows =
                     reducescatter_rows(desc.shape.first().map_or(0, |&r| r as u64), session.size);
-                let mut data = vec![0u8; rows[me] as usize * row];
+                let mut data = output_buffer(rows[me] as usize * row);
                 collectives::reducescatter(
                     session,
                     &name,
@@ -443,6 +488,29 @@ mod tests {
             }],
             cached: false,
         }
+    }
+
+    #[test]
+    fn output_buffers_are_reused_once_recycled() {
+        // An odd size no other test asks for, so a test running alongside does not take it.
+        let len = (3 << 20) + 8 * 7919;
+        let mut first = output_buffer(len);
+        assert_eq!(first.len(), len);
+        first.fill(7);
+        let at = first.as_ptr();
+        recycle_output(first);
+        let again = output_buffer(len - 8);
+        assert_eq!(again.len(), len - 8);
+        assert_eq!(
+            again.as_ptr(),
+            at,
+            "a recycled buffer is taken before a fresh one"
+        );
+        // Tiny outputs are not kept, and a buffer far larger than asked for is not taken.
+        recycle_output(again);
+        let small = output_buffer(len / 4);
+        assert_ne!(small.as_ptr(), at);
+        assert_eq!(output_buffer(100), vec![0u8; 100]);
     }
 
     #[test]

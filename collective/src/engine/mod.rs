@@ -41,6 +41,7 @@ use crate::reduce;
 use crate::wire::OpKind;
 pub use config::EngineConfig;
 use coordinator::Coordinator;
+pub use execute::recycle_output;
 use execute::{Executor, Local, SetAction};
 use handles::Handles;
 use message::{CycleMessage, FLAG_JOINED, FLAG_SHUTDOWN, FLAG_STALL_ABORT, MAX_MESSAGE_LEN};

@@ -201,11 +201,14 @@ def synchronize(handle: int) -> Any:
     return pending.finish(results)
 
 
-def _from_bytes(data: bytearray, rows: int, like: torch.Tensor) -> torch.Tensor:
+def _from_bytes(data: Any, rows: int, like: torch.Tensor) -> torch.Tensor:
+    """The engine's output (a DLPack capsule of its bytes, taken over without a copy) as a
+    ``(rows, *like.shape[1:])`` tensor of ``like``'s dtype."""
     shape = (rows, *like.shape[1:])
-    if len(data) == 0:
+    flat = torch.from_dlpack(data)
+    if flat.numel() == 0:
         return torch.empty(shape, dtype=like.dtype)
-    return torch.frombuffer(data, dtype=like.dtype).reshape(shape)
+    return flat.view(like.dtype).reshape(shape)
 
 
 # --- async ops (Horovod's names) ----------------------------------------------------------------
