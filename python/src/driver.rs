@@ -3,7 +3,9 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use kolo_collective::control::{env::WorkerEnv, DriverConfig, DriverService as Service};
+use kolo_collective::control::{
+    env::WorkerEnv, DriverConfig, DriverService as Service, PeerAssignment,
+};
 use kolo_collective::{AbortCause, Error};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -70,24 +72,10 @@ impl PyDriverService {
 
     /// Every task's assignment once all registered (a list of dicts by task index), else None.
     fn assignment<'py>(&self, py: Python<'py>) -> PyResult<Option<Vec<Bound<'py, PyDict>>>> {
-        let Some(peers) = self.service.assignment() else {
-            return Ok(None);
-        };
-        let mut rows = Vec::with_capacity(peers.len());
-        for peer in peers {
-            let row = PyDict::new(py);
-            row.set_item("task_index", peer.task_index)?;
-            row.set_item("rank", peer.rank)?;
-            row.set_item("size", peer.size)?;
-            row.set_item("local_rank", peer.local_rank)?;
-            row.set_item("local_size", peer.local_size)?;
-            row.set_item("cross_rank", peer.cross_rank)?;
-            row.set_item("cross_size", peer.cross_size)?;
-            row.set_item("host_hash", peer.host_hash)?;
-            row.set_item("hostname", peer.hostname)?;
-            rows.push(row);
-        }
-        Ok(Some(rows))
+        self.service
+            .assignment()
+            .map(|peers| assignment_rows(py, peers))
+            .transpose()
     }
 
     /// Aborts the job: every worker's pending and later collectives fail with this cause.
@@ -107,6 +95,29 @@ impl PyDriverService {
 }
 
 /// Adds the class to the native module.
+/// Every task's assignment as dicts (task_index, rank, size, local/cross rank and size, host
+/// hash, hostname), in the order given.
+pub(crate) fn assignment_rows(
+    py: Python<'_>,
+    peers: Vec<PeerAssignment>,
+) -> PyResult<Vec<Bound<'_, PyDict>>> {
+    let mut rows = Vec::with_capacity(peers.len());
+    for peer in peers {
+        let row = PyDict::new(py);
+        row.set_item("task_index", peer.task_index)?;
+        row.set_item("rank", peer.rank)?;
+        row.set_item("size", peer.size)?;
+        row.set_item("local_rank", peer.local_rank)?;
+        row.set_item("local_size", peer.local_size)?;
+        row.set_item("cross_rank", peer.cross_rank)?;
+        row.set_item("cross_size", peer.cross_size)?;
+        row.set_item("host_hash", peer.host_hash)?;
+        row.set_item("hostname", peer.hostname)?;
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyDriverService>()
 }

@@ -178,24 +178,10 @@ impl PyLaunchDriver {
 
     /// Every task's assignment (dicts by task index) once all registered, else None.
     fn assignment<'py>(&self, py: Python<'py>) -> PyResult<Option<Vec<Bound<'py, PyDict>>>> {
-        let Some(peers) = self.inner.assignment() else {
-            return Ok(None);
-        };
-        let mut rows = Vec::with_capacity(peers.len());
-        for peer in peers {
-            let row = PyDict::new(py);
-            row.set_item("task_index", peer.task_index)?;
-            row.set_item("rank", peer.rank)?;
-            row.set_item("size", peer.size)?;
-            row.set_item("local_rank", peer.local_rank)?;
-            row.set_item("local_size", peer.local_size)?;
-            row.set_item("cross_rank", peer.cross_rank)?;
-            row.set_item("cross_size", peer.cross_size)?;
-            row.set_item("host_hash", peer.host_hash)?;
-            row.set_item("hostname", peer.hostname)?;
-            rows.push(row);
-        }
-        Ok(Some(rows))
+        self.inner
+            .assignment()
+            .map(|peers| crate::driver::assignment_rows(py, peers))
+            .transpose()
     }
 
     /// Records that task `task_index` failed (its process died, its actor was lost): the abort

@@ -1,7 +1,7 @@
 //! allgather: ring with one block per rank (ranks may differ in the first dimension); chunked
 //! copies through shared memory on one host; hierarchical across hosts.
 
-use super::allreduce::{no_mesh, Ring};
+use super::allreduce::with_member_ring;
 use super::{check_tensor, invalid, label, row_bytes, row_segments, Session};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -60,17 +60,9 @@ pub(crate) fn allgather<'a>(
         Some(Layout::Hierarchical(hosts)) if hosts.ranges.is_some() => {
             super::hier::allgather(session, &hosts, &what, tag, output, &segs)?
         }
-        _ => {
-            let members = session.members.clone();
-            let ring = Ring {
-                members: &members,
-                rank,
-                tag,
-                what: &what,
-            };
-            let mesh = session.mesh.as_mut().ok_or_else(no_mesh)?;
-            ring.allgather(mesh, output, &segs)?;
-        }
+        _ => with_member_ring(session, tag, &what, |ring, mesh| {
+            ring.allgather(mesh, output, &segs)
+        })?,
     }
     Ok(rows)
 }

@@ -236,6 +236,24 @@ impl Ring<'_> {
     }
 }
 
+/// Runs `f` with the TCP ring over all of `session`'s members and its mesh.
+pub(crate) fn with_member_ring<R>(
+    session: &mut Session,
+    tag: u32,
+    what: &str,
+    f: impl FnOnce(&Ring<'_>, &mut Mesh) -> Result<R>,
+) -> Result<R> {
+    let members = session.members.clone();
+    let ring = Ring {
+        members: &members,
+        rank: session.rank,
+        tag,
+        what,
+    };
+    let mesh = session.mesh.as_mut().ok_or_else(no_mesh)?;
+    f(&ring, mesh)
+}
+
 pub(crate) fn no_mesh() -> crate::error::Error {
     crate::error::Error::Internal("a multi-rank session has no mesh".into())
 }

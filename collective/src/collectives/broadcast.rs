@@ -1,7 +1,7 @@
 //! broadcast: a pipelined chain from the root over TCP; chunked through shared memory on one
 //! host; hierarchical across hosts.
 
-use super::allreduce::{no_mesh, Ring};
+use super::allreduce::with_member_ring;
 use super::{check_tensor, invalid, label, Session};
 use crate::dtype::DType;
 use crate::error::Result;
@@ -17,7 +17,7 @@ pub(crate) fn broadcast(
     root: usize,
 ) -> Result<()> {
     let kind = OpKind::Broadcast;
-    let (rank, size) = (session.rank, session.size);
+    let size = session.size;
     let mut desc = OpDescriptor {
         dtype,
         shape: shape.to_vec(),
@@ -46,16 +46,8 @@ pub(crate) fn broadcast(
         Some(Layout::Hierarchical(hosts)) => {
             super::hier::broadcast(session, &hosts, &what, tag, buf, root)
         }
-        None => {
-            let members = session.members.clone();
-            let ring = Ring {
-                members: &members,
-                rank,
-                tag,
-                what: &what,
-            };
-            let mesh = session.mesh.as_mut().ok_or_else(no_mesh)?;
+        None => with_member_ring(session, tag, &what, |ring, mesh| {
             ring.broadcast(mesh, buf, root)
-        }
+        }),
     }
 }

@@ -44,12 +44,13 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Union
 
-from kolo.exceptions import DataError, InvalidArgumentError, StoreError
+from kolo.exceptions import DataError, InvalidArgumentError
 from kolo.spark.torch.remote import (
     Progress,
     RemoteTrainer,
     build_training_spec,
     check_model_and_loss,
+    check_store_writable,
 )
 
 __all__ = ["TorchEstimator", "TrainingResult"]
@@ -283,15 +284,7 @@ class TorchEstimator:
         if isinstance(store, str):
             store = Store.create(store)
             self._params["store"] = store
-        probe = f"{store.get_runs_path()}/.kolo_write_probe"
-        try:
-            store.write_bytes(probe, b"kolo")
-            store.delete(probe)
-        except Exception as err:
-            raise StoreError(
-                f"the store {store.prefix_path} is not writable ({err}): pick a location the "
-                "driver and every Ray node can write, or fix its permissions or credentials"
-            ) from err
+        check_store_writable(store, "the driver and every Ray node")
         return store
 
     def _columns(self) -> List[str]:

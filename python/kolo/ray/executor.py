@@ -8,8 +8,8 @@ import time
 import uuid
 from typing import Any, Callable, Optional
 
+from kolo._nics import nics_ip
 from kolo.exceptions import (
-    ConfigError,
     LaunchError,
     PlacementGroupTimeoutError,
     RankFailedError,
@@ -365,19 +365,9 @@ class RayExecutor:
     def _bind_ip(self) -> str:
         import ray
 
-        from kolo.spark.runner import _interface_ip
-
-        nics = self.settings.nics
-        if nics:
-            names = [nics] if isinstance(nics, str) else list(nics)
-            for name in names:
-                ip = _interface_ip(str(name))
-                if ip is not None:
-                    return ip
-            raise ConfigError(
-                f"nics={nics!r}: no such network interface with an IPv4 address on the driver; "
-                "pass interface names as `ip addr` lists them (e.g. ['eth0'])"
-            )
+        ip = nics_ip(self.settings.nics)
+        if ip is not None:
+            return ip
         here = ray.get_runtime_context().get_node_id()
         return _node_ips().get(here) or ray.util.get_node_ip_address()
 

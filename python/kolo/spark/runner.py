@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import logging
 import os
 import socket
-import struct
 import sys
 import threading
 import time
@@ -15,6 +13,7 @@ import uuid
 from datetime import datetime
 from typing import Any, Callable, Optional, TextIO
 
+from kolo._nics import nics_ip
 from kolo.exceptions import (
     ConfigError,
     InvalidArgumentError,
@@ -453,28 +452,10 @@ def _check_slots(sc: Any, num_proc: int) -> None:
     )
 
 
-def _interface_ip(name: str) -> Optional[str]:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        packed = fcntl.ioctl(sock.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
-        return socket.inet_ntoa(packed[20:24])
-    except OSError:
-        return None
-    finally:
-        sock.close()
-
-
 def _bind_ip(sc: Any, nics: Any) -> str:
-    if nics:
-        names = [nics] if isinstance(nics, str) else list(nics)
-        for name in names:
-            ip = _interface_ip(str(name))
-            if ip is not None:
-                return ip
-        raise ConfigError(
-            f"nics={nics!r}: no such network interface with an IPv4 address on the driver; "
-            "pass interface names as `ip addr` lists them (e.g. ['eth0'])"
-        )
+    ip = nics_ip(nics)
+    if ip is not None:
+        return ip
     host = sc.getConf().get("spark.driver.host", None) or socket.gethostname()
     try:
         return socket.gethostbyname(host)

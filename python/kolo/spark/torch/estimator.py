@@ -36,7 +36,7 @@ from typing import Any, Dict, List, Optional
 from pyspark.ml import Estimator
 from pyspark.ml.util import MLReadable, MLWritable
 
-from kolo.exceptions import DataError, InvalidArgumentError, StoreError
+from kolo.exceptions import DataError, InvalidArgumentError
 from kolo.spark.common.params import TorchEstimatorParams, torch_estimator_defaults
 from kolo.spark.common.serialization import KoloReader, KoloWriter
 from kolo.spark.common.util import PreparedDataset, get_dataset_metadata, prepare_data
@@ -48,6 +48,7 @@ from kolo.spark.torch.remote import (
     TrainingSpec,
     build_training_spec,
     check_model_and_loss,
+    check_store_writable,
     losses_from,
 )
 
@@ -142,16 +143,7 @@ class TorchEstimator(Estimator, TorchEstimatorParams, MLReadable, MLWritable):
             raise InvalidArgumentError(
                 "store is not set: pass store=kolo.spark.common.store.Store.create(<path>)"
             )
-        probe = f"{store.get_runs_path()}/.kolo_write_probe"
-        try:
-            store.write_bytes(probe, b"kolo")
-            store.delete(probe)
-        except Exception as err:
-            raise StoreError(
-                f"the store {store.prefix_path} is not writable ({err}): pick a location this "
-                "process (and the Spark executors) can write, or fix its permissions or "
-                "credentials"
-            ) from err
+        check_store_writable(store, "this process and the Spark executors")
 
     def _spec(self, store: Any, meta: PreparedDataset, run_id: str) -> TrainingSpec:
         val_path = meta.val_path if meta.val_rows > 0 else None

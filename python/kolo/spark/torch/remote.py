@@ -36,6 +36,7 @@ __all__ = [
     "TrainingSpec",
     "build_training_spec",
     "check_model_and_loss",
+    "check_store_writable",
     "history_keys",
     "load_checkpoint",
     "losses_from",
@@ -666,6 +667,22 @@ def losses_from(param: ParamGetter) -> List[Any]:
             "per label column), or loss_constructors"
         )
     return list(loss) if isinstance(loss, (list, tuple)) else [loss]
+
+
+def check_store_writable(store: Any, writers: str) -> None:
+    """Raises :class:`~kolo.exceptions.StoreError` unless this process can write into
+    ``store``'s runs folder; ``writers`` names who else must (for the message)."""
+    from kolo.exceptions import StoreError
+
+    probe = f"{store.get_runs_path()}/.kolo_write_probe"
+    try:
+        store.write_bytes(probe, b"kolo")
+        store.delete(probe)
+    except Exception as err:
+        raise StoreError(
+            f"the store {store.prefix_path} is not writable ({err}): pick a location {writers} "
+            "can write, or fix its permissions or credentials"
+        ) from err
 
 
 def check_model_and_loss(param: ParamGetter) -> None:
