@@ -36,7 +36,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import numpy as np
 from common import write_results
@@ -135,18 +135,29 @@ def _kolo_epochs(path: str, batch_size: int, epochs: int) -> dict[str, Any]:
     )
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     loader = ParquetLoader(path, ["features", "label"], batch_size=batch_size, seed=0)
+    result = _timed_epochs(model, optimizer, lambda: loader, epochs)
+    loader.close()
+    return result
+
+
+def _timed_epochs(
+    model: Any, optimizer: Any, batches: Callable[[], Iterable[dict[str, Any]]], epochs: int
+) -> dict[str, list]:
+    """Trains ``epochs`` epochs over ``batches()`` (one call per epoch); returns each epoch's
+    seconds and rows seen on this rank."""
+    import torch
+
     loss_fn = torch.nn.functional.cross_entropy
     times, rows = [], []
     for _ in range(epochs):
         began, seen = time.perf_counter(), 0
-        for batch in loader:
+        for batch in batches():
             optimizer.zero_grad()
             loss_fn(model(batch["features"]), batch["label"]).backward()
             optimizer.step()
             seen += batch["label"].shape[0]
         times.append(time.perf_counter() - began)
         rows.append(seen)
-    loader.close()
     return {"seconds": times, "rows": rows}
 
 
@@ -171,18 +182,11 @@ def _train_loop(config: dict[str, Any]) -> None:
         model = ray.train.torch.prepare_model(make_model())
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
         shard = ray.train.get_dataset_shard("train")
-        loss_fn = torch.nn.functional.cross_entropy
-        times, rows = [], []
-        for _ in range(config["epochs"]):
-            began, seen = time.perf_counter(), 0
-            for batch in shard.iter_torch_batches(batch_size=config["batch_size"], drop_last=True):
-                optimizer.zero_grad()
-                loss_fn(model(batch["features"]), batch["label"]).backward()
-                optimizer.step()
-                seen += batch["label"].shape[0]
-            times.append(time.perf_counter() - began)
-            rows.append(seen)
-        result.update(seconds=times, rows=rows)
+
+        def batches() -> Any:
+            return shard.iter_torch_batches(batch_size=config["batch_size"], drop_last=True)
+
+        result.update(_timed_epochs(model, optimizer, batches, config["epochs"]))
     _stamp_file(config["folder"], f"rank{rank}", result)
 
 
@@ -263,6 +267,21 @@ def _throughput(per_rank: list[dict[str, Any]]) -> float:
     return rows / seconds
 
 
+#: The printed figures: (key in figures, name, scale, unit, which is better, target).
+REPORT = (
+    ("start_s", "start", 1, "s", "lower", "<= 0.5"),
+    (
+        "run_overhead_s",
+        "per-run overhead",
+        1e3,
+        "ms",
+        "lower",
+        "none; Ray Train's run is a whole empty fit",
+    ),
+    ("throughput", "epoch throughput", 1, "samples/s", "higher", ">= 2"),
+)
+
+
 def _line(name: str, kolo: float, peer: float, unit: str, better: str, target: str) -> str:
     ratio = kolo / peer if peer else float("inf")
     return (
@@ -316,39 +335,12 @@ def main(argv: Optional[list[str]] = None) -> None:
     }
     for values in figures.values():
         values["ratio"] = values["kolo"] / values["ray_train"]
-    print(
-        _line(
-            "start",
-            figures["start_s"]["kolo"],
-            figures["start_s"]["ray_train"],
-            "s",
-            "lower",
-            "<= 0.5",
-        ),
-        flush=True,
-    )
-    print(
-        _line(
-            "per-run overhead",
-            figures["run_overhead_s"]["kolo"] * 1e3,
-            figures["run_overhead_s"]["ray_train"] * 1e3,
-            "ms",
-            "lower",
-            "none; Ray Train's run is a whole empty fit",
-        ),
-        flush=True,
-    )
-    print(
-        _line(
-            "epoch throughput",
-            figures["throughput"]["kolo"],
-            figures["throughput"]["ray_train"],
-            "samples/s",
-            "higher",
-            ">= 2",
-        ),
-        flush=True,
-    )
+    for key, name, scale, unit, better, target in REPORT:
+        values = figures[key]
+        print(
+            _line(name, values["kolo"] * scale, values["ray_train"] * scale, unit, better, target),
+            flush=True,
+        )
     write_results(
         "ray_executor",
         {

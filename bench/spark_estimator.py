@@ -222,10 +222,6 @@ def with_prediction(schema: Any) -> Any:
     return StructType([*schema.fields, StructField("prediction", ArrayType(DoubleType()))])
 
 
-def median(values: list[float]) -> float:
-    return statistics.median(values)
-
-
 def main(argv: Optional[list[str]] = None) -> None:
     args = parse_args(argv)
     spark = spark_session()
@@ -253,13 +249,14 @@ def main(argv: Optional[list[str]] = None) -> None:
         torch_model = fitted.getModel()
         inference: dict[str, list[float]] = {"kolo": [], "row_by_row": [], "map_in_pandas": []}
         out_schema = with_prediction(test_df.schema)
+        test_arrays = as_arrays(test_df)
         runners = {
             "kolo": lambda: fitted.transform(test_df),
             "row_by_row": lambda: spark.createDataFrame(
                 test_df.rdd.mapPartitions(row_by_row(torch_model, "features")), out_schema
             ),
-            "map_in_pandas": lambda: as_arrays(test_df).mapInPandas(
-                batched_pandas(torch_model, "features"), with_prediction(as_arrays(test_df).schema)
+            "map_in_pandas": lambda: test_arrays.mapInPandas(
+                batched_pandas(torch_model, "features"), with_prediction(test_arrays.schema)
             ),
         }
         for run in runners.values():  # warm-up: Python workers, torch import, model load
@@ -269,9 +266,9 @@ def main(argv: Optional[list[str]] = None) -> None:
             for name in names:
                 inference[name].append(test_rows / time_transform(runners[name]))
 
-    kolo = {k: median([r[k] for r in kolo_runs]) for k in kolo_runs[0]}
-    peer = {k: median([r[k] for r in peer_runs]) for k in peer_runs[0]}
-    rows_per_s = {name: median(values) for name, values in inference.items()}
+    kolo = {k: statistics.median(r[k] for r in kolo_runs) for k in kolo_runs[0]}
+    peer = {k: statistics.median(r[k] for r in peer_runs) for k in peer_runs[0]}
+    rows_per_s = {name: statistics.median(values) for name, values in inference.items()}
     ratio_launch = kolo["launch_s"] / peer["launch_to_first_step_s"]
     print(
         f"launch to first step: kolo {kolo['launch_s']:.2f} s vs TorchDistributor "

@@ -24,8 +24,9 @@ use half::slice::HalfFloatSliceExt;
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
 
-/// The instruction-set tier the kernels run with, detected once per process.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The instruction-set tier the kernels run with, detected once per process. Tiers are
+/// ordered narrowest first; a CPU that supports a tier supports every narrower one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Isa {
     /// The target's baseline (SSE2 on x86-64), or any other architecture.
     Baseline,
@@ -160,9 +161,9 @@ pub fn scale_with(isa: Isa, dtype: DType, buf: &mut [u8], factor: f64) -> Result
     Ok(())
 }
 
-/// `isa` if this CPU supports it, else the baseline.
+/// `isa` if this CPU supports it, else the baseline (no detection or allocation per call).
 fn checked(isa: Isa) -> Isa {
-    if isa == Isa::Baseline || Isa::available().contains(&isa) {
+    if isa <= Isa::detected() {
         isa
     } else {
         Isa::Baseline

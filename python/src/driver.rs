@@ -94,7 +94,6 @@ impl PyDriverService {
     }
 }
 
-/// Adds the class to the native module.
 /// Every task's assignment as dicts (task_index, rank, size, local/cross rank and size, host
 /// hash, hostname), in the order given.
 pub(crate) fn assignment_rows(
@@ -118,6 +117,7 @@ pub(crate) fn assignment_rows(
     Ok(rows)
 }
 
+/// Adds the class to the native module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyDriverService>()
 }

@@ -9,24 +9,17 @@ use std::time::Duration;
 
 use kolo_estimator::loader::{BatchView, Loader, LoaderOptions, LoaderState, Next};
 use kolo_estimator::metadata::Dataset;
-use kolo_store::StoreOptions;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
 use crate::blocking::run_interruptibly;
 use crate::error::{data_to_py, to_py};
+use crate::store::store_options;
 
 /// How long opening a dataset may take to notice Ctrl-C before it is abandoned.
 const STOP_GRACE: Duration = Duration::from_secs(2);
 /// How often a waiting `next_batch` looks for Ctrl-C.
 const POLL: Duration = Duration::from_millis(100);
-
-fn store_options(storage_options: Option<HashMap<String, String>>) -> StoreOptions {
-    StoreOptions {
-        storage_options: storage_options.unwrap_or_default(),
-        ..StoreOptions::default()
-    }
-}
 
 fn invalid(message: String) -> PyErr {
     to_py(kolo_collective::Error::InvalidArgument(message))
@@ -69,7 +62,6 @@ impl BufferView {
 #[derive(Debug)]
 pub struct ParquetLoaderCore {
     loader: Loader,
-    url: String,
 }
 
 #[pymethods]
@@ -133,14 +125,12 @@ impl ParquetLoaderCore {
             num_threads,
             num_epochs,
         };
-        let store_options = store_options(storage_options);
-        let opened = run_interruptibly(py, STOP_GRACE, move |_stop| {
-            let dataset = Dataset::open(&dataset, &store_options)?;
-            let url = dataset.url().to_string();
-            Loader::open(&dataset, options).map(|loader| (loader, url))
-        })?;
-        let (loader, url) = opened.map_err(data_to_py)?;
-        Ok(Self { loader, url })
+        let store_options = store_options(storage_options, None);
+        let loader = run_interruptibly(py, STOP_GRACE, move |_stop| {
+            Loader::open(&Dataset::open(&dataset, &store_options)?, options)
+        })?
+        .map_err(data_to_py)?;
+        Ok(Self { loader })
     }
 
     /// The next batch as a tuple of `BufferView`s (one per entry of `layout`), or None at
@@ -178,7 +168,7 @@ impl ParquetLoaderCore {
     /// The dataset's URL.
     #[getter]
     fn url(&self) -> &str {
-        &self.url
+        self.loader.url()
     }
 
     /// Batches per full epoch (the same on every rank).
@@ -244,7 +234,7 @@ fn read_metadata_json(
     path: String,
     storage_options: Option<HashMap<String, String>>,
 ) -> PyResult<String> {
-    let options = store_options(storage_options);
+    let options = store_options(storage_options, None);
     let metadata = run_interruptibly(py, STOP_GRACE, move |_stop| {
         Dataset::open(&path, &options).and_then(|dataset| dataset.metadata())
     })?

@@ -8,12 +8,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kolo_estimator::prepare::{self, PrepareOptions, PreparedData, Source, Validation};
-use kolo_store::{Store, StoreOptions};
+use kolo_store::Store;
 use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyDict, PyTuple};
 
 use crate::blocking::run_interruptibly;
 use crate::error::{data_to_py, store_to_py, to_py};
+use crate::store::store_options;
 
 /// How long a preparation may take to notice Ctrl-C before it is abandoned.
 const STOP_GRACE: Duration = Duration::from_secs(5);
@@ -69,10 +70,7 @@ fn prepare_data<'py>(
     source_paths: Option<Vec<String>>,
     source_stream: Option<Bound<'py, PyCapsule>>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let store_options = StoreOptions {
-        storage_options: storage_options.unwrap_or_default(),
-        ..StoreOptions::default()
-    };
+    let store_options = store_options(storage_options, None);
     let source = match (source_paths, source_stream) {
         (Some(paths), None) => Source::Paths {
             paths,

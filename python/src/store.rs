@@ -19,7 +19,8 @@ use crate::error::{store_to_py, to_py};
 /// How long Ctrl-C waits for a store request to stop before abandoning it.
 const STOP_GRACE: Duration = Duration::from_secs(1);
 
-fn options(
+/// Store options from flat `storage_options` and a DBFS mount, each defaulted when absent.
+pub(crate) fn store_options(
     storage_options: Option<HashMap<String, String>>,
     dbfs_mount: Option<PathBuf>,
 ) -> StoreOptions {
@@ -66,7 +67,8 @@ impl PyStore {
         storage_options: Option<HashMap<String, String>>,
         dbfs_mount: Option<PathBuf>,
     ) -> PyResult<Self> {
-        let store = Store::open(url, &options(storage_options, dbfs_mount)).map_err(store_to_py)?;
+        let store =
+            Store::open(url, &store_options(storage_options, dbfs_mount)).map_err(store_to_py)?;
         Ok(PyStore { store })
     }
 
@@ -151,7 +153,7 @@ impl PyStore {
 #[pyfunction]
 #[pyo3(signature = (location, dbfs_mount=None))]
 fn resolve_store_url(location: &str, dbfs_mount: Option<PathBuf>) -> PyResult<String> {
-    Store::resolve_url(location, &options(None, dbfs_mount)).map_err(store_to_py)
+    Store::resolve_url(location, &store_options(None, dbfs_mount)).map_err(store_to_py)
 }
 
 /// Adds this module's functions and classes to the native module.

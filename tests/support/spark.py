@@ -15,6 +15,7 @@ import sys
 from typing import Iterator
 
 import pytest
+from support.emulators import free_port
 
 
 def local_session_builder(master: str = "local[2]"):
@@ -42,14 +43,6 @@ def spark() -> Iterator[object]:
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _wait_for_port(port: int, timeout: float) -> bool:
@@ -112,7 +105,7 @@ def standalone_cluster(tmp_path_factory) -> Iterator[str]:
             )
         )
 
-    port = _free_port()
+    port = free_port()
     master = f"spark://127.0.0.1:{port}"
     try:
         start(
@@ -124,7 +117,7 @@ def standalone_cluster(tmp_path_factory) -> Iterator[str]:
                 "--port",
                 str(port),
                 "--webui-port",
-                str(_free_port()),
+                str(free_port()),
             ],
             base_env,
         )
@@ -140,9 +133,9 @@ def standalone_cluster(tmp_path_factory) -> Iterator[str]:
                     "--host",
                     "127.0.0.1",
                     "--port",
-                    str(_free_port()),
+                    str(free_port()),
                     "--webui-port",
-                    str(_free_port()),
+                    str(free_port()),
                     "--cores",
                     "2",
                     "--memory",

@@ -60,7 +60,7 @@ pub(crate) fn allgather<'a>(
         Some(Layout::Hierarchical(hosts)) if hosts.ranges.is_some() => {
             super::hier::allgather(session, &hosts, &what, tag, output, &segs)?
         }
-        _ => with_member_ring(session, tag, &what, |ring, mesh| {
+        _ => with_member_ring(session, tag, &what, |ring, mesh, _| {
             ring.allgather(mesh, output, &segs)
         })?,
     }

@@ -106,19 +106,9 @@ pub(crate) fn allreduce(
             reduction.op,
             factor,
         ),
-        None => {
-            let members = session.members.clone();
-            let rank = session.rank;
-            let Session { mesh, scratch, .. } = session;
-            let mesh = mesh.as_mut().ok_or_else(no_mesh)?;
-            let ring = Ring {
-                members: &members,
-                rank,
-                tag,
-                what: &what,
-            };
+        None => with_member_ring(session, tag, &what, |ring, mesh, scratch| {
             ring.allreduce(mesh, scratch, buf, dtype, reduction.op, factor)
-        }
+        }),
     }
 }
 
@@ -236,22 +226,37 @@ impl Ring<'_> {
     }
 }
 
-/// Runs `f` with the TCP ring over all of `session`'s members and its mesh.
+/// Runs `f` with the TCP ring over all of `session`'s members, its mesh and its scratch buffer.
 pub(crate) fn with_member_ring<R>(
     session: &mut Session,
     tag: u32,
     what: &str,
-    f: impl FnOnce(&Ring<'_>, &mut Mesh) -> Result<R>,
+    f: impl FnOnce(&Ring<'_>, &mut Mesh, &mut AlignedBuf) -> Result<R>,
 ) -> Result<R> {
     let members = session.members.clone();
+    let rank = session.rank;
+    on_ring(session, &members, rank, tag, what, f)
+}
+
+/// Runs `f` with the TCP ring over `members` (global ranks in ring order; this rank is member
+/// `rank`), `session`'s mesh and its scratch buffer.
+pub(crate) fn on_ring<R>(
+    session: &mut Session,
+    members: &[usize],
+    rank: usize,
+    tag: u32,
+    what: &str,
+    f: impl FnOnce(&Ring<'_>, &mut Mesh, &mut AlignedBuf) -> Result<R>,
+) -> Result<R> {
     let ring = Ring {
-        members: &members,
-        rank: session.rank,
+        members,
+        rank,
         tag,
         what,
     };
-    let mesh = session.mesh.as_mut().ok_or_else(no_mesh)?;
-    f(&ring, mesh)
+    let Session { mesh, scratch, .. } = session;
+    let mesh = mesh.as_mut().ok_or_else(no_mesh)?;
+    f(&ring, mesh, scratch)
 }
 
 pub(crate) fn no_mesh() -> crate::error::Error {

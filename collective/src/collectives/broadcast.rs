@@ -46,7 +46,7 @@ pub(crate) fn broadcast(
         Some(Layout::Hierarchical(hosts)) => {
             super::hier::broadcast(session, &hosts, &what, tag, buf, root)
         }
-        None => with_member_ring(session, tag, &what, |ring, mesh| {
+        None => with_member_ring(session, tag, &what, |ring, mesh, _| {
             ring.broadcast(mesh, buf, root)
         }),
     }

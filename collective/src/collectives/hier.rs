@@ -12,7 +12,7 @@
 
 use std::ops::Range;
 
-use super::allreduce::{no_mesh, Ring};
+use super::allreduce::on_ring;
 use super::Session;
 use crate::dtype::{DType, ReduceOp};
 use crate::error::Result;
@@ -22,25 +22,6 @@ use crate::transport::Hosts;
 fn place(session: &Session, hosts: &Hosts) -> (usize, bool) {
     let host = hosts.host_of[session.rank];
     (host, hosts.ranks[host][0] == session.rank)
-}
-
-/// Runs `f` on the ring of host leaders (this rank leads host `host`).
-fn among_leaders(
-    session: &mut Session,
-    hosts: &Hosts,
-    host: usize,
-    tag: u32,
-    what: &str,
-    f: impl FnOnce(&Ring<'_>, &mut Session) -> Result<()>,
-) -> Result<()> {
-    let leaders = hosts.leaders();
-    let ring = Ring {
-        members: &leaders,
-        rank: host,
-        tag,
-        what,
-    };
-    f(&ring, session)
 }
 
 #[expect(
@@ -60,11 +41,14 @@ pub(crate) fn allreduce(
     let (host, leader) = place(session, hosts);
     session.on_node(what, |node| node.allreduce(buf, dtype, op, 1.0))?;
     if leader {
-        among_leaders(session, hosts, host, tag, what, |ring, s| {
-            let Session { mesh, scratch, .. } = s;
-            let mesh = mesh.as_mut().ok_or_else(no_mesh)?;
-            ring.allreduce(mesh, scratch, buf, dtype, op, factor)
-        })?;
+        on_ring(
+            session,
+            &hosts.leaders(),
+            host,
+            tag,
+            what,
+            |ring, mesh, scratch| ring.allreduce(mesh, scratch, buf, dtype, op, factor),
+        )?;
     }
     session.on_node(what, |node| node.broadcast(buf, 0))
 }
@@ -90,10 +74,14 @@ pub(crate) fn allgather(
             .iter()
             .map(|r| segs[r.start].start..segs[r.end - 1].end)
             .collect();
-        among_leaders(session, hosts, host, tag, what, |ring, s| {
-            let mesh = s.mesh.as_mut().ok_or_else(no_mesh)?;
-            ring.allgather(mesh, output, &blocks)
-        })?;
+        on_ring(
+            session,
+            &hosts.leaders(),
+            host,
+            tag,
+            what,
+            |ring, mesh, _| ring.allgather(mesh, output, &blocks),
+        )?;
     }
     session.on_node(what, |node| node.broadcast(output, 0))
 }
@@ -116,10 +104,14 @@ pub(crate) fn broadcast(
         session.on_node(what, |node| node.broadcast(buf, root_local))?;
     }
     if leader {
-        among_leaders(session, hosts, host, tag, what, |ring, s| {
-            let mesh = s.mesh.as_mut().ok_or_else(no_mesh)?;
-            ring.broadcast(mesh, buf, root_host)
-        })?;
+        on_ring(
+            session,
+            &hosts.leaders(),
+            host,
+            tag,
+            what,
+            |ring, mesh, _| ring.broadcast(mesh, buf, root_host),
+        )?;
     }
     if host != root_host {
         session.on_node(what, |node| node.broadcast(buf, 0))?;

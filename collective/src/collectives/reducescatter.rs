@@ -56,40 +56,32 @@ pub(crate) fn reducescatter(
                 node.reducescatter(input, output, &segs, dtype, reduction.op, factor)
             });
         }
-        Some(Layout::Flat) => {
+        // Otherwise the prescaled input goes through the work buffer.
+        Some(layout) => {
             let mut work = std::mem::take(&mut session.work);
             let work_buf = work.get(input.len());
             work_buf.copy_from_slice(input);
-            let result = match reduce::scale(dtype, work_buf, reduction.prescale) {
-                Err(e) => Err(session.abandon(&what, e)),
-                Ok(()) => session.on_node(&what, |node| {
-                    node.reducescatter(work_buf, output, &segs, dtype, reduction.op, factor)
-                }),
-            };
-            work.trim(KEEP_WORK);
-            session.work = work;
-            return result;
-        }
-        Some(Layout::Hierarchical(hosts)) => {
-            let mut work = std::mem::take(&mut session.work);
-            let work_buf = work.get(input.len());
-            work_buf.copy_from_slice(input);
-            let result = match reduce::scale(dtype, work_buf, reduction.prescale) {
-                Err(e) => Err(session.abandon(&what, e)),
-                Ok(()) => super::hier::allreduce(
-                    session,
-                    &hosts,
-                    &what,
-                    tag,
-                    work_buf,
-                    dtype,
-                    reduction.op,
-                    factor,
-                ),
-            };
-            if result.is_ok() {
-                output.copy_from_slice(&work_buf[segs[rank].clone()]);
-            }
+            let result = reduce::scale(dtype, work_buf, reduction.prescale)
+                .map_err(|e| session.abandon(&what, e))
+                .and_then(|()| match layout {
+                    Layout::Flat => session.on_node(&what, |node| {
+                        node.reducescatter(work_buf, output, &segs, dtype, reduction.op, factor)
+                    }),
+                    Layout::Hierarchical(hosts) => {
+                        super::hier::allreduce(
+                            session,
+                            &hosts,
+                            &what,
+                            tag,
+                            work_buf,
+                            dtype,
+                            reduction.op,
+                            factor,
+                        )?;
+                        output.copy_from_slice(&work_buf[segs[rank].clone()]);
+                        Ok(())
+                    }
+                });
             work.trim(KEEP_WORK);
             session.work = work;
             return result;

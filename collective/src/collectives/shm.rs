@@ -136,16 +136,31 @@ impl Node<'_> {
                 }
             }
             if let Some(segs) = current {
-                let seg = segs[me].clone();
-                let acc = &mut buf[seg.clone()];
-                for j in (0..n).filter(|&j| j != me) {
-                    let src = &halves.get(j)[me * region..me * region + seg.len()];
-                    reduce::reduce_into(dtype, op, acc, src).map_err(Failure::Other)?;
-                }
-                reduce::scale(dtype, acc, factor).map_err(Failure::Other)?;
+                let acc = &mut buf[segs[me].clone()];
+                self.reduce_region(&halves, region, acc, dtype, op, factor)?;
             }
         }
         Ok(())
+    }
+
+    /// Reduces into `acc` this rank's region (`region` bytes per rank) of every other rank's
+    /// half, then multiplies the result by `factor`.
+    fn reduce_region(
+        &self,
+        halves: &Halves<'_>,
+        region: usize,
+        acc: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+        factor: f64,
+    ) -> Result<(), Failure> {
+        let me = self.me();
+        let mine = me * region..me * region + acc.len();
+        for j in (0..self.n()).filter(|&j| j != me) {
+            reduce::reduce_into(dtype, op, acc, &halves.get(j)[mine.clone()])
+                .map_err(Failure::Other)?;
+        }
+        reduce::scale(dtype, acc, factor).map_err(Failure::Other)
     }
 
     fn allreduce_small(
@@ -180,7 +195,7 @@ impl Node<'_> {
         op: ReduceOp,
         factor: f64,
     ) -> Result<(), Failure> {
-        let (n, me) = (self.n(), self.me());
+        let me = self.me();
         let region = self.region(dtype.size());
         let base = segs[me].start;
         for piece in pieces(segs, region) {
@@ -193,11 +208,7 @@ impl Node<'_> {
             let seg = piece[me].clone();
             let acc = &mut output[seg.start - base..seg.end - base];
             acc.copy_from_slice(&input[seg.clone()]);
-            for j in (0..n).filter(|&j| j != me) {
-                let src = &halves.get(j)[me * region..me * region + seg.len()];
-                reduce::reduce_into(dtype, op, acc, src).map_err(Failure::Other)?;
-            }
-            reduce::scale(dtype, acc, factor).map_err(Failure::Other)?;
+            self.reduce_region(&halves, region, acc, dtype, op, factor)?;
         }
         Ok(())
     }

@@ -208,12 +208,17 @@ impl Loader {
             fingerprint: dataset.fingerprint().to_string(),
             window,
             prefetch: options.prefetch.max(1),
-            decoders: decoders.max(1),
+            decoders,
             position: Position::default(),
             pipeline: None,
             batches_per_epoch: full.batches(),
             rows_per_epoch: full.delivered_rows(),
         })
+    }
+
+    /// The dataset's URL (the directory, or the single file).
+    pub fn url(&self) -> &str {
+        &self.url
     }
 
     /// The output buffers of every batch, in order.

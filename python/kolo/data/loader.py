@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
@@ -111,8 +111,8 @@ class ParquetLoader:
             None if num_epochs is None else int(num_epochs),
         )
         self._layout = [(names, length is None) for names, _, length in self._core.layout]
-        flat = [name for names, _ in self._layout for name in names]
-        self._order = columns if flat != columns else None
+        self._names = [name for names, _ in self._layout for name in names]
+        self._order = columns if self._names != columns else None
 
     def __len__(self) -> int:
         """Batches per epoch (the same on every rank)."""
@@ -193,8 +193,5 @@ class ParquetLoader:
     def __repr__(self) -> str:
         return (
             f"ParquetLoader({self.url!r}, batches_per_epoch={len(self)}, "
-            f"epoch={self.epoch}, columns={self._columns()!r})"
+            f"epoch={self.epoch}, columns={self._names!r})"
         )
-
-    def _columns(self) -> List[str]:
-        return [name for names, _ in self._layout for name in names]

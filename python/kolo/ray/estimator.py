@@ -36,72 +36,39 @@ Example::
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import io
 import logging
 import threading
 import time
 from typing import Any, Dict, List, Optional, Union
 
 from kolo.exceptions import DataError, InvalidArgumentError
+from kolo.spark.common.training_params import reject_unknown, training_defaults
 from kolo.spark.torch.remote import (
     Progress,
     RemoteTrainer,
     build_training_spec,
     check_model_and_loss,
+    check_rows_per_rank,
     check_store_writable,
+    trained_model,
 )
 
 __all__ = ["TorchEstimator", "TrainingResult"]
 
 log = logging.getLogger(__name__)
 
-#: The estimator's parameters and defaults; the names and defaults are the Spark estimator's
-#: (``kolo.spark.torch.TorchEstimator``) where they apply (``use_gpu`` differs: on Ray it
-#: reserves GPUs for the actors, so it is off unless asked for).
+#: The estimator's parameters and defaults: Ray placement, then the Spark estimator's training
+#: parameters with its defaults (``use_gpu`` differs: on Ray it reserves GPUs for the actors,
+#: so it is off unless asked for).
 _DEFAULTS: Dict[str, Any] = {
-    # placement
     "num_workers": None,
     "cpus_per_worker": 1,
     "use_gpu": False,
     "gpus_per_worker": None,
     "settings": None,
     "executor": None,
-    # data and store
-    "store": None,
-    "feature_cols": None,
-    "label_cols": None,
-    "sample_weight_col": None,
-    "validation": None,
-    "partitions_per_process": 10,
-    "run_id": None,
-    # model
-    "model": None,
-    "optimizer": None,
-    "loss": None,
-    "loss_weights": None,
-    "loss_constructors": None,
-    "metrics": None,
-    "callbacks": None,
-    "input_shapes": None,
-    "label_shapes": None,
-    "transformation_fn": None,
-    "train_minibatch_fn": None,
-    "gradient_compression": None,
-    "backward_passes_per_step": 1,
-    # loop
-    "batch_size": 32,
-    "val_batch_size": None,
-    "epochs": 1,
-    "train_steps_per_epoch": None,
-    "validation_steps_per_epoch": None,
-    "shuffle": True,
-    "shuffle_buffer_size": None,
-    "random_seed": None,
-    "train_reader_num_workers": 2,
-    "val_reader_num_workers": 2,
-    "verbose": 1,
+    **training_defaults(),
 }
 
 
@@ -249,12 +216,7 @@ class TorchEstimator:
 
             est.set_params(epochs=3, batch_size=64)
         """
-        unknown = sorted(k for k in params if k not in _DEFAULTS)
-        if unknown:
-            raise InvalidArgumentError(
-                f"TorchEstimator has no parameter {', '.join(unknown)}; its parameters are: "
-                f"{', '.join(sorted(_DEFAULTS))}"
-            )
+        reject_unknown("TorchEstimator", params, _DEFAULTS)
         self._params.update(params)
         return self
 
@@ -423,17 +385,9 @@ class TorchEstimator:
         return result
 
     def _train(self, store: Any, meta: Any) -> TrainingResult:
-        import torch
-
         num_workers = self._num_workers()
         batch_size = int(self._params["batch_size"])
-        per_rank = meta.train_rows // num_workers
-        if per_rank < batch_size:
-            raise DataError(
-                f"{meta.train_rows} training rows give each of the {num_workers} ranks "
-                f"{per_rank} rows, fewer than batch_size={batch_size}: lower batch_size or "
-                "num_workers, or add data"
-            )
+        check_rows_per_rank(meta.train_rows, num_workers, batch_size, "num_workers")
         run_id = self._params["run_id"] or f"run_{int(time.time() * 1000)}"
         val_path = meta.val_path if meta.val_rows > 0 else None
         spec = build_training_spec(self._param, store, run_id, meta.train_path, val_path)
@@ -453,9 +407,7 @@ class TorchEstimator:
             if owned:
                 executor.shutdown()
         rank0 = results[0]
-        trained = copy.deepcopy(self._params["model"])
-        state = torch.load(io.BytesIO(rank0["model"]), map_location="cpu", weights_only=False)
-        trained.load_state_dict(state)
+        trained = trained_model(self._params["model"], rank0["model"])
         timings["train"] = float(rank0.get("timings", {}).get("train_s", 0.0))
         return TrainingResult(
             model=trained,

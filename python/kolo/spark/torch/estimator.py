@@ -27,8 +27,6 @@ Example::
 
 from __future__ import annotations
 
-import copy
-import io
 import logging
 import time
 from typing import Any, Dict, List, Optional
@@ -36,9 +34,10 @@ from typing import Any, Dict, List, Optional
 from pyspark.ml import Estimator
 from pyspark.ml.util import MLReadable, MLWritable
 
-from kolo.exceptions import DataError, InvalidArgumentError
+from kolo.exceptions import InvalidArgumentError
 from kolo.spark.common.params import TorchEstimatorParams, torch_estimator_defaults
 from kolo.spark.common.serialization import KoloReader, KoloWriter
+from kolo.spark.common.training_params import reject_unknown
 from kolo.spark.common.util import PreparedDataset, get_dataset_metadata, prepare_data
 from kolo.spark.torch.model import TorchModel
 from kolo.spark.torch.remote import (
@@ -48,8 +47,10 @@ from kolo.spark.torch.remote import (
     TrainingSpec,
     build_training_spec,
     check_model_and_loss,
+    check_rows_per_rank,
     check_store_writable,
     losses_from,
+    trained_model,
 )
 
 __all__ = ["RemoteLossConstructor", "TorchEstimator"]
@@ -110,12 +111,7 @@ class TorchEstimator(Estimator, TorchEstimatorParams, MLReadable, MLWritable):
 
             est.setParams(epochs=3, batch_size=64)
         """
-        unknown = sorted(k for k in kwargs if not self.hasParam(k))
-        if unknown:
-            raise InvalidArgumentError(
-                f"TorchEstimator has no parameter {', '.join(unknown)}; its parameters are: "
-                f"{', '.join(sorted(p.name for p in self.params))}"
-            )
+        reject_unknown("TorchEstimator", kwargs, (p.name for p in self.params))
         self._set(**kwargs)
         return self
 
@@ -221,18 +217,9 @@ class TorchEstimator(Estimator, TorchEstimatorParams, MLReadable, MLWritable):
         return est._fit_on_prepared_data(0 if dataset_idx is None else dataset_idx, est._num_proc())
 
     def _fit_on_prepared_data(self, dataset_idx: int, num_proc: int) -> TorchModel:
-        import torch
-
         store = self.getStore()
         meta = get_dataset_metadata(store, dataset_idx, self._columns())
-        per_rank = meta.train_rows // num_proc
-        batch_size = self.getBatchSize()
-        if per_rank < batch_size:
-            raise DataError(
-                f"{meta.train_rows} training rows give each of the {num_proc} ranks {per_rank} "
-                f"rows, fewer than batch_size={batch_size}: lower batch_size or num_proc, or "
-                "add data"
-            )
+        check_rows_per_rank(meta.train_rows, num_proc, self.getBatchSize(), "num_proc")
         run_id = self.getRunId() or f"run_{int(time.time() * 1000)}"
         spec = self._spec(store, meta, run_id)
         progress = Progress(self.getVerbose(), self.getEpochs())
@@ -249,9 +236,7 @@ class TorchEstimator(Estimator, TorchEstimatorParams, MLReadable, MLWritable):
         finally:
             progress.close()
         result = results[0]
-        trained = copy.deepcopy(self.getModel())
-        state = torch.load(io.BytesIO(result["model"]), map_location="cpu", weights_only=False)
-        trained.load_state_dict(state)
+        trained = trained_model(self.getModel(), result["model"])
         metadata = {
             "columns": {
                 name: {"dtype": info.dtype, "shape": info.shape}

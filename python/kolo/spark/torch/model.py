@@ -32,6 +32,7 @@ from pyspark.ml.util import MLReadable, MLWritable
 from kolo.exceptions import DataError, InvalidArgumentError
 from kolo.spark.common.params import ModelParams, model_defaults
 from kolo.spark.common.serialization import KoloReader, KoloWriter
+from kolo.spark.common.training_params import reject_unknown
 
 __all__ = ["TorchModel"]
 
@@ -68,12 +69,7 @@ class TorchModel(Model, ModelParams, MLReadable, MLWritable):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__()
         self._setDefault(**model_defaults())
-        unknown = sorted(k for k in kwargs if not self.hasParam(k))
-        if unknown:
-            raise InvalidArgumentError(
-                f"TorchModel has no parameter {', '.join(unknown)}; its parameters are: "
-                f"{', '.join(sorted(p.name for p in self.params))}"
-            )
+        reject_unknown("TorchModel", kwargs, (p.name for p in self.params))
         self._set(**kwargs)
         self._timings: Dict[str, Any] = {}
         self._start_epoch = 0

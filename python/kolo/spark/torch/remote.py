@@ -36,11 +36,13 @@ __all__ = [
     "TrainingSpec",
     "build_training_spec",
     "check_model_and_loss",
+    "check_rows_per_rank",
     "check_store_writable",
     "history_keys",
     "load_checkpoint",
     "losses_from",
     "pickled",
+    "trained_model",
 ]
 
 log = logging.getLogger(__name__)
@@ -685,14 +687,9 @@ def check_store_writable(store: Any, writers: str) -> None:
         ) from err
 
 
-def check_model_and_loss(param: ParamGetter) -> None:
-    """Fails before any data is written when the model, optimizer or loss is missing or cannot
-    be pickled (:class:`~kolo.exceptions.InvalidArgumentError`).
-
-    Example::
-
-        check_model_and_loss(params.get)
-    """
+def _model_and_optimizer(param: ParamGetter) -> tuple:
+    """``(model, optimizer)``, or :class:`~kolo.exceptions.InvalidArgumentError` when one is
+    not set."""
     from kolo.exceptions import InvalidArgumentError
 
     model, optimizer = param("model"), param("optimizer")
@@ -702,6 +699,51 @@ def check_model_and_loss(param: ParamGetter) -> None:
         raise InvalidArgumentError(
             "optimizer is not set: pass optimizer=torch.optim.SGD(model.parameters(), ...)"
         )
+    return model, optimizer
+
+
+def check_rows_per_rank(train_rows: int, ranks: int, batch_size: int, ranks_param: str) -> None:
+    """Raises :class:`~kolo.exceptions.DataError` when a rank's share of ``train_rows`` is less
+    than one batch (``ranks_param`` names the launcher's rank-count parameter, for the message).
+
+    Example::
+
+        check_rows_per_rank(meta.train_rows, num_proc, batch_size, "num_proc")
+    """
+    from kolo.exceptions import DataError
+
+    per_rank = train_rows // ranks
+    if per_rank < batch_size:
+        raise DataError(
+            f"{train_rows} training rows give each of the {ranks} ranks {per_rank} rows, fewer "
+            f"than batch_size={batch_size}: lower batch_size or {ranks_param}, or add data"
+        )
+
+
+def trained_model(model: Any, state_bytes: bytes) -> Any:
+    """A copy of ``model`` with the weights a rank returned (``result["model"]``), on the CPU.
+
+    Example::
+
+        trained = trained_model(estimator_model, results[0]["model"])
+    """
+    import torch
+
+    trained = copy.deepcopy(model)
+    state = torch.load(io.BytesIO(state_bytes), map_location="cpu", weights_only=False)
+    trained.load_state_dict(state)
+    return trained
+
+
+def check_model_and_loss(param: ParamGetter) -> None:
+    """Fails before any data is written when the model, optimizer or loss is missing or cannot
+    be pickled (:class:`~kolo.exceptions.InvalidArgumentError`).
+
+    Example::
+
+        check_model_and_loss(params.get)
+    """
+    model, _ = _model_and_optimizer(param)
     pickled("model", model, "keep locks, open files, sessions and the like out of the model")
     pickled("loss", losses_from(param), "pass loss_constructors=[fn returning the loss] instead")
 
@@ -725,14 +767,7 @@ def build_training_spec(
     """
     from kolo.exceptions import InvalidArgumentError
 
-    model = param("model")
-    optimizer = param("optimizer")
-    if model is None:
-        raise InvalidArgumentError("model is not set: pass model=<a torch.nn.Module>")
-    if optimizer is None:
-        raise InvalidArgumentError(
-            "optimizer is not set: pass optimizer=torch.optim.SGD(model.parameters(), ...)"
-        )
+    model, optimizer = _model_and_optimizer(param)
     feature_cols, label_cols = param("feature_cols"), param("label_cols")
     losses = losses_from(param)
     if len(losses) not in (1, len(label_cols)):

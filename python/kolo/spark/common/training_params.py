@@ -1,0 +1,166 @@
+"""The training parameters of kolo's estimators, shared by the Spark estimator
+(:mod:`kolo.spark.common.params` declares each as a Spark ML ``Param``) and
+:class:`kolo.ray.TorchEstimator`: names, docs and defaults are Horovod's. Importing this module
+does not import PySpark.
+
+Each row is ``(name, doc, default, converter)``, ``converter`` the name of a
+``pyspark.ml.param.TypeConverters`` method or ``None``.
+
+Example::
+
+    from kolo.spark.common.training_params import training_defaults
+
+    assert training_defaults()["batch_size"] == 32
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+from kolo.exceptions import InvalidArgumentError
+
+__all__ = ["TORCH_PARAMS", "TRAINING_PARAMS", "reject_unknown", "training_defaults"]
+
+#: ``(name, doc, default, converter)``.
+ParamSpec = Tuple[str, str, Any, Optional[str]]
+
+#: What every estimator takes to train, whatever the framework and the launcher.
+TRAINING_PARAMS: List[ParamSpec] = [
+    ("store", "kolo.store.Store holding the prepared data, checkpoints and logs", None, None),
+    ("model", "the model to train", None, None),
+    ("optimizer", "the optimizer, built on the model's parameters", None, None),
+    ("loss", "the loss function, or a list of them (one per label column)", None, None),
+    ("loss_weights", "weights of the losses of several label columns", None, None),
+    ("sample_weight_col", "column of per-row loss weights", None, None),
+    ("metrics", "metric functions metric(output, label) -> tensor", None, None),
+    ("feature_cols", "feature column names", None, "toListString"),
+    ("label_cols", "label column names", None, "toListString"),
+    (
+        "validation",
+        "a ratio of rows (float in [0, 1)) or the name of a bool/int column "
+        "marking validation rows",
+        None,
+        None,
+    ),
+    (
+        "callbacks",
+        "objects whose on_epoch_begin/on_train_batch_end/on_epoch_end methods are "
+        "called during training",
+        None,
+        None,
+    ),
+    ("batch_size", "rows per batch and rank", 32, "toInt"),
+    ("val_batch_size", "rows per validation batch and rank (default: batch_size)", None, None),
+    ("epochs", "number of epochs", 1, "toInt"),
+    (
+        "verbose",
+        "0: quiet, 1: progress bar per epoch, 2: per-rank step logs",
+        1,
+        "toInt",
+    ),
+    (
+        "random_seed",
+        "seed of the model initialisation, the validation split and the shuffle",
+        None,
+        None,
+    ),
+    ("shuffle", "shuffle the training rows every epoch", True, "toBoolean"),
+    (
+        "shuffle_buffer_size",
+        "rows per shuffle window of the loader (default: the loader's)",
+        None,
+        None,
+    ),
+    (
+        "partitions_per_process",
+        "Parquet files written per training process",
+        10,
+        "toInt",
+    ),
+    ("run_id", "id of the run; an existing checkpoint of that id resumes training", None, None),
+    (
+        "train_steps_per_epoch",
+        "training steps per epoch (default: one pass over each rank's rows)",
+        None,
+        None,
+    ),
+    ("validation_steps_per_epoch", "validation steps per epoch (default: one pass)", None, None),
+    (
+        "transformation_fn",
+        "fn(batch: dict column -> tensor) -> dict, applied to each training and validation batch",
+        None,
+        None,
+    ),
+    ("train_reader_num_workers", "decode threads of the training loader", 2, "toInt"),
+    ("val_reader_num_workers", "decode threads of the validation loader", 2, "toInt"),
+    (
+        "label_shapes",
+        "shapes the label tensors are reshaped to (one per label column, "
+        "batch dimension included, e.g. [-1, 1])",
+        None,
+        None,
+    ),
+    (
+        "gradient_compression",
+        "kolo.torch.Compression.none/.fp16/.bf16 for gradients on the wire",
+        None,
+        None,
+    ),
+    (
+        "backward_passes_per_step",
+        "backward passes accumulated before each allreduce and optimizer step",
+        1,
+        "toInt",
+    ),
+]
+
+#: The PyTorch estimators' own.
+TORCH_PARAMS: List[ParamSpec] = [
+    (
+        "input_shapes",
+        "shapes the feature tensors are reshaped to (one per feature column, "
+        "batch dimension included, e.g. [-1, 1, 28, 28])",
+        None,
+        None,
+    ),
+    (
+        "loss_constructors",
+        "functions returning loss functions (for losses that cannot be pickled)",
+        None,
+        None,
+    ),
+    (
+        "train_minibatch_fn",
+        "fn(model, optimizer, transform_outputs, loss_fn, inputs, "
+        "labels, sample_weights) -> (outputs, loss), replacing the default step",
+        None,
+        None,
+    ),
+]
+
+
+def training_defaults() -> Dict[str, Any]:
+    """The defaults of :data:`TRAINING_PARAMS` and :data:`TORCH_PARAMS`, by name.
+
+    Example::
+
+        assert training_defaults()["shuffle"] is True
+    """
+    return {name: default for name, _, default, _ in (*TRAINING_PARAMS, *TORCH_PARAMS)}
+
+
+def reject_unknown(owner: str, given: Iterable[str], known: Iterable[str]) -> None:
+    """Raises :class:`~kolo.exceptions.InvalidArgumentError` naming the ``given`` parameter
+    names that are not ``known`` (and listing the known ones).
+
+    Example::
+
+        reject_unknown("TorchEstimator", kwargs, training_defaults())
+    """
+    known = set(known)
+    unknown = sorted(k for k in given if k not in known)
+    if unknown:
+        raise InvalidArgumentError(
+            f"{owner} has no parameter {', '.join(unknown)}; its parameters are: "
+            f"{', '.join(sorted(known))}"
+        )
