@@ -266,6 +266,22 @@ def test_grouped_allreduce_mixed_shapes_and_dtypes(main_job: Job) -> None:
     main_job.require("grouped_allreduce")
 
 
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_waiting_caller_runs_the_cycle_without_waiting_for_the_engine(transport: str) -> None:
+    # The engine thread would start a cycle only every 5 s; 24 collectives finish in well
+    # under that only because each waiter negotiates and runs its op itself.
+    env = {
+        "KOLO_CYCLE_TIME": "5000",
+        "KOLO_SUBMIT_QUIET_TIME": "5000",
+        "KOLO_TRANSPORT": transport,
+    }
+    result = run_kolorun(["-np", "2", "python", worker("wait_inline_worker.py")], 120, env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    elapsed = [float(v) for v in re.findall(r"ELAPSED ([0-9.]+)", result.stdout)]
+    assert len(elapsed) == 2, result.stdout
+    assert max(elapsed) < 4.0, elapsed
+
+
 def test_main_job_exits_cleanly(main_job: Job) -> None:
     assert_clean_exit(main_job)
     assert "rank done: 0 failed checks" in main_job.stdout, main_job.tail()

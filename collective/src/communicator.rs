@@ -7,7 +7,7 @@ use crate::abort::AbortSignal;
 use crate::collectives::{self, Session};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
-use crate::transport::Mesh;
+use crate::transport::{Mesh, WakeSignal, Watch};
 
 /// Where this rank sits in the job.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,6 +64,8 @@ pub struct Communicator {
     abort: AbortSignal,
     closing: Arc<AtomicBool>,
     state: Mutex<State>,
+    /// What the engine waits on between cycles without taking `state`.
+    watch: Option<Watch>,
 }
 
 impl Communicator {
@@ -77,6 +79,7 @@ impl Communicator {
                 session: Session::new(None, 0, 1),
                 closed: None,
             }),
+            watch: None,
         }
     }
 
@@ -100,12 +103,20 @@ impl Communicator {
         };
         mesh.set_hosts(info.hosts.clone());
         mesh.set_closing_flag(Arc::clone(&closing));
+        let watch = match mesh.watch() {
+            Ok(watch) => Some(watch),
+            Err(e) => {
+                log::warn!("cannot watch the peers' connections between cycles: {e}");
+                None
+            }
+        };
         let session = Session::new(Some(mesh), info.rank, info.size);
         Communicator {
             info,
             abort,
             closing,
             state: Mutex::new(State { session, closed }),
+            watch,
         }
     }
 
@@ -247,11 +258,21 @@ impl Communicator {
     /// cycles, so it notices those while idle).
     pub(crate) fn wait_readable(
         &self,
-        wake: std::os::fd::RawFd,
+        wake: &WakeSignal<'_>,
         peers: bool,
         timeout: std::time::Duration,
     ) -> Result<bool> {
-        self.run(|session| session.wait_readable(wake, peers, timeout))
+        // Fails like an operation would; the wait itself does not hold the lock, so a caller
+        // may run a cycle meanwhile (`Engine::wait`).
+        self.run(|_| Ok(()))?;
+        let ready = match &self.watch {
+            Some(watch) => watch.wait_readable(wake, peers, timeout)?,
+            None => {
+                crate::transport::wait_readable(&[wake.fd], timeout)?;
+                false
+            }
+        };
+        Ok(ready)
     }
 
     fn lock_even_if_poisoned(&self) -> MutexGuard<'_, State> {

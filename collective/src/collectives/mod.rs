@@ -231,24 +231,6 @@ impl Session {
         result.map_err(|failure| mesh.fail(failure, what))
     }
 
-    /// Waits up to `timeout` until `wake` is readable or, with `peers`, another rank sent
-    /// something (on any connection); returns whether another rank did.
-    pub(crate) fn wait_readable(
-        &self,
-        wake: std::os::fd::RawFd,
-        peers: bool,
-        timeout: std::time::Duration,
-    ) -> Result<bool> {
-        let ready = match &self.mesh {
-            Some(mesh) => mesh.wait_readable(wake, peers, timeout)?,
-            None => {
-                crate::transport::wait_readable(&[wake], timeout)?;
-                false
-            }
-        };
-        Ok(ready)
-    }
-
     fn mesh(&mut self) -> Result<&mut Mesh> {
         self.mesh.as_mut().ok_or_else(|| {
             Error::Internal(format!(

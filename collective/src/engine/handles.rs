@@ -24,6 +24,8 @@ struct Table {
     slots: HashMap<u64, Slot>,
     /// (process set, name) of every pending op: a name may be outstanding once per set.
     outstanding: HashSet<(u32, String)>,
+    /// Counts finished cycles (see [`Handles::wait_for_cycle_end`]).
+    cycles_ended: u64,
 }
 
 /// Every handle of the process.
@@ -88,6 +90,36 @@ impl Handles {
     }
 
     /// True once `id` completed; an error for an unknown handle.
+    /// Records that a cycle ended and wakes the callers waiting for that.
+    pub(crate) fn cycle_ended(&self) {
+        self.lock().cycles_ended += 1;
+        self.done.notify_all();
+    }
+
+    /// How many cycles ended so far.
+    pub(crate) fn cycles_ended(&self) -> u64 {
+        self.lock().cycles_ended
+    }
+
+    /// Waits up to `timeout` until more than `seen` cycles ended or handle `id` completed.
+    pub(crate) fn wait_for_cycle_end(&self, id: u64, seen: u64, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        let mut table = self.lock();
+        while table.cycles_ended == seen
+            && matches!(table.slots.get(&id), Some(Slot::Pending { .. }))
+        {
+            let now = Instant::now();
+            if now >= deadline {
+                return;
+            }
+            table = self
+                .done
+                .wait_timeout(table, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
     pub(crate) fn poll(&self, id: u64) -> Result<bool> {
         match self.lock().slots.get(&id) {
             Some(Slot::Done(_)) => Ok(true),

@@ -28,7 +28,7 @@ mod wake;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -93,6 +93,19 @@ struct Shared {
     stopped: Mutex<Option<Error>>,
     /// Counts add_process_set calls, to name them alike on every rank.
     set_ops: Mutex<u64>,
+    /// What cycles work on. The engine thread locks it for each cycle; a caller waiting for a
+    /// handle runs a cycle itself when it is free (see [`Engine::wait`]).
+    cycles: Mutex<CycleState>,
+    /// When the latest cycle started, on whichever thread.
+    last_cycle: Mutex<Instant>,
+}
+
+/// The state cycles carry from one to the next.
+#[derive(Debug)]
+struct CycleState {
+    sets: BTreeMap<u32, SetRuntime>,
+    next_set_id: u32,
+    fusion: AlignedBuf,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -116,6 +129,15 @@ impl Engine {
         }
         let mut sets = BTreeMap::new();
         sets.insert(0, (0..info.size).collect());
+        let mut runtimes = BTreeMap::new();
+        if let Some(group) = Group::new((0..info.size).collect(), info.rank) {
+            runtimes.insert(0, SetRuntime::new(group, config.cache_capacity));
+        }
+        let cycles = Mutex::new(CycleState {
+            sets: runtimes,
+            next_set_id: 1,
+            fusion: AlignedBuf::default(),
+        });
         let shared = Arc::new(Shared {
             comm,
             config,
@@ -127,6 +149,8 @@ impl Engine {
             sets: Mutex::new(sets),
             stopped: Mutex::new(None),
             set_ops: Mutex::new(0),
+            cycles,
+            last_cycle: Mutex::new(Instant::now()),
         });
         let worker = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
@@ -231,8 +255,35 @@ impl Engine {
 
     /// Waits up to `timeout` for `handle`: its result (the handle is then consumed), or `None`
     /// while it is still running.
+    ///
+    /// While the handle is pending and ops were submitted since the last cycle, the caller runs
+    /// the next cycle itself (after the one running on another thread, if any): it would only
+    /// sleep otherwise, and its op, with whatever else was submitted, is negotiated and run at
+    /// once on this thread instead of after the submit quiet time and two thread wake-ups.
+    /// That is what makes a lone small collective take microseconds.
     pub fn wait(&self, handle: u64, timeout: Duration) -> Option<Result<Output>> {
-        self.shared.handles.wait(handle, timeout)
+        let shared = &self.shared;
+        let deadline = Instant::now() + timeout;
+        while shared.wants_cycle_for(handle) {
+            let seen = shared.handles.cycles_ended();
+            match shared.cycles.try_lock() {
+                Ok(mut state) => {
+                    shared.run_cycle(&mut state);
+                }
+                // A cycle runs on another thread: once it ends, look again.
+                Err(TryLockError::WouldBlock) => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    shared.handles.wait_for_cycle_end(handle, seen, left);
+                }
+                Err(TryLockError::Poisoned(_)) => break,
+            }
+            if Instant::now() >= deadline {
+                break;
+            }
+        }
+        shared
+            .handles
+            .wait(handle, deadline.saturating_duration_since(Instant::now()))
     }
 
     /// The counters: cycles, tensors, collectives, fused_tensors, cache_hits, cache_misses,
@@ -396,63 +447,84 @@ impl Shared {
     }
 
     fn run(&self) {
-        let info = self.comm.info().clone();
-        let mut sets: BTreeMap<u32, SetRuntime> = BTreeMap::new();
-        if let Some(group) = Group::new((0..info.size).collect(), info.rank) {
-            sets.insert(0, SetRuntime::new(group, self.config.cache_capacity));
-        }
-        let mut next_set_id = 1u32;
-        let mut fusion = AlignedBuf::default();
         loop {
-            let started = Instant::now();
-            self.stats.cycle();
-            self.timeline.mark_cycle();
-            let outcome = self
-                .comm
-                .run(|session| self.cycle(session, &mut sets, &mut next_set_id, &mut fusion));
-            match outcome {
-                Ok(Flow::Continue) => {}
-                Ok(Flow::Stop(rank)) => {
-                    let me = info.rank;
-                    let why = if rank == me {
-                        "kolo was shut down on this rank; call init() again to run more collectives"
-                            .to_owned()
-                    } else {
-                        format!(
-                            "rank {rank} shut down kolo (it finished, or failed and called shutdown), so no more \
-                             collectives can run; this happens when ranks run different numbers of steps — \
-                             use hvd.join() to let ranks finish early"
-                        )
-                    };
-                    self.stop(Error::Closed(why));
-                    return;
-                }
-                Err(error) => {
-                    log::error!("rank {}: the engine stopped: {error}", info.rank);
-                    self.stop(error);
+            {
+                let mut state = lock(&self.cycles);
+                if lock(&self.stopped).is_some() || !self.run_cycle(&mut state) {
                     return;
                 }
             }
-            if let Err(error) = self.wait_for_next_cycle(started) {
-                log::error!("rank {}: the engine stopped: {error}", info.rank);
+            if let Err(error) = self.wait_for_next_cycle() {
+                log::error!(
+                    "rank {}: the engine stopped: {error}",
+                    self.comm.info().rank
+                );
                 self.stop(error);
                 return;
             }
         }
     }
 
-    /// Waits until the next cycle should start, at the latest one cycle time after `started`
-    /// (Horovod's cycle), earlier when
+    /// True when `handle` is pending, something was submitted since the last cycle, and the
+    /// engine runs: a waiting caller should run a cycle itself. (Without new submissions a
+    /// cycle could not change anything before the other ranks start one.)
+    fn wants_cycle_for(&self, handle: u64) -> bool {
+        matches!(self.handles.poll(handle), Ok(false))
+            && !lock(&self.inbox).items.is_empty()
+            && lock(&self.stopped).is_none()
+    }
+
+    /// Runs one cycle; false once the engine stopped (a rank shut down, or it failed).
+    fn run_cycle(&self, state: &mut CycleState) -> bool {
+        let me = self.comm.info().rank;
+        *lock(&self.last_cycle) = Instant::now();
+        self.stats.cycle();
+        self.timeline.mark_cycle();
+        let CycleState {
+            sets,
+            next_set_id,
+            fusion,
+        } = state;
+        let outcome = self
+            .comm
+            .run(|session| self.cycle(session, sets, next_set_id, fusion));
+        self.handles.cycle_ended();
+        match outcome {
+            Ok(Flow::Continue) => true,
+            Ok(Flow::Stop(rank)) => {
+                let why = if rank == me {
+                    "kolo was shut down on this rank; call init() again to run more collectives"
+                        .to_owned()
+                } else {
+                    format!(
+                        "rank {rank} shut down kolo (it finished, or failed and called shutdown), so no more \
+                         collectives can run; this happens when ranks run different numbers of steps — \
+                         use hvd.join() to let ranks finish early"
+                    )
+                };
+                self.stop(Error::Closed(why));
+                false
+            }
+            Err(error) => {
+                log::error!("rank {me}: the engine stopped: {error}");
+                self.stop(error);
+                false
+            }
+        }
+    }
+
+    /// Waits until the next cycle should start, at the latest one cycle time after the latest
+    /// one started (Horovod's cycle; cycles that callers ran count), earlier when
     /// - ops were submitted and no more came for the submit quiet time: a lone op starts
     ///   negotiating at once, while ops submitted in a burst still go into one cycle and fuse;
     /// - another rank started a cycle (its message arrived): cycles are exchanges among every
     ///   rank, so the others join at once instead of letting it wait for their timers;
     /// - shutdown was requested.
-    fn wait_for_next_cycle(&self, started: Instant) -> Result<()> {
-        let due = started + self.config.cycle_time;
+    fn wait_for_next_cycle(&self) -> Result<()> {
         let mut peer_started = false;
         loop {
-            self.wake.rearm();
+            let wake = self.wake.rearm();
+            let due = *lock(&self.last_cycle) + self.config.cycle_time;
             let now = Instant::now();
             if now >= due {
                 return Ok(());
@@ -475,9 +547,7 @@ impl Shared {
             };
             // Bounded, so an abort or a closing communicator is noticed while idle.
             let timeout = (until - now).min(IDLE_TICK);
-            peer_started |= self
-                .comm
-                .wait_readable(self.wake.fd(), !peer_started, timeout)?;
+            peer_started |= self.comm.wait_readable(&wake, !peer_started, timeout)?;
         }
     }
 

@@ -28,13 +28,15 @@ pub(crate) use stream::{Buffers, RecvBlock, SendBlock, StreamPlan, CHUNK};
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::abort::AbortSignal;
 use crate::error::{Error, Result};
 use crate::wire::{self, FrameError, FrameKind, JobId};
+pub(crate) use shm::futex_wake;
+use shm::ShmNode;
 
 /// How often blocking waits wake up to check the abort signal and shutdown.
 pub(crate) const TICK: Duration = Duration::from_millis(100);
@@ -105,6 +107,75 @@ pub struct Mesh {
     broken: Option<String>,
     /// The shared-memory plane among this host's ranks, when collectives use it.
     shm: Option<ShmPlane>,
+}
+
+/// A mesh's peers as the engine watches them between cycles (see [`Mesh::watch`]).
+#[derive(Debug)]
+pub(crate) struct Watch {
+    streams: Vec<TcpStream>,
+    node: Option<Arc<ShmNode>>,
+}
+
+/// What wakes the engine thread between cycles: the read end of its wake-up socket, and a
+/// futex word with the value it had when the engine last looked (see
+/// `engine::wake::Wake::rearm`).
+#[derive(Debug)]
+pub(crate) struct WakeSignal<'a> {
+    pub fd: RawFd,
+    pub word: &'a AtomicU32,
+    pub seen: u32,
+}
+
+impl Watch {
+    /// Waits up to `timeout` until `wake` or, with `peers`, a peer's connection is readable
+    /// (a message, end of stream or an error: whatever it is, the next collective reads it)
+    /// or a peer published a shared-memory phase this rank has not joined. Returns whether a
+    /// peer started something.
+    ///
+    /// With the flat shared-memory plane a peer starts a cycle by publishing a phase, not by
+    /// sending, so the wait sleeps on the peers' phase counters and the wake word together
+    /// (`futex_waitv`), and looks at the sockets (a dead peer, a subset's TCP cycle) at least
+    /// every millisecond.
+    pub(crate) fn wait_readable(
+        &self,
+        wake: &WakeSignal<'_>,
+        peers: bool,
+        timeout: Duration,
+    ) -> io::Result<bool> {
+        let mut fds = vec![wake.fd];
+        if peers {
+            fds.extend(self.streams.iter().map(AsRawFd::as_raw_fd));
+        }
+        let node = match &self.node {
+            Some(node) if peers => node,
+            _ => {
+                let ready = poll::wait_readable(&fds, timeout)?;
+                return Ok(ready[1..].iter().any(|&r| r));
+            }
+        };
+        let deadline = Instant::now() + timeout;
+        loop {
+            if node.peer_ahead() {
+                return Ok(true);
+            }
+            let ready = poll::wait_readable(&fds, Duration::ZERO)?;
+            if ready.iter().any(|&r| r) {
+                return Ok(ready[1..].iter().any(|&r| r) || node.peer_ahead());
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(false);
+            }
+            let slice = (deadline - now).min(Duration::from_millis(1));
+            if !node.sleep_until_peer_ahead(wake.word, wake.seen, slice) {
+                // No futex_waitv (Linux < 5.16): poll the sockets for the slice instead.
+                let ready = poll::wait_readable(&fds, slice)?;
+                if ready.iter().any(|&r| r) {
+                    return Ok(ready[1..].iter().any(|&r| r) || node.peer_ahead());
+                }
+            }
+        }
+    }
 }
 
 /// How a data-plane wait went wrong; turned into an [`Error`] by [`Mesh::fail`].
@@ -319,46 +390,21 @@ impl Mesh {
         self.links.iter_mut().for_each(|l| *l = None);
     }
 
-    /// Waits up to `timeout` until `wake` or, with `peers`, a peer's connection is readable
-    /// (a message, end of stream or an error: whatever it is, the next collective reads it).
-    /// Returns whether a peer's was. The engine waits here between cycles.
-    pub(crate) fn wait_readable(
-        &self,
-        wake: RawFd,
-        peers: bool,
-        timeout: Duration,
-    ) -> io::Result<bool> {
-        let mut fds = vec![wake];
-        if peers {
-            fds.extend(self.links.iter().flatten().map(|l| l.stream.as_raw_fd()));
-        }
-        // With the flat shared-memory plane a peer starts a cycle by publishing a phase, not by
-        // sending: look at the counters every millisecond.
-        let flat = match &self.shm {
-            Some(plane) if peers && matches!(plane.layout, Layout::Flat) => Some(&plane.node),
+    /// What the engine waits on between cycles, usable without holding the communicator's
+    /// lock (so that a caller can run a cycle meanwhile): a duplicate of every peer's socket
+    /// and the flat shared-memory node.
+    pub(crate) fn watch(&self) -> io::Result<Watch> {
+        let streams = self
+            .links
+            .iter()
+            .flatten()
+            .map(|l| l.stream.try_clone())
+            .collect::<io::Result<Vec<_>>>()?;
+        let node = match &self.shm {
+            Some(plane) if matches!(plane.layout, Layout::Flat) => Some(Arc::clone(&plane.node)),
             _ => None,
         };
-        let Some(node) = flat else {
-            let ready = poll::wait_readable(&fds, timeout)?;
-            return Ok(ready[1..].iter().any(|&r| r));
-        };
-        let deadline = Instant::now() + timeout;
-        loop {
-            if node.peer_ahead() {
-                return Ok(true);
-            }
-            let now = Instant::now();
-            let slice = deadline
-                .saturating_duration_since(now)
-                .min(Duration::from_millis(1));
-            let ready = poll::wait_readable(&fds, slice)?;
-            if ready.iter().any(|&r| r) {
-                return Ok(ready[1..].iter().any(|&r| r) || node.peer_ahead());
-            }
-            if Instant::now() >= deadline {
-                return Ok(node.peer_ahead());
-            }
-        }
+        Ok(Watch { streams, node })
     }
 
     /// Reads the reason of a `Fail` frame whose header was just read (bounded wait).

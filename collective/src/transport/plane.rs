@@ -4,6 +4,7 @@
 
 use std::io;
 use std::ops::Range;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::poll;
@@ -105,7 +106,8 @@ pub(crate) enum Layout {
 /// The shared-memory node of this host and how collectives use it.
 #[derive(Debug)]
 pub(crate) struct ShmPlane {
-    pub node: ShmNode,
+    /// Shared with the engine's [`Watch`](super::Watch).
+    pub node: Arc<ShmNode>,
     pub layout: Layout,
 }
 
@@ -182,7 +184,10 @@ impl Mesh {
                 Layout::Hierarchical(_) => "hierarchical",
             }
         );
-        self.shm = Some(ShmPlane { node, layout });
+        self.shm = Some(ShmPlane {
+            node: Arc::new(node),
+            layout,
+        });
         Ok(())
     }
 

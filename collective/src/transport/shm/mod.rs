@@ -24,7 +24,7 @@ mod segment;
 
 use std::io;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 pub(crate) use segment::Segment;
@@ -207,6 +207,44 @@ impl ShmNode {
         })
     }
 
+    /// Sleeps up to `timeout` until a peer publishes a phase past this rank's or `local`
+    /// no longer holds `local_seen`. False when the kernel lacks `futex_waitv` (Linux < 5.16):
+    /// then it returned at once.
+    pub(crate) fn sleep_until_peer_ahead(
+        &self,
+        local: &AtomicU32,
+        local_seen: u32,
+        timeout: Duration,
+    ) -> bool {
+        if WAITV_MISSING.load(Ordering::Relaxed) {
+            return false;
+        }
+        let next = self.phase.load(Ordering::Relaxed).wrapping_add(1);
+        let peers: Vec<usize> = (0..self.len()).filter(|&j| j != self.me).collect();
+        let mut waiters = vec![FutexWaitv::new(local, local_seen)];
+        for &j in &peers {
+            self.word(j, WAITERS_OFFSET).fetch_add(1, Ordering::SeqCst);
+        }
+        let mut ahead = false;
+        for &j in &peers {
+            let posted = self.word(j, POSTED_OFFSET);
+            let seen = posted.load(Ordering::SeqCst);
+            ahead |= reached(seen, next);
+            waiters.push(FutexWaitv::new(posted, seen));
+        }
+        let mut supported = true;
+        if !ahead {
+            supported = futex_waitv(&waiters, timeout);
+        }
+        for &j in &peers {
+            self.word(j, WAITERS_OFFSET).fetch_sub(1, Ordering::SeqCst);
+        }
+        if !supported {
+            WAITV_MISSING.store(true, Ordering::Relaxed);
+        }
+        supported
+    }
+
     /// Runs one phase: `write` fills this rank's half, then this rank waits until every
     /// other rank wrote its half too. The returned [`Halves`] show every rank's half until
     /// this rank runs its next phase. `alive(j)` is called while waiting for local rank `j`
@@ -300,6 +338,64 @@ impl ShmNode {
     }
 }
 
+/// Set once `futex_waitv` turned out to be missing.
+static WAITV_MISSING: AtomicBool = AtomicBool::new(false);
+
+/// One entry of `futex_waitv(2)`'s array (`struct futex_waitv`).
+#[repr(C)]
+struct FutexWaitv {
+    val: u64,
+    uaddr: u64,
+    flags: u32,
+    reserved: u32,
+}
+
+/// `FUTEX2_SIZE_U32`: a 32-bit futex (shared, so it matches `FUTEX_WAKE` from any process).
+const FUTEX2_SIZE_U32: u32 = 0x02;
+
+impl FutexWaitv {
+    fn new(word: &AtomicU32, expected: u32) -> Self {
+        FutexWaitv {
+            val: u64::from(expected),
+            uaddr: word.as_ptr() as u64,
+            flags: FUTEX2_SIZE_U32,
+            reserved: 0,
+        }
+    }
+}
+
+/// Sleeps until one of `waiters` is woken or no longer holds its value, or `timeout` passed;
+/// false when the kernel has no `futex_waitv`.
+fn futex_waitv(waiters: &[FutexWaitv], timeout: Duration) -> bool {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid clock id and a live timespec to write.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    let nanos = now.tv_nsec as u64 + u64::from(timeout.subsec_nanos());
+    let until = libc::timespec {
+        tv_sec: now.tv_sec
+            + timeout.as_secs() as libc::time_t
+            + (nanos / 1_000_000_000) as libc::time_t,
+        tv_nsec: (nanos % 1_000_000_000) as libc::c_long,
+    };
+    // SAFETY: `waiters` is a live array of initialized `futex_waitv` entries pointing at
+    // aligned u32 words that outlive the call; `until` is a valid absolute timespec on
+    // CLOCK_MONOTONIC. Spurious returns (EAGAIN, EINTR, ETIMEDOUT) are fine: callers re-check.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_futex_waitv,
+            waiters.as_ptr(),
+            waiters.len() as libc::c_uint,
+            0 as libc::c_uint,
+            &until as *const libc::timespec,
+            libc::CLOCK_MONOTONIC,
+        )
+    };
+    !(rc < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS))
+}
+
 /// True when counter value `seen` is at or past `target` (wrapping).
 fn reached(seen: u32, target: u32) -> bool {
     (seen.wrapping_sub(target) as i32) >= 0
@@ -323,7 +419,8 @@ fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
     }
 }
 
-fn futex_wake(word: &AtomicU32) {
+/// Wakes every thread sleeping on `word` (in any process that maps it).
+pub(crate) fn futex_wake(word: &AtomicU32) {
     // SAFETY: FUTEX_WAKE on a valid, aligned, shared u32; wakes every sleeper.
     unsafe {
         libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX);
