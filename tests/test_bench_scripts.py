@@ -215,3 +215,30 @@ def test_run_all_knows_its_modes() -> None:
         timeout=30,
     )
     assert result.returncode == 2 and "--quick|--full" in result.stderr
+
+
+def test_lightning_benchmark_compares_kolo_strategy_with_ddp(tmp_path) -> None:
+    out = tmp_path / "lightning.json"
+    result = run_kolorun(
+        [
+            "-np",
+            "2",
+            "python",
+            str(REPO / "bench" / "lightning_strategy.py"),
+            "--quick",
+            "--batch-size",
+            "4",
+            "--json",
+            str(out),
+        ],
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    lines = rank0_lines(result.stdout)
+    assert any(
+        re.match(r"lightning smallcnn batch 4x2: kolo .* ddp\(gloo\) .* ratio [\d.]+x$", x)
+        for x in lines
+    ), lines
+    figures = json.loads(out.read_text())
+    assert figures["ranks"] == 2 and set(figures["samples_per_sec"]) == {"kolo", "ddp"}
+    assert all(len(v) == 2 and min(v) > 0 for v in figures["rounds_samples_per_sec"].values())

@@ -30,6 +30,7 @@ from pyspark.ml import Model
 from pyspark.ml.util import MLReadable, MLWritable
 
 from kolo.exceptions import DataError, InvalidArgumentError
+from kolo.spark.common.inference import predict_columns
 from kolo.spark.common.params import ModelParams, model_defaults
 from kolo.spark.common.serialization import KoloReader, KoloWriter
 from kolo.spark.common.training_params import reject_unknown
@@ -160,69 +161,21 @@ class TorchModel(Model, ModelParams, MLReadable, MLWritable):
         return sizes
 
     def _transform(self, df: Any) -> Any:
-        from pyspark.ml.functions import vector_to_array
-        from pyspark.sql import functions as F
-        from pyspark.sql import types as T
-
-        from kolo.spark.common.util import _is_vector
-
         model = self.getModel()
         if model is None:
             raise InvalidArgumentError("this TorchModel has no model")
-        fields = {f.name: f.dataType for f in df.schema.fields}
-        inputs, extra = [], []
-        for i, name in enumerate(self.getFeatureColumns()):
-            if name not in fields:
-                raise DataError(
-                    f"the feature column {name!r} is not in the DataFrame; its columns are: "
-                    f"{', '.join(fields)}"
-                )
-            if _is_vector(fields[name]):
-                tmp = f"__kolo_feature_{i}"
-                extra.append(vector_to_array(F.col(name), "float32").alias(tmp))
-                inputs.append(tmp)
-            else:
-                inputs.append(name)
-        out_cols = self.getOutputCols()
-        sizes = self._output_sizes(model)
-        if len(out_cols) != len(sizes):
-            raise InvalidArgumentError(
-                f"{len(out_cols)} output columns for {len(sizes)} model outputs: set one "
-                "output column per label with setOutputCols"
-            )
-        out_fields = [
-            T.StructField(
-                col, T.DoubleType() if size is None else T.ArrayType(T.DoubleType(), False), True
-            )
-            for col, size in zip(out_cols, sizes)
-        ]
         payload = cloudpickle.dumps(
             {"model": model, "input_shapes": self.getInputShapes(), "use_gpu": self.getUseGpu()}
         )
-        broadcast = df.sparkSession.sparkContext.broadcast(payload)
-        predictor = _Predictor(broadcast, out_cols, sizes, int(self.getInferenceBatchSize()))
-        source = df.select("*", *extra) if extra else df
-        # Only the feature columns travel to Python and only the outputs come back; the
-        # other columns (Spark ML vectors included) stay in the JVM.
-        # Spark >= 4.1: an Arrow UDF (no pandas, no Python object per row); else a pandas UDF.
-        arrow_udf = getattr(F, "arrow_udf", None)
-        if len(out_fields) == 1:
-            if arrow_udf is not None:
-                udf = arrow_udf(predictor.arrow_array, out_fields[0].dataType)
-            else:
-                udf = F.pandas_udf(predictor.series, out_fields[0].dataType)
-            result = source.withColumn(out_cols[0], udf(*inputs))
-        else:
-            if arrow_udf is not None:
-                udf = arrow_udf(predictor.arrow_struct, T.StructType(out_fields))
-            else:
-                udf = F.pandas_udf(predictor.frame, T.StructType(out_fields))
-            packed = "__kolo_outputs"
-            result = source.withColumn(packed, udf(*inputs)).select(
-                "*", *(F.col(f"{packed}.{col}").alias(col) for col in out_cols)
-            )
-            result = result.drop(packed)
-        return result.drop(*[f"__kolo_feature_{i}" for i in range(len(inputs))])
+        return predict_columns(
+            df,
+            self.getFeatureColumns(),
+            self.getOutputCols(),
+            self._output_sizes(model),
+            payload,
+            _Predictor,
+            self.getInferenceBatchSize(),
+        )
 
 
 def _stacked(values: Any) -> Any:

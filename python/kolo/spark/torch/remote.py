@@ -29,6 +29,14 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import cloudpickle
 
+from kolo.spark.common.checks import check_rows_per_rank, check_store_writable, pickled
+from kolo.spark.common.launch import (
+    PROGRESS_INTERVAL_S,
+    Progress,
+    spark_gpu_index,
+    spark_send,
+)
+
 __all__ = [
     "Progress",
     "RemoteLossConstructor",
@@ -46,9 +54,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-#: How often (seconds) rank 0 reports step progress to the driver.
-_PROGRESS_INTERVAL_S = 0.5
 
 
 @dataclass
@@ -138,25 +143,6 @@ def load_checkpoint(store: Any, run_id: str) -> Optional[Dict[str, Any]]:
     return torch.load(io.BytesIO(store.read(path)), map_location="cpu", weights_only=False)
 
 
-def spark_gpu_index(local_rank: int) -> int:
-    """The GPU of a rank under ``kolo.spark.run``: the Spark task's first GPU address, else
-    ``local_rank`` (the default ``gpu_index`` of :class:`RemoteTrainer`).
-
-    Example::
-
-        spark_gpu_index(0)   # 0 outside Spark or without GPU resources
-    """
-    try:
-        from kolo.spark.task import get_available_devices
-
-        devices = get_available_devices()
-        if devices:
-            return int(devices[0])
-    except Exception as err:  # not under kolo.spark.run, or no resources
-        log.debug("no Spark GPU assignment (%s); using local_rank %d", err, local_rank)
-    return local_rank
-
-
 def _device(use_gpu: bool, local_rank: int, gpu_index: Callable[[int], int]) -> Any:
     import torch
 
@@ -167,24 +153,6 @@ def _device(use_gpu: bool, local_rank: int, gpu_index: Callable[[int], int]) -> 
         index = local_rank % torch.cuda.device_count()
     torch.cuda.set_device(index)
     return torch.device("cuda", index)
-
-
-def spark_send(obj: Any) -> None:
-    """Sends a progress message to the driver of ``kolo.spark.run`` (best effort; the default
-    ``send`` of :class:`RemoteTrainer`).
-
-    Example::
-
-        spark_send({"kind": "epoch", "epoch": 0, "epochs": 1, "metrics": {}})
-    """
-    try:
-        from kolo.spark.task import send_to_driver
-    except ImportError:
-        return
-    try:
-        send_to_driver(obj)
-    except Exception as err:  # progress is best effort; training goes on
-        log.debug("progress message not sent: %s", err)
 
 
 def _loss_with_weights(loss_fn: Callable, output: Any, label: Any, weights: Any) -> Any:
@@ -458,7 +426,7 @@ class RemoteTrainer:
                 if train:
                     self._call("on_train_batch_end", step, {"epoch": epoch})
                     now = time.monotonic()
-                    if hvd.rank() == 0 and now - last_report >= _PROGRESS_INTERVAL_S:
+                    if hvd.rank() == 0 and now - last_report >= PROGRESS_INTERVAL_S:
                         last_report = now
                         self.send(
                             {"kind": "step", "epoch": epoch, "step": step + 1, "steps": steps}
@@ -592,25 +560,6 @@ class RemoteTrainer:
 # -- driver side, shared by kolo.spark.torch.TorchEstimator and kolo.ray.TorchEstimator -------
 
 
-def pickled(what: str, value: Any, fix: str) -> bytes:
-    """``cloudpickle.dumps(value)``, or :class:`~kolo.exceptions.InvalidArgumentError` naming
-    ``what`` and the ``fix``.
-
-    Example::
-
-        model_bytes = pickled("model", model, "keep locks and open files out of the model")
-    """
-    from kolo.exceptions import InvalidArgumentError
-
-    try:
-        return cloudpickle.dumps(value)
-    except Exception as err:
-        raise InvalidArgumentError(
-            f"the {what} cannot be pickled to send it to the training processes "
-            f"({type(err).__name__}: {err}): {fix}"
-        ) from err
-
-
 class RemoteLossConstructor:
     """A loss built on first use in the rank from ``constructor()`` (``loss_constructors``).
 
@@ -671,22 +620,6 @@ def losses_from(param: ParamGetter) -> List[Any]:
     return list(loss) if isinstance(loss, (list, tuple)) else [loss]
 
 
-def check_store_writable(store: Any, writers: str) -> None:
-    """Raises :class:`~kolo.exceptions.StoreError` unless this process can write into
-    ``store``'s runs folder; ``writers`` names who else must (for the message)."""
-    from kolo.exceptions import StoreError
-
-    probe = f"{store.get_runs_path()}/.kolo_write_probe"
-    try:
-        store.write_bytes(probe, b"kolo")
-        store.delete(probe)
-    except Exception as err:
-        raise StoreError(
-            f"the store {store.prefix_path} is not writable ({err}): pick a location {writers} "
-            "can write, or fix its permissions or credentials"
-        ) from err
-
-
 def _model_and_optimizer(param: ParamGetter) -> tuple:
     """``(model, optimizer)``, or :class:`~kolo.exceptions.InvalidArgumentError` when one is
     not set."""
@@ -700,24 +633,6 @@ def _model_and_optimizer(param: ParamGetter) -> tuple:
             "optimizer is not set: pass optimizer=torch.optim.SGD(model.parameters(), ...)"
         )
     return model, optimizer
-
-
-def check_rows_per_rank(train_rows: int, ranks: int, batch_size: int, ranks_param: str) -> None:
-    """Raises :class:`~kolo.exceptions.DataError` when a rank's share of ``train_rows`` is less
-    than one batch (``ranks_param`` names the launcher's rank-count parameter, for the message).
-
-    Example::
-
-        check_rows_per_rank(meta.train_rows, num_proc, batch_size, "num_proc")
-    """
-    from kolo.exceptions import DataError
-
-    per_rank = train_rows // ranks
-    if per_rank < batch_size:
-        raise DataError(
-            f"{train_rows} training rows give each of the {ranks} ranks {per_rank} rows, fewer "
-            f"than batch_size={batch_size}: lower batch_size or {ranks_param}, or add data"
-        )
 
 
 def trained_model(model: Any, state_bytes: bytes) -> Any:
@@ -844,68 +759,3 @@ def build_training_spec(
         val_reader_num_workers=param("val_reader_num_workers"),
         storage_options=dict(options),
     )
-
-
-class Progress:
-    """The driver's view of training: one tqdm bar per epoch with the averaged metrics (log
-    lines when tqdm is not installed), fed with rank 0's messages by ``on_message(rank, msg)``.
-
-    Example::
-
-        progress = Progress(verbose=1, epochs=3)
-        progress.on_message(0, {"kind": "step", "epoch": 0, "step": 5, "steps": 20})
-        progress.close()
-    """
-
-    def __init__(self, verbose: int, epochs: int) -> None:
-        self.verbose = verbose
-        self.epochs = epochs
-        self.bar = None
-        self.bar_epoch = None
-        self.first_message_at: Optional[float] = None
-        try:
-            import tqdm
-
-            self.tqdm = tqdm.tqdm
-        except ImportError:
-            self.tqdm = None
-
-    def _bar(self, epoch: int, steps: Optional[int]) -> Any:
-        if self.bar_epoch != epoch:
-            self.close()
-            self.bar_epoch = epoch
-            if self.tqdm is not None:
-                self.bar = self.tqdm(
-                    total=steps,
-                    desc=f"epoch {epoch + 1}/{self.epochs}",
-                    unit="step",
-                    leave=True,
-                )
-        return self.bar
-
-    def on_message(self, rank: int, message: Any) -> None:
-        if self.first_message_at is None:
-            self.first_message_at = time.time()
-        if self.verbose < 1 or not isinstance(message, dict):
-            return
-        epoch = message.get("epoch", 0)
-        if message.get("kind") == "step":
-            bar = self._bar(epoch, message.get("steps"))
-            if bar is not None:
-                bar.update(max(0, message["step"] - bar.n))
-        elif message.get("kind") == "epoch":
-            metrics = message.get("metrics", {})
-            bar = self._bar(epoch, None)
-            if bar is not None:
-                if bar.total:
-                    bar.update(max(0, bar.total - bar.n))
-                bar.set_postfix({k: f"{v:.4g}" for k, v in metrics.items()})
-                self.close()
-            else:
-                text = ", ".join(f"{k}={v:.4g}" for k, v in metrics.items())
-                log.info("epoch %d/%d: %s", epoch + 1, self.epochs, text)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None

@@ -1,0 +1,206 @@
+"""Keras 3 CPU training throughput: ``kolo.keras.DistributedOptimizer`` vs TensorFlow's
+``tf.distribute.MultiWorkerMirroredStrategy`` (MWMS), interleaved in one job.
+
+    kolorun -np 2 python bench/keras.py [--batch-size 64] [--steps 10] [--rounds 6]
+        [--quick] [--json PATH]
+
+Both train the same Keras model (a small CNN like bench/common.py's: two 3x3 convolutions with
+pooling, two dense layers, 3x32x32 synthetic images, 10 classes, SGD with momentum, same initial
+weights) with the TensorFlow backend, in the same processes, with the same ``tf.function`` train
+step (forward, loss, ``tape.gradient``, ``optimizer.apply``): kolo's ``DistributedOptimizer``
+averages the gradients inside ``apply`` (``tf.numpy_function`` into kolo's engine); the peer runs
+the step with ``strategy.run`` under MWMS (TensorFlow's collective ops over gRPC; TF_CONFIG lists
+the ranks on 127.0.0.1 ports rank 0 picks), fed global batches of ``batch size x ranks``. Not
+``model.fit``: Keras 3's ``fit`` fails under MWMS (keras-team/keras#20585), while kolo's runs
+(tests/test_keras.py). Each round times ``--steps`` steps of each, alternately (order flipped
+every round); the figure is the median over rounds of samples/sec over all ranks (batch size x
+ranks x steps / the slowest rank's time). Each rank runs TensorFlow with one intra-op thread.
+Prints one line with both figures and the ratio kolo / MWMS (target: >= 1.0) and writes JSON to
+bench/results/ (or ``--json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+# torch (for bench/common.py) and its triton must load before TensorFlow: see docs/keras.md.
+import torch._dynamo  # noqa: F401
+from common import free_port, write_results
+
+# This file is named keras.py and its folder comes first on sys.path: drop the folder, so that
+# `import keras` (here and in kolo.keras) finds Keras.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+
+# isort: split
+import kolo.keras as hvd  # noqa: E402 - after the sys.path fix above
+
+
+def tf_config(port_list: list[int], rank: int) -> str:
+    return json.dumps(
+        {
+            "cluster": {"worker": [f"127.0.0.1:{p}" for p in port_list]},
+            "task": {"type": "worker", "index": rank},
+        }
+    )
+
+
+def build_model(keras):
+    return keras.Sequential(
+        [
+            keras.Input((32, 32, 3)),
+            keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
+            keras.layers.MaxPooling2D(),
+            keras.layers.Conv2D(64, 3, padding="same", activation="relu"),
+            keras.layers.MaxPooling2D(),
+            keras.layers.Flatten(),
+            keras.layers.Dense(128, activation="relu"),
+            keras.layers.Dense(10),
+        ]
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--batch-size", type=int, default=64, help="samples per rank per step")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per trainer per round")
+    parser.add_argument("--warmup-steps", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--quick", action="store_true", help="--rounds 3 --steps 5")
+    parser.add_argument("--json", type=Path, default=None, help="where rank 0 writes results")
+    args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.steps = min(args.rounds, 3), min(args.steps, 5)
+
+    os.environ["KERAS_BACKEND"] = "tensorflow"
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    ports = hvd.broadcast_object(
+        [free_port() for _ in range(size)] if rank == 0 else None, root_rank=0
+    )
+    os.environ["TF_CONFIG"] = tf_config(ports, rank)
+    import keras
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(2)
+    # Created before any other TensorFlow op, as TensorFlow requires.
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+
+    keras.utils.set_random_seed(0)
+    base = build_model(keras)
+    initial = base.get_weights()
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    kolo_model = build_model(keras)
+    kolo_model.set_weights(initial)
+    kolo_optimizer = hvd.DistributedOptimizer(keras.optimizers.SGD(0.01, momentum=0.9))
+    with strategy.scope():
+        mwms_model = build_model(keras)
+        mwms_model.set_weights(initial)
+        mwms_optimizer = keras.optimizers.SGD(0.01, momentum=0.9)
+
+    rng = np.random.default_rng(rank)
+    x = rng.normal(size=(args.batch_size, 32, 32, 3)).astype("float32")
+    y = rng.integers(0, 10, size=(args.batch_size,)).astype("int64")
+    local = iter(tf.data.Dataset.from_tensors((x, y)).repeat())
+    # MWMS: each worker's dataset yields global batches, split among the replicas.
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    global_batches = (
+        tf.data.Dataset.from_tensors((np.concatenate([x] * size), np.concatenate([y] * size)))
+        .repeat()
+        .with_options(options)
+    )
+    distributed = iter(strategy.experimental_distribute_dataset(global_batches))
+
+    # The same train step for both (forward, loss, gradients, optimizer.apply), compiled with
+    # tf.function: kolo's DistributedOptimizer averages the gradients inside apply; under
+    # MWMS, Keras's optimizer all-reduces them in the replica context (the loss is divided by
+    # the number of replicas, so the sum is the average).
+    @tf.function
+    def kolo_step(batch):
+        xb, yb = batch
+        with tf.GradientTape() as tape:
+            loss = loss_fn(yb, kolo_model(xb, training=True))
+        grads = tape.gradient(loss, kolo_model.trainable_variables)
+        kolo_optimizer.apply(grads, kolo_model.trainable_variables)
+        return loss
+
+    def mwms_replica_step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(yb, mwms_model(xb, training=True))
+            scaled = loss / strategy.num_replicas_in_sync
+        grads = tape.gradient(scaled, mwms_model.trainable_variables)
+        mwms_optimizer.apply(grads, mwms_model.trainable_variables)
+        return loss
+
+    @tf.function
+    def mwms_step(batch):
+        return strategy.run(mwms_replica_step, args=batch)
+
+    def timed(step, batches, steps: int) -> float:
+        """Samples/sec over all ranks for ``steps`` steps (the slowest rank's time)."""
+        hvd.barrier()
+        start = time.perf_counter()
+        for _ in range(steps):
+            result = step(next(batches))
+        strategy.experimental_local_results(result)[0].numpy()  # wait for the last step
+        elapsed = time.perf_counter() - start
+        slowest = float(
+            hvd.allreduce(np.array([elapsed]), op=hvd.Max, name="bench.elapsed").numpy()[0]
+        )
+        return args.batch_size * size * steps / slowest
+
+    trainers = {
+        "kolo": lambda steps: timed(kolo_step, local, steps),
+        "mwms": lambda steps: timed(mwms_step, distributed, steps),
+    }
+    for run in trainers.values():
+        run(args.warmup_steps)  # trace and compile the train steps
+    samples: dict[str, list[float]] = {name: [] for name in trainers}
+    order = list(trainers)
+    for _ in range(args.rounds):
+        for name in order:
+            samples[name].append(trainers[name](args.steps))
+        order.reverse()
+
+    row = {name: statistics.median(values) for name, values in samples.items()}
+    ratio = row["kolo"] / row["mwms"]
+    if rank == 0:
+        print(
+            f"keras smallcnn batch {args.batch_size}x{size} (tensorflow {tf.__version__}, keras "
+            f"{keras.__version__}): kolo {row['kolo']:8.1f} samples/s | "
+            f"MultiWorkerMirroredStrategy {row['mwms']:8.1f} samples/s | ratio {ratio:.2f}x",
+            flush=True,
+        )
+        write_results(
+            "keras",
+            {
+                "ranks": size,
+                "model": "smallcnn (keras)",
+                "tensorflow_version": tf.__version__,
+                "keras_version": keras.__version__,
+                "batch_size_per_rank": args.batch_size,
+                "steps_per_round": args.steps,
+                "train_step": "tf.function: forward, loss, tape.gradient, optimizer.apply",
+                "samples_per_sec": samples,
+                "median_samples_per_sec": row,
+                "ratio_kolo_over_mwms": ratio,
+            },
+            args.json,
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+"""kolo's collectives in the shapes Lightning's strategies expect (shared by
+:class:`~kolo.lightning.KoloStrategy` for the Trainer and
+:class:`~kolo.lightning.KoloFabricStrategy` for Fabric): ``reduce``, ``all_gather``,
+``broadcast``, ``barrier``, and the device a rank drives.
+
+Example::
+
+    from kolo.lightning import collectives
+
+    mean = collectives.reduce(torch.tensor(1.0), None, "mean", "my reduce")
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional
+
+import torch
+from lightning.fabric.utilities.types import ReduceOp
+from torch import Tensor
+
+from kolo.exceptions import InvalidArgumentError
+from kolo.lightning.environment import _hvd
+
+__all__ = ["all_gather", "barrier", "broadcast", "reduce", "root_device"]
+
+_MEAN = ("mean", "avg", "average")
+
+
+def _op_name(reduce_op: Any) -> str:
+    """``"mean"``, ``"sum"``, ``"max"``, ``"min"`` or ``"product"`` for Lightning's
+    ``reduce_op`` (a string, ``None`` for mean, or a ``torch.distributed.ReduceOp``)."""
+    if reduce_op is None:
+        return "mean"
+    if isinstance(reduce_op, str):
+        name = reduce_op.lower()
+        if name in _MEAN:
+            return "mean"
+        if name in ("sum", "max", "min", "product"):
+            return name
+    else:
+        for name in ("SUM", "MAX", "MIN", "PRODUCT", "AVG"):
+            op = getattr(ReduceOp, name, None)
+            if op is not None and reduce_op == op:
+                return "mean" if name == "AVG" else name.lower()
+    raise InvalidArgumentError(
+        f"reduce_op={reduce_op!r} is not supported by KoloStrategy.reduce: use 'mean', 'sum', "
+        "'max', 'min' or 'product' (or the torch.distributed.ReduceOp of one of them)"
+    )
+
+
+def root_device(parallel_devices: Optional[List[torch.device]], local_rank: int) -> torch.device:
+    """The device of a rank: the CPU (or whatever non-CUDA device Lightning chose), or
+    ``cuda:<i>`` with ``i`` the Spark task's GPU under ``kolo.spark.run``, else ``local_rank``
+    (modulo the visible GPUs).
+
+    Example::
+
+        root_device([torch.device("cpu")], 1)      # device(type='cpu')
+    """
+    devices = parallel_devices or [torch.device("cpu")]
+    if devices[0].type != "cuda":
+        return devices[0]
+    from kolo.spark.common.launch import spark_gpu_index
+
+    count = max(1, torch.cuda.device_count())
+    return torch.device("cuda", spark_gpu_index(local_rank) % count)
+
+
+def barrier() -> None:
+    """``hvd.barrier()`` when there are several ranks.
+
+    Example::
+
+        barrier()
+    """
+    hvd = _hvd()
+    if hvd.size() > 1:
+        hvd.barrier()
+
+
+def broadcast(obj: Any, src: int = 0) -> Any:
+    """Rank ``src``'s ``obj`` (anything picklable) on every rank.
+
+    Example::
+
+        path = broadcast(tempfile.mkdtemp() if hvd.rank() == 0 else None)
+    """
+    hvd = _hvd()
+    if hvd.size() == 1:
+        return obj
+    return hvd.broadcast_object(obj, root_rank=src)
+
+
+def _on_host(tensor: Tensor, collective: Any) -> Tensor:
+    """``collective(tensor)``, through host memory for CUDA tensors when this kolo build has
+    no NCCL."""
+    if tensor.is_cuda and not _hvd().nccl_built():
+        return collective(tensor.cpu()).to(tensor.device)
+    return collective(tensor.contiguous())
+
+
+def reduce(tensor: Any, group: Optional[Any], reduce_op: Any, what: str) -> Any:
+    """``tensor`` reduced over every rank (``"mean"``/``None``, ``"sum"``, ``"max"``,
+    ``"min"``, ``"product"`` or a ``torch.distributed.ReduceOp``); a mean of integers is a
+    float. Non-tensors are returned as they are; ``what`` names the caller in errors.
+
+    Example::
+
+        total = reduce(torch.tensor(2), None, "sum", "KoloStrategy.reduce")
+    """
+    if group is not None:
+        raise InvalidArgumentError(
+            f"{what} reduces over every rank: leave group=None (use kolo.torch.allreduce with a "
+            "process_set for a subset)"
+        )
+    if not isinstance(tensor, Tensor):
+        return tensor
+    name = _op_name(reduce_op)
+    hvd = _hvd()
+    if hvd.size() == 1:
+        return tensor
+    ops = {"sum": hvd.Sum, "max": hvd.Max, "min": hvd.Min, "product": hvd.Product}
+    if name == "mean":
+        if tensor.is_floating_point() or tensor.is_complex():
+            return _on_host(tensor, lambda t: hvd.allreduce(t, op=hvd.Average))
+        summed = _on_host(tensor, lambda t: hvd.allreduce(t, op=hvd.Sum))
+        return summed / hvd.size()
+    return _on_host(tensor, lambda t: hvd.allreduce(t, op=ops[name]))
+
+
+def all_gather(tensor: Tensor, group: Optional[Any], sync_grads: bool) -> Tensor:
+    """Every rank's ``tensor`` stacked along a new first dimension (``[size, *shape]``);
+    gradients flow back through it with ``sync_grads=True``.
+
+    Example::
+
+        everyone = all_gather(torch.tensor([hvd.rank()]), None, False)   # [[0], [1]]
+    """
+    if group is not None:
+        raise InvalidArgumentError("all_gather gathers from every rank: leave group=None")
+    if not sync_grads:
+        tensor = tensor.detach()
+    hvd = _hvd()
+    if hvd.size() == 1:
+        return tensor.unsqueeze(0)
+    return _on_host(tensor.unsqueeze(0), hvd.allgather)

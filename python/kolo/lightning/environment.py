@@ -1,0 +1,95 @@
+"""``KoloEnvironment``: Lightning's view of a kolo job (a ``ClusterEnvironment``).
+
+The processes are started by a kolo launcher (``kolorun -np N``, :func:`kolo.spark.run`,
+:class:`kolo.ray.RayExecutor`) and the ranks come from kolo's runtime (``hvd.rank()``,
+``hvd.size()``, ``hvd.local_rank()``, ``hvd.cross_rank()``) after ``hvd.init()``, which the
+first query here calls. Lightning never starts processes or a ``torch.distributed`` group for it.
+
+Example::
+
+    env = KoloEnvironment()
+    print(env.global_rank(), env.world_size())   # 0 1 when launched bare
+"""
+
+from __future__ import annotations
+
+import logging
+
+from lightning.fabric.plugins.environments import ClusterEnvironment
+
+__all__ = ["KoloEnvironment"]
+
+log = logging.getLogger(__name__)
+
+
+def _hvd():  # type: ignore[no-untyped-def]
+    """``kolo.torch``, initialized."""
+    import kolo.torch as hvd
+
+    if not hvd.is_initialized():
+        hvd.init()
+    return hvd
+
+
+class KoloEnvironment(ClusterEnvironment):
+    """Ranks and sizes from kolo's runtime; processes are created by the kolo launcher.
+
+    Example::
+
+        from lightning.pytorch import Trainer
+        from kolo.lightning import KoloStrategy
+
+        trainer = Trainer(strategy=KoloStrategy(cluster_environment=KoloEnvironment()))
+    """
+
+    @property
+    def creates_processes_externally(self) -> bool:
+        """Always ``True``: ``kolorun`` / ``kolo.spark.run`` / ``RayExecutor`` start them."""
+        return True
+
+    @property
+    def main_address(self) -> str:
+        """Not used by kolo (its driver service does the rendezvous); ``127.0.0.1``."""
+        return "127.0.0.1"
+
+    @property
+    def main_port(self) -> int:
+        """Not used by kolo; ``0``."""
+        return 0
+
+    @staticmethod
+    def detect() -> bool:
+        """``True`` when this process was started by a kolo launcher (``KOLO_RANK`` is set).
+
+        Example::
+
+            if KoloEnvironment.detect():
+                print("under kolorun")
+        """
+        import os
+
+        return "KOLO_RANK" in os.environ or "HOROVOD_RANK" in os.environ
+
+    def world_size(self) -> int:
+        """``hvd.size()``."""
+        return _hvd().size()
+
+    def set_world_size(self, size: int) -> None:
+        """Ignored: the launcher decides the number of processes (``kolorun -np N``)."""
+        if size != self.world_size():
+            log.debug("ignoring world size %d: kolo's job has %d ranks", size, self.world_size())
+
+    def global_rank(self) -> int:
+        """``hvd.rank()``."""
+        return _hvd().rank()
+
+    def set_global_rank(self, rank: int) -> None:
+        """Ignored: kolo's driver assigns the ranks."""
+
+    def local_rank(self) -> int:
+        """``hvd.local_rank()``: the position of this process on its host."""
+        return _hvd().local_rank()
+
+    def node_rank(self) -> int:
+        """``hvd.cross_rank()``: the ordinal of this host."""
+        return _hvd().cross_rank()

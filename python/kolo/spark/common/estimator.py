@@ -1,0 +1,266 @@
+"""``KoloEstimator``: the framework-neutral ``fit`` of kolo's Spark estimators (Horovod's
+``horovod.spark.common.estimator.HorovodEstimator``).
+
+:meth:`KoloEstimator.fit` runs the same flow for every framework: check the columns, the
+store and the framework's parameters (typed :mod:`kolo.exceptions` errors before anything is
+written) → :func:`~kolo.spark.common.util.prepare_data` (Parquet in the store) → launch one
+training function per rank with :func:`kolo.spark.run`, showing rank 0's progress
+(:class:`~kolo.spark.common.launch.Progress`) → build the Spark ML Transformer from rank 0's
+result. A framework's estimator is a thin subclass that implements three hooks:
+
+- :meth:`KoloEstimator._check_params` — framework checks (model set and picklable, parameters
+  that do not apply, ...); raise :class:`~kolo.exceptions.InvalidArgumentError`.
+- :meth:`KoloEstimator._remote_trainer` — the picklable callable every rank runs. It calls
+  ``hvd.init()``, trains on its share of ``meta.train_path`` (:class:`kolo.data.ParquetLoader`
+  with ``rank``/``size``), checkpoints into ``store.get_checkpoint_path(run_id)`` (and resumes
+  from it), sends progress with :func:`~kolo.spark.common.launch.spark_send`, and returns on
+  rank 0 a dict with ``"history"`` (``{metric: [value per epoch]}``), ``"model"`` (the trained
+  weights in the framework's format), optionally ``"start_epoch"`` (first epoch run, when
+  resumed) and ``"timings"`` (``first_step_unix``, ``train_s``, ``checkpoint_s``,
+  ``returned_unix``); ``None`` on the other ranks.
+- :meth:`KoloEstimator._make_model` — the Transformer (e.g. a
+  :class:`~kolo.spark.torch.TorchModel`) from rank 0's result.
+
+A subclass also sets ``_param_defaults`` (its Params mixin's defaults). Everything else —
+``setParams`` with unknown-name checks, persistence (``write``/``read``/``save``/``load``),
+``fit_on_parquet``, ``num_proc`` defaulting to Spark's parallelism, the run id, timings — is
+shared.
+
+Example (a subclass)::
+
+    class MyEstimator(KoloEstimator, MyParams):
+        _param_defaults = staticmethod(my_defaults)
+
+        def _check_params(self):
+            if self.getModel() is None:
+                raise InvalidArgumentError("model is not set: pass model=...")
+
+        def _remote_trainer(self, store, meta, run_id):
+            return MyRemoteTrainer(self._spec(store, meta, run_id))   # picklable
+
+        def _make_model(self, result, run_id, metadata):
+            return MyModel(model=rebuild(result["model"]), history=result["history"],
+                           run_id=run_id, metadata=metadata, ...)
+
+    model = MyEstimator(num_proc=2, store=store, ...).fit(df)
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+from pyspark.ml import Estimator, Model
+from pyspark.ml.util import MLReadable, MLWritable
+
+from kolo.exceptions import InvalidArgumentError
+from kolo.spark.common.checks import check_rows_per_rank, check_store_writable
+from kolo.spark.common.launch import Progress
+from kolo.spark.common.serialization import KoloReader, KoloWriter
+from kolo.spark.common.training_params import reject_unknown
+from kolo.spark.common.util import PreparedDataset, get_dataset_metadata, prepare_data
+
+__all__ = ["KoloEstimator"]
+
+log = logging.getLogger(__name__)
+
+
+class KoloEstimator(Estimator, MLReadable, MLWritable):
+    """The shared ``fit`` flow of the Spark estimators (see the module docstring for the hooks).
+
+    Subclasses mix in a Params class declaring at least the parameters of
+    :class:`~kolo.spark.common.params.EstimatorParams` (``num_proc``, ``store``,
+    ``feature_cols``, ``label_cols``, ``validation``, ``batch_size``, ``epochs``, ``run_id``,
+    ``verbose``, ...), and set ``_param_defaults`` to a function returning their defaults.
+
+    Example::
+
+        est = TorchEstimator(num_proc=2, store=store, model=model, optimizer=opt, loss=loss,
+                             feature_cols=["x"], label_cols=["y"])
+        model = est.fit(df)           # KoloEstimator._fit
+    """
+
+    #: Returns the defaults of the subclass's parameters (set by each subclass).
+    _param_defaults: Callable[[], Dict[str, Any]]
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__()
+        self._setDefault(**type(self)._param_defaults())
+        self.setParams(**kwargs)
+
+    def setParams(self, **kwargs: Any) -> KoloEstimator:
+        """Sets several parameters by name (unknown names raise
+        :class:`~kolo.exceptions.InvalidArgumentError`).
+
+        Example::
+
+            est.setParams(epochs=3, batch_size=64)
+        """
+        reject_unknown(type(self).__name__, kwargs, (p.name for p in self.params))
+        self._set(**kwargs)
+        return self
+
+    # -- hooks (implemented by each framework) --------------------------------------------------
+
+    def _check_params(self) -> None:
+        """Framework checks run before any data is written; raise
+        :class:`~kolo.exceptions.InvalidArgumentError` naming the parameter and the fix."""
+        raise NotImplementedError
+
+    def _remote_trainer(self, store: Any, meta: PreparedDataset, run_id: str) -> Callable[[], Any]:
+        """The picklable function every rank runs (see the module docstring for its result)."""
+        raise NotImplementedError
+
+    def _make_model(self, result: Dict[str, Any], run_id: str, metadata: Dict[str, Any]) -> Model:
+        """The Spark ML Transformer built from rank 0's ``result``; ``metadata`` holds the
+        prepared columns (``{"columns": {name: {"dtype", "shape"}}, "train_rows",
+        "val_rows", "dataset_idx"}``)."""
+        raise NotImplementedError
+
+    # -- persistence ---------------------------------------------------------------------------
+
+    def write(self) -> KoloWriter:
+        """A writer that saves every parameter (``write().overwrite().save(path)``).
+
+        Example::
+
+            est.write().overwrite().save("/tmp/my_estimator")
+        """
+        return KoloWriter(self)
+
+    @classmethod
+    def read(cls) -> KoloReader:
+        """A reader of what :meth:`write` saved.
+
+        Example::
+
+            est = TorchEstimator.read().load("/tmp/my_estimator")
+        """
+        return KoloReader(cls)
+
+    # -- shared checks ---------------------------------------------------------------------------
+
+    def _param(self, name: str) -> Any:
+        return self.getOrDefault(getattr(self, name))
+
+    def _check_store(self, store: Any) -> None:
+        if store is None:
+            raise InvalidArgumentError(
+                "store is not set: pass store=kolo.spark.common.store.Store.create(<path>)"
+            )
+        check_store_writable(store, "this process and the Spark executors")
+
+    def _columns(self) -> List[str]:
+        """The columns training reads: features, labels and the sample weight column."""
+        columns = [*self.getFeatureCols(), *self.getLabelCols()]
+        if self.getSampleWeightCol():
+            columns.append(self.getSampleWeightCol())
+        return list(dict.fromkeys(columns))
+
+    def _check_columns_set(self) -> None:
+        if not self.getFeatureCols():
+            raise InvalidArgumentError("feature_cols is not set: pass feature_cols=[...]")
+        if not self.getLabelCols():
+            raise InvalidArgumentError("label_cols is not set: pass label_cols=[...]")
+
+    def _num_proc(self) -> int:
+        num_proc = self.getNumProc()
+        if num_proc is None:
+            from pyspark import SparkContext
+
+            num_proc = SparkContext.getOrCreate().defaultParallelism
+        if int(num_proc) < 1:
+            raise InvalidArgumentError(f"num_proc={num_proc} must be at least 1")
+        return int(num_proc)
+
+    def _check_all(self) -> None:
+        self._check_columns_set()
+        self._check_store(self.getStore())
+        self._check_params()
+
+    # -- fitting ---------------------------------------------------------------------------------
+
+    def _fit(self, df: Any) -> Model:
+        started = time.monotonic()
+        # Fail on bad or unpicklable parameters before Spark writes anything.
+        self._check_all()
+        num_proc = self._num_proc()
+        with prepare_data(
+            num_proc,
+            self.getStore(),
+            df,
+            label_columns=self.getLabelCols(),
+            feature_columns=self.getFeatureCols(),
+            validation=self.getValidation(),
+            sample_weight_col=self.getSampleWeightCol(),
+            compress_sparse=self.getCompressSparseCols(),
+            partitions_per_process=self.getPartitionsPerProcess(),
+            verbose=self.getVerbose(),
+            random_seed=self.getRandomSeed(),
+        ) as dataset_idx:
+            prepared_s = time.monotonic() - started
+            model = self._fit_on_prepared_data(dataset_idx, num_proc)
+        model._timings["parts"]["prepare"] = prepared_s
+        return model
+
+    def fit_on_parquet(
+        self, params: Optional[Dict[Any, Any]] = None, dataset_idx: Optional[int] = None
+    ) -> Model:
+        """Trains on data already prepared in the store (``intermediate_train_data.<idx>``,
+        by an earlier ``fit``, :func:`kolo.spark.common.util.prepare_data` or
+        :func:`kolo.data.prepare_data`); ``dataset_idx`` defaults to 0.
+
+        Example::
+
+            with prepare_data(2, store, df, ["label"], ["features"]) as idx:
+                model = est.fit_on_parquet(dataset_idx=idx)
+        """
+        est = self.copy(params) if params else self
+        est._check_all()
+        return est._fit_on_prepared_data(0 if dataset_idx is None else dataset_idx, est._num_proc())
+
+    def _fit_on_prepared_data(self, dataset_idx: int, num_proc: int) -> Model:
+        store = self.getStore()
+        meta = get_dataset_metadata(store, dataset_idx, self._columns())
+        check_rows_per_rank(meta.train_rows, num_proc, self.getBatchSize(), "num_proc")
+        run_id = self.getRunId() or f"run_{int(time.time() * 1000)}"
+        trainer = self._remote_trainer(store, meta, run_id)
+        progress = Progress(self.getVerbose(), self.getEpochs())
+        from kolo.spark import run
+
+        launched = time.time()
+        try:
+            results = run(
+                trainer,
+                num_proc=num_proc,
+                verbose=self.getVerbose(),
+                _on_message=progress.on_message,
+            )
+        finally:
+            progress.close()
+        result = results[0]
+        metadata = {
+            "columns": {
+                name: {"dtype": info.dtype, "shape": info.shape}
+                for name, info in meta.columns.items()
+            },
+            "train_rows": meta.train_rows,
+            "val_rows": meta.val_rows,
+            "dataset_idx": dataset_idx,
+        }
+        model = self._make_model(result, run_id, metadata)
+        rank0 = result.get("timings", {})
+        first_step = rank0.get("first_step_unix") or rank0.get("returned_unix", launched)
+        model._timings = {
+            "first_step": first_step,
+            "parts": {
+                "prepare": 0.0,
+                "launch": first_step - launched,
+                "train": rank0.get("train_s", 0.0),
+                "checkpoint": rank0.get("checkpoint_s", 0.0),
+                "model_return": time.time() - rank0.get("returned_unix", launched),
+            },
+        }
+        model._start_epoch = result.get("start_epoch", 0)
+        return model

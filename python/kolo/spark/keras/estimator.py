@@ -1,0 +1,293 @@
+"""``KerasEstimator``: a Spark ML Estimator that trains a Keras 3 model with kolo on Spark
+executors and returns a :class:`~kolo.spark.keras.KerasModel` (Horovod's
+``horovod.spark.keras.KerasEstimator``). The flow (checks, data preparation, launch, progress,
+resume by ``run_id``, persistence) is :class:`~kolo.spark.common.estimator.KoloEstimator`'s;
+this module adds the Keras checks, the rank's training function
+(:class:`~kolo.spark.keras.remote.KerasRemoteTrainer`) and the model it returns.
+
+Example::
+
+    import keras
+    from kolo.spark.common.store import Store
+    from kolo.spark.keras import KerasEstimator
+
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"),
+                              keras.layers.Dense(10)])
+    est = KerasEstimator(
+        num_proc=2,
+        store=Store.create("/tmp/kolo-store"),
+        model=model,
+        optimizer=keras.optimizers.Adam(0.001),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+        feature_cols=["features"],
+        label_cols=["label"],
+        validation=0.1,
+        batch_size=32,
+        epochs=10,
+    )
+    keras_model = est.fit(train_df)
+    predictions = keras_model.transform(test_df)   # adds label__output
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Dict
+
+from kolo.exceptions import InvalidArgumentError
+from kolo.spark.common.checks import pickled
+from kolo.spark.common.estimator import KoloEstimator
+from kolo.spark.common.serialization import KoloReader, KoloWriter
+from kolo.spark.common.util import PreparedDataset
+from kolo.spark.keras.model import KerasModel
+from kolo.spark.keras.params import KerasEstimatorParams, keras_estimator_defaults
+from kolo.spark.keras.persistence import KerasReader, keras_writer
+from kolo.spark.keras.remote import KerasRemoteTrainer, KerasTrainingSpec
+from kolo.spark.keras.serde import model_from_bytes, model_to_bytes
+
+__all__ = ["KerasEstimator"]
+
+log = logging.getLogger(__name__)
+
+_FIX = "define it at module level (or in an importable module) and keep locks and files out"
+
+
+def _serialized_optimizer(keras: Any, optimizer: Any) -> Dict[str, Any]:
+    """``keras.optimizers.serialize(optimizer)``, a built-in named by its public path
+    (``keras.optimizers.SGD``): each backend has its own class behind that name, and a rank
+    may run another backend than the driver (``backend_env``)."""
+    serialized = keras.optimizers.serialize(optimizer)
+    public = getattr(keras.optimizers, type(optimizer).__name__, None)
+    if type(optimizer).__module__.startswith("keras.") and isinstance(public, type):
+        serialized = {
+            "module": "keras.optimizers",
+            "class_name": type(optimizer).__name__,
+            "config": serialized["config"],
+            "registered_name": None,
+        }
+    return serialized
+
+
+class KerasEstimator(KoloEstimator, KerasEstimatorParams):
+    """Trains a Keras 3 model on a Spark DataFrame with kolo (Horovod's parameters).
+
+    Keyword arguments are the parameters (each also has ``getX``/``setX``):
+
+    - ``num_proc``: ranks (default: Spark's default parallelism); ``store``: a
+      :class:`kolo.store.Store` for the prepared data, checkpoints and logs.
+    - ``model`` (a ``keras.Model``), ``optimizer`` (a ``keras.optimizers.Optimizer``; each rank
+      builds one from its config with the learning rate multiplied by the number of ranks, as
+      Horovod does; default: the compiled model's), ``loss`` (as for ``model.compile``; default:
+      the compiled model's), ``loss_weights``, ``metrics`` (as for ``model.compile``; averaged
+      over the ranks), ``callbacks`` (Keras callbacks run on every rank), ``custom_objects``
+      (what loading the model needs), ``checkpoint_callback`` (a
+      :class:`kolo.keras.callbacks.BestModelCheckpoint`: the returned model is its best
+      epoch), ``backend_env`` (environment of the ranks, e.g. ``{"KERAS_BACKEND": "torch"}``).
+    - ``feature_cols``, ``label_cols``, ``sample_weight_col``, ``validation`` (ratio or column),
+      ``label_shapes`` (reshape, batch dimension included), ``transformation_fn``
+      (``fn(batch dict of numpy arrays) -> batch dict``). Features are reshaped to the
+      model's input shapes when the sizes agree (a 64-vector for an ``(8, 8, 1)`` input).
+    - ``batch_size`` (32), ``val_batch_size``, ``epochs`` (1), ``train_steps_per_epoch``,
+      ``validation_steps_per_epoch``, ``shuffle`` (True), ``random_seed``,
+      ``partitions_per_process`` (10), ``backward_passes_per_step`` (1; the mean of the
+      accumulated gradients is applied), ``gradient_compression``
+      (``kolo.keras.Compression.fp16``/``.bf16``), ``verbose`` (1), ``run_id`` (an existing
+      checkpoint of this id resumes training).
+    - Accepted for Horovod compatibility, with no effect: ``backend``, ``reader_pool_type``,
+      ``inmemory_cache_all``, ``compress_sparse_cols``, ``mp_start_method``, ``use_gpu``
+      (Keras places the model itself).
+
+    Example::
+
+        est = KerasEstimator(num_proc=2, store=store, model=model, optimizer=opt, loss="mse",
+                             feature_cols=["x"], label_cols=["y"], epochs=5)
+        model = est.fit(df)
+        model.getHistory()["loss"]
+    """
+
+    _param_defaults = staticmethod(keras_estimator_defaults)
+
+    # -- persistence (the model as a .keras archive) -------------------------------------------
+
+    def write(self) -> KoloWriter:
+        """A writer that saves every parameter, the model as a ``.keras`` archive.
+
+        Example::
+
+            est.write().overwrite().save("/tmp/keras_estimator")
+        """
+        return keras_writer(self)
+
+    @classmethod
+    def read(cls) -> KoloReader:
+        """A reader of what :meth:`write` saved (the model rebuilt with ``custom_objects``).
+
+        Example::
+
+            est = KerasEstimator.read().load("/tmp/keras_estimator")
+        """
+        return KerasReader(cls)
+
+    # -- checks ----------------------------------------------------------------------------------
+
+    def _optimizer(self) -> Any:
+        import keras
+
+        from kolo.keras.optimizer import is_distributed
+
+        optimizer = self.getOptimizer()
+        if optimizer is None:
+            optimizer = getattr(self.getModel(), "optimizer", None)
+        if optimizer is None:
+            raise InvalidArgumentError(
+                "optimizer is not set: pass optimizer=keras.optimizers.Adam(...) (or compile "
+                "the model with one)"
+            )
+        if not isinstance(optimizer, keras.optimizers.Optimizer):
+            raise InvalidArgumentError(
+                f"optimizer must be a keras.optimizers.Optimizer, got {type(optimizer).__name__}"
+                " (torch optimizers go with kolo.spark.torch.TorchEstimator)"
+            )
+        if is_distributed(optimizer):
+            raise InvalidArgumentError(
+                "optimizer is already a kolo.keras.DistributedOptimizer: pass the plain Keras "
+                "optimizer; every rank wraps it"
+            )
+        return optimizer
+
+    def _loss(self) -> Any:
+        loss = self.getLoss()
+        if loss is None:
+            loss = getattr(self.getModel(), "loss", None)
+        if loss is None:
+            raise InvalidArgumentError(
+                'loss is not set: pass loss="sparse_categorical_crossentropy" (or a Keras loss, '
+                "or a list with one per label column)"
+            )
+        return loss
+
+    def _check_params(self) -> None:
+        import keras
+
+        model = self.getModel()
+        if model is None:
+            raise InvalidArgumentError("model is not set: pass model=<a keras.Model>")
+        if not isinstance(model, keras.Model):
+            raise InvalidArgumentError(
+                f"model must be a keras.Model, got {type(model).__name__} (torch modules go with "
+                "kolo.spark.torch.TorchEstimator)"
+            )
+        self._optimizer()
+        loss = self._loss()
+        labels = self.getLabelCols()
+        if isinstance(loss, (list, tuple)) and len(loss) != len(labels):
+            raise InvalidArgumentError(
+                f"{len(loss)} losses for {len(labels)} label columns: give one loss, or one "
+                "per label column"
+            )
+        shapes = self.getLabelShapes()
+        if shapes is not None and len(shapes) != len(labels):
+            raise InvalidArgumentError(
+                f"label_shapes has {len(shapes)} shapes for {len(labels)} label columns: give "
+                "one shape per label column"
+            )
+        callback = self.getCheckpointCallback()
+        if callback is not None:
+            if not isinstance(callback, keras.callbacks.ModelCheckpoint):
+                raise InvalidArgumentError(
+                    "checkpoint_callback must be a kolo.keras.callbacks.BestModelCheckpoint (or a "
+                    f"keras.callbacks.ModelCheckpoint), got {type(callback).__name__}"
+                )
+            if callback.save_weights_only:
+                raise InvalidArgumentError(
+                    "checkpoint_callback must save the whole model: pass save_weights_only=False"
+                )
+        env = self.getBackendEnv()
+        if env is not None and not (isinstance(env, dict) and all(isinstance(k, str) for k in env)):
+            raise InvalidArgumentError(
+                'backend_env must be a dict of environment variables, e.g. {"KERAS_BACKEND": '
+                f'"torch"}}, got {env!r}'
+            )
+        compression = self.getGradientCompression()
+        if compression is not None:
+            from kolo.keras.compression import Compressor
+
+            if not (isinstance(compression, type) and issubclass(compression, Compressor)):
+                raise InvalidArgumentError(
+                    "gradient_compression must be kolo.keras.Compression.none, .fp16 or .bf16, "
+                    f"got {compression!r}"
+                )
+        self._objects_bytes()
+
+    def _objects_bytes(self) -> bytes:
+        import keras
+
+        optimizer = self._optimizer()
+        objects = {
+            "optimizer": _serialized_optimizer(keras, optimizer),
+            "loss": self._loss(),
+            "loss_weights": self.getLossWeights(),
+            "metrics": self.getMetrics(),
+            "callbacks": self.getCallbacks(),
+            "custom_objects": self.getCustomObjects(),
+            "checkpoint_callback": self.getCheckpointCallback(),
+            "transformation_fn": self.getTransformationFn(),
+            "compression": self.getGradientCompression(),
+        }
+        return pickled("loss, metrics, callbacks or custom objects", objects, _FIX)
+
+    def _model_bytes(self) -> bytes:
+        try:
+            return model_to_bytes(self.getModel())
+        except Exception as err:
+            raise InvalidArgumentError(
+                f"the model cannot be saved as a .keras file to send it to the ranks ({err}): "
+                "give custom layers get_config() and pass them in custom_objects"
+            ) from err
+
+    # -- hooks -----------------------------------------------------------------------------------
+
+    def _remote_trainer(self, store: Any, meta: PreparedDataset, run_id: str) -> KerasRemoteTrainer:
+        options = store.native_location()[1] if hasattr(store, "native_location") else {}
+        spec = KerasTrainingSpec(
+            model_bytes=self._model_bytes(),
+            objects_bytes=self._objects_bytes(),
+            backend_env=dict(self.getBackendEnv() or {}),
+            store=store,
+            run_id=run_id,
+            train_path=meta.train_path,
+            val_path=meta.val_path if meta.val_rows > 0 else None,
+            feature_cols=list(self.getFeatureCols()),
+            label_cols=list(self.getLabelCols()),
+            sample_weight_col=self.getSampleWeightCol(),
+            label_shapes=self.getLabelShapes(),
+            batch_size=self.getBatchSize(),
+            val_batch_size=self.getValBatchSize() or self.getBatchSize(),
+            epochs=self.getEpochs(),
+            train_steps_per_epoch=self.getTrainStepsPerEpoch(),
+            validation_steps_per_epoch=self.getValidationStepsPerEpoch(),
+            shuffle=self.getShuffle(),
+            shuffle_buffer_size=self.getShuffleBufferSize(),
+            random_seed=self.getRandomSeed(),
+            backward_passes_per_step=self.getBackwardPassesPerStep(),
+            verbose=self.getVerbose(),
+            train_reader_num_workers=self.getTrainReaderNumWorkers(),
+            val_reader_num_workers=self.getValReaderNumWorkers(),
+            storage_options=dict(options),
+        )
+        return KerasRemoteTrainer(spec)
+
+    def _make_model(
+        self, result: Dict[str, Any], run_id: str, metadata: Dict[str, Any]
+    ) -> KerasModel:
+        custom = self.getCustomObjects()
+        return KerasModel(
+            model=model_from_bytes(result["model"], custom),
+            history=result["history"],
+            feature_columns=self.getFeatureCols(),
+            label_columns=self.getLabelCols(),
+            custom_objects=custom,
+            run_id=run_id,
+            metadata=metadata,
+        )

@@ -1,0 +1,223 @@
+"""``TorchEstimator``: a Spark ML Estimator that trains a PyTorch Lightning ``LightningModule``
+with kolo on Spark executors (Horovod's ``horovod.spark.lightning.TorchEstimator``) and
+returns a :class:`~kolo.spark.torch.TorchModel` (a Spark ML Transformer).
+
+The module defines its own training: ``training_step(batch, batch_idx)`` (and optionally
+``validation_step``) receives ``batch`` as a dict ``{column: tensor}`` of the feature, label
+and sample weight columns; ``configure_optimizers`` gives the optimizer; metrics are what it
+logs with ``self.log`` (``sync_dist=True`` averages them over the ranks).
+
+Example::
+
+    import lightning.pytorch as pl
+    import torch
+    from kolo.spark.common.store import Store
+    from kolo.spark.lightning import TorchEstimator
+
+    class Net(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(64, 10)
+
+        def forward(self, x):
+            return self.layer(x)
+
+        def training_step(self, batch, batch_idx):
+            loss = torch.nn.functional.cross_entropy(self(batch["features"]), batch["label"])
+            self.log("train_loss", loss, sync_dist=True)
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    est = TorchEstimator(num_proc=2, store=Store.create("/tmp/kolo-store"), model=Net(),
+                         feature_cols=["features"], label_cols=["label"], epochs=5)
+    model = est.fit(train_df)
+    predictions = model.transform(test_df)      # adds label__output
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Dict
+
+from kolo.exceptions import InvalidArgumentError
+from kolo.spark.common.checks import pickled
+from kolo.spark.common.estimator import KoloEstimator
+from kolo.spark.common.util import PreparedDataset
+from kolo.spark.lightning.params import LightningEstimatorParams, lightning_estimator_defaults
+from kolo.spark.lightning.remote import LightningSpec, RemoteLightningTrainer
+from kolo.spark.torch.model import TorchModel
+from kolo.spark.torch.remote import trained_model
+
+__all__ = ["TorchEstimator"]
+
+log = logging.getLogger(__name__)
+
+_FIX_FN = "define it at module level, or keep locks, open files and sessions out of it"
+
+#: Parameters of the plain PyTorch estimator that a LightningModule defines itself.
+_DEFINED_BY_THE_MODULE = {
+    "optimizer": "return it from the module's configure_optimizers()",
+    "loss": "compute the loss in the module's training_step()",
+    "loss_constructors": "compute the loss in the module's training_step()",
+    "loss_weights": "weigh the losses in the module's training_step()",
+    "metrics": "log metrics with self.log(..., sync_dist=True) in the module",
+    "train_minibatch_fn": "override the module's training_step() (or use manual optimization)",
+}
+
+#: Trainer arguments the estimator sets itself.
+_SET_BY_THE_ESTIMATOR = {
+    "strategy": "kolo's KoloStrategy is always used",
+    "devices": "each rank drives one device; set num_proc for more ranks",
+    "num_nodes": "the ranks come from num_proc",
+    "max_epochs": "set epochs=",
+    "accelerator": "set use_gpu= / num_gpus=",
+    "logger": "set logger=",
+    "callbacks": "set callbacks=",
+    "profiler": "set profiler=",
+}
+
+
+class TorchEstimator(KoloEstimator, LightningEstimatorParams):
+    """Trains a ``lightning.pytorch.LightningModule`` on a Spark DataFrame with kolo.
+
+    Keyword arguments are the parameters (each also has ``getX``/``setX``):
+
+    - ``num_proc``, ``store``, ``model`` (the LightningModule), ``feature_cols``,
+      ``label_cols``, ``sample_weight_col``, ``validation`` (ratio or column),
+      ``input_shapes``/``label_shapes``, ``transformation_fn`` (``fn(batch dict) -> batch
+      dict``), ``batch_size`` (32), ``val_batch_size``, ``epochs`` (1),
+      ``train_steps_per_epoch``, ``validation_steps_per_epoch``, ``shuffle`` (True),
+      ``shuffle_buffer_size``, ``random_seed``, ``partitions_per_process`` (10),
+      ``backward_passes_per_step`` (1; Lightning's ``accumulate_grad_batches``),
+      ``gradient_compression``, ``use_gpu`` (True), ``verbose`` (1), ``run_id`` (an existing
+      checkpoint of this id resumes training), ``callbacks`` (Lightning callbacks).
+    - Horovod's Lightning ones: ``trainer_args`` (more ``Trainer`` keyword arguments),
+      ``logger`` (default: TensorBoard event logs under the run's ``logs/`` in the store),
+      ``log_every_n_steps`` (50), ``terminate_on_nan`` (False), ``profiler``, ``num_gpus``.
+    - Not for a LightningModule (:class:`~kolo.exceptions.InvalidArgumentError` when set):
+      ``optimizer``, ``loss``, ``loss_constructors``, ``loss_weights``, ``metrics``,
+      ``train_minibatch_fn``. Accepted for Horovod compatibility, with no effect:
+      ``backend``, ``reader_pool_type``, ``inmemory_cache_all``, ``compress_sparse_cols``,
+      ``mp_start_method``.
+
+    Example::
+
+        est = TorchEstimator(num_proc=2, store=store, model=Net(), feature_cols=["x"],
+                             label_cols=["y"], validation=0.2, epochs=5, run_id="net_1")
+        model = est.fit(df)
+        model.getHistory()["train_loss"]          # what the module logged, per epoch
+    """
+
+    _param_defaults = staticmethod(lightning_estimator_defaults)
+
+    def _check_params(self) -> None:
+        import lightning.pytorch as pl
+
+        model = self.getModel()
+        if model is None:
+            raise InvalidArgumentError(
+                "model is not set: pass model=<a lightning.pytorch.LightningModule>"
+            )
+        if not isinstance(model, pl.LightningModule):
+            raise InvalidArgumentError(
+                f"model is a {type(model).__name__}, not a lightning.pytorch.LightningModule: "
+                "wrap it in a LightningModule, or train it with kolo.spark.torch.TorchEstimator"
+            )
+        for name, fix in _DEFINED_BY_THE_MODULE.items():
+            if self.hasParam(name) and self._param(name) is not None:
+                raise InvalidArgumentError(
+                    f"{name} is set, but a LightningModule defines it itself: {fix}, and leave "
+                    f"{name} unset"
+                )
+        trainer_args = self.getTrainerArgs() or {}
+        if not isinstance(trainer_args, dict):
+            raise InvalidArgumentError(
+                f"trainer_args is a {type(trainer_args).__name__}: pass a dict of "
+                "lightning.pytorch.Trainer keyword arguments"
+            )
+        for name, fix in _SET_BY_THE_ESTIMATOR.items():
+            if name in trainer_args:
+                raise InvalidArgumentError(
+                    f"trainer_args[{name!r}] is set by the estimator: {fix}, and remove it from "
+                    "trainer_args"
+                )
+        num_gpus = self.getNumGpus()
+        if num_gpus is not None and (not isinstance(num_gpus, int) or num_gpus not in (0, 1)):
+            raise InvalidArgumentError(
+                f"num_gpus={num_gpus!r}: each rank trains on one device, so give 0 (CPU) or 1; "
+                "for more GPUs, raise num_proc"
+            )
+        shapes = self.getInputShapes()
+        if shapes is not None and len(shapes) != len(self.getFeatureCols()):
+            raise InvalidArgumentError(
+                f"input_shapes has {len(shapes)} shapes for {len(self.getFeatureCols())} "
+                "feature columns: give one shape per feature column"
+            )
+        shapes = self.getLabelShapes()
+        if shapes is not None and len(shapes) != len(self.getLabelCols()):
+            raise InvalidArgumentError(
+                f"label_shapes has {len(shapes)} shapes for {len(self.getLabelCols())} label "
+                "columns: give one shape per label column"
+            )
+        pickled("model", model, "keep locks, open files, sessions and the like out of the model")
+
+    def _remote_trainer(
+        self, store: Any, meta: PreparedDataset, run_id: str
+    ) -> RemoteLightningTrainer:
+        options = store.native_location()[1] if hasattr(store, "native_location") else {}
+        spec = LightningSpec(
+            model_bytes=pickled(
+                "model", self.getModel(), "keep locks, open files and sessions out of the model"
+            ),
+            callbacks_bytes=pickled("callbacks", self.getCallbacks() or [], _FIX_FN),
+            logger_bytes=pickled("logger", self.getLogger(), _FIX_FN),
+            profiler_bytes=pickled("profiler", self.getProfiler(), _FIX_FN),
+            trainer_args_bytes=pickled("trainer_args", self.getTrainerArgs() or {}, _FIX_FN),
+            transformation_fn_bytes=pickled(
+                "transformation_fn", self.getTransformationFn(), _FIX_FN
+            ),
+            store=store,
+            run_id=run_id,
+            train_path=meta.train_path,
+            val_path=meta.val_path if meta.val_rows > 0 else None,
+            feature_cols=list(self.getFeatureCols()),
+            label_cols=list(self.getLabelCols()),
+            sample_weight_col=self.getSampleWeightCol(),
+            input_shapes=self.getInputShapes(),
+            label_shapes=self.getLabelShapes(),
+            batch_size=self.getBatchSize(),
+            val_batch_size=self.getValBatchSize() or self.getBatchSize(),
+            epochs=self.getEpochs(),
+            train_steps_per_epoch=self.getTrainStepsPerEpoch(),
+            validation_steps_per_epoch=self.getValidationStepsPerEpoch(),
+            shuffle=self.getShuffle(),
+            shuffle_buffer_size=self.getShuffleBufferSize(),
+            random_seed=self.getRandomSeed(),
+            backward_passes_per_step=self.getBackwardPassesPerStep(),
+            gradient_compression=self.getGradientCompression(),
+            use_gpu=self.getUseGpu(),
+            num_gpus=self.getNumGpus(),
+            log_every_n_steps=self.getLogEveryNSteps(),
+            terminate_on_nan=self.getTerminateOnNan(),
+            verbose=self.getVerbose(),
+            train_reader_num_workers=self.getTrainReaderNumWorkers(),
+            val_reader_num_workers=self.getValReaderNumWorkers(),
+            storage_options=dict(options),
+        )
+        return RemoteLightningTrainer(spec)
+
+    def _make_model(
+        self, result: Dict[str, Any], run_id: str, metadata: Dict[str, Any]
+    ) -> TorchModel:
+        return TorchModel(
+            model=trained_model(self.getModel(), result["model"]),
+            history=result["history"],
+            feature_columns=self.getFeatureCols(),
+            label_columns=self.getLabelCols(),
+            run_id=run_id,
+            metadata=metadata,
+            input_shapes=self.getInputShapes(),
+            use_gpu=self.getUseGpu(),
+        )

@@ -1,0 +1,378 @@
+"""kolo.keras scenarios for tests/test_keras.py, run on 2 ranks under kolorun.
+
+Usage: ``KERAS_BACKEND=tensorflow|torch kolorun -np 2 python keras_worker.py SCENARIO...``.
+Every rank runs the scenarios in order, checks its result against a single-process reference
+computed in the same process, and prints ``rank R: <scenario> ok``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+
+import keras
+import numpy as np
+
+import kolo.keras as hvd
+from kolo.exceptions import ConfigError, InvalidArgumentError, InvalidValueError
+
+STEPS = 6  # optimizer updates per epoch
+LOCAL = 8  # rows per rank per step
+FEATURES = 5
+CLASSES = 3
+
+
+def data(steps: int = STEPS, rows: int = LOCAL) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(steps * rows * 2, FEATURES)).astype("float32")
+    y = (x[:, 0] + 2 * x[:, 1] > 0).astype("int64") + (x[:, 2] > 1).astype("int64")
+    return x, y
+
+
+def shard(x: np.ndarray, rows: int) -> np.ndarray:
+    """This rank's rows when each global batch of ``2 * rows`` is split in two halves."""
+    r = hvd.rank()
+    return np.concatenate(
+        [x[i + r * rows : i + (r + 1) * rows] for i in range(0, len(x), 2 * rows)]
+    )
+
+
+def dense_model(seed: int) -> keras.Model:
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential(
+        [
+            keras.Input((FEATURES,)),
+            keras.layers.Dense(16, activation="relu"),
+            keras.layers.Dense(CLASSES),
+        ]
+    )
+
+
+def embedding_model(seed: int) -> keras.Model:
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential(
+        [
+            keras.Input((2,), dtype="int32"),
+            keras.layers.Embedding(20, 4),
+            keras.layers.Flatten(),
+            keras.layers.Dense(CLASSES),
+        ]
+    )
+
+
+def loss() -> keras.losses.Loss:
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def weights(model: keras.Model) -> list[np.ndarray]:
+    return [np.asarray(keras.ops.convert_to_numpy(w)) for w in model.weights]
+
+
+def assert_close(got: list[np.ndarray], want: list[np.ndarray], what: str, tol=2e-5) -> None:
+    assert len(got) == len(want), what
+    for i, (g, w) in enumerate(zip(got, want)):
+        if not np.allclose(g, w, rtol=tol, atol=tol):
+            raise AssertionError(f"{what}: weight {i} differs by {np.abs(g - w).max()}")
+
+
+def assert_far(got: list[np.ndarray], want: list[np.ndarray], what: str) -> None:
+    diff = max(float(np.abs(g - w).max()) for g, w in zip(got, want))
+    assert diff > 1e-3, f"{what}: expected a difference, max diff {diff}"
+
+
+def same_on_every_rank(values: list[np.ndarray], what: str) -> None:
+    theirs = hvd.broadcast_object(values, root_rank=0)
+    assert_close(values, theirs, f"{what} (rank {hvd.rank()} vs rank 0)", tol=0)
+
+
+class Capture(keras.callbacks.Callback):
+    """Copies the epoch logs as this rank computed them (listed before MetricAverage)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.local: list[dict] = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.local.append(dict(logs or {}))
+
+
+def scenario_fit() -> None:
+    """2 ranks x 8 rows == 1 process x 16 rows; initial weights come from rank 0 (each rank
+    initialises differently); metrics are averaged over the ranks."""
+    x, y = data()
+    model = dense_model(seed=100 + hvd.rank())
+    initial = weights(model)
+    rank0_initial = hvd.broadcast_object(initial, root_rank=0)
+    if hvd.rank() == 1:
+        assert_far(initial, rank0_initial, "ranks start from different weights")
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9))
+    model.compile(optimizer=opt, loss=loss(), metrics=["accuracy"])
+    capture = Capture()
+    history = model.fit(
+        shard(x, LOCAL),
+        shard(y, LOCAL),
+        batch_size=LOCAL,
+        epochs=2,
+        shuffle=False,
+        verbose=0,
+        callbacks=[
+            hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+            capture,
+            hvd.callbacks.MetricAverageCallback(),
+        ],
+    )
+    got = weights(model)
+    same_on_every_rank(got, "trained weights")
+
+    reference = dense_model(seed=100)
+    assert_close(weights(reference), rank0_initial, "reference starts from rank 0's weights", 0)
+    reference.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss=loss())
+    reference.fit(x, y, batch_size=2 * LOCAL, epochs=2, shuffle=False, verbose=0)
+    assert_close(got, weights(reference), "2 ranks vs one process on the double batch")
+
+    alone = dense_model(seed=100)
+    alone.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss=loss())
+    alone.fit(
+        shard(x, LOCAL), shard(y, LOCAL), batch_size=LOCAL, epochs=2, shuffle=False, verbose=0
+    )
+    assert_far(got, weights(alone), "training on the local shard alone")
+
+    every_local = hvd.allgather_object([c["loss"] for c in capture.local])
+    assert every_local[0] != every_local[1], "ranks should see different local losses"
+    mean = np.mean(np.array(every_local), axis=0)
+    assert np.allclose(history.history["loss"], mean, rtol=1e-6), (history.history, mean)
+
+
+def scenario_accumulate() -> None:
+    """backward_passes_per_step=2 with averaging: 2 ranks x 2 passes x 4 rows == 16 rows."""
+    rows = 4
+    x, y = data(steps=2 * STEPS, rows=rows)
+    model = dense_model(seed=5)
+    opt = hvd.DistributedOptimizer(
+        keras.optimizers.SGD(0.1), backward_passes_per_step=2, average_aggregated_gradients=True
+    )
+    model.compile(optimizer=opt, loss=loss())
+    # Rank r's rows of update k: the two passes' halves of rows [16k, 16k + 16).
+    xr = np.concatenate([shard(x[i : i + 4 * rows], rows) for i in range(0, len(x), 4 * rows)])
+    yr = np.concatenate([shard(y[i : i + 4 * rows], rows) for i in range(0, len(y), 4 * rows)])
+    model.fit(xr, yr, batch_size=rows, epochs=1, shuffle=False, verbose=0)
+    assert int(keras.ops.convert_to_numpy(opt.iterations)) == STEPS, opt.iterations
+
+    reference = dense_model(seed=5)
+    reference.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss())
+    reference.fit(x, y, batch_size=4 * rows, epochs=1, shuffle=False, verbose=0)
+    assert_close(weights(model), weights(reference), "accumulated 2 passes vs one process")
+
+
+def scenario_groups() -> None:
+    """groups=2 and groups=[[kernel of the first layer]] reduce in several fused calls and
+    still equal one process on the double batch; gradient_predivide_factor too."""
+    x, y = data()
+    reference = dense_model(seed=9)
+    reference.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss())
+    reference.fit(x, y, batch_size=2 * LOCAL, shuffle=False, verbose=0)
+    for options in (
+        {"groups": 2},
+        {"groups": "first kernel"},
+        {"gradient_predivide_factor": 2.0},
+    ):
+        model = dense_model(seed=9)
+        if options.get("groups") == "first kernel":
+            options = {"groups": [[model.layers[0].kernel]]}
+        model.compile(
+            optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), **options), loss=loss()
+        )
+        model.fit(shard(x, LOCAL), shard(y, LOCAL), batch_size=LOCAL, shuffle=False, verbose=0)
+        assert_close(weights(model), weights(reference), f"DistributedOptimizer({options})")
+
+
+def scenario_sparse() -> None:
+    """Embedding gradients (tf.IndexedSlices under TensorFlow) gathered, or reduced densely."""
+    rng = np.random.default_rng(3)
+    x = rng.integers(0, 20, size=(STEPS * 2 * LOCAL, 2)).astype("int32")
+    y = (x[:, 0] % CLASSES).astype("int64")
+    for sparse_as_dense in (False, True):
+        model = embedding_model(seed=11)
+        opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.5), sparse_as_dense=sparse_as_dense)
+        model.compile(optimizer=opt, loss=loss())
+        model.fit(shard(x, LOCAL), shard(y, LOCAL), batch_size=LOCAL, shuffle=False, verbose=0)
+        reference = embedding_model(seed=11)
+        reference.compile(optimizer=keras.optimizers.SGD(0.5), loss=loss())
+        reference.fit(x, y, batch_size=2 * LOCAL, shuffle=False, verbose=0)
+        assert_close(weights(model), weights(reference), f"embedding, dense={sparse_as_dense}")
+
+
+def scenario_ops() -> None:
+    """allreduce / allgather / broadcast eagerly and (TensorFlow) inside tf.function."""
+    r = hvd.rank()
+    value = keras.ops.convert_to_tensor(np.full((2, 3), r + 1.0, dtype="float32"))
+    total = keras.ops.convert_to_numpy(hvd.allreduce(value, op=hvd.Sum, name="ops.sum"))
+    assert np.allclose(total, 3.0), total
+    mean = keras.ops.convert_to_numpy(hvd.allreduce(value, name="ops.mean"))
+    assert np.allclose(mean, 1.5), mean
+    scalar = hvd.allreduce(keras.ops.convert_to_tensor(float(r)), op=hvd.Sum, name="ops.scalar")
+    assert tuple(scalar.shape) == () and float(keras.ops.convert_to_numpy(scalar)) == 1.0, scalar
+    rows = np.full((r + 1, 2), r, dtype="int64")
+    gathered = keras.ops.convert_to_numpy(hvd.allgather(rows, name="ops.gather"))
+    assert gathered.tolist() == [[0, 0], [1, 1], [1, 1]], gathered
+    root = keras.ops.convert_to_numpy(hvd.broadcast(value, root_rank=1, name="ops.bcast"))
+    assert np.allclose(root, 2.0), root
+    half = keras.ops.convert_to_numpy(
+        hvd.allreduce(value, op=hvd.Sum, compression=hvd.Compression.fp16, name="ops.fp16")
+    )
+    assert half.dtype == np.float32 and np.allclose(half, 3.0), half
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        @tf.function
+        def step(t):
+            return hvd.allreduce(t, op=hvd.Sum, name="graph.sum"), hvd.allgather(t)
+
+        for _ in range(2):
+            s, g = step(tf.constant([float(r)]))
+            assert s.numpy().tolist() == [1.0] and g.numpy().tolist() == [0.0, 1.0], (s, g)
+    var = keras.Variable(np.full(4, float(r), dtype="float32"))
+    hvd.broadcast_variables([var], root_rank=1)
+    assert np.allclose(keras.ops.convert_to_numpy(var), 1.0)
+
+
+def scenario_errors() -> None:
+    def expect(error, fn, text):
+        try:
+            fn()
+        except error as exc:
+            assert type(exc) is error and text in str(exc), (type(exc), exc)
+            return
+        raise AssertionError(f"expected {error.__name__} ({text})")
+
+    sgd = keras.optimizers.SGD(0.1)
+    expect(InvalidValueError, lambda: hvd.DistributedOptimizer(object()), "Keras 3 optimizer")
+    expect(InvalidArgumentError, lambda: hvd.DistributedOptimizer(sgd, op=hvd.Adasum), "Adasum")
+    expect(
+        InvalidValueError,
+        lambda: hvd.DistributedOptimizer(sgd, backward_passes_per_step=0),
+        "backward_passes_per_step",
+    )
+    expect(
+        InvalidValueError,
+        lambda: hvd.DistributedOptimizer(sgd, op=hvd.Sum, gradient_predivide_factor=2.0),
+        "gradient_predivide_factor",
+    )
+    expect(
+        InvalidValueError,
+        lambda: hvd.DistributedOptimizer(hvd.DistributedOptimizer(sgd)),
+        "already",
+    )
+    expect(
+        InvalidValueError, lambda: hvd.callbacks.LearningRateScheduleCallback(0, 1.0), "initial_lr"
+    )
+    model = dense_model(seed=1)
+    model.compile(optimizer="sgd", loss=loss())
+    expect(
+        ConfigError,
+        lambda: model.fit(
+            np.zeros((4, FEATURES)),
+            np.zeros(4),
+            verbose=0,
+            callbacks=[hvd.callbacks.BestModelCheckpoint()],
+        ),
+        "filepath",
+    )
+
+
+def scenario_warmup() -> None:
+    """The warmup ramps from initial_lr / size to initial_lr, then a staircase schedule halves
+    it from epoch 3."""
+    x, y = data()
+    model = dense_model(seed=2)
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.2, momentum=0.9))
+    model.compile(optimizer=opt, loss=loss())
+    seen = []
+
+    class Record(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            seen.append(float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)))
+
+    model.fit(
+        shard(x, LOCAL),
+        shard(y, LOCAL),
+        batch_size=LOCAL,
+        epochs=4,
+        shuffle=False,
+        verbose=0,
+        callbacks=[
+            hvd.callbacks.LearningRateWarmupCallback(0.2, warmup_epochs=2),
+            hvd.callbacks.LearningRateScheduleCallback(0.2, lambda epoch: 0.5, start_epoch=3),
+            Record(),
+        ],
+    )
+    expected = [0.2 / 2 * ((e + b / STEPS) * 1 / 2 + 1) for e in range(2) for b in range(STEPS)]
+    assert np.allclose(seen[: 2 * STEPS], expected), (seen, expected)
+    assert np.allclose(seen[2 * STEPS : 3 * STEPS], 0.2), seen
+    assert np.allclose(seen[3 * STEPS :], 0.1), seen
+    same_on_every_rank(weights(model), "weights after the schedule")
+    # Momentum correction: a rate change 0.1 -> 0.2 doubles SGD's momentum buffers.
+    before = [np.array(keras.ops.convert_to_numpy(m)) for m in opt.momentums]
+    callback = hvd.callbacks.LearningRateScheduleCallback(0.2, 1.0)
+    callback.set_model(model)
+    callback.on_epoch_begin(0)
+    after = [np.array(keras.ops.convert_to_numpy(m)) for m in opt.momentums]
+    assert_close(after, [2 * b for b in before], "momentum buffers after the rate doubled")
+    assert_far(after, before, "momentum buffers")
+
+
+def scenario_checkpoint() -> None:
+    """BestModelCheckpoint writes on rank 0 only; load_model restores a DistributedOptimizer."""
+    x, y = data()
+    folder = hvd.broadcast_object(tempfile.mkdtemp() if hvd.rank() == 0 else None)
+    path = os.path.join(folder, f"best-{keras.backend.backend()}.keras")
+    model = dense_model(seed=3)
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(0.01)), loss=loss())
+    model.fit(
+        shard(x, LOCAL),
+        shard(y, LOCAL),
+        batch_size=LOCAL,
+        epochs=2,
+        verbose=0,
+        shuffle=False,
+        validation_data=(x[:16], y[:16]),
+        callbacks=[
+            hvd.callbacks.MetricAverageCallback(),
+            hvd.callbacks.BestModelCheckpoint(monitor="val_loss", filepath=path),
+        ],
+    )
+    hvd.barrier()
+    assert os.path.exists(path), path
+    loaded = hvd.load_model(path)
+    assert hvd.optimizer.is_distributed(loaded.optimizer), type(loaded.optimizer).__mro__
+    assert isinstance(loaded.optimizer, keras.optimizers.Adam)
+    restored = int(keras.ops.convert_to_numpy(loaded.optimizer.iterations))
+    assert restored in (STEPS, 2 * STEPS), f"optimizer state not restored ({restored} steps)"
+    plain = keras.saving.load_model(path)
+    assert not hvd.optimizer.is_distributed(plain.optimizer)
+    loaded.fit(shard(x, LOCAL), shard(y, LOCAL), batch_size=LOCAL, verbose=0, shuffle=False)
+    same_on_every_rank(weights(loaded), "weights after resuming from the checkpoint")
+
+
+SCENARIOS = {
+    "fit": scenario_fit,
+    "accumulate": scenario_accumulate,
+    "groups": scenario_groups,
+    "sparse": scenario_sparse,
+    "ops": scenario_ops,
+    "errors": scenario_errors,
+    "warmup": scenario_warmup,
+    "checkpoint": scenario_checkpoint,
+}
+
+
+def main() -> None:
+    hvd.init()
+    for name in sys.argv[1:]:
+        SCENARIOS[name]()
+        print(f"rank {hvd.rank()}: {name} ok", flush=True)
+
+
+if __name__ == "__main__":
+    main()
