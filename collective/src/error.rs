@@ -73,6 +73,11 @@ pub enum Error {
     #[error("driver refused the call: {}", .0.message())]
     Status(#[from] tonic::Status),
 
+    /// A CUDA, NCCL or NVRTC call failed, or a library it needs could not be loaded; the
+    /// message names the call (or library) and what to check.
+    #[error("{0}")]
+    Cuda(String),
+
     /// This is a bug in kolo; please report it.
     #[error("internal error (this is a bug in kolo, please report it): {0}")]
     Internal(String),
@@ -110,6 +115,7 @@ impl Error {
             Error::Io(e) => Error::Io(io(e)),
             Error::Transport(e) => Error::Rendezvous(format!("driver connection failed: {e}")),
             Error::Status(status) => Error::Status(status.clone()),
+            Error::Cuda(m) => Error::Cuda(m.clone()),
             Error::Internal(m) => Error::Internal(m.clone()),
         }
     }

@@ -7,6 +7,7 @@
 //! - [`collectives`] and [`reduce`]: allreduce, allgather, broadcast, alltoall, reducescatter and
 //!   barrier on CPU memory, with Horovod's reduction ops and scaling.
 //! - [`communicator`]: runs one collective at a time on a rank's mesh.
+//! - [`cuda`]: CUDA tensors through NCCL (feature `cuda`; libraries loaded at run time).
 //! - [`engine`]: the background engine the Python binding submits to: negotiation across ranks,
 //!   response cache, tensor fusion, process sets, join, stall inspector and timeline.
 //! - [`launcher`]: `kolorun`, which starts a job's ranks locally and over ssh and supervises them.
@@ -28,6 +29,7 @@ pub mod abort;
 pub mod collectives;
 pub mod communicator;
 pub mod control;
+pub mod cuda;
 pub mod dtype;
 pub mod engine;
 pub mod error;

@@ -36,6 +36,9 @@ def submit(
     root: int = 0,
     splits: list[int] = ...,
     process_set: int = 0,
+    device: int = -1,
+    ready_event: int = 0,
+    wake: bool = True,
 ) -> int: ...
 def join() -> int: ...
 def add_process_set(ranks: list[int], initializing: bool) -> int: ...
@@ -195,3 +198,72 @@ def prepare_data(
     into the store; ``request`` holds every option of ``kolo.data.prepare_data``. Returns
     dataset_idx, train_path, val_path, train_rows, val_rows, num_files, val_num_files and
     columns as ``[(name, dtype, shape)]``."""
+
+# CUDA (python/src/cuda.rs): what was found at run time; with the `cuda` feature, one device's
+# NCCL collectives and the batched copy kernel on raw device pointers and streams.
+def cuda_add_site_packages(dirs: list[str]) -> None: ...
+def cuda_probe() -> dict[str, Any]: ...
+def nccl_unique_id() -> bytes: ...
+
+class GpuEvent:
+    def done(self) -> bool: ...
+    def wait(self, timeout: float) -> None: ...
+
+class Gpu:
+    def __init__(self, ordinal: int) -> None: ...
+    def stream(self) -> int: ...
+    def connect(self, unique_id: bytes, rank: int, size: int) -> None: ...
+    def allreduce(
+        self,
+        ptrs: list[int],
+        sizes: list[int],
+        dtype: str,
+        op: str,
+        prescale: float,
+        postscale: float,
+        stream: int,
+    ) -> GpuEvent: ...
+    def broadcast(self, ptr: int, size: int, dtype: str, root: int, stream: int) -> GpuEvent: ...
+    def allgather(
+        self,
+        send: int,
+        send_size: int,
+        counts: list[int],
+        recv: int,
+        recv_size: int,
+        dtype: str,
+        stream: int,
+    ) -> GpuEvent: ...
+    def reducescatter(
+        self,
+        send: int,
+        send_size: int,
+        counts: list[int],
+        recv: int,
+        recv_size: int,
+        dtype: str,
+        op: str,
+        prescale: float,
+        postscale: float,
+        stream: int,
+    ) -> GpuEvent: ...
+    def alltoall(
+        self,
+        send: int,
+        send_size: int,
+        send_counts: list[int],
+        recv: int,
+        recv_size: int,
+        recv_counts: list[int],
+        dtype: str,
+        stream: int,
+    ) -> GpuEvent: ...
+    def batched_copy(
+        self,
+        srcs: list[int],
+        dsts: list[int],
+        sizes: list[int],
+        dtype: str,
+        factor: float,
+        stream: int,
+    ) -> GpuEvent: ...

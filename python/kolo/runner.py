@@ -52,8 +52,44 @@ def check_build() -> str:
         f"    {_mark(False)} CCL",
         f"    {_mark(False)} MPI",
         f"    {_mark(False)} Gloo",
+        "",
+        "GPU support (found at run time):",
+        *_gpu_lines(),
     ]
     return "\n".join(lines)
+
+
+def _gpu_lines() -> list[str]:
+    found = _native.cuda_probe()
+    if not found["built"]:
+        return ["    this kolo was built without the `cuda` feature"]
+
+    def line(label: str, ok: bool, detail: str) -> str:
+        return f"    {_mark(ok)} {label}: {detail}"
+
+    driver = (
+        f"CUDA {found['driver_version'] // 1000}.{found['driver_version'] % 1000 // 10}, "
+        f"{found['devices']} GPU(s)"
+        if "driver_version" in found
+        else found.get("cuda_error", "")
+    )
+    return [
+        line("CUDA driver", found["cuda"], driver),
+        line(
+            "NCCL",
+            "nccl_version" in found,
+            f"{found['nccl_version']} ({found['nccl_path']})"
+            if "nccl_version" in found
+            else found.get("nccl_error", ""),
+        ),
+        line(
+            "NVRTC (fusion pack kernel)",
+            "nvrtc_version" in found,
+            f"{found['nvrtc_version']} ({found['nvrtc_path']})"
+            if "nvrtc_version" in found
+            else found.get("nvrtc_error", ""),
+        ),
+    ]
 
 
 def _wants_check_build(args: list[str]) -> bool:

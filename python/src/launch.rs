@@ -21,15 +21,17 @@ pub fn kolorun(py: Python<'_>, args: Vec<String>) -> PyResult<i32> {
     .py_err()
 }
 
-/// What this build supports: version, transports, CUDA/NCCL.
+/// What this build supports: version, transports, CUDA/NCCL (found at run time: `cuda` when
+/// the driver sees a device, `nccl` when libnccl loads too).
 #[pyfunction]
 pub fn build_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let found = py.detach(kolo_collective::cuda::probe);
     let dict = PyDict::new(py);
     dict.set_item("version", env!("CARGO_PKG_VERSION"))?;
     dict.set_item("tcp", true)?;
     dict.set_item("shm", true)?;
-    dict.set_item("cuda", false)?;
-    dict.set_item("nccl", false)?;
+    dict.set_item("cuda", found.cuda_available())?;
+    dict.set_item("nccl", found.nccl_available())?;
     Ok(dict)
 }
 

@@ -5,6 +5,7 @@
 use pyo3::prelude::*;
 
 mod blocking;
+mod cuda;
 mod driver;
 mod error;
 mod job;
@@ -34,5 +35,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     job::register(m)?;
     spark::register(m)?;
     ray::register(m)?;
+    cuda::register(m)?;
     Ok(())
 }

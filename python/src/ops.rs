@@ -30,9 +30,10 @@ fn kind_of(kind: &str) -> PyResult<OpKind> {
 
 /// Submits one collective on `nbytes` at `ptr` (allreduce and broadcast write their result
 /// there) and returns its handle. The caller keeps the memory alive and untouched until the
-/// handle completes.
+/// handle completes. `wake=False`: the caller waits for the handle at once (a synchronous
+/// op), so the engine thread is not woken (`Engine::submit_with`).
 #[pyfunction]
-#[pyo3(signature = (kind, name, ptr, nbytes, shape, dtype, op="Sum", prescale=1.0, postscale=1.0, root=0, splits=Vec::new(), process_set=0))]
+#[pyo3(signature = (kind, name, ptr, nbytes, shape, dtype, op="Sum", prescale=1.0, postscale=1.0, root=0, splits=Vec::new(), process_set=0, device=-1, ready_event=0, wake=true))]
 #[expect(
     clippy::too_many_arguments,
     reason = "mirrors the union of Horovod's op parameters"
@@ -51,6 +52,9 @@ pub fn submit(
     root: usize,
     splits: Vec<u64>,
     process_set: u32,
+    device: i32,
+    ready_event: u64,
+    wake: bool,
 ) -> PyResult<u64> {
     let worker = session::current(py)?;
     let mut sub = Submission::new(kind_of(kind)?, name);
@@ -62,6 +66,9 @@ pub fn submit(
     sub.root = root;
     sub.splits = splits;
     sub.process_set = process_set;
+    // A CUDA tensor (`device` >= 0): NCCL runs it after `ready_event` (recorded by
+    // `kolo.torch.ops` on torch's stream); see `crate::cuda::device_submission`.
+    sub.device = crate::cuda::device_submission(sub.kind, sub.dtype, device, ready_event)?;
     if nbytes > 0 && ptr == 0 {
         return Err(crate::error::to_py(Error::InvalidArgument(
             "a null tensor pointer".into(),
@@ -75,7 +82,7 @@ pub fn submit(
     // SAFETY: `kolo.torch.ops` passes the data pointer of a contiguous CPU tensor of `nbytes`
     // bytes and keeps the tensor referenced, and unused by Python, until the handle completes.
     sub.tensor = unsafe { RawTensor::new(ptr, nbytes) };
-    worker.engine().submit(sub).py_err()
+    worker.engine().submit_with(sub, wake).py_err()
 }
 
 /// Submits this rank's join; the handle's result is the last rank to join.

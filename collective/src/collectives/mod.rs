@@ -347,6 +347,15 @@ pub(crate) fn difference(a: &OpDescriptor, i: usize, b: &OpDescriptor, j: usize)
     if a.kind == OpKind::Barrier {
         return None;
     }
+    if a.device != b.device {
+        let place = |d: bool| if d { "a CUDA tensor" } else { "a CPU tensor" };
+        return Some(format!(
+            "{what}: rank {i} passes {} but rank {j} passes {}; every rank must pass its tensor on \
+             the same kind of device",
+            place(a.device),
+            place(b.device)
+        ));
+    }
     let first_dim_free = matches!(a.kind, OpKind::Allgather | OpKind::Alltoall);
     let shapes_agree = if first_dim_free {
         a.shape.len() == b.shape.len() && a.shape.get(1..) == b.shape.get(1..)

@@ -134,10 +134,14 @@ fn tensor_bytes(desc: &OpDescriptor) -> usize {
 }
 
 /// Groups the responses into batches run as one collective: allreduces with the same dtype,
-/// op and scale factors are fused up to `threshold` bytes (0: no fusion); everything else
-/// runs alone. Returns indices into `responses`, batches in first-appearance order.
-pub(crate) fn plan_batches(responses: &[Response], threshold: usize) -> Vec<Vec<usize>> {
-    type Key = (DType, Option<crate::dtype::ReduceOp>, u64, u64);
+/// op, scale factors and place (host or device) are fused up to `threshold(on_device)` bytes
+/// (0: no fusion); everything else runs alone. Returns indices into `responses`, batches in
+/// first-appearance order.
+pub(crate) fn plan_batches(
+    responses: &[Response],
+    threshold: impl Fn(bool) -> usize,
+) -> Vec<Vec<usize>> {
+    type Key = (DType, Option<crate::dtype::ReduceOp>, u64, u64, bool);
     let mut batches: Vec<(Vec<usize>, usize)> = Vec::new();
     let mut open: HashMap<Key, usize> = HashMap::new();
     for (i, response) in responses.iter().enumerate() {
@@ -145,19 +149,26 @@ pub(crate) fn plan_batches(responses: &[Response], threshold: usize) -> Vec<Vec<
             Response::Run { descs, .. } if descs[0].kind == OpKind::Allreduce => {
                 let d = &descs[0];
                 let bytes = tensor_bytes(d);
-                (threshold > 0 && bytes <= threshold).then(|| {
-                    let key = (d.dtype, d.op, d.prescale.to_bits(), d.postscale.to_bits());
-                    (key, bytes)
+                let limit = threshold(d.device);
+                (limit > 0 && bytes <= limit).then(|| {
+                    let key = (
+                        d.dtype,
+                        d.op,
+                        d.prescale.to_bits(),
+                        d.postscale.to_bits(),
+                        d.device,
+                    );
+                    (key, bytes, limit)
                 })
             }
             _ => None,
         };
-        let Some((key, bytes)) = fusible else {
+        let Some((key, bytes, limit)) = fusible else {
             batches.push((vec![i], 0));
             continue;
         };
         match open.get(&key) {
-            Some(&b) if batches[b].1 + bytes <= threshold => {
+            Some(&b) if batches[b].1 + bytes <= limit => {
                 batches[b].0.push(i);
                 batches[b].1 += bytes;
             }
@@ -182,14 +193,20 @@ impl Executor<'_> {
         join: &mut Option<u64>,
     ) -> Result<Vec<SetAction>> {
         let mut actions = Vec::new();
-        let threshold = match session.shm_layout() {
-            Some(Layout::Flat) => self.fusion_threshold.min(SHM_FUSION_MAX),
+        // The shared-memory cap is about host memory passes; device batches fuse as configured.
+        let flat_shm = matches!(session.shm_layout(), Some(Layout::Flat));
+        let threshold = |on_device: bool| match (flat_shm, on_device) {
+            (true, false) => self.fusion_threshold.min(SHM_FUSION_MAX),
             _ => self.fusion_threshold,
         };
         let batches = plan_batches(&responses, threshold);
         let mut slots: Vec<Option<Response>> = responses.into_iter().map(Some).collect();
         for batch in batches {
             let items: Vec<Response> = batch.iter().filter_map(|&i| slots[i].take()).collect();
+            if matches!(items.first(), Some(Response::Run { descs, .. }) if descs[0].device) {
+                self.device_batch(session, items, pending)?;
+                continue;
+            }
             if items.len() > 1 {
                 self.fused_allreduce(session, items, pending)?;
                 continue;
@@ -392,6 +409,36 @@ impl Executor<'_> {
         }
     }
 
+    /// Runs an agreed batch of CUDA ops (a fused allreduce or a broadcast) through NCCL
+    /// (`crate::cuda`). An error is fatal, as for the CPU transports.
+    fn device_batch(
+        &mut self,
+        session: &mut Session,
+        items: Vec<Response>,
+        pending: &mut HashMap<String, Local>,
+    ) -> Result<()> {
+        let mut parts = Vec::with_capacity(items.len());
+        for item in items {
+            if let Response::Run { mut descs, cached } = item {
+                let desc = descs.swap_remove(session.rank);
+                let local = pending.remove(&desc.name);
+                self.count(local.is_some(), cached);
+                if local.is_some() {
+                    self.timeline_end(&desc.name);
+                }
+                let local = local.map(|l| (l.handle, l.sub));
+                parts.push(crate::cuda::DevicePart { desc, local });
+            }
+        }
+        let ran = parts.len();
+        let done = crate::cuda::run_device_batch(session, parts)?;
+        self.stats.ran(ran);
+        for (handle, outcome) in done {
+            self.handles.complete(handle, outcome);
+        }
+        Ok(())
+    }
+
     /// Runs several allreduces as one through the fusion buffer.
     fn fused_allreduce(
         &mut self,
@@ -537,10 +584,17 @@ mod tests {
             run("big", DType::F32, 1000, ReduceOp::Sum),
         ];
         assert_eq!(
-            plan_batches(&responses, 80),
+            plan_batches(&responses, |_| 80),
             vec![vec![0, 2], vec![1], vec![3], vec![4], vec![5], vec![6]]
         );
-        assert_eq!(plan_batches(&responses, 0).len(), responses.len());
-        assert_eq!(plan_batches(&responses, 1 << 20)[0], vec![0, 2, 4, 6]);
+        assert_eq!(plan_batches(&responses, |_| 0).len(), responses.len());
+        // CUDA and CPU tensors of one dtype and op never fuse together.
+        let mut on_device = run("gpu", DType::F32, 10, ReduceOp::Sum);
+        if let Response::Run { descs, .. } = &mut on_device {
+            descs[0].device = true;
+        }
+        let mixed = vec![run("cpu", DType::F32, 10, ReduceOp::Sum), on_device];
+        assert_eq!(plan_batches(&mixed, |_| 1 << 20), vec![vec![0], vec![1]]);
+        assert_eq!(plan_batches(&responses, |_| 1 << 20)[0], vec![0, 2, 4, 6]);
     }
 }

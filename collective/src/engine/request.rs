@@ -32,6 +32,11 @@ impl RawTensor {
         RawTensor { ptr, len }
     }
 
+    /// The address of the view (a device address for CUDA tensors).
+    pub fn addr(&self) -> u64 {
+        self.ptr as usize as u64
+    }
+
     /// Bytes in the view.
     pub fn len(&self) -> usize {
         self.len
@@ -81,6 +86,8 @@ pub struct Submission {
     pub splits: Vec<u64>,
     /// The input; allreduce and broadcast write their result here too.
     pub tensor: RawTensor,
+    /// Set when `tensor` is CUDA device memory (allreduce and broadcast): NCCL runs it.
+    pub device: Option<crate::cuda::DeviceTensor>,
 }
 
 impl Submission {
@@ -98,6 +105,7 @@ impl Submission {
             root: 0,
             splits: Vec::new(),
             tensor: RawTensor::EMPTY,
+            device: None,
         }
     }
 
@@ -112,6 +120,7 @@ impl Submission {
             postscale: if reduces { self.postscale } else { 1.0 },
             root: u32::try_from(self.root).unwrap_or(u32::MAX),
             splits: self.splits.clone(),
+            device: self.device.is_some(),
             ..OpDescriptor::new(self.kind, &self.name)
         }
     }

@@ -1,7 +1,8 @@
 //! The `Descriptor` frame payload: what a rank is about to run, so all ranks can check that
 //! they agree before any tensor bytes move.
 //!
-//! Layout (little endian): kind u8, dtype u8, op u8 (255 = none), flags u8 (bit 0: invalid),
+//! Layout (little endian): kind u8, dtype u8, op u8 (255 = none), flags u8 (bit 0: invalid,
+//! bit 1: the tensor is on a CUDA device),
 //! root u32, prescale f64, postscale f64, name (u32 length + UTF-8), shape (u32 count + i64
 //! each), splits (u32 count + u64 each), and when the invalid flag is set the local error
 //! message (u32 length + UTF-8).
@@ -21,6 +22,7 @@ pub const MAX_INVALID_LEN: usize = 4096;
 const FIXED_LEN: usize = 4 + 4 + 8 + 8;
 const NO_OP: u8 = 255;
 const FLAG_INVALID: u8 = 1;
+const FLAG_DEVICE: u8 = 2;
 
 /// Which collective a descriptor announces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -102,6 +104,8 @@ pub struct OpDescriptor {
     pub postscale: f64,
     /// Alltoall: rows sent to each rank; else empty.
     pub splits: Vec<u64>,
+    /// The tensor is CUDA device memory (the op runs through NCCL).
+    pub device: bool,
     /// Set when this rank's arguments failed local validation: the error it reports. Other
     /// ranks then fail the collective too instead of waiting for data that never comes.
     pub invalid: Option<String>,
@@ -120,6 +124,7 @@ impl OpDescriptor {
             prescale: 1.0,
             postscale: 1.0,
             splits: Vec::new(),
+            device: false,
             invalid: None,
         }
     }
@@ -139,11 +144,13 @@ impl OpDescriptor {
         out.push(self.kind as u8);
         out.push(self.dtype as u8);
         out.push(self.op.map_or(NO_OP, |op| op as u8));
-        out.push(if self.invalid.is_some() {
-            FLAG_INVALID
-        } else {
-            0
-        });
+        out.push(
+            if self.invalid.is_some() {
+                FLAG_INVALID
+            } else {
+                0
+            } | if self.device { FLAG_DEVICE } else { 0 },
+        );
         out.extend_from_slice(&self.root.to_le_bytes());
         out.extend_from_slice(&self.prescale.to_bits().to_le_bytes());
         out.extend_from_slice(&self.postscale.to_bits().to_le_bytes());
@@ -179,7 +186,7 @@ impl OpDescriptor {
             ),
         };
         let flags = r.u8()?;
-        if flags & !FLAG_INVALID != 0 {
+        if flags & !(FLAG_INVALID | FLAG_DEVICE) != 0 {
             return Err(malformed(format!("unknown descriptor flags {flags:#04x}")));
         }
         let root = r.u32()?;
@@ -212,6 +219,7 @@ impl OpDescriptor {
             prescale,
             postscale,
             splits,
+            device: flags & FLAG_DEVICE != 0,
             invalid,
         })
     }
@@ -310,9 +318,22 @@ mod tests {
             proptest::collection::vec(any::<i64>(), 0..6),
             proptest::collection::vec(any::<u64>(), 0..8),
             proptest::option::of(".{0,40}"),
+            any::<bool>(),
         )
             .prop_map(
-                |(kind, dtype, op, root, prescale, postscale, name, shape, splits, invalid)| {
+                |(
+                    kind,
+                    dtype,
+                    op,
+                    root,
+                    prescale,
+                    postscale,
+                    name,
+                    shape,
+                    splits,
+                    invalid,
+                    device,
+                )| {
                     OpDescriptor {
                         kind: OpKind::from_code(kind).unwrap(),
                         name,
@@ -323,6 +344,7 @@ mod tests {
                         prescale,
                         postscale,
                         splits,
+                        device,
                         invalid,
                     }
                 },

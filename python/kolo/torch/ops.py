@@ -4,12 +4,14 @@ Every op is submitted to the engine and returns a handle at once (``*_async``); 
 agrees with the other ranks on what is ready, fuses small allreduces and runs them while
 Python goes on. ``synchronize(handle)`` waits (without the GIL) and returns the result; the
 synchronous ops are submit + synchronize. CPU tensors are used in place where possible; CUDA
-tensors are staged through host memory (NCCL arrives with the GPU work). Ops are
-differentiable where Horovod's are.
+tensors of allreduce and broadcast run through NCCL on their device when NCCL is found, the
+rest are staged through pinned host memory (see docs/gpu.md). Ops are differentiable where
+Horovod's are.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Optional, Union
@@ -20,6 +22,7 @@ from kolo import _core, _native
 from kolo._core import ReduceOp, resolve_op
 from kolo.exceptions import InvalidArgumentError
 from kolo.process_sets import ProcessSet, global_process_set, resolve
+from kolo.torch._staging import on_nccl, ready_event, to_pinned_host
 from kolo.torch.compression import Compression
 
 _DTYPE_NAMES = {
@@ -46,15 +49,32 @@ def _dtype_name(tensor: torch.Tensor) -> str:
         ) from None
 
 
-def _nbytes(tensor: torch.Tensor) -> int:
-    return tensor.numel() * tensor.element_size()
-
-
 def _staged(tensor: torch.Tensor) -> torch.Tensor:
-    """A contiguous CPU tensor with `tensor`'s values (`tensor` itself when it already is one)."""
+    """A contiguous CPU tensor with `tensor`'s values (`tensor` itself when it already is one;
+    a pinned copy of a CUDA tensor: the host-staged path)."""
     if not isinstance(tensor, torch.Tensor):
         raise InvalidArgumentError(f"expected a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.is_cuda:
+        return to_pinned_host(tensor)
+    if tensor.is_contiguous() and tensor.device.type == "cpu":
+        return tensor.detach()
     return tensor.detach().cpu().contiguous()
+
+
+def _device_or_staged(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` itself when the engine runs it through NCCL (see ``on_nccl``), else
+    :func:`_staged`."""
+    if isinstance(tensor, torch.Tensor) and tensor.is_cuda and on_nccl(tensor):
+        return tensor.detach()
+    return _staged(tensor)
+
+
+def _device_or_owned(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy on ``tensor``'s device when the engine runs it through NCCL, else
+    :func:`_owned_copy`."""
+    if isinstance(tensor, torch.Tensor) and tensor.is_cuda and on_nccl(tensor):
+        return tensor.detach().clone()
+    return _owned_copy(tensor)
 
 
 def _owned_copy(tensor: torch.Tensor) -> torch.Tensor:
@@ -72,13 +92,17 @@ def _require_dim(tensor: torch.Tensor, what: str) -> None:
 
 
 def _to_device(result: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    return result if like.device.type == "cpu" else result.to(like.device)
+    # Asynchronous from pinned memory; from pageable memory the copy has read its source when
+    # it returns, so the engine may reuse that buffer.
+    if like.device.type == "cpu":
+        return result
+    return result.to(like.device, non_blocking=True)
 
 
 def _write_back(target: torch.Tensor, staged: torch.Tensor) -> torch.Tensor:
     if staged.data_ptr() != target.data_ptr():
         with torch.no_grad():
-            target.copy_(staged)
+            target.copy_(staged, non_blocking=target.device.type == "cuda")
     return target
 
 
@@ -97,11 +121,39 @@ class _Pending:
         self.finish = finish
 
 
+#: ``active`` while a synchronous op runs on this thread (see :func:`_waited_at_once`).
+_sync_call = threading.local()
+
+
+def _waited_at_once(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Marks a synchronous op: what it submits does not wake the engine thread, because this
+    thread waits for it right away and then runs the engine's cycle itself (a thread wake-up it
+    does not need costs a context switch: on a rank pinned to one core, half the latency of a
+    small allreduce)."""
+
+    @functools.wraps(fn)
+    def waited(*args: Any, **kwargs: Any) -> Any:
+        outer = getattr(_sync_call, "active", False)
+        _sync_call.active = True
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _sync_call.active = outer
+
+    return waited
+
+
 _pending: dict[int, _Pending] = {}
 _pending_lock = threading.Lock()
+#: The ready events of submitted CUDA ops (native handle → event), until ``_register`` moves
+#: them into the handle's kept objects (the engine reads them until the op completed).
+_ready_events: dict[int, Any] = {}
 
 
 def _register(natives: list[int], keep: Any, finish: Callable[[list[Any]], Any]) -> int:
+    events = [_ready_events.pop(n) for n in natives if n in _ready_events]
+    if events:
+        keep = (keep, events)
     handle = natives[0]
     with _pending_lock:
         _pending[handle] = _Pending(natives, keep, finish)
@@ -132,20 +184,27 @@ def _submit(
     root: int = 0,
     splits: Sequence[int] = (),
 ) -> int:
-    return _native.submit(
+    event = ready_event(buf) if buf.is_cuda else None
+    native = _native.submit(
         kind,
         name,
         buf.data_ptr(),
-        _nbytes(buf),
+        buf.nbytes,
         list(buf.shape),
         _dtype_name(buf),
         op.name,
         float(prescale),
         float(postscale),
         int(root),
-        [int(s) for s in splits],
+        [int(s) for s in splits] if splits else [],
         int(ps.process_set_id or 0),
+        -1 if event is None else int(buf.device.index),
+        0 if event is None else int(event.cuda_event),
+        not getattr(_sync_call, "active", False),
     )
+    if event is not None:
+        _ready_events[native] = event
+    return native
 
 
 def poll(handle: int) -> bool:
@@ -246,7 +305,7 @@ def allreduce_async_(
     _core.require_initialized()
     ps = resolve(process_set)
     reduce_op = resolve_op(op, average)
-    staged = _staged(tensor)
+    staged = _device_or_staged(tensor)
     native = _allreduce_submit(
         staged, _core.op_name("allreduce", name), reduce_op, prescale_factor, postscale_factor, ps
     )
@@ -272,7 +331,7 @@ def allreduce_async(
     _core.require_initialized()
     ps = resolve(process_set)
     reduce_op = resolve_op(op, average)
-    out = _owned_copy(tensor)
+    out = _device_or_owned(tensor)
     native = _allreduce_submit(
         out, _core.op_name("allreduce", name), reduce_op, prescale_factor, postscale_factor, ps
     )
@@ -296,7 +355,7 @@ def _grouped_allreduce(
     if not tensors:
         raise InvalidArgumentError("grouped ops need at least one tensor")
     base = _core.op_name("grouped_allreduce", name)
-    bufs = [_staged(t) if in_place else _owned_copy(t) for t in tensors]
+    bufs = [_device_or_staged(t) if in_place else _device_or_owned(t) for t in tensors]
     natives = [
         _allreduce_submit(b, f"{base}.{i}", reduce_op, prescale_factor, postscale_factor, ps)
         for i, b in enumerate(bufs)
@@ -349,6 +408,7 @@ def grouped_allreduce_async_(
     )
 
 
+@_waited_at_once
 def grouped_allreduce(
     tensors: Sequence[torch.Tensor],
     average: Optional[bool] = None,
@@ -378,6 +438,7 @@ def grouped_allreduce(
     return [compression.decompress(r, ctx) for r, (_, ctx) in zip(synchronize(handle), compressed)]
 
 
+@_waited_at_once
 def grouped_allreduce_(
     tensors: Sequence[torch.Tensor],
     average: Optional[bool] = None,
@@ -447,6 +508,7 @@ def grouped_allgather_async(
     return _register_group(parts)
 
 
+@_waited_at_once
 def grouped_allgather(
     tensors: Sequence[torch.Tensor],
     name: Optional[str] = None,
@@ -487,7 +549,7 @@ def broadcast_async_(
     """
     _core.require_initialized()
     ps = resolve(process_set)
-    staged = _staged(tensor)
+    staged = _device_or_staged(tensor)
     native = _broadcast_submit(staged, root_rank, _core.op_name("broadcast", name), ps)
     return _register([native], staged, lambda _: _write_back(tensor, staged))
 
@@ -506,7 +568,7 @@ def broadcast_async(
     """
     _core.require_initialized()
     ps = resolve(process_set)
-    out = _owned_copy(tensor)
+    out = _device_or_owned(tensor)
     native = _broadcast_submit(out, root_rank, _core.op_name("broadcast", name), ps)
     return _register([native], out, lambda _: _to_device(out, tensor))
 
@@ -635,6 +697,7 @@ def grouped_reducescatter_async(
     return _register_group(parts)
 
 
+@_waited_at_once
 def grouped_reducescatter(
     tensors: Sequence[torch.Tensor],
     name: Optional[str] = None,
@@ -673,6 +736,7 @@ def join(device: int = -1) -> int:
     return int(_native.wait(_native.join()))
 
 
+@_waited_at_once
 def barrier(process_set: Any = global_process_set) -> None:
     """Blocks until every rank of the process set has called ``barrier()``.
 
@@ -690,6 +754,7 @@ def barrier(process_set: Any = global_process_set) -> None:
 # --- raw synchronous implementations (autograd functions use these) --------------------------
 
 
+@_waited_at_once
 def _allreduce(
     tensor: torch.Tensor,
     name: str,
@@ -701,12 +766,14 @@ def _allreduce(
     return synchronize(allreduce_async(tensor, None, name, op, prescale, postscale, process_set))
 
 
+@_waited_at_once
 def _allgather(
     tensor: torch.Tensor, name: str, process_set: Any = global_process_set
 ) -> torch.Tensor:
     return synchronize(allgather_async(tensor, name, process_set))
 
 
+@_waited_at_once
 def _alltoall(
     tensor: torch.Tensor,
     splits: Optional[list[int]],
@@ -716,6 +783,7 @@ def _alltoall(
     return synchronize(alltoall_async(tensor, splits, name, process_set))
 
 
+@_waited_at_once
 def _reducescatter(
     tensor: torch.Tensor,
     name: str,
@@ -772,6 +840,7 @@ class _AllgatherFn(torch.autograd.Function):
 
 class _BroadcastFn(torch.autograd.Function):
     @staticmethod
+    @_waited_at_once
     def forward(ctx, tensor, root_rank, name, ps):  # type: ignore[override]
         ctx.root_rank, ctx.ps = root_rank, ps
         return synchronize(broadcast_async(tensor, root_rank, name, ps))
@@ -852,6 +921,7 @@ def allreduce(
     return compression.decompress(result, ctx)
 
 
+@_waited_at_once
 def allreduce_(
     tensor: torch.Tensor,
     average: Optional[bool] = None,
@@ -906,6 +976,7 @@ def broadcast(
     )
 
 
+@_waited_at_once
 def broadcast_(
     tensor: torch.Tensor,
     root_rank: int,

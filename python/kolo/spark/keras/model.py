@@ -17,6 +17,13 @@ Example::
 
 from __future__ import annotations
 
+# First, before anything in this process imports Keras (and with it TensorFlow): triton. A
+# Spark Python worker that ran a Keras transform may run a torch model's next, and triton
+# loaded after TensorFlow aborts the process (docs/keras.md).
+from kolo.keras import _preload  # noqa: F401
+
+# isort: split
+
 import logging
 import threading
 from typing import Any, Dict, List, Optional, Tuple
