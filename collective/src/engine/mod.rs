@@ -53,6 +53,10 @@ use wake::Wake;
 /// How long [`Engine::shutdown`] waits for the other ranks to agree before closing anyway.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
+/// The longest an engine with nothing submitted waits after its last submission before it joins
+/// a cycle another rank started (see `wait_for_next_cycle`).
+const PEER_JOIN_GRACE: Duration = Duration::from_millis(1);
+
 /// The longest single wait of an idle engine (it then checks for an abort or shutdown).
 const IDLE_TICK: Duration = Duration::from_millis(100);
 
@@ -547,12 +551,16 @@ impl Shared {
                 }
                 (!inbox.items.is_empty(), inbox.last_submit)
             };
-            // The quiet time lets a burst of this rank's submissions go into one cycle; with
-            // nothing of its own waiting, a peer's cycle is joined at once.
-            let quiet_from = match last_submit {
-                Some(at) if submitted => at + self.config.submit_quiet_time,
-                _ => now,
+            // The quiet time lets a burst of this rank's submissions go into one cycle. A peer's
+            // cycle is joined after it too (this rank's caller, busy submitting, then usually
+            // runs that cycle itself with its op in it), but with nothing of this rank's waiting
+            // after at most PEER_JOIN_GRACE.
+            let quiet = if submitted {
+                self.config.submit_quiet_time
+            } else {
+                self.config.submit_quiet_time.min(PEER_JOIN_GRACE)
             };
+            let quiet_from = last_submit.map_or(now, |at| at + quiet);
             let until = if submitted || peer_started {
                 if now >= quiet_from {
                     return Ok(());
