@@ -12,7 +12,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 from lightning.fabric.utilities.types import ReduceOp
@@ -144,3 +144,60 @@ def all_gather(tensor: Tensor, group: Optional[Any], sync_grads: bool) -> Tensor
     if hvd.size() == 1:
         return tensor.unsqueeze(0)
     return _on_host(tensor.unsqueeze(0), hvd.allgather)
+
+
+class KoloRanks:
+    """What :class:`~kolo.lightning.KoloStrategy` and
+    :class:`~kolo.lightning.fabric.KoloFabricStrategy` share: ranks from kolo's job, the
+    device of this rank, the sampler's arguments, no launcher of Lightning's own, and
+    ``barrier``/``broadcast`` through kolo. List it before Lightning's strategy base class.
+
+    Example::
+
+        class MyStrategy(KoloRanks, ParallelStrategy): ...
+    """
+
+    parallel_devices: Optional[List[torch.device]]
+
+    @property
+    def global_rank(self) -> int:
+        """``hvd.rank()``."""
+        return _hvd().rank()
+
+    @property
+    def local_rank(self) -> int:
+        """``hvd.local_rank()``."""
+        return _hvd().local_rank()
+
+    @property
+    def node_rank(self) -> int:
+        """``hvd.cross_rank()``."""
+        return _hvd().cross_rank()
+
+    @property
+    def world_size(self) -> int:
+        """``hvd.size()``: the number of processes the launcher started."""
+        return _hvd().size()
+
+    @property
+    def root_device(self) -> torch.device:
+        """This process's device: the CPU, or ``cuda:<i>`` with ``i`` the Spark task's GPU
+        under ``kolo.spark.run``, else the local rank (modulo the visible GPUs)."""
+        return root_device(self.parallel_devices, self.local_rank)
+
+    @property
+    def distributed_sampler_kwargs(self) -> Dict[str, Any]:
+        """``{"num_replicas": hvd.size(), "rank": hvd.rank()}``."""
+        return {"num_replicas": self.world_size, "rank": self.global_rank}
+
+    def _configure_launcher(self) -> None:
+        # The kolo launcher started every process already.
+        self._launcher = None
+
+    def barrier(self, name: Optional[str] = None, *args: Any, **kwargs: Any) -> None:
+        """``hvd.barrier()`` (every rank waits for the others)."""
+        barrier()
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        """Rank ``src``'s ``obj`` (anything picklable) on every rank."""
+        return broadcast(obj, src)

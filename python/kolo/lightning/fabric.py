@@ -28,7 +28,7 @@ Example (``kolorun -np 2 python train.py``)::
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Dict, Generator, List, Optional, Tuple, Union
+from typing import Any, Generator, List, Optional, Tuple, Union
 
 import torch
 from lightning.fabric.plugins import CheckpointIO
@@ -67,7 +67,7 @@ class _KoloBackwardSyncControl(_BackwardSyncControl):
         yield None
 
 
-class KoloFabricStrategy(ParallelStrategy):
+class KoloFabricStrategy(collectives.KoloRanks, ParallelStrategy):
     """A Fabric ``ParallelStrategy`` on kolo (``Fabric(strategy="kolo")``).
 
     Args:
@@ -109,39 +109,6 @@ class KoloFabricStrategy(ParallelStrategy):
         self.num_nodes = 1
         self._wrapped: List[Any] = []
         self._backward_sync_control = _KoloBackwardSyncControl(self)
-
-    @property
-    def global_rank(self) -> int:
-        """``hvd.rank()``."""
-        return _hvd().rank()
-
-    @property
-    def local_rank(self) -> int:
-        """``hvd.local_rank()``."""
-        return _hvd().local_rank()
-
-    @property
-    def node_rank(self) -> int:
-        """``hvd.cross_rank()``."""
-        return _hvd().cross_rank()
-
-    @property
-    def world_size(self) -> int:
-        """``hvd.size()``."""
-        return _hvd().size()
-
-    @property
-    def root_device(self) -> torch.device:
-        """The CPU, or the GPU of this rank (see :func:`kolo.lightning.collectives.root_device`)."""
-        return collectives.root_device(self.parallel_devices, self.local_rank)
-
-    @property
-    def distributed_sampler_kwargs(self) -> Dict[str, Any]:
-        """``{"num_replicas": hvd.size(), "rank": hvd.rank()}``."""
-        return {"num_replicas": self.world_size, "rank": self.global_rank}
-
-    def _configure_launcher(self) -> None:
-        self._launcher = None  # the kolo launcher started every process
 
     def setup_environment(self) -> None:
         """Joins kolo's job, tells the rank-zero helpers the rank and pins the device."""
@@ -207,14 +174,6 @@ class KoloFabricStrategy(ParallelStrategy):
     ) -> Tensor:
         """Every rank's ``tensor`` stacked along a new first dimension."""
         return collectives.all_gather(tensor, group, sync_grads)
-
-    def barrier(self, name: Optional[str] = None, *args: Any, **kwargs: Any) -> None:
-        """``hvd.barrier()``."""
-        collectives.barrier()
-
-    def broadcast(self, obj: Any, src: int = 0) -> Any:
-        """Rank ``src``'s ``obj`` on every rank."""
-        return collectives.broadcast(obj, src)
 
     @classmethod
     def register_strategies(cls, strategy_registry: Any) -> None:

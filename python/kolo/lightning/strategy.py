@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import logging
 from contextlib import ExitStack, contextmanager
-from typing import Any, Dict, Generator, List, Optional, Union
+from typing import Any, Generator, List, Optional, Union
 
 import torch
 from lightning.fabric.plugins import CheckpointIO
@@ -70,7 +70,7 @@ def _is_distributed_optimizer(optimizer: Any) -> bool:
     return isinstance(optimizer, _DistributedOptimizerMixin)
 
 
-class KoloStrategy(ParallelStrategy):
+class KoloStrategy(collectives.KoloRanks, ParallelStrategy):
     """A Lightning ``ParallelStrategy`` on kolo (registered as ``strategy="kolo"``).
 
     Args:
@@ -124,48 +124,13 @@ class KoloStrategy(ParallelStrategy):
     # -- ranks and devices ------------------------------------------------------------------
 
     @property
-    def global_rank(self) -> int:
-        """``hvd.rank()``."""
-        return _hvd().rank()
-
-    @property
-    def local_rank(self) -> int:
-        """``hvd.local_rank()``."""
-        return _hvd().local_rank()
-
-    @property
-    def node_rank(self) -> int:
-        """``hvd.cross_rank()``."""
-        return _hvd().cross_rank()
-
-    @property
-    def world_size(self) -> int:
-        """``hvd.size()``: the number of processes the launcher started."""
-        return _hvd().size()
-
-    @property
     def is_distributed(self) -> bool:
         """``True``: Lightning then injects a ``DistributedSampler`` into the loaders."""
         return True
 
-    @property
-    def root_device(self) -> torch.device:
-        """This process's device: the CPU, or ``cuda:<i>`` with ``i`` the Spark task's GPU
-        under ``kolo.spark.run``, else the local rank (modulo the visible GPUs)."""
-        return collectives.root_device(self.parallel_devices, self.local_rank)
-
-    @property
-    def distributed_sampler_kwargs(self) -> Dict[str, Any]:
-        """``{"num_replicas": hvd.size(), "rank": hvd.rank()}``."""
-        return {"num_replicas": self.world_size, "rank": self.global_rank}
-
     def set_world_ranks(self) -> None:
         """Joins kolo's job (``hvd.init()``) and tells Lightning's rank-zero helpers the rank."""
         rank_zero_only.rank = utils_rank_zero_only.rank = self.global_rank
-
-    def _configure_launcher(self) -> None:
-        # The kolo launcher started every process already.
-        self._launcher = None
 
     def setup_environment(self) -> None:
         """Joins kolo's job and pins this process's device."""
@@ -267,14 +232,6 @@ class KoloStrategy(ParallelStrategy):
         super().teardown()
 
     # -- collectives ----------------------------------------------------------------------------
-
-    def barrier(self, name: Optional[str] = None, *args: Any, **kwargs: Any) -> None:
-        """``hvd.barrier()`` (every rank waits for the others)."""
-        collectives.barrier()
-
-    def broadcast(self, obj: Any, src: int = 0) -> Any:
-        """Rank ``src``'s ``obj`` (anything picklable) on every rank."""
-        return collectives.broadcast(obj, src)
 
     def reduce(
         self,
