@@ -17,9 +17,16 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
-__all__ = ["PROGRESS_INTERVAL_S", "Progress", "spark_gpu_index", "spark_send"]
+__all__ = [
+    "PROGRESS_INTERVAL_S",
+    "Progress",
+    "rank_timings",
+    "resume_position",
+    "spark_gpu_index",
+    "spark_send",
+]
 
 log = logging.getLogger(__name__)
 
@@ -127,3 +134,40 @@ class Progress:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+
+def resume_position(
+    train_loader: Any, resume: Dict[str, Any]
+) -> Tuple[int, Dict[str, List[float]]]:
+    """Puts ``train_loader`` where a run's checkpoint left it (``resume["loader"]``; a loader
+    of data prepared again starts its epoch afresh) and returns the epoch to start at and the
+    history so far.
+
+    Example::
+
+        start_epoch, history = resume_position(loader, {"epoch": 0, "history": {}})
+    """
+    if resume.get("loader"):
+        try:
+            train_loader.load_state_dict(resume["loader"])
+        except Exception as err:  # the data was prepared again: start its epoch afresh
+            log.warning("loader position not restored (%s)", err)
+    history = {k: list(v) for k, v in (resume.get("history") or {}).items()}
+    return int(resume["epoch"]), history
+
+
+def rank_timings(started: float, started_unix: float) -> Dict[str, Any]:
+    """The timings a rank reports (filled in while it trains): when it started and how long
+    its setup took since ``started`` (``time.monotonic()``).
+
+    Example::
+
+        timings = rank_timings(time.monotonic(), time.time())
+    """
+    return {
+        "started_unix": started_unix,
+        "setup_s": time.monotonic() - started,
+        "train_s": 0.0,
+        "checkpoint_s": 0.0,
+        "first_step_unix": None,
+    }

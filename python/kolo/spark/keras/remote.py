@@ -29,7 +29,12 @@ from typing import Any, Callable, Dict, List, Optional
 import cloudpickle
 
 from kolo.exceptions import DataError
-from kolo.spark.common.launch import PROGRESS_INTERVAL_S, spark_send
+from kolo.spark.common.launch import (
+    PROGRESS_INTERVAL_S,
+    rank_timings,
+    resume_position,
+    spark_send,
+)
 from kolo.spark.keras.serde import model_from_bytes, model_to_bytes
 
 __all__ = ["KerasRemoteTrainer", "KerasTrainingSpec", "load_checkpoint"]
@@ -315,20 +320,8 @@ class KerasRemoteTrainer:
         ]
         self._loaders(hvd)
         resume = self._resume(hvd)
-        if resume.get("loader"):
-            try:
-                self.train_loader.load_state_dict(resume["loader"])
-            except Exception as err:  # the data was prepared again: start its epoch afresh
-                log.warning("loader position not restored (%s)", err)
-        start_epoch = int(resume["epoch"])
-        history: Dict[str, List[float]] = {k: list(v) for k, v in (resume["history"] or {}).items()}
-        timings: Dict[str, Any] = {
-            "started_unix": started_unix,
-            "setup_s": time.monotonic() - started,
-            "train_s": 0.0,
-            "checkpoint_s": 0.0,
-            "first_step_unix": None,
-        }
+        start_epoch, history = resume_position(self.train_loader, resume)
+        timings = rank_timings(started, started_unix)
         spec = self.spec
         steps = spec.train_steps_per_epoch or len(self.train_loader)
         folder = tempfile.mkdtemp(prefix="kolo-keras-run-")

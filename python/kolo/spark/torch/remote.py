@@ -33,6 +33,8 @@ from kolo.spark.common.checks import check_rows_per_rank, check_store_writable, 
 from kolo.spark.common.launch import (
     PROGRESS_INTERVAL_S,
     Progress,
+    rank_timings,
+    resume_position,
     spark_gpu_index,
     spark_send,
 )
@@ -467,20 +469,8 @@ class RemoteTrainer:
         self._build(hvd, torch)
         self._loaders(hvd)
         resume = self._resume(hvd)
-        if resume.get("loader"):
-            try:
-                self.train_loader.load_state_dict(resume["loader"])
-            except Exception as err:  # the data was prepared again: start its epoch afresh
-                log.warning("loader position not restored (%s)", err)
-        start_epoch = int(resume["epoch"])
-        history: Dict[str, List[float]] = {k: list(v) for k, v in (resume["history"] or {}).items()}
-        timings: Dict[str, Any] = {
-            "started_unix": started_unix,
-            "setup_s": time.monotonic() - started,
-            "train_s": 0.0,
-            "checkpoint_s": 0.0,
-            "first_step_unix": None,
-        }
+        start_epoch, history = resume_position(self.train_loader, resume)
+        timings = rank_timings(started, started_unix)
         writer, local_dir, sync = self._tensorboard(hvd)
         try:
             for epoch in range(start_epoch, self.spec.epochs):
