@@ -20,6 +20,8 @@ import torch
 
 pytest.importorskip("pyspark")
 
+from support.digits import digit_accuracy, digits_frames
+
 from kolo.exceptions import DataError, InvalidArgumentError, KoloError, StoreError
 from kolo.spark.common.util import get_dataset_metadata
 from kolo.spark.torch import TorchEstimator, TorchModel
@@ -43,24 +45,6 @@ def mae(output: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
 
 def mean_output(output: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
     return output.float().mean()
-
-
-def digits_frames(spark):
-    """(train, test) DataFrames of scikit-learn's digits: a Vector ``features`` column (dense
-    and sparse rows, as VectorAssembler makes them) and an int ``label``."""
-    from pyspark.ml.feature import VectorAssembler
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    rows = [
-        (*map(float, x / 16.0), int(y), i % 5 == 0)
-        for i, (x, y) in enumerate(zip(digits.data, digits.target))
-    ]
-    names = [f"p{i}" for i in range(64)]
-    df = spark.createDataFrame(rows, [*names, "label", "is_test"])
-    df = VectorAssembler(inputCols=names, outputCol="features").transform(df)
-    df = df.select("features", "label", "is_test")
-    return df.filter(~df.is_test).drop("is_test"), df.filter(df.is_test).drop("is_test")
 
 
 def classifier() -> torch.nn.Module:
@@ -87,13 +71,6 @@ def classification_estimator(store, **overrides) -> TorchEstimator:
     )
     params.update(overrides)
     return TorchEstimator(**params)
-
-
-def digit_accuracy(predictions) -> float:
-    rows = predictions.select("label", "label__output").collect()
-    outputs = np.array([r["label__output"] for r in rows])
-    labels = np.array([r["label"] for r in rows])
-    return float((outputs.argmax(axis=1) == labels).mean())
 
 
 @pytest.fixture(scope="module")

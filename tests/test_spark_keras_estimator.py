@@ -22,6 +22,8 @@ import keras
 
 pytest.importorskip("pyspark")
 
+from support.digits import digit_accuracy, digits_frames
+
 from kolo.exceptions import InvalidArgumentError, StoreError
 from kolo.spark.keras import KerasEstimator, KerasModel
 from kolo.spark.keras.remote import load_checkpoint
@@ -41,24 +43,6 @@ class Scale(keras.layers.Layer):
 
     def call(self, x):
         return x * self.factor
-
-
-def digits_frames(spark):
-    """(train, test) DataFrames of scikit-learn's digits: a Vector ``features`` column and an
-    int ``label``."""
-    from pyspark.ml.feature import VectorAssembler
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    rows = [
-        (*map(float, x / 16.0), int(y), i % 5 == 0)
-        for i, (x, y) in enumerate(zip(digits.data, digits.target))
-    ]
-    names = [f"p{i}" for i in range(64)]
-    df = spark.createDataFrame(rows, [*names, "label", "is_test"])
-    df = VectorAssembler(inputCols=names, outputCol="features").transform(df)
-    df = df.select("features", "label", "is_test")
-    return df.filter(~df.is_test).drop("is_test"), df.filter(df.is_test).drop("is_test")
 
 
 def classifier() -> keras.Model:
@@ -92,13 +76,6 @@ def estimator(store, **overrides) -> KerasEstimator:
     )
     params.update(overrides)
     return KerasEstimator(**params)
-
-
-def digit_accuracy(predictions) -> float:
-    rows = predictions.select("label", "label__output").collect()
-    outputs = np.array([r["label__output"] for r in rows])
-    labels = np.array([r["label"] for r in rows])
-    return float((outputs.argmax(axis=1) == labels).mean())
 
 
 @pytest.fixture(scope="module")

@@ -9,12 +9,13 @@ from pathlib import Path
 
 import cloudpickle
 import lightning.pytorch as pl
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 pytest.importorskip("pyspark")
+
+from support.digits import digit_accuracy, digits_frames
 
 from kolo.exceptions import InvalidArgumentError
 from kolo.spark.lightning import TorchEstimator, TorchModel
@@ -54,20 +55,6 @@ class DigitsNet(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
 
 
-def digits_frames(spark):
-    """(train, test) DataFrames of the digits: an ``array<double>`` ``features`` column and an
-    int ``label``."""
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    rows = [
-        ([float(v) for v in x / 16.0], int(y), i % 5 == 0)
-        for i, (x, y) in enumerate(zip(digits.data, digits.target))
-    ]
-    df = spark.createDataFrame(rows, ["features", "label", "is_test"])
-    return df.filter(~df.is_test).drop("is_test"), df.filter(df.is_test).drop("is_test")
-
-
 def estimator(store: Store, **overrides: object) -> TorchEstimator:
     params = dict(
         num_proc=2,
@@ -85,16 +72,9 @@ def estimator(store: Store, **overrides: object) -> TorchEstimator:
     return TorchEstimator(**params)
 
 
-def accuracy(predictions) -> float:
-    rows = predictions.select("label", "label__output").collect()
-    outputs = np.array([r["label__output"] for r in rows])
-    labels = np.array([r["label"] for r in rows])
-    return float((outputs.argmax(axis=1) == labels).mean())
-
-
 @pytest.fixture(scope="module")
 def digits(spark):
-    return digits_frames(spark)
+    return digits_frames(spark, vectors=False)
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +94,7 @@ def test_fit_records_the_logged_metrics_and_transform_predicts(fitted, digits):
     assert history["train_loss"][-1] < history["train_loss"][0]
     assert history["val_acc"][-1] > 0.85, history
     assert isinstance(model.getModel(), DigitsNet)
-    assert accuracy(model.transform(digits[1])) > 0.85
+    assert digit_accuracy(model.transform(digits[1])) > 0.85
     assert store.exists(store.get_checkpoint_path("lit"))
     # TensorBoard event logs synced into the run's logs/, and nothing else beside them.
     run = Path(store.prefix_path.removeprefix("file://")) / "runs" / "lit"
