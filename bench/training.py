@@ -83,6 +83,9 @@ def main() -> None:
     hvd.broadcast_optimizer_state(kolo_optimizer, root_rank=0)
     ddp_model = DistributedDataParallel(copy.deepcopy(base))  # broadcasts rank 0's weights
     ddp_optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.01, momentum=0.9)
+    # The ceiling: the same steps with no communication at all (every rank trains alone).
+    local_model = copy.deepcopy(base)
+    local_optimizer = torch.optim.SGD(local_model.parameters(), lr=0.01, momentum=0.9)
 
     generator = torch.Generator().manual_seed(rank)
     data = torch.randn(args.batch_size, 3, 32, 32, generator=generator)
@@ -98,6 +101,11 @@ def main() -> None:
         F.cross_entropy(ddp_model(data), target).backward()
         ddp_optimizer.step()
 
+    def local_step() -> None:
+        local_optimizer.zero_grad()
+        F.cross_entropy(local_model(data), target).backward()
+        local_optimizer.step()
+
     def timed(step, steps: int) -> float:
         """Samples/sec over all ranks for ``steps`` steps (the slowest rank's time)."""
         hvd.barrier()
@@ -108,7 +116,7 @@ def main() -> None:
         slowest = float(hvd.allreduce(elapsed, op=hvd.Max, name="bench.elapsed").item())
         return args.batch_size * size * steps / slowest
 
-    trainers = {"kolo": kolo_step, "ddp": ddp_step}
+    trainers = {"kolo": kolo_step, "ddp": ddp_step, "no_comm": local_step}
     for step in trainers.values():
         timed(step, args.warmup_steps)
     samples: dict[str, list[float]] = {name: [] for name in trainers}
@@ -124,7 +132,9 @@ def main() -> None:
         print(
             f"training smallcnn batch {args.batch_size}x{size}: "
             f"kolo {row['kolo']:8.1f} samples/s | ddp(gloo) {row['ddp']:8.1f} samples/s | "
-            f"ratio {ratio:.2f}x",
+            f"ratio {ratio:.2f}x | no communication {row['no_comm']:8.1f} samples/s "
+            f"(kolo reaches {row['kolo'] / row['no_comm']:.0%} of it, ddp "
+            f"{row['ddp'] / row['no_comm']:.0%})",
             flush=True,
         )
         scaling = None

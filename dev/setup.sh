@@ -18,6 +18,9 @@ if [ ! -x .venv/bin/python ]; then
 fi
 echo "== installing Python dependencies (dev/requirements.txt)"
 .venv/bin/python -m pip install --quiet --upgrade pip
+# torch (with its ~3.5 GB of CUDA wheels) first and on its own, so its downloaded wheels are
+# gone before the rest download: a lower peak on a small disk.
+.venv/bin/python -m pip install --quiet "$(sed -n 's/^\(torch==[^ ]*\).*/\1/p' dev/requirements.txt)"
 .venv/bin/python -m pip install --quiet -r dev/requirements.txt
 
 echo "== building kolo (cargo release profile) and installing it into .venv"

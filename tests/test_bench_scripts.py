@@ -197,13 +197,21 @@ def test_training_benchmark_reports_scaling_efficiency(tmp_path) -> None:
     result = run_kolorun(["-np", "2", "python", script, *scaled], timeout=60)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     lines = rank0_lines(result.stdout)
-    assert any(re.match(r"training smallcnn batch 4x2: kolo .* ratio [\d.]+x$", x) for x in lines)
+    assert any(
+        re.match(
+            r"training smallcnn batch 4x2: kolo .* ratio [\d.]+x \| no communication +[\d.]+ "
+            r"samples/s \(kolo reaches \d+% of it, ddp \d+%\)$",
+            x,
+        )
+        for x in lines
+    ), lines
     assert any(
         re.match(r"scaling 1 -> 2 ranks: kolo [\d.]+x \(\d+% efficiency\) .* kolo/ddp [\d.]+x$", x)
         for x in lines
     ), lines
     figures = json.loads(two.read_text())
-    assert figures["ranks"] == 2 and set(figures["scaling_efficiency"]) == {"kolo", "ddp"}
+    assert figures["ranks"] == 2
+    assert set(figures["scaling_efficiency"]) == {"kolo", "ddp", "no_comm"}
     assert json.loads(one.read_text())["ranks"] == 1
 
 

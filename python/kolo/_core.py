@@ -250,6 +250,8 @@ Product = ReduceOp.Product
 def resolve_op(op: Any, average: Optional[bool]) -> ReduceOp:
     """Horovod's rule: ``op`` wins, the deprecated ``average`` flag maps to Average/Sum,
     and the default is Average."""
+    if average is None and type(op) is ReduceOp and op is not Adasum:
+        return op  # the common case, first: it is on every collective's path
     if op is not None and average is not None:
         raise InvalidArgumentError(
             "pass either op= or the deprecated average=, not both (op supersedes average)"

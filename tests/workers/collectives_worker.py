@@ -155,6 +155,36 @@ def check_allreduce(size: int, rank: int) -> None:
                     check(f"{case}/{op}", result, reduce_reference(inputs, op, pre, post), slack)
 
 
+def check_allreduce_layouts(size: int, rank: int) -> None:
+    """The paths behind allreduce: contiguous CPU tensors run in place (no copy, no autograd
+    node without grad); strided ones, grad-tracking ones and in-place on a view still give
+    the reference, write back where asked and keep the input unchanged otherwise."""
+    expected_sum = sum(range(size))
+    base = torch.full((4, 6), float(rank))
+    strided = base.t()  # not contiguous
+    inplace = torch.full((4, 6), float(rank)).t()  # strided too
+    hvd.allreduce_(inplace, op=hvd.Sum, name="layouts/inplace-strided")
+    check("layouts/inplace-strided", inplace, torch.full((6, 4), float(expected_sum)))
+    out = hvd.allreduce(strided, op=hvd.Sum, name="layouts/strided")
+    check("layouts/strided", out, torch.full((6, 4), float(expected_sum)))
+    check("layouts/strided input kept", strided, torch.full((6, 4), float(rank)))
+    view = torch.zeros(3, 4)
+    view[1].fill_(float(rank + 1))
+    hvd.allreduce_(view[1], op=hvd.Sum, name="layouts/row-view")
+    check("layouts/row-view", view[1], torch.full((4,), float(sum(r + 1 for r in range(size)))))
+    check("layouts/row-view neighbours", view[0], torch.zeros(4))
+    leaf = torch.full((5,), float(rank), requires_grad=True)
+    result = hvd.allreduce(leaf, op=hvd.Sum, name="layouts/grad")
+    (result * 2).sum().backward()
+    check("layouts/grad forward", result.detach(), torch.full((5,), float(expected_sum)))
+    check("layouts/grad backward", leaf.grad, torch.full((5,), 2.0 * size))
+    with torch.no_grad():
+        plain = hvd.allreduce(leaf, op=hvd.Sum, name="layouts/no-grad")
+    if plain.requires_grad or plain.grad_fn is not None:
+        failures.append("layouts/no-grad: a result under no_grad tracks gradients")
+    check("layouts/no-grad", plain, torch.full((5,), float(expected_sum)))
+
+
 def check_allgather(size: int, rank: int) -> None:
     for dtype in DTYPES:
         for variant in range(3):
@@ -287,6 +317,7 @@ def main() -> int:
     size, rank = hvd.size(), hvd.rank()
     for suite in [
         check_allreduce,
+        check_allreduce_layouts,
         check_allgather,
         check_broadcast,
         check_alltoall,

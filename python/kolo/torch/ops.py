@@ -207,6 +207,51 @@ def _submit(
     return native
 
 
+_NO_SPLITS: list[int] = []
+
+
+def _plain_cpu(tensor: Any) -> bool:
+    """True for a contiguous CPU tensor: the engine reads and writes it where it is."""
+    return isinstance(tensor, torch.Tensor) and tensor.is_cpu and tensor.is_contiguous()
+
+
+def _allreduce_now(
+    tensor: torch.Tensor, name: str, op: ReduceOp, prescale: float, postscale: float, ps: ProcessSet
+) -> torch.Tensor:
+    """Allreduces the contiguous CPU ``tensor`` in place and waits for it: the synchronous ops'
+    path, with no handle and no engine wake-up (this thread runs the engine's cycle). Returns
+    ``tensor``. Python's share of a small allreduce's latency, so kept to one submit and one
+    wait (an allocation per call less also means fewer garbage collections)."""
+    native = _native.submit(
+        "allreduce",
+        name,
+        tensor.data_ptr(),
+        tensor.nbytes,
+        tensor.shape,
+        _dtype_name(tensor),
+        op.name,
+        float(prescale),
+        float(postscale),
+        0,
+        _NO_SPLITS,
+        ps.process_set_id or 0,
+        -1,
+        0,
+        False,
+    )
+    try:
+        _native.wait(native)
+    except KeyboardInterrupt:
+        # The op goes on in the engine, writing into ``tensor``: keep it alive until then.
+        _register([native], tensor, _ignore_results)
+        raise
+    return tensor
+
+
+def _ignore_results(_: list[Any]) -> None:
+    return None
+
+
 def poll(handle: int) -> bool:
     """True when the op behind ``handle`` has finished (``synchronize`` will not block).
 
@@ -763,7 +808,15 @@ def _allreduce(
     postscale: float,
     process_set: Any = global_process_set,
 ) -> torch.Tensor:
-    return synchronize(allreduce_async(tensor, None, name, op, prescale, postscale, process_set))
+    if isinstance(tensor, torch.Tensor) and tensor.is_cpu:
+        out = tensor.detach().clone(memory_format=torch.contiguous_format)
+        return _allreduce_now(out, name, op, prescale, postscale, resolve(process_set))
+    return _allreduce_async_waited(tensor, None, name, op, prescale, postscale, process_set)
+
+
+@_waited_at_once
+def _allreduce_async_waited(*args: Any) -> torch.Tensor:
+    return synchronize(allreduce_async(*args))
 
 
 @_waited_at_once
@@ -910,18 +963,14 @@ def allreduce(
     ps = resolve(process_set)
     reduce_op = resolve_op(op, average)
     compressed, ctx = compression.compress(tensor)
-    result = _AllreduceFn.apply(
-        compressed,
-        _core.op_name("allreduce", name),
-        reduce_op,
-        prescale_factor,
-        postscale_factor,
-        ps,
-    )
+    args = (_core.op_name("allreduce", name), reduce_op, prescale_factor, postscale_factor, ps)
+    if compressed.requires_grad and torch.is_grad_enabled():
+        result = _AllreduceFn.apply(compressed, *args)
+    else:
+        result = _allreduce(compressed, *args)
     return compression.decompress(result, ctx)
 
 
-@_waited_at_once
 def allreduce_(
     tensor: torch.Tensor,
     average: Optional[bool] = None,
@@ -938,9 +987,24 @@ def allreduce_(
         grad = torch.ones(4)
         hvd.allreduce_(grad, op=hvd.Sum)  # grad now holds size() in every element
     """
-    return synchronize(
-        allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
+    if _plain_cpu(tensor):
+        _core.require_initialized()
+        return _allreduce_now(
+            tensor,
+            _core.op_name("allreduce", name),
+            resolve_op(op, average),
+            prescale_factor,
+            postscale_factor,
+            resolve(process_set),
+        )
+    return _allreduce_inplace_waited(
+        tensor, average, name, op, prescale_factor, postscale_factor, process_set
     )
+
+
+@_waited_at_once
+def _allreduce_inplace_waited(*args: Any) -> torch.Tensor:
+    return synchronize(allreduce_async_(*args))
 
 
 def allgather(
