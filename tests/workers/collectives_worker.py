@@ -2,18 +2,26 @@
 
 Run under kolorun with any number of ranks; every rank builds every rank's inputs from a seed,
 computes the expected result locally and compares. Prints one summary line per rank and exits
-non-zero on any difference.
+non-zero on any difference. With KOLO_TEST_SUBSET=0,2 (say) the same matrix runs on that process
+set instead of the whole job (the other ranks only wait for it).
+
+It also checks the data plane: ``engine_stats()["shm_collectives"]`` must equal
+``collectives`` when KOLO_TRANSPORT is shm or the job is simulated hosts (hierarchical), and
+be 0 with KOLO_TRANSPORT=tcp.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import zlib
+from typing import Any
 
 import numpy as np
 import torch
 
+import kolo
 import kolo.torch as hvd
 
 FLOAT_TOLERANCE = {
@@ -311,10 +319,69 @@ def check_huge(size: int, rank: int) -> None:
     check(case, hvd.broadcast(mine, root_rank=0, name=case), value)
 
 
+#: The collectives that take ``process_set=``, and those whose ``root_rank`` is a global rank.
+SET_OPS = {"allreduce", "allreduce_", "allgather", "alltoall", "reducescatter"}
+SET_OPS |= {"allgather_object", "barrier"}
+ROOTED_OPS = {"broadcast", "broadcast_", "broadcast_object"}
+
+
+class OnSet:
+    """``kolo.torch`` with every collective run on process set ``ps``; the suites pass roots
+    as set ranks, which this maps to the global ranks kolo takes."""
+
+    def __init__(self, module: Any, ps: Any) -> None:
+        self.module, self.ps = module, ps
+
+    def __getattr__(self, name: str) -> Any:
+        fn = getattr(self.module, name)
+        if name in SET_OPS:
+            return functools.partial(fn, process_set=self.ps)
+        if name in ROOTED_OPS:
+
+            def rooted(*args: Any, root_rank: int = 0, **kwargs: Any) -> Any:
+                root = self.ps.ranks[root_rank]
+                return fn(*args, root_rank=root, process_set=self.ps, **kwargs)
+
+            return rooted
+        return fn
+
+
+def check_data_plane() -> None:
+    """Every collective ran on a shared-memory plane (flat, or hierarchical across simulated
+    hosts), or none did, as configured."""
+    global checked
+    stats = kolo.engine_stats()
+    transport = os.environ.get("KOLO_TRANSPORT", "auto")
+    checked += 1
+    if transport == "tcp" or hvd.size() == 1:
+        if stats["shm_collectives"] != 0:
+            failures.append(f"data plane: {stats['shm_collectives']} collectives used shm")
+    elif stats["shm_collectives"] != stats["collectives"]:
+        failures.append(
+            f"data plane: {stats['shm_collectives']} of {stats['collectives']} collectives used shm"
+        )
+
+
+def finished_everywhere() -> None:
+    """Waits for every rank of the job (named: the set's own barriers count unnamed ones)."""
+    kolo.torch.allreduce(torch.zeros(1), name="worker.finished")
+
+
 def main() -> int:
+    global hvd
     simulate_hosts()
-    hvd.init()
+    subset = os.environ.get("KOLO_TEST_SUBSET")
+    ps = kolo.ProcessSet([int(r) for r in subset.split(",")]) if subset else None
+    hvd.init(process_sets=[ps] if ps else None)
     size, rank = hvd.size(), hvd.rank()
+    if ps is not None:
+        if not ps.included():
+            finished_everywhere()
+            print(f"rank {rank}: not in process set {list(ps.ranks)}")
+            hvd.shutdown()
+            return 0
+        hvd = OnSet(hvd, ps)
+        size, rank = ps.size(), ps.rank()
     for suite in [
         check_allreduce,
         check_allreduce_layouts,
@@ -327,6 +394,11 @@ def main() -> int:
         check_objects,
     ]:
         suite(size, rank)
+        if os.environ.get("KOLO_TEST_VERBOSE"):
+            print(f"rank {rank}: {suite.__name__} done", flush=True)
+    check_data_plane()
+    if ps is not None:
+        finished_everywhere()
     for failure in failures[:20]:
         print(f"FAIL {failure}", file=sys.stderr)
     print(f"rank {rank} of {size}: checked {checked} cases, {len(failures)} failures")

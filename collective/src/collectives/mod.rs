@@ -36,9 +36,11 @@ pub(crate) use broadcast::broadcast;
 pub(crate) use reducescatter::reducescatter;
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::transport::shm::ShmNode;
 use crate::transport::{Failure, Layout, Mesh, RecvBlock, SendBlock};
 use crate::wire::{OpDescriptor, OpKind, MAX_DIMS, MAX_NAME_LEN};
 
@@ -94,6 +96,8 @@ pub(crate) struct Session {
     /// Global rank of each group rank.
     pub(crate) members: Vec<usize>,
     seq: u64,
+    /// The acting group's own shared-memory node, if it has one.
+    node: GroupNode,
     /// Every member's descriptor for the next collective, agreed beforehand (by the engine):
     /// the next negotiation uses them instead of exchanging descriptors.
     agreed: Option<Vec<OpDescriptor>>,
@@ -101,23 +105,40 @@ pub(crate) struct Session {
     work: AlignedBuf,
 }
 
-/// A process set's part of a [`Session`]: members, this rank's position, sequence number.
+/// A process set's part of a [`Session`]: id, members, this rank's position, sequence
+/// number, and its own shared-memory node.
 #[derive(Debug, Clone)]
 pub(crate) struct Group {
+    id: u32,
     pub(crate) rank: usize,
     pub(crate) members: Vec<usize>,
     seq: u64,
+    node: GroupNode,
+}
+
+/// Whether a group runs on a shared-memory node of its own: a process set that is a subset
+/// of one host's ranks does, set up at its first use; the whole job uses the mesh's plane.
+#[derive(Debug, Clone, Default)]
+enum GroupNode {
+    /// Not set up yet.
+    #[default]
+    Unknown,
+    /// The mesh decides: its plane for the whole job, TCP for anything else.
+    Mesh,
+    Own(Arc<ShmNode>),
 }
 
 impl Group {
-    /// The group of `members` (global ranks, in group-rank order) seen from global rank `me`;
-    /// `None` when `me` is not a member.
-    pub(crate) fn new(members: Vec<usize>, me: usize) -> Option<Self> {
+    /// Process set `id`'s group of `members` (global ranks, in group-rank order) seen from
+    /// global rank `me`; `None` when `me` is not a member.
+    pub(crate) fn new(id: u32, members: Vec<usize>, me: usize) -> Option<Self> {
         let rank = members.iter().position(|&m| m == me)?;
         Some(Group {
+            id,
             rank,
             members,
             seq: 0,
+            node: GroupNode::Unknown,
         })
     }
 }
@@ -130,6 +151,7 @@ impl Session {
             size,
             members: (0..size).collect(),
             seq: 0,
+            node: GroupNode::Mesh,
             agreed: None,
             scratch: AlignedBuf::default(),
             work: AlignedBuf::default(),
@@ -141,19 +163,48 @@ impl Session {
         self.members[r]
     }
 
-    /// Runs `f` with this session acting for `group` (its members, rank and sequence number).
-    pub(crate) fn with_group<T>(&mut self, group: &mut Group, f: impl FnOnce(&mut Self) -> T) -> T {
+    /// Runs `f` with this session acting for `group` (its members, rank, sequence number and
+    /// shared-memory node; at the group's first use, every member sets that node up here).
+    pub(crate) fn with_group<T>(
+        &mut self,
+        group: &mut Group,
+        f: impl FnOnce(&mut Self) -> Result<T>,
+    ) -> Result<T> {
         let saved_rank = std::mem::replace(&mut self.rank, group.rank);
         let saved_size = std::mem::replace(&mut self.size, group.members.len());
         std::mem::swap(&mut self.members, &mut group.members);
         std::mem::swap(&mut self.seq, &mut group.seq);
-        let out = f(self);
+        std::mem::swap(&mut self.node, &mut group.node);
+        let out = self.set_up_node(group.id).and_then(|()| f(self));
+        std::mem::swap(&mut self.node, &mut group.node);
         std::mem::swap(&mut self.seq, &mut group.seq);
         std::mem::swap(&mut self.members, &mut group.members);
         self.rank = saved_rank;
         self.size = saved_size;
         self.agreed = None;
         out
+    }
+
+    /// Gives the acting group of process set `set` its own shared-memory node if it is a
+    /// subset of this host's ranks (every member does this at the group's first use).
+    fn set_up_node(&mut self, set: u32) -> Result<()> {
+        if !matches!(self.node, GroupNode::Unknown) {
+            return Ok(());
+        }
+        self.node = GroupNode::Mesh;
+        let whole = self.mesh.as_ref().is_none_or(|mesh| {
+            self.members.len() == mesh.size()
+                && self.members.iter().enumerate().all(|(i, &m)| i == m)
+        });
+        if whole {
+            return Ok(());
+        }
+        let tags = [self.next_tag(), self.next_tag(), self.next_tag()];
+        let (members, me) = (self.members.clone(), self.rank);
+        if let Some(node) = self.mesh()?.setup_set_shm(set, &members, me, tags)? {
+            self.node = GroupNode::Own(node);
+        }
+        Ok(())
     }
 
     /// Makes the next collective skip its descriptor exchange: `descs` (one per member) were
@@ -200,6 +251,9 @@ impl Session {
     /// How this collective uses shared memory: the mesh's layout when the session acts for
     /// the whole job (every rank, in rank order); `None` for TCP.
     pub(crate) fn shm_layout(&self) -> Option<Layout> {
+        if let GroupNode::Own(_) = self.node {
+            return Some(Layout::Flat);
+        }
         let mesh = self.mesh.as_ref()?;
         let plane = mesh.shm()?;
         let whole = self.members.len() == mesh.size()
@@ -214,14 +268,19 @@ impl Session {
         what: &str,
         f: impl FnOnce(&shm::Node<'_>) -> Result<T, Failure>,
     ) -> Result<T> {
+        let own = match &self.node {
+            GroupNode::Own(node) => Some(Arc::clone(node)),
+            _ => None,
+        };
         let mesh = self.mesh()?;
-        let result = match mesh.shm() {
-            Some(plane) => {
-                let members = plane.node.members();
+        let node = own.or_else(|| mesh.shm().map(|plane| Arc::clone(&plane.node)));
+        let result = match node {
+            Some(node) => {
+                let members = node.members();
                 let alive = |j: usize| mesh.peer_alive(members[j]);
                 f(&shm::Node {
                     alive: &alive,
-                    node: &plane.node,
+                    node: &node,
                 })
             }
             None => Err(Failure::Other(Error::Internal(

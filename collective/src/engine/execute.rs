@@ -388,7 +388,7 @@ impl Executor<'_> {
             self.timeline.end_op(&name);
         }
         if moves_data {
-            self.stats.ran(1);
+            self.stats.ran(1, session.shm_layout().is_some());
         }
         match result {
             Ok(output) => {
@@ -432,7 +432,7 @@ impl Executor<'_> {
         }
         let ran = parts.len();
         let done = crate::cuda::run_device_batch(session, parts)?;
-        self.stats.ran(ran);
+        self.stats.ran(ran, false);
         for (handle, outcome) in done {
             self.handles.complete(handle, outcome);
         }
@@ -497,7 +497,7 @@ impl Executor<'_> {
             session.set_agreed(vec![fused; session.size]);
         }
         let result = collectives::allreduce(session, &name, buf, &[elements], dtype, reduction);
-        self.stats.ran(parts.len());
+        self.stats.ran(parts.len(), session.shm_layout().is_some());
         for (desc, local, at) in parts {
             let Some(local) = local else { continue };
             let outcome = match &result {

@@ -134,7 +134,7 @@ impl Engine {
         let mut sets = BTreeMap::new();
         sets.insert(0, (0..info.size).collect());
         let mut runtimes = BTreeMap::new();
-        if let Some(group) = Group::new((0..info.size).collect(), info.rank) {
+        if let Some(group) = Group::new(0, (0..info.size).collect(), info.rank) {
             runtimes.insert(0, SetRuntime::new(group, config.cache_capacity));
         }
         let cycles = Mutex::new(CycleState {
@@ -301,7 +301,7 @@ impl Engine {
             .wait(handle, deadline.saturating_duration_since(Instant::now()))
     }
 
-    /// The counters: cycles, tensors, collectives, fused_tensors, cache_hits, cache_misses,
+    /// The counters: cycles, tensors, collectives, shm_collectives, fused_tensors, cache_hits, cache_misses,
     /// negotiation_ns, negotiated_tensors.
     pub fn stats(&self) -> Vec<(&'static str, u64)> {
         self.shared.stats.snapshot()
@@ -710,7 +710,7 @@ impl Shared {
                 let id = *next_set_id;
                 *next_set_id += 1;
                 lock(&self.sets).insert(id, members.clone());
-                if let Some(group) = Group::new(members, me) {
+                if let Some(group) = Group::new(id, members, me) {
                     sets.insert(id, SetRuntime::new(group, self.config.cache_capacity));
                 }
                 if let Some(handle) = handle {

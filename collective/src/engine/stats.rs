@@ -9,6 +9,7 @@ pub(crate) struct Stats {
     cycles: AtomicU64,
     tensors: AtomicU64,
     collectives: AtomicU64,
+    shm_collectives: AtomicU64,
     fused_tensors: AtomicU64,
     cache_hits: AtomicU64,
     cache_misses: AtomicU64,
@@ -35,9 +36,12 @@ impl Stats {
             .fetch_add(u64::try_from(spent.as_nanos()).unwrap_or(u64::MAX), Relaxed);
     }
 
-    /// One collective ran for `tensors` tensors.
-    pub(crate) fn ran(&self, tensors: usize) {
+    /// One collective ran for `tensors` tensors, on a shared-memory plane when `shm`.
+    pub(crate) fn ran(&self, tensors: usize, shm: bool) {
         self.collectives.fetch_add(1, Relaxed);
+        if shm {
+            self.shm_collectives.fetch_add(1, Relaxed);
+        }
         self.tensors.fetch_add(tensors as u64, Relaxed);
         if tensors > 1 {
             self.fused_tensors.fetch_add(tensors as u64, Relaxed);
@@ -52,6 +56,7 @@ impl Stats {
             ("cycles", self.cycles.load(Relaxed)),
             ("tensors", self.tensors.load(Relaxed)),
             ("collectives", self.collectives.load(Relaxed)),
+            ("shm_collectives", self.shm_collectives.load(Relaxed)),
             ("fused_tensors", self.fused_tensors.load(Relaxed)),
             ("cache_hits", hits),
             ("cache_misses", misses),

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::poll;
-use super::shm::{self, ShmNode};
+use super::shm::{self, SegmentNames, ShmNode};
 use super::{Failure, Mesh};
 use crate::error::{Error, Result};
 use crate::wire::{FrameKind, Header, JobId, HEADER_LEN};
@@ -109,6 +109,8 @@ pub(crate) struct ShmPlane {
     /// Shared with the engine's [`Watch`](super::Watch).
     pub node: Arc<ShmNode>,
     pub layout: Layout,
+    /// Names the segments of process sets' own nodes ([`Mesh::setup_set_shm`]).
+    job_id: JobId,
 }
 
 /// Tags of the setup's synchronisation rounds (no collective has run yet, so no data frame
@@ -163,8 +165,12 @@ impl Mesh {
             .collect();
         let half = shm::half_bytes()?;
         let op_timeout = self.op_timeout;
-        let dir = std::path::Path::new(shm::SHM_DIR);
-        let node = ShmNode::setup(dir, job_id, members, me, half, op_timeout, |round| {
+        let names = SegmentNames {
+            dir: std::path::Path::new(shm::SHM_DIR),
+            job_id,
+            set: 0,
+        };
+        let node = ShmNode::setup(names, members, me, half, op_timeout, |round| {
             self.exchange(
                 "setting up shared memory",
                 SETUP_TAG + round,
@@ -187,8 +193,55 @@ impl Mesh {
         self.shm = Some(ShmPlane {
             node: Arc::new(node),
             layout,
+            job_id: *job_id,
         });
         Ok(())
+    }
+
+    /// A shared-memory node of its own for process set `set` when its `members` (global
+    /// ranks in set order; this rank is `members[me]`) are some of this host's ranks on the
+    /// plane; `None` when they are not (or there is no plane: TCP). Every member calls it at
+    /// the same point, with three fresh tags of the set for the setup's synchronisation.
+    pub(crate) fn setup_set_shm(
+        &mut self,
+        set: u32,
+        members: &[usize],
+        me: usize,
+        tags: [u32; 3],
+    ) -> Result<Option<Arc<ShmNode>>> {
+        let Some(plane) = &self.shm else {
+            return Ok(None);
+        };
+        let local = plane.node.members();
+        if members.len() < 2 || !members.iter().all(|m| local.contains(m)) {
+            return Ok(None);
+        }
+        let (job_id, half, op_timeout) = (plane.job_id, plane.node.half(), self.op_timeout);
+        let peers: Vec<usize> = members
+            .iter()
+            .copied()
+            .filter(|&r| r != self.rank)
+            .collect();
+        let names = SegmentNames {
+            dir: std::path::Path::new(shm::SHM_DIR),
+            job_id: &job_id,
+            set,
+        };
+        let node = ShmNode::setup(names, members.to_vec(), me, half, op_timeout, |round| {
+            self.exchange(
+                "setting up shared memory for a process set",
+                tags[round as usize],
+                &[],
+                0,
+                &peers,
+            )
+            .map(|_| ())
+        })?;
+        log::debug!(
+            "rank {}: process set {set} of ranks {members:?} runs on its own shared memory",
+            self.rank
+        );
+        Ok(Some(Arc::new(node)))
     }
 
     /// The shared-memory plane, when collectives use one.

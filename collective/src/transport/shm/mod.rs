@@ -69,10 +69,24 @@ pub fn half_bytes() -> Result<usize, Error> {
     Ok(bytes.next_multiple_of(4096))
 }
 
-/// The segment path of `rank` in job `job_id` under `dir`.
-pub(crate) fn segment_path(dir: &std::path::Path, job_id: &JobId, rank: usize) -> PathBuf {
-    let hex: String = job_id.iter().map(|b| format!("{b:02x}")).collect();
-    dir.join(format!("kolo-{hex}-{rank}"))
+/// Where a node's segments live and what they are called: `dir`, the job and the process set
+/// (0: the whole job's node).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SegmentNames<'a> {
+    pub dir: &'a std::path::Path,
+    pub job_id: &'a JobId,
+    pub set: u32,
+}
+
+impl SegmentNames<'_> {
+    /// The segment path of global rank `rank`.
+    pub(crate) fn path(&self, rank: usize) -> PathBuf {
+        let hex: String = self.job_id.iter().map(|b| format!("{b:02x}")).collect();
+        match self.set {
+            0 => self.dir.join(format!("kolo-{hex}-{rank}")),
+            set => self.dir.join(format!("kolo-{hex}-set{set}-{rank}")),
+        }
+    }
 }
 
 /// The local ranks' segments, mapped, and this rank's phase counter.
@@ -108,12 +122,11 @@ impl Halves<'_> {
 }
 
 impl ShmNode {
-    /// Creates this rank's segment (under `dir`), then calls `sync` (which returns once every
+    /// Creates this rank's segment (named by `names`), then calls `sync` (which returns once every
     /// local rank created its own), maps the others', calls `sync` again, unlinks its own and
     /// calls `sync` a last time, so no rank returns before every segment is unlinked.
     pub(crate) fn setup(
-        dir: &std::path::Path,
-        job_id: &JobId,
+        names: SegmentNames<'_>,
         members: Vec<usize>,
         me: usize,
         half: usize,
@@ -121,7 +134,7 @@ impl ShmNode {
         mut sync: impl FnMut(u32) -> Result<(), Error>,
     ) -> Result<ShmNode, Error> {
         let len = DATA_OFFSET + 2 * half;
-        let mine_path = segment_path(dir, job_id, members[me]);
+        let mine_path = names.path(members[me]);
         let mut mine = Segment::create(&mine_path, len).map_err(|e| shm_error(&mine_path, e))?;
         // SAFETY: the header lies in the fresh mapping, which nobody else maps yet.
         unsafe {
@@ -135,7 +148,7 @@ impl ShmNode {
                 segments.push(None);
                 continue;
             }
-            let path = segment_path(dir, job_id, rank);
+            let path = names.path(rank);
             let segment = Segment::open(&path, len).map_err(|e| shm_error(&path, e))?;
             // SAFETY: the header lies in the mapping; its creator wrote it before `sync`.
             let magic = unsafe { segment.ptr().cast::<u64>().read() };

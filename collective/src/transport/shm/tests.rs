@@ -49,8 +49,7 @@ fn run<T: Send + 'static>(
             let (barrier, body, path) = (Arc::clone(&barrier), Arc::clone(&body), dir.0.clone());
             std::thread::spawn(move || {
                 let node = ShmNode::setup(
-                    &path,
-                    &JOB,
+                    names(&path),
                     (0..n).collect(),
                     me,
                     half,
@@ -68,6 +67,14 @@ fn run<T: Send + 'static>(
     handles.into_iter().map(|h| h.join().unwrap()).collect()
 }
 
+fn names(dir: &std::path::Path) -> SegmentNames<'_> {
+    SegmentNames {
+        dir,
+        job_id: &JOB,
+        set: 0,
+    }
+}
+
 fn ok(_: usize) -> Result<(), Failure> {
     Ok(())
 }
@@ -83,8 +90,7 @@ fn segments_are_unlinked_once_every_rank_mapped_them() {
             std::thread::spawn(move || {
                 let mut during = 0;
                 let node = ShmNode::setup(
-                    &path,
-                    &JOB,
+                    names(&path),
                     vec![4, 7, 9],
                     me,
                     4096,
@@ -111,17 +117,24 @@ fn segments_are_unlinked_once_every_rank_mapped_them() {
         "every rank's segment exists while they map"
     );
     assert!(dir.entries().is_empty(), "left behind: {:?}", dir.entries());
-    assert!(segment_path(&dir.0, &JOB, 7)
+    assert!(names(&dir.0)
+        .path(7)
         .to_string_lossy()
         .ends_with("kolo-73686d2d756e69742d746573742d6964-7"));
+    assert!(SegmentNames {
+        set: 3,
+        ..names(&dir.0)
+    }
+    .path(7)
+    .to_string_lossy()
+    .ends_with("kolo-73686d2d756e69742d746573742d6964-set3-7"));
 }
 
 #[test]
 fn a_failed_setup_leaves_nothing_behind() {
     let dir = Dir::new("failed");
     let result = ShmNode::setup(
-        &dir.0,
-        &JOB,
+        names(&dir.0),
         vec![0, 1],
         0,
         4096,
