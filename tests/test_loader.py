@@ -19,7 +19,7 @@ from kolo import _native
 from kolo.data import ColumnInfo
 from kolo.data.loader import ParquetLoader
 from kolo.data.metadata import read_metadata
-from kolo.exceptions import DataError, StoreError
+from kolo.exceptions import DataError, InvalidValueError, StoreError
 
 ROWS = 300
 
@@ -295,6 +295,24 @@ def test_bad_columns_and_sizes_raise_named_errors(
 ) -> None:
     with raises_exactly(error) as info:
         ParquetLoader(dataset, columns, batch_size, rank=0, size=size, to="numpy")
+    for word in words:
+        assert word in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"columns": 100}, ["columns=100", "list of column names"]),
+        ({"columns": ["id", 3]}, ["columns=['id', 3]"]),
+        ({"columns": ["id"], "to": "jax"}, ["to='jax'", '"torch" or "numpy"']),
+    ],
+)
+def test_bad_column_lists_and_outputs_raise_invalid_value(
+    dataset: Path, kwargs: dict, words: list[str]
+) -> None:
+    args = {"batch_size": 4, "rank": 0, "size": 1, "to": "numpy", **kwargs}
+    with raises_exactly(InvalidValueError) as info:
+        ParquetLoader(dataset, **args)
     for word in words:
         assert word in str(info.value)
 

@@ -352,9 +352,7 @@ impl RankPlan {
         let mut order: Vec<u32> = (0..n as u32).collect();
         if self.shuffle {
             SplitMix64::new(mix(&[self.seed, index])).shuffle(&mut order);
-            for block in order.chunks_mut(self.block) {
-                block.sort_unstable();
-            }
+            sort_blocks(&mut order, self.block);
         }
         order
     }
@@ -423,6 +421,26 @@ fn mix(words: &[u64]) -> u64 {
 /// so plans stay reproducible across kolo versions.
 #[derive(Debug)]
 struct SplitMix64(u64);
+
+/// Sorts every `block`-long chunk of the permutation `order` of `0..order.len()` in place,
+/// in linear time: a row's chunk is its position's, and walking the rows in ascending order
+/// fills each chunk in ascending order (a bucket pass; sorting each chunk cost as much as
+/// gathering the window's columns).
+fn sort_blocks(order: &mut [u32], block: usize) {
+    let block = block.max(1);
+    let mut chunk_of = vec![0u32; order.len()];
+    for (position, &row) in order.iter().enumerate() {
+        chunk_of[row as usize] = (position / block) as u32;
+    }
+    let mut next: Vec<usize> = (0..order.len().div_ceil(block))
+        .map(|c| c * block)
+        .collect();
+    for (row, &chunk) in chunk_of.iter().enumerate() {
+        let slot = &mut next[chunk as usize];
+        order[*slot] = row as u32;
+        *slot += 1;
+    }
+}
 
 impl SplitMix64 {
     fn new(seed: u64) -> Self {
@@ -552,6 +570,26 @@ mod tests {
         assert_eq!(a, b);
         assert_ne!(a, c);
         assert_ne!(a, d);
+    }
+
+    #[test]
+    fn sorting_blocks_in_one_pass_equals_sorting_each_block() {
+        for (n, block) in [
+            (1000usize, 64usize),
+            (1000, 1000),
+            (1000, 1),
+            (1001, 256),
+            (0, 8),
+        ] {
+            let mut order: Vec<u32> = (0..n as u32).collect();
+            SplitMix64::new(n as u64 + 7).shuffle(&mut order);
+            let mut expected = order.clone();
+            for chunk in expected.chunks_mut(block) {
+                chunk.sort_unstable();
+            }
+            sort_blocks(&mut order, block);
+            assert_eq!(order, expected, "n={n} block={block}");
+        }
     }
 
     #[test]

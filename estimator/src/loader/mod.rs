@@ -177,15 +177,13 @@ impl Loader {
             });
         }
         let row_bytes: usize = specs.iter().map(ColumnSpec::row_bytes).sum();
-        let decoders = options
-            .num_threads
-            .unwrap_or_else(|| {
-                std::thread::available_parallelism()
-                    .map(|n| n.get())
-                    .unwrap_or(1)
-                    .min(4)
-            })
-            .max(1);
+        let cpus = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        let decoders = options.num_threads.unwrap_or(cpus.min(4)).max(1);
+        // Gathering a window on every core slowed the loader down: the caller's thread, which
+        // turns batches into tensors, needs one of them.
+        let assemble_threads = decoders.min(cpus.saturating_sub(1)).max(1);
         let files = dataset.files();
         let context = Context {
             readers: files
@@ -200,7 +198,7 @@ impl Loader {
             rank: options.rank,
             num_epochs: options.num_epochs,
             piece_rows: (PIECE_BYTES / row_bytes.max(1)).clamp(8192, 1 << 20),
-            assemble_threads: decoders,
+            assemble_threads,
         };
         Ok(Loader {
             context: Arc::new(context),

@@ -20,6 +20,8 @@ use crate::plan::{EpochPlan, PlanConfig, RankPlan};
 
 /// How often blocked threads look at the stop flag.
 const POLL: Duration = Duration::from_millis(50);
+/// The most batches of one shuffle window queued at once (small batches of a large window).
+const MAX_QUEUED_WINDOW_BATCHES: usize = 1024;
 /// How long dropping a loader waits for its threads.
 const JOIN_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -506,14 +508,24 @@ pub struct Pipeline {
 
 impl Pipeline {
     /// Starts `decoders` decode threads and the assembler at `position`, keeping up to
-    /// `prefetch` batches ready.
+    /// `prefetch` batches ready beyond those of the shuffle window gathered last.
+    ///
+    /// A window's batches are views of its buffers, so queueing all of them costs no memory,
+    /// and it lets the assembler gather the next window while the caller takes them (with
+    /// room for `prefetch` only, it waited for the caller after two batches, and the caller
+    /// then waited for the whole next window).
     pub fn start(
         context: Arc<Context>,
         position: Position,
         prefetch: usize,
         decoders: usize,
     ) -> Result<Pipeline> {
-        let out = Arc::new(Queue::new(prefetch));
+        let config = &context.config;
+        let per_window = config.window.max(1).div_ceil(config.batch_size.max(1));
+        let per_window = usize::try_from(per_window).unwrap_or(usize::MAX);
+        let out = Arc::new(Queue::new(
+            prefetch.saturating_add(per_window.min(MAX_QUEUED_WINDOW_BATCHES)),
+        ));
         let work = Arc::new(Work::default());
         let mut pipeline = Pipeline {
             out: Arc::clone(&out),

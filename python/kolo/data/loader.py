@@ -27,6 +27,7 @@ import numpy as np
 
 from kolo import _core, _native
 from kolo.data.metadata import dataset_location
+from kolo.exceptions import InvalidValueError
 
 __all__ = ["ParquetLoader"]
 
@@ -81,13 +82,13 @@ class ParquetLoader:
         num_threads: Optional[int] = None,
     ) -> None:
         if to not in ("torch", "numpy"):
-            raise ValueError(f'to={to!r} must be "torch" or "numpy"')
+            raise InvalidValueError(f'to={to!r} must be "torch" or "numpy"')
         self._torch = None
         if to == "torch":
             import torch
 
             self._torch = torch
-        columns = [columns] if isinstance(columns, str) else [str(c) for c in columns]
+        columns = _column_names(columns)
         initialized = _core.is_initialized()
         if rank is None:
             rank = _core.rank() if initialized else 0
@@ -195,3 +196,15 @@ class ParquetLoader:
             f"ParquetLoader({self.url!r}, batches_per_epoch={len(self)}, "
             f"epoch={self.epoch}, columns={self._names!r})"
         )
+
+
+def _column_names(columns: Any) -> list[str]:
+    """``columns`` (a name or names) as a list of names, or a typed error."""
+    if isinstance(columns, str):
+        return [columns]
+    if isinstance(columns, (list, tuple)) and all(isinstance(c, str) for c in columns):
+        return list(columns)
+    raise InvalidValueError(
+        f"columns={columns!r} must be a column name or a list of column names, "
+        "e.g. columns=['features', 'label']"
+    )
