@@ -20,6 +20,10 @@ use crate::plan::{EpochPlan, PlanConfig, RankPlan};
 
 /// How often blocked threads look at the stop flag.
 const POLL: Duration = Duration::from_millis(50);
+/// At most this many bytes of shuffle windows are gathered ahead of the one being handed
+/// out (up to one window per CPU and one more): gathering two or three windows at once, each
+/// on its own thread, took a batch-4096 epoch from ~5.6 to ~6.8 GB/s on 2 cores.
+const AHEAD_BYTES: usize = 256 << 20;
 /// The most batches of one shuffle window queued at once (small batches of a large window).
 const MAX_QUEUED_WINDOW_BATCHES: usize = 1024;
 /// How long dropping a loader waits for its threads.
@@ -317,11 +321,20 @@ struct Assembler {
     stream: VecDeque<Arc<Chunk>>,
     stream_row: usize,
     pool: Arc<BufferPool>,
+    /// Windows of the current epoch being gathered on helper threads, in window order.
+    ahead: VecDeque<(u64, JoinHandle<Window>)>,
+    /// How many windows may be gathered ahead at once.
+    ahead_depth: usize,
 }
 
 impl Assembler {
     fn run(mut self) {
-        let item = match self.run_epochs() {
+        let outcome = self.run_epochs();
+        // Windows still being gathered (after a stop) finish in milliseconds.
+        for (_, handle) in self.ahead.drain(..) {
+            let _ = handle.join();
+        }
+        let item = match outcome {
             Ok(true) => Item::Finished,
             Ok(false) => return,
             Err(err) => Item::Failed(err),
@@ -397,12 +410,38 @@ impl Assembler {
             if !self.send(Item::Batch(batch)) {
                 return Ok(false);
             }
+            if let Some((current, _)) = window {
+                self.gather_ahead(plan, current, job.end)?;
+            }
         }
         Ok(true)
     }
 
-    /// Makes `window` the shuffle window `index` of `plan` (gathering it when it is not
-    /// already); leaves `None` there once stopped.
+    /// Starts gathering the windows after `index` (the one loaded last) on helper threads, up to the depth and
+    /// within the epoch's rows before `end` (so every one is handed out in this epoch). The
+    /// rows come off the stream in window order, so `load_window` finds each in turn.
+    fn gather_ahead(&mut self, plan: &RankPlan, index: u64, end: u64) -> Result<()> {
+        loop {
+            let next = self.ahead.back().map_or(index, |(i, _)| *i) + 1;
+            if self.ahead.len() >= self.ahead_depth || plan.window_bounds(next).start >= end {
+                return Ok(());
+            }
+            let bounds = plan.window_bounds(next);
+            let Some(segments) = self.take_rows((bounds.end - bounds.start) as usize)? else {
+                return Ok(());
+            };
+            let permutation = plan.window_permutation(next);
+            let (context, pool) = (Arc::clone(&self.context), Arc::clone(&self.pool));
+            let handle = std::thread::Builder::new()
+                .name("kolo-gather".into())
+                .spawn(move || Window::new(&segments, &permutation, &context.groups, &pool, 1))
+                .map_err(Error::LoaderThread)?;
+            self.ahead.push_back((next, handle));
+        }
+    }
+
+    /// Makes `window` the shuffle window `index` of `plan`: the one gathered ahead for it, or
+    /// one gathered here; leaves `None` there once stopped.
     fn load_window(
         &mut self,
         window: &mut Option<(u64, Window)>,
@@ -413,6 +452,18 @@ impl Assembler {
             return Ok(());
         }
         *window = None;
+        if let Some((ahead, handle)) = self.ahead.pop_front() {
+            if ahead != index {
+                return Err(Error::Internal(format!(
+                    "shuffle window {index} was asked for while window {ahead} was gathered ahead"
+                )));
+            }
+            let gathered = handle
+                .join()
+                .map_err(|_| Error::Internal("a window gather thread panicked".into()))?;
+            *window = Some((index, gathered));
+            return Ok(());
+        }
         let bounds = plan.window_bounds(index);
         let Some(segments) = self.take_rows((bounds.end - bounds.start) as usize)? else {
             return Ok(());
@@ -526,6 +577,13 @@ impl Pipeline {
         let out = Arc::new(Queue::new(
             prefetch.saturating_add(per_window.min(MAX_QUEUED_WINDOW_BATCHES)),
         ));
+        let row_bytes: usize = context.specs.iter().map(ColumnSpec::row_bytes).sum();
+        let window_bytes = usize::try_from(config.window)
+            .unwrap_or(usize::MAX)
+            .saturating_mul(row_bytes)
+            .max(1);
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let ahead_depth = (AHEAD_BYTES / window_bytes).min(cpus + 1);
         let work = Arc::new(Work::default());
         let mut pipeline = Pipeline {
             out: Arc::clone(&out),
@@ -555,6 +613,8 @@ impl Pipeline {
             stream: VecDeque::new(),
             stream_row: 0,
             pool: Arc::default(),
+            ahead: VecDeque::new(),
+            ahead_depth,
         };
         pipeline.spawn("kolo-assemble".into(), move || assembler.run())?;
         Ok(pipeline)
