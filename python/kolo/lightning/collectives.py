@@ -159,6 +159,32 @@ class KoloRanks:
 
     parallel_devices: Optional[List[torch.device]]
 
+    def _keep_optimizer_options(
+        self, compression: Any, gradient_predivide_factor: float, groups: Any, sparse_as_dense: bool
+    ) -> None:
+        """Keeps the ``DistributedOptimizer`` arguments both strategies take."""
+        self.compression = compression
+        self.gradient_predivide_factor = float(gradient_predivide_factor)
+        self.groups = groups
+        self.sparse_as_dense = bool(sparse_as_dense)
+
+    def _distributed_optimizer(
+        self, optimizer: torch.optim.Optimizer, module: torch.nn.Module, **extra: Any
+    ) -> Any:
+        """``optimizer`` wrapped in ``DistributedOptimizer`` with the kept options, its
+        parameters named as in ``module``; ``extra`` adds arguments."""
+        hvd = _hvd()
+        params = {p for group in optimizer.param_groups for p in group["params"]}
+        return hvd.DistributedOptimizer(
+            optimizer,
+            named_parameters=[(n, p) for n, p in module.named_parameters() if p in params],
+            compression=self.compression or hvd.Compression.none,
+            gradient_predivide_factor=self.gradient_predivide_factor,
+            groups=self.groups,
+            sparse_as_dense=self.sparse_as_dense,
+            **extra,
+        )
+
     @property
     def global_rank(self) -> int:
         """``hvd.rank()``."""

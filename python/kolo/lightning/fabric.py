@@ -102,10 +102,9 @@ class KoloFabricStrategy(collectives.KoloRanks, ParallelStrategy):
             checkpoint_io=checkpoint_io,
             precision=precision,
         )
-        self.compression = compression
-        self.gradient_predivide_factor = float(gradient_predivide_factor)
-        self.groups = groups
-        self.sparse_as_dense = bool(sparse_as_dense)
+        self._keep_optimizer_options(
+            compression, gradient_predivide_factor, groups, sparse_as_dense
+        )
         self.num_nodes = 1
         self._wrapped: List[Any] = []
         self._backward_sync_control = _KoloBackwardSyncControl(self)
@@ -133,18 +132,7 @@ class KoloFabricStrategy(collectives.KoloRanks, ParallelStrategy):
         wrapped = []
         for optimizer in optimizers:
             hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-            params = {p for group in optimizer.param_groups for p in group["params"]}
-            named = [(n, p) for n, p in module.named_parameters() if p in params]
-            wrapped.append(
-                hvd.DistributedOptimizer(
-                    optimizer,
-                    named_parameters=named,
-                    compression=self.compression or hvd.Compression.none,
-                    gradient_predivide_factor=self.gradient_predivide_factor,
-                    groups=self.groups,
-                    sparse_as_dense=self.sparse_as_dense,
-                )
-            )
+            wrapped.append(self._distributed_optimizer(optimizer, module))
         if scheduler is not None and len(wrapped) == 1:
             scheduler.optimizer = wrapped[0]
         self._wrapped.extend(wrapped)

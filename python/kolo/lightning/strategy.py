@@ -113,10 +113,9 @@ class KoloStrategy(collectives.KoloRanks, ParallelStrategy):
             checkpoint_io=checkpoint_io,
             precision_plugin=precision_plugin,
         )
-        self.compression = compression
-        self.gradient_predivide_factor = float(gradient_predivide_factor)
-        self.groups = groups
-        self.sparse_as_dense = bool(sparse_as_dense)
+        self._keep_optimizer_options(
+            compression, gradient_predivide_factor, groups, sparse_as_dense
+        )
         self._exit_stack: Optional[ExitStack] = None
         self._sync_blocked = False
         self.num_nodes = 1
@@ -167,7 +166,9 @@ class KoloStrategy(collectives.KoloRanks, ParallelStrategy):
         for optimizer in (_unwrap(o) for o in self.optimizers):
             if not _is_distributed_optimizer(optimizer):
                 hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-                optimizer = self._wrap(hvd, optimizer, passes)
+                optimizer = self._distributed_optimizer(
+                    optimizer, self.lightning_module, backward_passes_per_step=passes
+                )
             # Lightning runs backward inside the closure it gives step(): the gradients are
             # synchronized in post_backward, and step() must not wait a second time.
             self._exit_stack.enter_context(optimizer.skip_synchronize())
@@ -179,20 +180,6 @@ class KoloStrategy(collectives.KoloRanks, ParallelStrategy):
                 if scheduler_optimizer is original:
                     config.scheduler.optimizer = new
         self.optimizers = wrapped
-
-    def _wrap(self, hvd: Any, optimizer: torch.optim.Optimizer, passes: int) -> Any:
-        assert self.lightning_module is not None
-        params = {p for group in optimizer.param_groups for p in group["params"]}
-        named = [(n, p) for n, p in self.lightning_module.named_parameters() if p in params]
-        return hvd.DistributedOptimizer(
-            optimizer,
-            named_parameters=named,
-            compression=self.compression or hvd.Compression.none,
-            backward_passes_per_step=passes,
-            gradient_predivide_factor=self.gradient_predivide_factor,
-            groups=self.groups,
-            sparse_as_dense=self.sparse_as_dense,
-        )
 
     @contextmanager
     def block_backward_sync(self) -> Generator[None, None, None]:

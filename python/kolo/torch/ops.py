@@ -811,12 +811,13 @@ def _allreduce(
     if isinstance(tensor, torch.Tensor) and tensor.is_cpu:
         out = tensor.detach().clone(memory_format=torch.contiguous_format)
         return _allreduce_now(out, name, op, prescale, postscale, resolve(process_set))
-    return _allreduce_async_waited(tensor, None, name, op, prescale, postscale, process_set)
+    return _synchronized(allreduce_async, tensor, None, name, op, prescale, postscale, process_set)
 
 
 @_waited_at_once
-def _allreduce_async_waited(*args: Any) -> torch.Tensor:
-    return synchronize(allreduce_async(*args))
+def _synchronized(submit: Callable[..., int], *args: Any) -> Any:
+    """``submit(*args)``'s result, waited for at once (the engine is not woken for it)."""
+    return synchronize(submit(*args))
 
 
 @_waited_at_once
@@ -997,14 +998,9 @@ def allreduce_(
             postscale_factor,
             resolve(process_set),
         )
-    return _allreduce_inplace_waited(
-        tensor, average, name, op, prescale_factor, postscale_factor, process_set
+    return _synchronized(
+        allreduce_async_, tensor, average, name, op, prescale_factor, postscale_factor, process_set
     )
-
-
-@_waited_at_once
-def _allreduce_inplace_waited(*args: Any) -> torch.Tensor:
-    return synchronize(allreduce_async_(*args))
 
 
 def allgather(
