@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::loader::columns::DType;
 use crate::loader::decode::{Chunk, ColumnSpec};
-use crate::loader::gather::Gather;
+use crate::loader::gather::{Column, Gather};
 
 /// One output buffer of every batch: its columns, dtype and shape.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -370,46 +370,53 @@ impl Window {
             .iter()
             .map(|s| s.start as u32..(s.start + s.len) as u32)
             .collect();
-        let gather = Gather {
-            segment_of: &segment_of,
-            row_of: &row_of,
-            ranges: &ranges,
-        };
+        let gather = Gather::new(&segment_of, &row_of, &ranges);
         let mut buffers = allocate(groups, rows, pool);
         let bytes: usize = buffers.iter().map(BatchBuffer::byte_len).sum();
-        let mut tasks = Vec::new();
+        // Per group, its columns (of one width and length, gathered a few at a time).
+        let mut tasks: Vec<(Vec<Column<'_>>, usize, usize)> = Vec::new();
         for (group, buffer) in groups.iter().zip(buffers.iter_mut()) {
             let len = group.array_len.unwrap_or(1);
             let width = group.dtype.width();
             let per_column = (rows * len * width).max(1);
-            let columns = group.columns.iter().copied();
-            tasks.extend(
-                buffer
-                    .bytes_mut()
-                    .chunks_mut(per_column)
-                    .zip(columns)
-                    .map(|(dst, column)| (dst, column, width, len)),
-            );
+            let columns = buffer
+                .bytes_mut()
+                .chunks_mut(per_column)
+                .zip(&group.columns)
+                .map(|(dst, &column)| Column {
+                    dst,
+                    sources: segments
+                        .iter()
+                        .map(|s| s.chunk.columns[column].as_slice())
+                        .collect(),
+                })
+                .collect();
+            tasks.push((columns, width, len));
         }
+        let count: usize = tasks.iter().map(|(columns, ..)| columns.len()).sum();
         let threads = if bytes >= PARALLEL_WINDOW_BYTES {
-            threads.clamp(1, tasks.len().max(1))
+            threads.clamp(1, count.max(1))
         } else {
             1
         };
-        let run = |part: Vec<(&mut [u8], usize, usize, usize)>| {
-            let mut sources = Vec::with_capacity(segments.len());
-            for (dst, column, width, len) in part {
-                sources.clear();
-                sources.extend(segments.iter().map(|s| s.chunk.columns[column].as_slice()));
-                gather.run(dst, width, len, &sources);
+        let run = |tasks: Vec<(Vec<Column<'_>>, usize, usize)>| {
+            for (mut columns, width, len) in tasks {
+                gather.run(width, len, &mut columns);
             }
         };
         if threads == 1 {
             run(tasks);
         } else {
+            // Each thread takes every `threads`-th column of every group.
             let mut parts: Vec<Vec<_>> = (0..threads).map(|_| Vec::new()).collect();
-            for (i, task) in tasks.into_iter().enumerate() {
-                parts[i % threads].push(task);
+            for (columns, width, len) in tasks {
+                let mut split: Vec<Vec<Column<'_>>> = (0..threads).map(|_| Vec::new()).collect();
+                for (i, column) in columns.into_iter().enumerate() {
+                    split[i % threads].push(column);
+                }
+                for (part, columns) in parts.iter_mut().zip(split) {
+                    part.push((columns, width, len));
+                }
             }
             std::thread::scope(|scope| {
                 for part in parts {

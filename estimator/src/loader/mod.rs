@@ -30,6 +30,7 @@ mod plain;
 pub mod queue;
 pub mod source;
 pub mod state;
+mod workers;
 
 use std::collections::HashSet;
 use std::sync::{Arc, OnceLock};

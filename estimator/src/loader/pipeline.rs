@@ -15,6 +15,7 @@ use crate::loader::decode::{Chunk, ColumnSpec};
 use crate::loader::queue::{Pop, Queue};
 use crate::loader::source::FileReader;
 use crate::loader::state::Position;
+use crate::loader::workers::{Pending, Workers};
 use crate::metadata::RowGroupRef;
 use crate::plan::{EpochPlan, PlanConfig, RankPlan};
 
@@ -321,8 +322,10 @@ struct Assembler {
     stream: VecDeque<Arc<Chunk>>,
     stream_row: usize,
     pool: Arc<BufferPool>,
-    /// Windows of the current epoch being gathered on helper threads, in window order.
-    ahead: VecDeque<(u64, JoinHandle<Window>)>,
+    /// Windows of the current epoch being gathered by `workers`, in window order.
+    ahead: VecDeque<(u64, Pending<Window>)>,
+    /// The threads that gather windows ahead.
+    workers: Workers,
     /// How many windows may be gathered ahead at once.
     ahead_depth: usize,
 }
@@ -330,10 +333,6 @@ struct Assembler {
 impl Assembler {
     fn run(mut self) {
         let outcome = self.run_epochs();
-        // Windows still being gathered (after a stop) finish in milliseconds.
-        for (_, handle) in self.ahead.drain(..) {
-            let _ = handle.join();
-        }
         let item = match outcome {
             Ok(true) => Item::Finished,
             Ok(false) => return,
@@ -432,11 +431,10 @@ impl Assembler {
             };
             let permutation = plan.window_permutation(next);
             let (context, pool) = (Arc::clone(&self.context), Arc::clone(&self.pool));
-            let handle = std::thread::Builder::new()
-                .name("kolo-gather".into())
-                .spawn(move || Window::new(&segments, &permutation, &context.groups, &pool, 1))
-                .map_err(Error::LoaderThread)?;
-            self.ahead.push_back((next, handle));
+            let pending = self.workers.submit(move || {
+                Window::new(&segments, &permutation, &context.groups, &pool, 1)
+            })?;
+            self.ahead.push_back((next, pending));
         }
     }
 
@@ -452,16 +450,14 @@ impl Assembler {
             return Ok(());
         }
         *window = None;
-        if let Some((ahead, handle)) = self.ahead.pop_front() {
+        if let Some((ahead, pending)) = self.ahead.pop_front() {
             if ahead != index {
                 return Err(Error::Internal(format!(
                     "shuffle window {index} was asked for while window {ahead} was gathered ahead"
                 )));
             }
-            let gathered = handle
-                .join()
-                .map_err(|_| Error::Internal("a window gather thread panicked".into()))?;
-            *window = Some((index, gathered));
+            let work = &self.work;
+            *window = pending.wait(POLL, || work.stopped())?.map(|w| (index, w));
             return Ok(());
         }
         let bounds = plan.window_bounds(index);
@@ -614,6 +610,7 @@ impl Pipeline {
             stream_row: 0,
             pool: Arc::default(),
             ahead: VecDeque::new(),
+            workers: Workers::start("kolo-gather", ahead_depth)?,
             ahead_depth,
         };
         pipeline.spawn("kolo-assemble".into(), move || assembler.run())?;
