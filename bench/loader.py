@@ -2,23 +2,28 @@
 
     python bench/loader.py [--rows 2621440] [--batch-sizes 32,256,4096]
         [--variants uncompressed,snappy,array] [--peers kolo,pyarrow,ray,petastorm]
-        [--repeats 2] [--seconds 10] [--max-batches N] [--petastorm-python PATH]
+        [--epochs 2] [--repeats 2] [--seconds 10] [--max-batches N] [--petastorm-python PATH]
 
 The dataset (about 1 GB: 100 float32 columns + int64 label, 8 files, 163,840-row row groups of
 about 64 MiB; see loader_data.py) is generated once into ``--data-dir`` and its files are read
 once before timing, so the page cache is warm and the runs measure the loaders, not the disk.
-Every (loader, batch size, variant) runs in a fresh process (loader_peers.py) that iterates one
-shuffled epoch, stopping early ``--seconds`` after its first batch or after ``--max-batches``,
-and reports rows, time to first batch (from building the loader; imports and ``ray.init`` are
-not included, ray.init is reported on its own), CPU seconds and peak memory of its process
-tree. The loaders take turns (kolo, peer, kolo, peer, ...) for ``--repeats`` rounds and the
-median run is kept (with two rounds, the slower one). Throughput and CPU seconds per GB are
-steady state (rows, time and CPU after the first batch; the JSON also has CPU per GB with
-start-up); GB/s counts the logical bytes of the selected columns (408 B per row). Peak RSS is
-VmHWM (mapped file pages included) and "anon" the sampled peak of anonymous memory; for Ray,
-the peak summed PSS of the driver and its Ray processes. One line per (variant, batch size)
-gives each loader's figures and kolo's ratio to each peer; kolo's GB/s at the largest batch on
-uncompressed data is also given as a share of a single-threaded memcpy.
+Every (loader, batch size, variant) runs in a fresh process (loader_peers.py) that iterates
+``--epochs`` shuffled epochs, stopping early ``--seconds`` after its first batch or after
+``--max-batches``, and reports rows, time to first batch (from building the loader; imports and
+``ray.init`` are not included, ray.init is reported on its own), CPU seconds and peak memory of
+its process tree. The loaders take turns (kolo, peer, kolo, peer, ...) for ``--repeats`` rounds
+and the median run is kept (with two rounds, the slower one).
+
+One line per (variant, batch size) gives each loader's first epoch after its first batch:
+throughput, CPU seconds per GB (the JSON also has them with start-up), time to first batch,
+peak RSS (VmHWM, mapped file pages included), "anon" (the sampled peak of anonymous memory; for
+Ray, the peak summed PSS of the driver and its Ray processes), and kolo's ratio to each peer. A
+second line gives the later epochs (which find threads, buffers and file mappings set up, as
+every epoch of a training job but the first does) of the loaders that got past their first
+epoch within ``--seconds``. GB/s counts the logical bytes of the selected columns (408 B per
+row). kolo's GB/s at the largest batch on uncompressed data is also given as a share of a
+single-threaded memcpy, for the first epoch and the later ones (the memcpy is timed on buffers
+written once before, without first-touch page faults, as in the later epochs).
 JSON goes to bench/results/loader-<time>.json (or ``--json``).
 """
 
@@ -75,6 +80,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser.add_argument(
         "--peers", type=csv, default=list(ALL_LOADERS), help="loaders to run, kolo included"
     )
+    parser.add_argument("--epochs", type=int, default=2, help="epochs per run (>= 1)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument(
         "--seconds", type=float, default=10.0, help="stop a run this long after its first batch"
@@ -90,6 +96,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     unknown = set(args.peers) - set(ALL_LOADERS) or set(args.variants) - set(VARIANTS)
     if unknown:
         parser.error(f"unknown loader or variant {sorted(unknown)}")
+    if args.epochs < 1:
+        parser.error("--epochs must be at least 1")
     return args
 
 
@@ -138,13 +146,19 @@ def figures(run: dict[str, Any], row_bytes: int) -> dict[str, Any]:
     rows_per_s = run["steady_rows"] / steady if run["steady_rows"] else run["rows"] / run["seconds"]
     steady_gb = run["steady_rows"] * row_bytes / 1e9
     gb = run["rows"] * row_bytes / 1e9
-    return {
+    out = {
         **run,
         "rows_per_s": rows_per_s,
         "GBps": rows_per_s * row_bytes / 1e9,
         "cpu_s_per_GB": run["steady_cpu_s"] / steady_gb if steady_gb else run["cpu_s"] / gb,
         "cpu_s_per_GB_with_startup": run["cpu_s"] / gb,
     }
+    if run.get("later_rows"):
+        later_gb = run["later_rows"] * row_bytes / 1e9
+        out["later_rows_per_s"] = run["later_rows"] / max(run["later_seconds"], 1e-9)
+        out["later_GBps"] = out["later_rows_per_s"] * row_bytes / 1e9
+        out["later_cpu_s_per_GB"] = run["later_cpu_s"] / later_gb
+    return out
 
 
 def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -154,6 +168,15 @@ def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     chosen = dict(good[(len(good) - 1) // 2])
     chosen["rows_per_s_runs"] = [r["rows_per_s"] for r in good]
     chosen["rows_per_s_median"] = statistics.median(chosen["rows_per_s_runs"])
+    # The later epochs' figures: the median run by their own rate (the slower of two).
+    later = sorted(
+        (r for r in good if "later_rows_per_s" in r), key=lambda r: r["later_rows_per_s"]
+    )
+    for key in ("later_rows_per_s", "later_GBps", "later_cpu_s_per_GB"):
+        chosen.pop(key, None)
+        if later:
+            chosen[key] = later[(len(later) - 1) // 2][key]
+    chosen["later_rows_per_s_runs"] = [r["later_rows_per_s"] for r in later]
     return chosen
 
 
@@ -172,15 +195,28 @@ def describe(result: dict[str, Any]) -> str:
     )
 
 
-def ratios(row: dict[str, dict[str, Any]]) -> dict[str, float]:
+def describe_later(result: dict[str, Any]) -> Optional[str]:
+    if "later_rows_per_s" not in result:
+        return None
+    return (
+        f"{result['loader']} {result['later_rows_per_s'] / 1e6:.3f}M rows/s "
+        f"({result['later_GBps']:.2f} GB/s, {result['later_cpu_s_per_GB']:.2f} CPU-s/GB)"
+    )
+
+
+def ratios(row: dict[str, dict[str, Any]], key: str = "rows_per_s") -> dict[str, float]:
     kolo = row.get("kolo", {})
-    if "rows_per_s" not in kolo:
+    if key not in kolo:
         return {}
     return {
-        peer: kolo["rows_per_s"] / result["rows_per_s"]
+        peer: kolo[key] / result[key]
         for peer, result in row.items()
-        if peer != "kolo" and result.get("rows_per_s")
+        if peer != "kolo" and result.get(key)
     }
+
+
+def ratio_text(row_ratios: dict[str, float]) -> str:
+    return ", ".join(f"kolo/{p} {r:.2f}x" for p, r in row_ratios.items())
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -229,6 +265,8 @@ def main(argv: Optional[list[str]] = None) -> None:
                         "seed": args.seed,
                         "seconds": args.seconds,
                         "max_batches": args.max_batches,
+                        "epochs": args.epochs,
+                        "epoch_rows": spec.rows // batch_size * batch_size,
                     }
                     run = run_child(pythons[name], child_spec, args.timeout)
                     runs[name].append(figures(run, spec.row_bytes) if "error" not in run else run)
@@ -241,21 +279,34 @@ def main(argv: Optional[list[str]] = None) -> None:
             row_ratios = ratios(row)
             line = " | ".join(describe(row[name]) for name in loaders)
             if row_ratios:
-                line += " | " + ", ".join(f"kolo/{p} {r:.2f}x" for p, r in row_ratios.items())
+                line += " | " + ratio_text(row_ratios)
             print(f"loader {variant} b={batch_size}: {line}", flush=True)
+            later_ratios = ratios(row, "later_rows_per_s")
+            later = [text for name in loaders if (text := describe_later(row[name]))]
+            if later:
+                line = " | ".join(later + ([ratio_text(later_ratios)] if later_ratios else []))
+                print(f"later epochs {variant} b={batch_size}: {line}", flush=True)
             entry = {
                 "variant": variant,
                 "batch_size": batch_size,
                 "loaders": row,
                 "ratios_rows_per_s": row_ratios,
+                "ratios_later_rows_per_s": later_ratios,
             }
             kolo = row.get("kolo", {})
             if variant == "uncompressed" and batch_size == max(args.batch_sizes) and "GBps" in kolo:
                 share = kolo["GBps"] / memcpy
                 entry["kolo_share_of_memcpy"] = share
+                text = f"kolo {kolo['GBps']:.2f} GB/s = {share:.0%} (first epoch)"
+                if "later_GBps" in kolo:
+                    entry["kolo_later_share_of_memcpy"] = kolo["later_GBps"] / memcpy
+                    text += (
+                        f", {kolo['later_GBps']:.2f} GB/s = "
+                        f"{kolo['later_GBps'] / memcpy:.0%} (later epochs)"
+                    )
                 print(
-                    f"memcpy share {variant} b={batch_size}: kolo {kolo['GBps']:.2f} GB/s = "
-                    f"{share:.0%} of the memcpy bound ({memcpy:.2f} GB/s)",
+                    f"memcpy share {variant} b={batch_size}: {text} of the memcpy bound "
+                    f"({memcpy:.2f} GB/s)",
                     flush=True,
                 )
             results.append(entry)
@@ -279,6 +330,7 @@ def main(argv: Optional[list[str]] = None) -> None:
             },
             "settings": {
                 "repeats": args.repeats,
+                "epochs": args.epochs,
                 "seconds_cap": args.seconds,
                 "max_batches": args.max_batches,
                 "shuffle_buffer_rows": args.shuffle_buffer,

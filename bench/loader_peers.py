@@ -1,18 +1,22 @@
 """One loader run of the loader benchmark, in its own process: ``python loader_peers.py SPEC``.
 
 SPEC is a JSON object (loader, files, folder, columns, batch_size, shuffle_buffer, seed,
-seconds, max_batches). The process builds the loader, iterates one epoch (or until ``seconds``
-after the first batch, or ``max_batches``) and prints one line ``RESULT {json}`` with rows,
-timings, CPU seconds (user + system of the process tree, threads included) and peak memory
-(VmHWM, which counts mapped file pages too, plus the sampled peak of anonymous RSS; for Ray,
-whose work runs in other processes, the peak of the tree's summed PSS sampled every 0.1 s).
+seconds, max_batches, epochs, epoch_rows). The process builds the loader, iterates ``epochs``
+epochs (or until ``seconds`` after the first batch, or ``max_batches``) and prints one line
+``RESULT {json}`` with rows, timings, CPU seconds (user + system of the process tree, threads
+included) and peak memory (VmHWM, which counts mapped file pages too, plus the sampled peak of
+anonymous RSS; for Ray, whose work runs in other processes, the peak of the tree's summed PSS
+sampled every 0.1 s). Rows, timings and CPU are the first epoch's (it ends once ``epoch_rows``
+rows are out); ``later_*`` are those of the epochs after it, which find the loader's threads,
+memory and file mappings already set up, as every epoch of a training job but the first does.
 It imports only the standard library at module level, so the Petastorm run can use another
 interpreter (a venv with the older pyarrow Petastorm needs).
 
 Every loader yields one dict of torch tensors per batch (scalar columns ``[B]``, the array column
 ``[B, 100]``), ``batch_size`` rows, shuffled through a buffer of about ``shuffle_buffer`` rows,
-one epoch over the same files, last partial batch dropped (Petastorm's BatchedDataLoader has no
-drop_last: its one short last batch is accepted):
+epochs over the same files, each in another order, last partial batch dropped (Petastorm's
+BatchedDataLoader has no drop_last and its shuffling queue runs across epochs: its one short
+last batch is accepted):
 
 - ``kolo``: ``kolo.data.ParquetLoader``.
 - ``pyarrow``: the hand-written loader a user would write: files in shuffled order,
@@ -137,7 +141,7 @@ def kolo_batches(spec: dict[str, Any]) -> Iterator[dict]:
         size=1,
         shuffle=True,
         seed=spec["seed"],
-        num_epochs=1,
+        num_epochs=spec["epochs"],
         drop_last=True,
         to="torch",
         shuffle_buffer_size=spec["shuffle_buffer"],
@@ -179,15 +183,16 @@ def pyarrow_batches(spec: dict[str, Any]) -> Iterator[dict]:
         pending = [{c: merged[c][rest] for c in columns}] if len(rest) and not final else []
         pending_rows = len(rest) if not final else 0
 
-    for file_index in rng.permutation(len(spec["files"])):
-        parquet = pq.ParquetFile(spec["files"][file_index])
-        for record_batch in parquet.iter_batches(batch_size=capacity, columns=columns):
-            pending.append({c: _column_array(record_batch.column(c)) for c in columns})
-            pending_rows += record_batch.num_rows
-            if pending_rows >= capacity:
-                yield from drain(final=False)
-    if pending_rows:
-        yield from drain(final=True)
+    for _ in range(spec["epochs"]):
+        for file_index in rng.permutation(len(spec["files"])):
+            parquet = pq.ParquetFile(spec["files"][file_index])
+            for record_batch in parquet.iter_batches(batch_size=capacity, columns=columns):
+                pending.append({c: _column_array(record_batch.column(c)) for c in columns})
+                pending_rows += record_batch.num_rows
+                if pending_rows >= capacity:
+                    yield from drain(final=False)
+        if pending_rows:
+            yield from drain(final=True)
 
 
 def ray_init(report: dict[str, Any]) -> None:
@@ -207,14 +212,13 @@ def ray_batches(spec: dict[str, Any]) -> Iterator[dict]:
     import ray.data
 
     dataset = ray.data.read_parquet(spec["files"], shuffle="files").select_columns(spec["columns"])
-    return iter(
-        dataset.iter_torch_batches(
+    for epoch in range(spec["epochs"]):
+        yield from dataset.iter_torch_batches(
             batch_size=spec["batch_size"],
             local_shuffle_buffer_size=spec["shuffle_buffer"],
-            local_shuffle_seed=spec["seed"],
+            local_shuffle_seed=spec["seed"] + epoch,
             drop_last=True,
         )
-    )
 
 
 def petastorm_batches(spec: dict[str, Any]) -> Iterator[dict]:
@@ -224,7 +228,7 @@ def petastorm_batches(spec: dict[str, Any]) -> Iterator[dict]:
     reader = make_batch_reader(
         [f"file://{path}" for path in spec["files"]],
         schema_fields=spec["columns"],
-        num_epochs=1,
+        num_epochs=spec["epochs"],
         workers_count=2,
         shuffle_row_groups=True,
         seed=spec["seed"],
@@ -268,10 +272,13 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     sampler = MemorySampler(tree=name == "ray")
     label, probe = spec["columns"][-1], spec["columns"][0]
     batch_size = spec["batch_size"]
+    epoch_rows = spec.get("epoch_rows") or float("inf")
     rows = count = 0
     first = None
     complete = True
     short = False
+    # (rows, time, CPU) when each epoch's rows were out
+    marks: list[tuple[int, float, float]] = []
     cpu_start = cpu_first = tree_cpu_seconds(os.getpid())
     start = time.perf_counter()
     deadline = float("inf")
@@ -287,11 +294,13 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         n = batch[label].shape[0]
         if short or n > batch_size or len(batch) < len(spec["columns"]):
             raise RuntimeError(f"{name}: a batch with {n} rows and {len(batch)} columns")
-        short = n < batch_size  # Petastorm's last batch holds the epoch's remainder
+        short = n < batch_size  # Petastorm's last batch holds the remainder
         batch[label][-1].item()
         batch[probe].reshape(-1)[-1].item()
         rows += n
         count += 1
+        if rows >= epoch_rows * (len(marks) + 1):
+            marks.append((rows, time.perf_counter(), tree_cpu_seconds(os.getpid())))
         if count >= spec["max_batches"] or now >= deadline:
             complete = False
             break
@@ -300,21 +309,30 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         raise RuntimeError(f"{name} gave no batch")
     cpu_end = tree_cpu_seconds(os.getpid())
     sampler.stop()
+    first = first or end
+    first_rows, first_end, first_cpu = marks[0] if marks else (rows, end, cpu_end)
     report.update(
-        rows=rows,
+        rows=first_rows,
         batches=count,
-        seconds=end - start,
-        first_batch_s=(first or end) - start,
-        steady_rows=max(rows - batch_size, 0),
-        steady_seconds=end - (first or end),
-        cpu_s=cpu_end - cpu_start,
-        steady_cpu_s=cpu_end - cpu_first,
+        seconds=first_end - start,
+        first_batch_s=first - start,
+        steady_rows=max(first_rows - batch_size, 0),
+        steady_seconds=first_end - first,
+        cpu_s=first_cpu - cpu_start,
+        steady_cpu_s=first_cpu - cpu_first,
         peak_rss_bytes=max(self_status_bytes("VmHWM"), sampler.peak_tree),
         # this process only: peak anonymous memory (sampled), and file-backed pages at the end
         peak_rss_anon_bytes=sampler.peak_anon,
         rss_file_end_bytes=self_status_bytes("RssFile"),
-        complete_epoch=complete,
+        complete_epoch=bool(marks) or (complete and epoch_rows == float("inf")),
+        epochs_done=len(marks),
     )
+    if marks and rows > first_rows:
+        report.update(
+            later_rows=rows - first_rows,
+            later_seconds=end - first_end,
+            later_cpu_s=cpu_end - first_cpu,
+        )
     return report
 
 

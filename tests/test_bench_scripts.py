@@ -64,7 +64,7 @@ def test_loader_benchmark_compares_kolo_with_pyarrow(tmp_path) -> None:
     args = ["--data-dir", str(tmp_path / "data"), "--rows", "20000", "--columns", "8"]
     args += ["--files", "2", "--row-group-rows", "5000", "--variants", "uncompressed,array"]
     args += ["--batch-sizes", "256", "--peers", "kolo,pyarrow", "--repeats", "1"]
-    args += ["--memcpy-bytes", str(32 << 20), "--json", str(out)]
+    args += ["--epochs", "3", "--memcpy-bytes", str(32 << 20), "--json", str(out)]
     result = subprocess.run(
         [sys.executable, str(REPO / "bench" / "loader.py"), *args],
         cwd=REPO,
@@ -79,8 +79,16 @@ def test_loader_benchmark_compares_kolo_with_pyarrow(tmp_path) -> None:
     for line, variant in zip(lines, ("uncompressed", "array")):
         assert re.match(rf"loader {variant} b=256: kolo [\d.]+M rows/s \(", line), line
         assert re.search(r"\| pyarrow [\d.]+M rows/s .* \| kolo/pyarrow [\d.]+x$", line), line
+    later = [x for x in result.stdout.splitlines() if x.startswith("later epochs ")]
+    assert len(later) == 2, result.stdout
+    for line, variant in zip(later, ("uncompressed", "array")):
+        assert re.match(rf"later epochs {variant} b=256: kolo [\d.]+M rows/s \(", line), line
+        assert re.search(r"\| kolo/pyarrow [\d.]+x$", line), line
     assert re.search(
-        r"^memcpy share uncompressed b=256: kolo [\d.]+ GB/s = \d+% ", result.stdout, re.M
+        r"^memcpy share uncompressed b=256: kolo [\d.]+ GB/s = \d+% \(first epoch\), "
+        r"[\d.]+ GB/s = \d+% \(later epochs\) ",
+        result.stdout,
+        re.M,
     )
     figures = json.loads(out.read_text())
     assert figures["bench"] == "loader" and figures["memcpy_GBps"] > 0
@@ -88,6 +96,8 @@ def test_loader_benchmark_compares_kolo_with_pyarrow(tmp_path) -> None:
         for name in ("kolo", "pyarrow"):
             run = entry["loaders"][name]
             assert run["rows"] == 19968 and run["complete_epoch"], run
+            # Two more epochs of whole batches.
+            assert run["epochs_done"] == 3 and run["later_rows"] == 2 * 19968, run
             assert run["rows_per_s"] > 0 and run["cpu_s_per_GB"] > 0 and run["peak_rss_bytes"] > 0
             assert 0 < run["first_batch_s"] < 60
         for key in ("shapes", "dtypes"):

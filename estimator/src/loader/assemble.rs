@@ -5,11 +5,12 @@
 //! contiguous row of it), so a batch of a hundred feature columns is a handful of allocations
 //! and Python views; every array column has its own `[rows, len]` buffer.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use crate::loader::columns::DType;
 use crate::loader::decode::{Chunk, ColumnSpec};
 use crate::loader::gather::{Column, Gather};
+use crate::loader::memory::{BufferPool, Plain, Storage};
 
 /// One output buffer of every batch: its columns, dtype and shape.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,66 +59,6 @@ pub fn layout(specs: &[ColumnSpec]) -> Vec<Group> {
     groups
 }
 
-/// Typed storage of a batch buffer (typed so it is aligned for its dtype).
-#[derive(Debug)]
-enum Storage {
-    W1(Vec<u8>),
-    W2(Vec<u16>),
-    W4(Vec<u32>),
-    W8(Vec<u64>),
-}
-
-impl Storage {
-    fn new(width: usize, n: usize) -> Self {
-        match width {
-            1 => Storage::W1(vec![0; n]),
-            2 => Storage::W2(vec![0; n]),
-            4 => Storage::W4(vec![0; n]),
-            _ => Storage::W8(vec![0; n]),
-        }
-    }
-
-    fn shape(&self) -> (usize, usize) {
-        match self {
-            Storage::W1(v) => (1, v.len()),
-            Storage::W2(v) => (2, v.len()),
-            Storage::W4(v) => (4, v.len()),
-            Storage::W8(v) => (8, v.len()),
-        }
-    }
-}
-
-/// Batch buffers given back (dropped) by their users, reused for later batches: no page
-/// faults and no zeroing for fresh memory in the steady state.
-#[derive(Debug, Default)]
-pub struct BufferPool {
-    free: Mutex<Vec<Storage>>,
-}
-
-/// Most buffers a pool keeps, in all and of one shape.
-const POOL_LIMIT: usize = 64;
-const POOL_LIMIT_PER_SHAPE: usize = 8;
-
-impl BufferPool {
-    fn take(&self, width: usize, n: usize) -> Storage {
-        let reused = {
-            let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-            let found = free.iter().position(|s| s.shape() == (width, n));
-            found.map(|i| free.swap_remove(i))
-        };
-        reused.unwrap_or_else(|| Storage::new(width, n))
-    }
-
-    fn give(&self, storage: Storage) {
-        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        let shape = storage.shape();
-        let same = free.iter().filter(|s| s.shape() == shape).count();
-        if free.len() < POOL_LIMIT && same < POOL_LIMIT_PER_SHAPE {
-            free.push(storage);
-        }
-    }
-}
-
 /// One buffer of a window or batch: C-contiguous, shaped `[columns, rows]` or `[rows, len]`.
 /// Dropping it gives its memory back to its loader's pool.
 #[derive(Debug)]
@@ -135,10 +76,7 @@ pub struct BatchBuffer {
 impl Drop for BatchBuffer {
     fn drop(&mut self) {
         if let Some(pool) = self.pool.take() {
-            pool.give(std::mem::replace(
-                &mut self.storage,
-                Storage::W1(Vec::new()),
-            ));
+            pool.give(std::mem::replace(&mut self.storage, Storage::new(1, 0)));
         }
     }
 }
@@ -156,23 +94,13 @@ impl BatchBuffer {
 
     /// Address of the first element (valid while the buffer lives; never null).
     pub fn as_ptr(&self) -> *const u8 {
-        match &self.storage {
-            Storage::W1(v) => v.as_ptr(),
-            Storage::W2(v) => v.as_ptr().cast(),
-            Storage::W4(v) => v.as_ptr().cast(),
-            Storage::W8(v) => v.as_ptr().cast(),
-        }
+        self.storage.as_ptr()
     }
 
     /// Mutable address of the first element, for handing the buffer to another owner
     /// (numpy) that may write to it.
     pub fn as_mut_ptr(&mut self) -> *mut u8 {
-        match &mut self.storage {
-            Storage::W1(v) => v.as_mut_ptr(),
-            Storage::W2(v) => v.as_mut_ptr().cast(),
-            Storage::W4(v) => v.as_mut_ptr().cast(),
-            Storage::W8(v) => v.as_mut_ptr().cast(),
-        }
+        self.storage.as_mut_ptr()
     }
 
     /// Size in bytes.
@@ -189,20 +117,12 @@ impl BatchBuffer {
 
     /// The elements as bytes, to fill.
     fn bytes_mut(&mut self) -> &mut [u8] {
-        let len = self.byte_len();
-        // SAFETY: the storage holds `shape[0] * shape[1]` elements of `dtype.width()` bytes
-        // (plain integers), so it is `len` initialized bytes, borrowed mutably here.
-        unsafe { std::slice::from_raw_parts_mut(self.as_mut_ptr(), len) }
+        self.storage.bytes_mut()
     }
 
-    /// The elements as little-endian bytes.
+    /// The elements' bytes (in the machine's byte order).
     pub fn to_bytes(&self) -> Vec<u8> {
-        match &self.storage {
-            Storage::W1(v) => v.clone(),
-            Storage::W2(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            Storage::W4(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            Storage::W8(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        }
+        self.storage.bytes().to_vec()
     }
 }
 
@@ -280,7 +200,7 @@ impl BatchView {
         a * b * self.buffer.dtype.width()
     }
 
-    /// The elements in row-major order as little-endian bytes.
+    /// The elements in row-major order (bytes in the machine's order).
     pub fn to_bytes(&self) -> Vec<u8> {
         let all = self.buffer.to_bytes();
         let width = self.buffer.dtype.width();
@@ -300,7 +220,7 @@ impl BatchView {
         (self.buffer.dtype.width() == 8).then(|| {
             self.to_bytes()
                 .chunks_exact(8)
-                .map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()))
+                .map(|b| u64::from_ne_bytes(b.try_into().unwrap_or_default()))
                 .collect()
         })
     }
@@ -459,15 +379,12 @@ impl Window {
                 n,
                 at,
             };
-            match (&window.storage, &mut buffer.storage) {
-                (Storage::W1(src), Storage::W1(dst)) => layout.run(src, dst),
-                (Storage::W2(src), Storage::W2(dst)) => layout.run(src, dst),
-                (Storage::W4(src), Storage::W4(dst)) => layout.run(src, dst),
-                (Storage::W8(src), Storage::W8(dst)) => layout.run(src, dst),
-                _ => debug_assert!(
-                    false,
-                    "window and batch buffers of one group differ in dtype"
-                ),
+            let (src, dst) = (&window.storage, &mut buffer.storage);
+            match group.dtype.width() {
+                1 => layout.run::<u8>(src.values(), dst.values_mut()),
+                2 => layout.run::<u16>(src.values(), dst.values_mut()),
+                4 => layout.run::<u32>(src.values(), dst.values_mut()),
+                _ => layout.run::<u64>(src.values(), dst.values_mut()),
             }
         }
     }
@@ -488,7 +405,7 @@ struct Copy {
 }
 
 impl Copy {
-    fn run<T: std::marker::Copy>(&self, src: &[T], dst: &mut [T]) {
+    fn run<T: Plain>(&self, src: &[T], dst: &mut [T]) {
         match self.len {
             Some(len) => dst[self.at * len..(self.at + self.n) * len]
                 .copy_from_slice(&src[self.from * len..(self.from + self.n) * len]),

@@ -70,7 +70,11 @@ impl<'a> Gather<'a> {
         let n = self.row_of.len();
         for column in columns.iter() {
             assert_eq!(column.dst.len(), n * row_bytes, "window buffer size");
-            assert_eq!(column.sources.len(), self.ranges.len(), "one source per segment");
+            assert_eq!(
+                column.sources.len(),
+                self.ranges.len(),
+                "one source per segment"
+            );
             for (src, range) in column.sources.iter().zip(self.ranges) {
                 assert!(
                     src.len() >= range.end as usize * row_bytes,
@@ -316,7 +320,10 @@ pub(crate) mod avx512 {
                     let s = *segment_of.get_unchecked(i + PREFETCH_AHEAD) as usize;
                     let r = *row_of.get_unchecked(i + PREFETCH_AHEAD) as usize * W;
                     for lane in lanes {
-                        let at = lane.base.wrapping_offset(lane.table[s] as isize).wrapping_add(r);
+                        let at = lane
+                            .base
+                            .wrapping_offset(lane.table[s] as isize)
+                            .wrapping_add(r);
                         _mm_prefetch::<_MM_HINT_T0>(at.cast());
                     }
                 }

@@ -25,6 +25,7 @@ pub mod assemble;
 pub mod columns;
 pub mod decode;
 mod gather;
+mod memory;
 mod pipeline;
 mod plain;
 pub mod queue;

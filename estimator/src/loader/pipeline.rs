@@ -10,8 +10,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
-use crate::loader::assemble::{allocate, whole_views, Batch, BufferPool, Group, Segment, Window};
+use crate::loader::assemble::{allocate, whole_views, Batch, Group, Segment, Window};
 use crate::loader::decode::{Chunk, ColumnSpec};
+use crate::loader::memory::BufferPool;
 use crate::loader::queue::{Pop, Queue};
 use crate::loader::source::FileReader;
 use crate::loader::state::Position;
@@ -431,9 +432,9 @@ impl Assembler {
             };
             let permutation = plan.window_permutation(next);
             let (context, pool) = (Arc::clone(&self.context), Arc::clone(&self.pool));
-            let pending = self.workers.submit(move || {
-                Window::new(&segments, &permutation, &context.groups, &pool, 1)
-            })?;
+            let pending = self
+                .workers
+                .submit(move || Window::new(&segments, &permutation, &context.groups, &pool, 1))?;
             self.ahead.push_back((next, pending));
         }
     }
