@@ -60,29 +60,30 @@ pub fn column_runs(
             columns.push(None);
             continue;
         }
-        let (start, len) = chunk.byte_range();
-        populate(file, start, len);
         let reader = SerializedPageReader::new(Arc::new(file.clone()), chunk, group_rows, None)?;
-        columns.push(column_pages(reader, &levels, spec.row_bytes(), rows)?);
+        let runs = column_pages(reader, &levels, spec.row_bytes(), rows)?;
+        for run in runs.iter().flatten() {
+            populate(file, run.values.as_slice());
+        }
+        columns.push(runs);
     }
     Ok(columns)
 }
 
-/// Maps in the pages of bytes `[start, start + len)` of `file` in one call, here on a decode
-/// thread, rather than one fault per 4 KiB page when the assembler first touches them. Only a
-/// hint: errors (old kernels, memory that is not a mapping) are ignored.
-fn populate(file: &Bytes, start: u64, len: u64) {
+/// Maps in the pages of `values` (the rows a piece reads, when they lie in the mapped `file`)
+/// in one call, here on a decode thread, rather than one fault per 4 KiB page when the gather
+/// first touches them. Only the piece's own rows: a row group is read in several pieces.
+/// Only a hint: errors (old kernels, memory that is not a mapping) are ignored.
+fn populate(file: &Bytes, values: &[u8]) {
     #[cfg(target_os = "linux")]
     {
-        let (Ok(start), Ok(len)) = (usize::try_from(start), usize::try_from(len)) else {
-            return;
-        };
-        if start.saturating_add(len) > file.len() || len == 0 {
+        let (begin, len) = (values.as_ptr() as usize, values.len());
+        let mapped = file.as_ptr() as usize..file.as_ptr() as usize + file.len();
+        if len == 0 || !mapped.contains(&begin) || begin + len > mapped.end {
             return;
         }
         // SAFETY: sysconf has no preconditions.
         let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
-        let begin = file.as_ptr() as usize + start;
         let aligned = begin & !(page.max(1) - 1);
         // SAFETY: `[aligned, begin + len)` lies in pages that hold bytes of `file`, which stays
         // mapped while borrowed; MADV_POPULATE_READ only fills page tables, as reading would.
@@ -94,6 +95,8 @@ fn populate(file: &Bytes, start: u64, len: u64) {
             );
         }
     }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (file, values);
 }
 
 /// Values of consecutive rows of one column (from one page, or decoded by the Arrow reader).
