@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -121,22 +122,80 @@ def unavailable_reason(loader: str, python: str) -> Optional[str]:
     return lines[-1] if lines else f"exit status {probe.returncode}"
 
 
+def adopt_orphans() -> None:
+    """Makes this process the reaper of its descendants' orphans (Linux), so that what a run
+    leaves behind (Ray's daemons, some in sessions of their own) can be found and ended."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+def descendants() -> list[int]:
+    """This process's live descendants (from /proc/*/stat parent links)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found, todo = [], list(children.get(os.getpid(), []))
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, []))
+    return found
+
+
+def end_leftovers(timeout: float = 20.0) -> None:
+    """Kills what a run left running (Ray's daemons outlive its driver by seconds, busy) and
+    waits until it is gone, so the next run has the machine to itself."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pids = descendants()
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0] > 0:
+                pass
+        except ChildProcessError:
+            pass
+        if not pids:
+            return
+        time.sleep(0.1)
+
+
 def run_child(python: str, spec: dict[str, Any], timeout: float) -> dict[str, Any]:
     env = dict(os.environ, PYTHONUNBUFFERED="1", RAY_DEDUP_LOGS="0")
+    proc = subprocess.Popen(
+        [python, str(CHILD), json.dumps(spec)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
-        proc = subprocess.run(
-            [python, str(CHILD), json.dumps(spec)],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=env,
-        )
+        stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
         return {"loader": spec["loader"], "error": f"timed out after {timeout:g} s"}
-    for line in proc.stdout.splitlines():
+    finally:
+        end_leftovers()
+    for line in stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT ") :])
-    tail = (proc.stderr or proc.stdout).strip().splitlines()
+    tail = (stderr or stdout).strip().splitlines()
     return {"loader": spec["loader"], "error": tail[-1] if tail else f"exit {proc.returncode}"}
 
 
@@ -221,6 +280,7 @@ def ratio_text(row_ratios: dict[str, float]) -> str:
 
 def main(argv: Optional[list[str]] = None) -> None:
     args = parse_args(argv)
+    adopt_orphans()
     loaders = [name for name in ALL_LOADERS if name in args.peers]
     pythons = {name: interpreter(name, args) for name in loaders}
     unavailable = {name: unavailable_reason(name, pythons[name]) for name in loaders}

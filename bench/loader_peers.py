@@ -7,8 +7,9 @@ epochs (or until ``seconds`` after the first batch, or ``max_batches``) and prin
 included) and peak memory (VmHWM, which counts mapped file pages too, plus the sampled peak of
 anonymous RSS; for Ray, whose work runs in other processes, the peak of the tree's summed PSS
 sampled every 0.1 s). Rows, timings and CPU are the first epoch's (it ends once ``epoch_rows``
-rows are out); ``later_*`` are those of the epochs after it, which find the loader's threads,
-memory and file mappings already set up, as every epoch of a training job but the first does.
+rows are out); ``later_*`` are those of the whole epochs after it, which find the loader's
+threads, memory and file mappings already set up, as every epoch of a training job but the
+first does.
 It imports only the standard library at module level, so the Petastorm run can use another
 interpreter (a venv with the older pyarrow Petastorm needs).
 
@@ -327,11 +328,14 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         complete_epoch=bool(marks) or (complete and epoch_rows == float("inf")),
         epochs_done=len(marks),
     )
-    if marks and rows > first_rows:
+    if len(marks) >= 2:
+        # Whole later epochs only: a run cut short in one (by the time cap) may have spent its
+        # last seconds starting it (Ray re-plans and re-reads before its first batch).
+        last_rows, last_end, last_cpu = marks[-1]
         report.update(
-            later_rows=rows - first_rows,
-            later_seconds=end - first_end,
-            later_cpu_s=cpu_end - first_cpu,
+            later_rows=last_rows - first_rows,
+            later_seconds=last_end - first_end,
+            later_cpu_s=last_cpu - first_cpu,
         )
     return report
 
