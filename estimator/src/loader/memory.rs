@@ -90,16 +90,28 @@ impl Storage {
 
 /// Batch buffers given back (dropped) by their users, reused for later batches: no page
 /// faults and no zeroing for fresh memory in the steady state.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct BufferPool {
     free: Mutex<Vec<Storage>>,
+    /// The most buffers of one shape kept.
+    per_shape: usize,
 }
 
-/// Most buffers a pool keeps, in all and of one shape.
-const POOL_LIMIT: usize = 64;
-const POOL_LIMIT_PER_SHAPE: usize = 8;
+impl Default for BufferPool {
+    fn default() -> Self {
+        Self::new(8)
+    }
+}
 
 impl BufferPool {
+    /// A pool keeping up to `per_shape` buffers of each shape (as many as are alive at once).
+    pub fn new(per_shape: usize) -> Self {
+        Self {
+            free: Mutex::new(Vec::new()),
+            per_shape,
+        }
+    }
+
     /// Storage for `n` values of `width` bytes: a given-back one of that shape, or new.
     pub fn take(&self, width: usize, n: usize) -> Storage {
         let reused = {
@@ -110,12 +122,11 @@ impl BufferPool {
         reused.unwrap_or_else(|| Storage::new(width, n))
     }
 
-    /// Keeps `storage` for reuse (up to the pool's limits).
+    /// Keeps `storage` for reuse (up to the pool's limit for its shape).
     pub fn give(&self, storage: Storage) {
         let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
         let shape = storage.shape();
-        let same = free.iter().filter(|s| s.shape() == shape).count();
-        if free.len() < POOL_LIMIT && same < POOL_LIMIT_PER_SHAPE {
+        if free.iter().filter(|s| s.shape() == shape).count() < self.per_shape {
             free.push(storage);
         }
     }
@@ -149,12 +160,23 @@ mod tests {
     }
 
     #[test]
-    fn the_pool_hands_back_storage_of_the_same_shape() {
-        let pool = BufferPool::default();
+    fn the_pool_hands_back_storage_of_the_same_shape_up_to_its_limit() {
+        let pool = BufferPool::new(2);
         let storage = pool.take(4, 1 << 20);
         let address = storage.as_ptr();
         pool.give(storage);
         assert_ne!(pool.take(8, 1 << 19).as_ptr(), address, "another shape");
         assert_eq!(pool.take(4, 1 << 20).as_ptr(), address);
+        let three: Vec<Storage> = (0..3).map(|_| Storage::new(4, 16)).collect();
+        let addresses: Vec<_> = three.iter().map(Storage::as_ptr).collect();
+        for storage in three {
+            pool.give(storage);
+        }
+        let again: Vec<_> = (0..3).map(|_| pool.take(4, 16).as_ptr()).collect();
+        assert_eq!(
+            again.iter().filter(|a| addresses.contains(a)).count(),
+            2,
+            "two kept"
+        );
     }
 }

@@ -23,9 +23,13 @@ use crate::plan::{EpochPlan, PlanConfig, RankPlan};
 /// How often blocked threads look at the stop flag.
 const POLL: Duration = Duration::from_millis(50);
 /// At most this many bytes of shuffle windows are gathered ahead of the one being handed
-/// out (up to one window per CPU and one more): gathering two or three windows at once, each
-/// on its own thread, took a batch-4096 epoch from ~5.6 to ~6.8 GB/s on 2 cores.
+/// out, and at most [`WINDOWS_AHEAD_PER_CPU`] windows per CPU, by one `kolo-gather` thread
+/// per CPU. (Three windows ahead on three threads left 2 cores idle 15-20 % of an epoch at
+/// batch 4096: finished windows waited for the one before them while the others shared the
+/// cores; eight ahead on two threads keep them busy, about 6.3 -> 7.2 GB/s.)
 const AHEAD_BYTES: usize = 256 << 20;
+/// The most shuffle windows gathered ahead per CPU.
+const WINDOWS_AHEAD_PER_CPU: usize = 4;
 /// The most batches of one shuffle window queued at once (small batches of a large window).
 const MAX_QUEUED_WINDOW_BATCHES: usize = 1024;
 /// How long dropping a loader waits for its threads.
@@ -372,7 +376,7 @@ impl Assembler {
         while position < job.end {
             let rows = batch_size.min(job.end - position) as usize;
             let index = position / width;
-            self.load_window(&mut window, plan, index)?;
+            self.load_window(&mut window, plan, index, job.end)?;
             let Some((_, current)) = window.as_ref() else {
                 return Ok(false);
             };
@@ -387,7 +391,7 @@ impl Assembler {
                 let mut filled = 0;
                 while filled < rows {
                     let index = position / width;
-                    self.load_window(&mut window, plan, index)?;
+                    self.load_window(&mut window, plan, index, job.end)?;
                     let Some((_, current)) = window.as_ref() else {
                         return Ok(false);
                     };
@@ -409,9 +413,6 @@ impl Assembler {
             };
             if !self.send(Item::Batch(batch)) {
                 return Ok(false);
-            }
-            if let Some((current, _)) = window {
-                self.gather_ahead(plan, current, job.end)?;
             }
         }
         Ok(true)
@@ -440,12 +441,15 @@ impl Assembler {
     }
 
     /// Makes `window` the shuffle window `index` of `plan`: the one gathered ahead for it, or
-    /// one gathered here; leaves `None` there once stopped.
+    /// one gathered here; leaves `None` there once stopped. Either way, the windows after it
+    /// (before `end`) are handed to the workers first, so they gather while this thread waits
+    /// for `index` or for room in the queue.
     fn load_window(
         &mut self,
         window: &mut Option<(u64, Window)>,
         plan: &RankPlan,
         index: u64,
+        end: u64,
     ) -> Result<()> {
         if window.as_ref().is_some_and(|(i, _)| *i == index) {
             return Ok(());
@@ -457,6 +461,7 @@ impl Assembler {
                     "shuffle window {index} was asked for while window {ahead} was gathered ahead"
                 )));
             }
+            self.gather_ahead(plan, index, end)?;
             let work = &self.work;
             *window = pending.wait(POLL, || work.stopped())?.map(|w| (index, w));
             return Ok(());
@@ -465,6 +470,7 @@ impl Assembler {
         let Some(segments) = self.take_rows((bounds.end - bounds.start) as usize)? else {
             return Ok(());
         };
+        self.gather_ahead(plan, index, end)?;
         let permutation = plan.window_permutation(index);
         let context = &self.context;
         *window = Some((
@@ -571,16 +577,18 @@ impl Pipeline {
         let config = &context.config;
         let per_window = config.window.max(1).div_ceil(config.batch_size.max(1));
         let per_window = usize::try_from(per_window).unwrap_or(usize::MAX);
-        let out = Arc::new(Queue::new(
-            prefetch.saturating_add(per_window.min(MAX_QUEUED_WINDOW_BATCHES)),
-        ));
+        let queued = prefetch.saturating_add(per_window.min(MAX_QUEUED_WINDOW_BATCHES));
+        let out = Arc::new(Queue::new(queued));
         let row_bytes: usize = context.specs.iter().map(ColumnSpec::row_bytes).sum();
         let window_bytes = usize::try_from(config.window)
             .unwrap_or(usize::MAX)
             .saturating_mul(row_bytes)
             .max(1);
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let ahead_depth = (AHEAD_BYTES / window_bytes).min(cpus + 1);
+        let ahead_depth = (AHEAD_BYTES / window_bytes).min(WINDOWS_AHEAD_PER_CPU * cpus);
+        // Windows alive at once: those ahead, the current one, the queued batches' and the
+        // caller's; the pool keeps that many, so no epoch after the first allocates.
+        let windows_alive = ahead_depth + queued.div_ceil(per_window.max(1)) + 2;
         let work = Arc::new(Work::default());
         let mut pipeline = Pipeline {
             out: Arc::clone(&out),
@@ -609,9 +617,9 @@ impl Pipeline {
             lookahead: (2 * decoders.max(1) + 1) as u64,
             stream: VecDeque::new(),
             stream_row: 0,
-            pool: Arc::default(),
+            pool: Arc::new(BufferPool::new(windows_alive)),
             ahead: VecDeque::new(),
-            workers: Workers::start("kolo-gather", ahead_depth)?,
+            workers: Workers::start("kolo-gather", ahead_depth.min(cpus))?,
             ahead_depth,
         };
         pipeline.spawn("kolo-assemble".into(), move || assembler.run())?;
