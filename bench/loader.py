@@ -48,6 +48,7 @@ from loader_data import (
     parquet_files,
     warm_page_cache,
 )
+from loader_peers import tree_pids
 
 HERE = Path(__file__).resolve().parent
 CHILD = HERE / "loader_peers.py"
@@ -133,33 +134,12 @@ def adopt_orphans() -> None:
         pass
 
 
-def descendants() -> list[int]:
-    """This process's live descendants (from /proc/*/stat parent links)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z":
-            children.setdefault(int(fields[1]), []).append(int(entry))
-    found, todo = [], list(children.get(os.getpid(), []))
-    while todo:
-        pid = todo.pop()
-        found.append(pid)
-        todo.extend(children.get(pid, []))
-    return found
-
-
 def end_leftovers(timeout: float = 20.0) -> None:
     """Kills what a run left running (Ray's daemons outlive its driver by seconds, busy) and
     waits until it is gone, so the next run has the machine to itself."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        pids = descendants()
+        pids = tree_pids(os.getpid())[1:]
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)

@@ -44,7 +44,7 @@ from typing import Any, Iterator
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def _tree_pids(root: int) -> list[int]:
+def tree_pids(root: int) -> list[int]:
     """``root`` and every live descendant (from /proc/*/stat parent links)."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
@@ -71,7 +71,7 @@ def tree_cpu_seconds(root: int) -> float:
     reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
     total = own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime
     ticks = 0
-    for pid in _tree_pids(root)[1:]:
+    for pid in tree_pids(root)[1:]:
         try:
             with open(f"/proc/{pid}/stat") as stat:
                 fields = stat.read().rsplit(")", 1)[1].split()
@@ -84,7 +84,7 @@ def tree_cpu_seconds(root: int) -> float:
 def tree_pss_bytes(root: int) -> int:
     """Summed proportional set size of ``root``'s tree (shared pages split, not double counted)."""
     total = 0
-    for pid in _tree_pids(root):
+    for pid in tree_pids(root):
         try:
             with open(f"/proc/{pid}/smaps_rollup") as rollup:
                 for line in rollup:
