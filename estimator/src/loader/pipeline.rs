@@ -337,8 +337,7 @@ struct Assembler {
 
 impl Assembler {
     fn run(mut self) {
-        let outcome = self.run_epochs();
-        let item = match outcome {
+        let item = match self.run_epochs() {
             Ok(true) => Item::Finished,
             Ok(false) => return,
             Err(err) => Item::Failed(err),
@@ -418,9 +417,9 @@ impl Assembler {
         Ok(true)
     }
 
-    /// Starts gathering the windows after `index` (the one loaded last) on helper threads, up to the depth and
-    /// within the epoch's rows before `end` (so every one is handed out in this epoch). The
-    /// rows come off the stream in window order, so `load_window` finds each in turn.
+    /// Hands the workers the windows after `index` (the one being loaded), up to the depth
+    /// and within the epoch's rows before `end` (so every one is handed out in this epoch).
+    /// The rows come off the stream in window order, so `load_window` finds each in turn.
     fn gather_ahead(&mut self, plan: &RankPlan, index: u64, end: u64) -> Result<()> {
         loop {
             let next = self.ahead.back().map_or(index, |(i, _)| *i) + 1;
