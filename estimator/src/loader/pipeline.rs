@@ -23,13 +23,13 @@ use crate::plan::{EpochPlan, PlanConfig, RankPlan};
 /// How often blocked threads look at the stop flag.
 const POLL: Duration = Duration::from_millis(50);
 /// At most this many bytes of shuffle windows are gathered ahead of the one being handed
-/// out, and at most [`WINDOWS_AHEAD_PER_CPU`] windows per CPU, by one `kolo-gather` thread
-/// per CPU. (Three windows ahead on three threads left 2 cores idle 15-20 % of an epoch at
-/// batch 4096: finished windows waited for the one before them while the others shared the
-/// cores; eight ahead on two threads keep them busy, about 6.3 -> 7.2 GB/s.)
+/// out, and at most [`WINDOWS_AHEAD_PER_THREAD`] windows per `kolo-gather` thread. (Three
+/// windows ahead on three threads left 2 cores idle 15-20 % of an epoch at batch 4096:
+/// finished windows waited for the one before them while the others shared the cores; eight
+/// ahead on two threads keep them busy, about 6.3 -> 7.2 GB/s.)
 const AHEAD_BYTES: usize = 256 << 20;
-/// The most shuffle windows gathered ahead per CPU.
-const WINDOWS_AHEAD_PER_CPU: usize = 4;
+/// The most shuffle windows gathered ahead per gather thread.
+const WINDOWS_AHEAD_PER_THREAD: usize = 4;
 /// The most batches of one shuffle window queued at once (small batches of a large window).
 const MAX_QUEUED_WINDOW_BATCHES: usize = 1024;
 /// How long dropping a loader waits for its threads.
@@ -584,7 +584,9 @@ impl Pipeline {
             .saturating_mul(row_bytes)
             .max(1);
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let ahead_depth = (AHEAD_BYTES / window_bytes).min(WINDOWS_AHEAD_PER_CPU * cpus);
+        // One gather thread per decode thread (the loader's thread budget), at most one per CPU.
+        let gatherers = decoders.clamp(1, cpus);
+        let ahead_depth = (AHEAD_BYTES / window_bytes).min(WINDOWS_AHEAD_PER_THREAD * gatherers);
         // Windows alive at once: those ahead, the current one, the queued batches' and the
         // caller's; the pool keeps that many, so no epoch after the first allocates.
         let windows_alive = ahead_depth + queued.div_ceil(per_window.max(1)) + 2;
@@ -618,7 +620,7 @@ impl Pipeline {
             stream_row: 0,
             pool: Arc::new(BufferPool::new(windows_alive)),
             ahead: VecDeque::new(),
-            workers: Workers::start("kolo-gather", ahead_depth.min(cpus))?,
+            workers: Workers::start("kolo-gather", gatherers.min(ahead_depth))?,
             ahead_depth,
         };
         pipeline.spawn("kolo-assemble".into(), move || assembler.run())?;

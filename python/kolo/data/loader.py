@@ -56,7 +56,8 @@ class ParquetLoader:
         to: ``"torch"`` (tensors) or ``"numpy"`` (arrays).
         storage_options: store options (``aws_endpoint``, ``google_service_account``, ...).
         shuffle_buffer_size: rows per shuffle window (default ``max(16384, 4 * batch_size)``).
-        num_threads: decode threads (default ``min(4, CPUs)``).
+        num_threads: decode threads, and as many threads (at most one per CPU) gathering
+            shuffle windows ahead (default ``min(4, CPUs)``).
 
     ``state_dict()``/``load_state_dict()`` save and restore the position (rows handed out,
     not prefetched), also into a loader with another number of ranks: it then hands out
