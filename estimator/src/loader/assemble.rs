@@ -105,7 +105,7 @@ impl BatchBuffer {
 
     /// Size in bytes.
     pub fn byte_len(&self) -> usize {
-        self.shape[0] * self.shape[1] * self.dtype.width()
+        self.storage.byte_len()
     }
 
     /// The filled buffer, shared by the views that hand it out (its address taken now, while
@@ -113,11 +113,6 @@ impl BatchBuffer {
     fn into_shared(mut self) -> Arc<Self> {
         self.address = self.as_mut_ptr() as usize;
         Arc::new(self)
-    }
-
-    /// The elements as bytes, to fill.
-    fn bytes_mut(&mut self) -> &mut [u8] {
-        self.storage.bytes_mut()
     }
 
     /// The elements' bytes (in the machine's byte order).
@@ -300,6 +295,7 @@ impl Window {
             let width = group.dtype.width();
             let per_column = (rows * len * width).max(1);
             let columns = buffer
+                .storage
                 .bytes_mut()
                 .chunks_mut(per_column)
                 .zip(&group.columns)
