@@ -16,7 +16,7 @@ from torch import nn
 pytest.importorskip("pyspark")
 
 from kolo.exceptions import DataError
-from kolo.spark.torch.model import _Predictor
+from kolo.spark.torch.model import TorchPredictor
 
 
 class _Broadcast:
@@ -43,9 +43,9 @@ def _lists(rows: np.ndarray) -> pa.Array:
     return pa.ListArray.from_arrays(offsets, pa.array(rows.reshape(-1)))
 
 
-def _predictor(model: nn.Module, out_cols: list[str], sizes: list, batch: int) -> _Predictor:
+def _predictor(model: nn.Module, out_cols: list[str], sizes: list, batch: int) -> TorchPredictor:
     payload = {"model": model, "input_shapes": None, "use_gpu": False}
-    return _Predictor(_Broadcast(payload), out_cols, sizes, batch)
+    return TorchPredictor(_Broadcast(payload), out_cols, sizes, batch)
 
 
 def test_arrow_and_pandas_bodies_give_the_models_outputs() -> None:

@@ -1,6 +1,14 @@
 """kolo: Horovod-style data-parallel training for Spark and Ray on a Rust core.
 
 Frameworks live in submodules; ``import kolo.torch as hvd`` gives the Horovod PyTorch API.
+Here: ``__version__``, the process sets (:class:`ProcessSet`, ``global_process_set``: every
+rank) and :func:`engine_stats`.
+
+Example::
+
+    import kolo
+
+    print(kolo.__version__, kolo.global_process_set.size())
 """
 
 from kolo._core import engine_stats

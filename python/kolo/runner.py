@@ -18,6 +18,8 @@ from typing import Optional
 from kolo import _native
 from kolo.exceptions import ConfigError, KoloError
 
+__all__ = ["check_build", "main"]
+
 _FRAMEWORKS = [
     ("TensorFlow", "tensorflow"),
     ("PyTorch", "torch"),

@@ -574,6 +574,7 @@ class HDFSStore(AbstractFilesystemStore):
 
     @classmethod
     def filesystem_prefix(cls) -> str:
+        """The URL scheme of this store's paths (``hdfs://``)."""
         return cls.FS_PREFIX
 
     def path_prefix(self) -> str:
@@ -602,6 +603,7 @@ class HDFSStore(AbstractFilesystemStore):
             os.environ["KRB5CCNAME"] = str(self._kerb_ticket)
 
     def get_local_output_dir_fn(self, run_id: str) -> Callable[[], Any]:
+        """A context manager factory yielding a temporary directory under ``temp_dir``."""
         return _TempDir(self._temp_dir)
 
 
@@ -657,6 +659,7 @@ class DBFSLocalStore(FilesystemStore):
         return path
 
     def get_full_path(self, path: str) -> str:
+        """``path`` as the local ``/dbfs/...`` path Databricks mounts."""
         return self.normalize_datbricks_path(path)
 
     def _default_checkpoint_filename(self) -> str:

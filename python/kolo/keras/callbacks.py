@@ -19,6 +19,14 @@ from kolo.keras import _arrays, _bridge
 from kolo.keras.functions import broadcast_variables
 from kolo.process_sets import global_process_set, resolve
 
+__all__ = [
+    "BestModelCheckpoint",
+    "BroadcastGlobalVariablesCallback",
+    "LearningRateScheduleCallback",
+    "LearningRateWarmupCallback",
+    "MetricAverageCallback",
+]
+
 log = logging.getLogger("kolo.keras")
 
 
@@ -43,6 +51,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self.broadcast_done = False
 
     def on_train_begin(self, logs: Optional[dict[str, Any]] = None) -> None:
+        """Broadcasts the model's and the optimizer's variables from ``root_rank`` (once)."""
         if self.broadcast_done:
             return
         broadcast_variables(self.model.variables, self.root_rank, self.process_set)
@@ -70,6 +79,7 @@ class MetricAverageCallback(keras.callbacks.Callback):
         self.process_set = process_set or global_process_set
 
     def on_epoch_end(self, epoch: int, logs: Optional[dict[str, Any]] = None) -> None:
+        """Replaces each scalar metric in ``logs`` by its average over the ranks."""
         if not logs:
             return
         keys = sorted(k for k, v in logs.items() if np.ndim(_bridge.to_numpy(v)) == 0)
@@ -159,6 +169,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
                     m.assign(m * ratio)
 
     def on_train_begin(self, logs: Optional[dict[str, Any]] = None) -> None:
+        """Learns the steps per epoch from Keras when not given (needed without staircase)."""
         if self.steps_per_epoch is None and not self.staircase:
             self.steps_per_epoch = self.params.get("steps") if self.params else None
         if not self.staircase and not self.steps_per_epoch:
@@ -168,11 +179,13 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
             )
 
     def on_epoch_begin(self, epoch: int, logs: Optional[dict[str, Any]] = None) -> None:
+        """Sets the epoch's learning rate (staircase schedules)."""
         self.current_epoch = epoch
         if self.staircase and self._in_range(epoch):
             self._set_lr(epoch)
 
     def on_train_batch_begin(self, batch: int, logs: Optional[dict[str, Any]] = None) -> None:
+        """Sets the learning rate of this point in the epoch (smooth schedules)."""
         if self.staircase or self.current_epoch is None:
             return
         epoch = self.current_epoch + float(batch) / float(self.steps_per_epoch or 1)
@@ -180,6 +193,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
             self._set_lr(epoch)
 
     def on_epoch_end(self, epoch: int, logs: Optional[dict[str, Any]] = None) -> None:
+        """Records the learning rate in ``logs["lr"]``."""
         if logs is not None:
             logs["lr"] = float(_bridge.to_numpy(self.model.optimizer.learning_rate))
 
@@ -219,6 +233,7 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
         self.verbose = verbose
 
     def on_epoch_end(self, epoch: int, logs: Optional[dict[str, Any]] = None) -> None:
+        """Ends the warmup at exactly ``initial_lr`` after its last epoch."""
         super().on_epoch_end(epoch, logs)
         if epoch == self.warmup_epochs - 1:
             # The last batches of warmup stop short of initial_lr: finish the ramp.
@@ -261,6 +276,7 @@ class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
         self.filepath = filepath
 
     def on_train_begin(self, logs: Optional[dict[str, Any]] = None) -> None:
+        """Checks that the callback has a file to write (:class:`~kolo.exceptions.ConfigError`)."""
         if not self.filepath:
             raise ConfigError(
                 "BestModelCheckpoint has no filepath: pass filepath='best.keras' (a KerasEstimator "

@@ -11,6 +11,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+__all__ = ["BF16Compressor", "Compression", "Compressor", "FP16Compressor", "NoneCompressor"]
+
 
 class Compressor:
     """Compresses an array before a collective and restores it afterwards."""
@@ -36,10 +38,12 @@ class NoneCompressor(Compressor):
 
     @staticmethod
     def compress(array: np.ndarray) -> tuple[np.ndarray, Any]:
+        """``(array, None)``: nothing to undo."""
         return array, None
 
     @staticmethod
     def decompress(array: np.ndarray, ctx: Any) -> np.ndarray:
+        """``array`` as it came."""
         return array
 
 

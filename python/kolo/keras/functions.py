@@ -13,6 +13,8 @@ from kolo.keras.compression import Compression
 from kolo.keras.optimizer import distributed_class, make_settings
 from kolo.process_sets import global_process_set, resolve
 
+__all__ = ["broadcast_variables", "load_model"]
+
 
 def broadcast_variables(
     variables: Iterable[Any], root_rank: int, process_set: Any = global_process_set

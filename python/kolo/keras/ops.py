@@ -17,6 +17,16 @@ from kolo.keras import _arrays, _bridge
 from kolo.keras.compression import Compression
 from kolo.process_sets import global_process_set, resolve
 
+__all__ = [
+    "allgather",
+    "allgather_object",
+    "allreduce",
+    "barrier",
+    "broadcast",
+    "broadcast_object",
+    "grouped_allreduce",
+]
+
 
 def allreduce(
     value: Any,

@@ -24,6 +24,8 @@ from kolo.keras import _arrays, _bridge
 from kolo.keras.compression import Compression
 from kolo.process_sets import ProcessSet, global_process_set, resolve
 
+__all__ = ["DistributedOptimizer", "distributed_class", "is_distributed", "make_settings"]
+
 
 class _Settings:
     """What a distributed optimizer class does to gradients (shared by its instances)."""
@@ -295,8 +297,9 @@ def DistributedOptimizer(
     Args:
         optimizer: the ``keras.optimizers.Optimizer`` to wrap (not yet used for training).
         name: prefix of the collectives' names (default ``"DistributedOptimizer"``).
-        device_dense, device_sparse: accepted for Horovod compatibility; kolo reduces host
-            copies of the gradients.
+        device_dense: accepted for Horovod compatibility; kolo reduces host copies of the
+            gradients.
+        device_sparse: accepted for Horovod compatibility, like ``device_dense``.
         compression: ``hvd.Compression.none``, ``.fp16`` or ``.bf16`` on the wire.
         sparse_as_dense: reduce ``tf.IndexedSlices`` gradients (embeddings) densely instead of
             gathering their rows.

@@ -42,7 +42,7 @@ from lightning_utilities.core.rank_zero import rank_zero_only as utils_rank_zero
 from torch import Tensor
 from torch.nn import Module
 
-from kolo.lightning import collectives
+from kolo.lightning import _collectives as collectives
 from kolo.lightning.environment import KoloEnvironment, _hvd
 
 __all__ = ["KoloFabricStrategy"]
@@ -154,7 +154,7 @@ class KoloFabricStrategy(collectives.KoloRanks, ParallelStrategy):
         group: Optional[Any] = None,
         reduce_op: Optional[Union[ReduceOp, str]] = "mean",
     ) -> Any:
-        """``tensor`` reduced over the ranks (see :func:`kolo.lightning.collectives.reduce`)."""
+        """``tensor`` reduced over the ranks (see :func:`kolo.lightning._collectives.reduce`)."""
         return collectives.reduce(tensor, group, reduce_op, "KoloFabricStrategy.all_reduce")
 
     def all_gather(

@@ -1,4 +1,4 @@
-"""``KoloStrategy``: data-parallel PyTorch Lightning training on kolo's runtime (what
+r"""``KoloStrategy``: data-parallel PyTorch Lightning training on kolo's runtime (what
 Lightning's removed ``HorovodStrategy`` did, on Lightning 2.x).
 
 One process per rank, started by a kolo launcher (``kolorun -np N python train.py``,
@@ -51,7 +51,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from lightning_utilities.core.rank_zero import rank_zero_only as utils_rank_zero_only
 from torch import Tensor
 
-from kolo.lightning import collectives
+from kolo.lightning import _collectives as collectives
 from kolo.lightning.environment import KoloEnvironment, _hvd
 from kolo.lightning.layer_sync import KoloSyncBatchNorm
 

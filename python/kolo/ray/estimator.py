@@ -1,11 +1,13 @@
 """``kolo.ray.TorchEstimator``: trains a PyTorch model with kolo on Ray actors, from a
 ``ray.data.Dataset``, Parquet in a store, or any source :func:`kolo.data.prepare_data` takes.
 
-The training loop is the Spark estimator's (:class:`kolo.spark.torch.remote.RemoteTrainer`,
-built by the same :func:`~kolo.spark.torch.remote.build_training_spec`), run once per rank by
-:meth:`kolo.ray.RayExecutor.run`; only the launcher-specific pieces differ (rank 0's progress
-messages go through the rank's kolo session to this driver; the GPU is ``local_rank`` of the
-node's ``CUDA_VISIBLE_DEVICES``, which the executor orders that way).
+The parameters, checks, training loop and driver flow are the estimator core's
+(:mod:`kolo.estimator`: :class:`~kolo.estimator.TorchTrainer`, built by
+:func:`~kolo.estimator.build_torch_spec`, run by :func:`~kolo.estimator.train_on_ranks`), as
+for the Spark estimator; this module adds what Ray supplies: ranks started once each by
+:meth:`kolo.ray.RayExecutor.run`, rank 0's progress messages taken from the executor's job
+driver, and Ray Datasets as a source. The GPU a rank trains on is its ``local_rank`` of the
+node's ``CUDA_VISIBLE_DEVICES``, which the executor orders that way.
 
 Example::
 
@@ -40,19 +42,18 @@ import dataclasses
 import logging
 import threading
 import time
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Union
 
-from kolo.exceptions import DataError, InvalidArgumentError
-from kolo.spark.common.training_params import reject_unknown, training_defaults
-from kolo.spark.torch.remote import (
-    Progress,
-    RemoteTrainer,
-    build_training_spec,
+from kolo.estimator.checks import check_store_writable, training_columns
+from kolo.estimator.params import reject_unknown, training_defaults
+from kolo.estimator.torch_trainer import (
+    TorchTrainer,
+    build_torch_spec,
     check_model_and_loss,
-    check_rows_per_rank,
-    check_store_writable,
     trained_model,
 )
+from kolo.estimator.training import train_on_ranks
+from kolo.exceptions import DataError, InvalidArgumentError
 
 __all__ = ["TorchEstimator", "TrainingResult"]
 
@@ -91,7 +92,8 @@ class TrainingResult:
     history: Dict[str, List[float]]
     run_id: str
     #: Where rank 0 wrote the run's checkpoint (``store.get_checkpoint_path(run_id)``; load it
-    #: with :func:`kolo.spark.torch.remote.load_checkpoint`); ``None`` for a store without one.
+    #: with :func:`kolo.estimator.torch_trainer.load_checkpoint`); ``None`` for a store without
+    #: one.
     checkpoint_path: Optional[str]
     #: Where the run's TensorBoard logs are (``store.get_logs_path(run_id)``).
     logs_path: Optional[str]
@@ -102,25 +104,6 @@ class TrainingResult:
     #: epochs), ``total``; ``start_epoch`` > 0 when the run resumed from its checkpoint.
     timings: Dict[str, float]
     start_epoch: int = 0
-
-
-def _session_send(obj: Any) -> None:
-    """Rank 0's progress message to the driver through the rank's kolo session (best effort;
-    :meth:`TorchEstimator.fit` polls the job driver for them)."""
-    import cloudpickle
-
-    from kolo import _native
-
-    try:
-        _native.session_send(cloudpickle.dumps(obj))
-    except Exception as err:  # progress is best effort; training goes on
-        log.debug("progress message not sent: %s", err)
-
-
-def _local_rank_gpu(local_rank: int) -> int:
-    """The RayExecutor orders a node's CUDA_VISIBLE_DEVICES so local_rank indexes a rank's own
-    GPU."""
-    return local_rank
 
 
 def _arrow_batches(dataset: Any, columns: List[str]) -> Any:
@@ -250,18 +233,14 @@ class TorchEstimator:
         return store
 
     def _columns(self) -> List[str]:
-        features, labels = self._params["feature_cols"], self._params["label_cols"]
-        if not features:
-            raise InvalidArgumentError("feature_cols is not set: pass feature_cols=[...]")
-        if not labels:
-            raise InvalidArgumentError("label_cols is not set: pass label_cols=[...]")
+        params = self._params
+        columns = training_columns(
+            params["feature_cols"], params["label_cols"], params["sample_weight_col"]
+        )
         for name in ("feature_cols", "label_cols"):
-            if isinstance(self._params[name], str):
-                self._params[name] = [self._params[name]]
-        columns = [*self._params["feature_cols"], *self._params["label_cols"]]
-        if self._params["sample_weight_col"]:
-            columns.append(self._params["sample_weight_col"])
-        return list(dict.fromkeys(columns))
+            if isinstance(params[name], str):
+                params[name] = [params[name]]
+        return columns
 
     def _num_workers(self) -> int:
         executor = self._params["executor"]
@@ -364,7 +343,7 @@ class TorchEstimator:
             result = est.fit_on_parquet(prepared.dataset_idx)
             result = est.fit_on_parquet("s3://bucket/train/")
         """
-        from kolo.spark.common.util import describe_dataset, get_dataset_metadata
+        from kolo.estimator.dataset import describe_dataset, get_dataset_metadata
 
         started = time.monotonic()
         columns = self._columns()
@@ -385,46 +364,45 @@ class TorchEstimator:
         return result
 
     def _train(self, store: Any, meta: Any) -> TrainingResult:
+        params = self._params
         num_workers = self._num_workers()
-        batch_size = int(self._params["batch_size"])
-        check_rows_per_rank(meta.train_rows, num_workers, batch_size, "num_workers")
-        run_id = self._params["run_id"] or f"run_{int(time.time() * 1000)}"
-        val_path = meta.val_path if meta.val_rows > 0 else None
-        spec = build_training_spec(self._param, store, run_id, meta.train_path, val_path)
-        trainer = RemoteTrainer(spec, send=_session_send, gpu_index=_local_rank_gpu)
-
-        executor, owned = self._executor(num_workers)
-        progress = Progress(int(self._params["verbose"]), int(self._params["epochs"]))
         timings: Dict[str, float] = {"prepare": 0.0}
-        began = time.monotonic()
-        try:
-            if owned:
-                executor.start()
-            timings["start"] = time.monotonic() - began
-            results = _run_with_progress(executor, trainer, progress)
-        finally:
-            progress.close()
-            if owned:
-                executor.shutdown()
-        rank0 = results[0]
-        trained = trained_model(self._params["model"], rank0["model"])
+
+        def launch(trainer: TorchTrainer, on_message: Callable[[int, Any], None]) -> List[Any]:
+            executor, owned = self._executor(num_workers)
+            began = time.monotonic()
+            try:
+                if owned:
+                    executor.start()
+                timings["start"] = time.monotonic() - began
+                return _run_with_progress(executor, trainer, on_message)
+            finally:
+                if owned:
+                    executor.shutdown()
+
+        run = train_on_ranks(
+            meta,
+            lambda run_id: TorchTrainer(build_torch_spec(self._param, store, run_id, meta)),
+            launch,
+            ranks=num_workers,
+            ranks_param="num_workers",
+            batch_size=int(params["batch_size"]),
+            run_id=params["run_id"],
+            verbose=int(params["verbose"]),
+            epochs=int(params["epochs"]),
+        )
+        rank0 = run.result
         timings["train"] = float(rank0.get("timings", {}).get("train_s", 0.0))
         return TrainingResult(
-            model=trained,
+            model=trained_model(params["model"], rank0["model"]),
             history=rank0["history"],
-            run_id=run_id,
-            checkpoint_path=store.get_checkpoint_path(run_id),
-            logs_path=store.get_logs_path(run_id),
+            run_id=run.run_id,
+            checkpoint_path=store.get_checkpoint_path(run.run_id),
+            logs_path=store.get_logs_path(run.run_id),
             metadata={
-                "dataset_idx": meta.dataset_idx,
+                **meta.metadata(),
                 "train_path": meta.train_path,
-                "val_path": val_path,
-                "train_rows": meta.train_rows,
-                "val_rows": meta.val_rows,
-                "columns": {
-                    name: {"dtype": info.dtype, "shape": info.shape}
-                    for name, info in meta.columns.items()
-                },
+                "val_path": meta.usable_val_path,
             },
             timings=timings,
             start_epoch=int(rank0.get("start_epoch", 0)),
@@ -452,9 +430,11 @@ def _is_ray_dataset(data: Any) -> bool:
     return module.startswith("ray.data") and hasattr(data, "iter_batches")
 
 
-def _run_with_progress(executor: Any, trainer: RemoteTrainer, progress: Progress) -> List[Any]:
+def _run_with_progress(
+    executor: Any, trainer: TorchTrainer, on_message: Callable[[int, Any], None]
+) -> List[Any]:
     """``executor.run(trainer)`` (fail-fast), with rank 0's progress messages taken from the
-    job driver on a thread and shown by ``progress``."""
+    job driver on a thread and handed to ``on_message(rank, message)``."""
     import cloudpickle
 
     driver = executor._driver
@@ -472,7 +452,7 @@ def _run_with_progress(executor: Any, trainer: RemoteTrainer, progress: Progress
                 if event[0] == "message":
                     _, task, rank, data = event
                     try:
-                        progress.on_message(task if rank is None else rank, cloudpickle.loads(data))
+                        on_message(task if rank is None else rank, cloudpickle.loads(data))
                     except Exception as err:  # a bar that fails must not stop training
                         log.debug("progress message not shown: %s", err)
             if last:

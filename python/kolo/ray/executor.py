@@ -16,6 +16,8 @@ from kolo.exceptions import (
     TimeoutError,
 )
 
+__all__ = ["RayExecutor", "RaySettings"]
+
 logger = logging.getLogger("kolo.ray")
 
 #: How often the driver checks the job for failures while it waits on the actors.
@@ -235,7 +237,7 @@ class RayExecutor:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         from kolo import _native
-        from kolo.ray.worker import _RankActor
+        from kolo.ray._worker import _RankActor
 
         settings = self.settings
         self._acquire_placement_group()

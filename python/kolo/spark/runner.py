@@ -22,6 +22,8 @@ from kolo.exceptions import (
     RankFailedError,
 )
 
+__all__ = ["run", "task_slots"]
+
 log = logging.getLogger("kolo.spark")
 
 #: Horovod's default start timeout (seconds) and the variables that override it.
@@ -71,13 +73,15 @@ def run(
 
     Args:
         fn: the function every rank runs (picklable with cloudpickle).
-        args, kwargs: its arguments.
+        args: its positional arguments.
+        kwargs: its keyword arguments.
         num_proc: the number of ranks; default ``spark.sparkContext.defaultParallelism``. The
             cluster must have that many task slots.
         start_timeout: seconds for every task to start and register; default 600
             (``KOLO_SPARK_START_TIMEOUT`` / ``HOROVOD_SPARK_START_TIMEOUT``).
         env: variables added to every rank process's environment.
-        stdout, stderr: where the ranks' output goes.
+        stdout: where the ranks' standard output goes.
+        stderr: where the ranks' standard error goes.
         verbose: 0 quiet, 1 launch summary in the log, 2 progress of the launch on stderr.
         nics: network interface name(s) the driver service listens on (default: the address
             Spark's driver uses, ``spark.driver.host``).

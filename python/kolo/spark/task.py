@@ -29,8 +29,9 @@ import sys
 import traceback
 from typing import Any, Iterable, Iterator, Optional
 
-#: The comma-separated Spark GPU addresses of the task, as the task runner hands them down.
-GPU_ADDRESSES_VAR = "KOLO_SPARK_GPU_ADDRESSES"
+from kolo._rank_gpu import GPU_ADDRESSES_VAR, assigned_gpus
+
+__all__ = ["get_available_devices", "send_to_driver"]
 
 #: How the task runner starts the rank process (``executable -c CHILD_CODE``).
 CHILD_CODE = "from kolo.spark.task import _child_main; _child_main()"
@@ -51,9 +52,9 @@ def get_available_devices() -> list[str]:
             if devices:
                 torch.cuda.set_device(int(devices[0]))
     """
-    value = os.environ.get(GPU_ADDRESSES_VAR)
-    if value is not None:
-        return [address for address in value.split(",") if address]
+    addresses = assigned_gpus()
+    if addresses is not None:
+        return addresses
     try:
         from pyspark import TaskContext
     except ImportError:

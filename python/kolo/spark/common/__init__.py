@@ -4,3 +4,5 @@ Example::
 
     from kolo.spark.common.store import FilesystemStore
 """
+
+__all__ = []

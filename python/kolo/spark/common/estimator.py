@@ -4,16 +4,18 @@
 :meth:`KoloEstimator.fit` runs the same flow for every framework: check the columns, the
 store and the framework's parameters (typed :mod:`kolo.exceptions` errors before anything is
 written) → :func:`~kolo.spark.common.util.prepare_data` (Parquet in the store) → launch one
-training function per rank with :func:`kolo.spark.run`, showing rank 0's progress
-(:class:`~kolo.spark.common.launch.Progress`) → build the Spark ML Transformer from rank 0's
-result. A framework's estimator is a thin subclass that implements three hooks:
+training function per rank with :func:`kolo.spark.run`, showing rank 0's progress (the
+estimator core's :func:`~kolo.estimator.training.train_on_ranks`) → build the Spark ML
+Transformer from rank 0's result. A framework's estimator is a thin subclass that implements
+three hooks:
 
 - :meth:`KoloEstimator._check_params` — framework checks (model set and picklable, parameters
   that do not apply, ...); raise :class:`~kolo.exceptions.InvalidArgumentError`.
-- :meth:`KoloEstimator._remote_trainer` — the picklable callable every rank runs. It calls
-  ``hvd.init()``, trains on its share of ``meta.train_path`` (:class:`kolo.data.ParquetLoader`
-  with ``rank``/``size``), checkpoints into ``store.get_checkpoint_path(run_id)`` (and resumes
-  from it), sends progress with :func:`~kolo.spark.common.launch.spark_send`, and returns on
+- :meth:`KoloEstimator._remote_trainer` — the picklable callable every rank runs (one of the
+  estimator core's trainers). It calls ``hvd.init()``, trains on its share of
+  ``meta.train_path`` (:class:`kolo.data.ParquetLoader` with ``rank``/``size``), checkpoints
+  into ``store.get_checkpoint_path(run_id)`` (and resumes from it), sends progress with
+  :func:`~kolo.estimator.progress.send_progress`, and returns on
   rank 0 a dict with ``"history"`` (``{metric: [value per epoch]}``), ``"model"`` (the trained
   weights in the framework's format), optionally ``"start_epoch"`` (first epoch run, when
   resumed) and ``"timings"`` (``first_step_unix``, ``train_s``, ``checkpoint_s``,
@@ -54,12 +56,13 @@ from typing import Any, Callable, Dict, List, Optional
 from pyspark.ml import Estimator, Model
 from pyspark.ml.util import MLReadable, MLWritable
 
+from kolo.estimator.checks import check_store_writable, training_columns
+from kolo.estimator.dataset import PreparedDataset, get_dataset_metadata
+from kolo.estimator.params import reject_unknown
+from kolo.estimator.training import train_on_ranks
 from kolo.exceptions import InvalidArgumentError
-from kolo.spark.common.checks import check_rows_per_rank, check_store_writable
-from kolo.spark.common.launch import Progress
 from kolo.spark.common.serialization import KoloReader, KoloWriter
-from kolo.spark.common.training_params import reject_unknown
-from kolo.spark.common.util import PreparedDataset, get_dataset_metadata, prepare_data
+from kolo.spark.common.util import prepare_data
 
 __all__ = ["KoloEstimator"]
 
@@ -153,16 +156,9 @@ class KoloEstimator(Estimator, MLReadable, MLWritable):
 
     def _columns(self) -> List[str]:
         """The columns training reads: features, labels and the sample weight column."""
-        columns = [*self.getFeatureCols(), *self.getLabelCols()]
-        if self.getSampleWeightCol():
-            columns.append(self.getSampleWeightCol())
-        return list(dict.fromkeys(columns))
-
-    def _check_columns_set(self) -> None:
-        if not self.getFeatureCols():
-            raise InvalidArgumentError("feature_cols is not set: pass feature_cols=[...]")
-        if not self.getLabelCols():
-            raise InvalidArgumentError("label_cols is not set: pass label_cols=[...]")
+        return training_columns(
+            self.getFeatureCols(), self.getLabelCols(), self.getSampleWeightCol()
+        )
 
     def _num_proc(self) -> int:
         num_proc = self.getNumProc()
@@ -175,7 +171,7 @@ class KoloEstimator(Estimator, MLReadable, MLWritable):
         return int(num_proc)
 
     def _check_all(self) -> None:
-        self._check_columns_set()
+        self._columns()
         self._check_store(self.getStore())
         self._check_params()
 
@@ -223,33 +219,27 @@ class KoloEstimator(Estimator, MLReadable, MLWritable):
     def _fit_on_prepared_data(self, dataset_idx: int, num_proc: int) -> Model:
         store = self.getStore()
         meta = get_dataset_metadata(store, dataset_idx, self._columns())
-        check_rows_per_rank(meta.train_rows, num_proc, self.getBatchSize(), "num_proc")
-        run_id = self.getRunId() or f"run_{int(time.time() * 1000)}"
-        trainer = self._remote_trainer(store, meta, run_id)
-        progress = Progress(self.getVerbose(), self.getEpochs())
-        from kolo.spark import run
 
-        launched = time.time()
-        try:
-            results = run(
-                trainer,
-                num_proc=num_proc,
-                verbose=self.getVerbose(),
-                _on_message=progress.on_message,
+        def launch(trainer: Callable[[], Any], on_message: Callable[[int, Any], None]) -> Any:
+            from kolo.spark import run
+
+            return run(
+                trainer, num_proc=num_proc, verbose=self.getVerbose(), _on_message=on_message
             )
-        finally:
-            progress.close()
-        result = results[0]
-        metadata = {
-            "columns": {
-                name: {"dtype": info.dtype, "shape": info.shape}
-                for name, info in meta.columns.items()
-            },
-            "train_rows": meta.train_rows,
-            "val_rows": meta.val_rows,
-            "dataset_idx": dataset_idx,
-        }
-        model = self._make_model(result, run_id, metadata)
+
+        run = train_on_ranks(
+            meta,
+            lambda run_id: self._remote_trainer(store, meta, run_id),
+            launch,
+            ranks=num_proc,
+            ranks_param="num_proc",
+            batch_size=self.getBatchSize(),
+            run_id=self.getRunId(),
+            verbose=self.getVerbose(),
+            epochs=self.getEpochs(),
+        )
+        result, launched = run.result, run.launched_unix
+        model = self._make_model(result, run.run_id, meta.metadata())
         rank0 = result.get("timings", {})
         first_step = rank0.get("first_step_unix") or rank0.get("returned_unix", launched)
         model._timings = {

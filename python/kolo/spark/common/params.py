@@ -1,8 +1,11 @@
-"""The Spark ML parameters of kolo's estimators and models, with Horovod's names and defaults.
+"""The Spark ML parameters of kolo's estimators and models, with Horovod's names and defaults:
+the rows of the estimator core's one table (:mod:`kolo.estimator.params`) declared as Spark
+ML ``Param`` objects, plus the Spark-only ones.
 
 :class:`EstimatorParams` holds what every kolo estimator takes (``num_proc``, ``store``,
 ``model``, ``loss``, ``feature_cols``, ``validation``, ``epochs``, ...); :class:`ModelParams`
-what a trained model carries (``model``, ``history``, ``run_id``, ``output_cols``, ...). Each
+what a trained model carries (``model``, ``history``, ``run_id``, ``output_cols``, ...); the
+``Torch``, ``Lightning`` and ``Keras`` subclasses add each framework's own. Each
 parameter ``x_y`` has Spark ML style accessors ``getXY()`` / ``setXY(value)`` (Horovod's
 spelling: ``setFeatureCols``, ``getBatchSize``, ``setTrainStepsPerEpoch``...), and the
 constructors take the parameters as keyword arguments.
@@ -22,9 +25,30 @@ from typing import Any, Dict, List
 
 from pyspark.ml.param import Param, Params, TypeConverters
 
-from kolo.spark.common.training_params import TORCH_PARAMS, TRAINING_PARAMS, ParamSpec
+from kolo.estimator.params import (
+    CUSTOM_OBJECTS_PARAM,
+    KERAS_PARAMS,
+    LIGHTNING_PARAMS,
+    TORCH_PARAMS,
+    TRAINING_PARAMS,
+    ParamSpec,
+)
 
-__all__ = ["EstimatorParams", "ModelParams", "accessor_name"]
+__all__ = [
+    "EstimatorParams",
+    "KerasEstimatorParams",
+    "KerasModelParams",
+    "LightningEstimatorParams",
+    "ModelParams",
+    "TorchEstimatorParams",
+    "accessor_name",
+    "estimator_defaults",
+    "keras_estimator_defaults",
+    "keras_model_defaults",
+    "lightning_estimator_defaults",
+    "model_defaults",
+    "torch_estimator_defaults",
+]
 
 
 def accessor_name(param_name: str) -> str:
@@ -143,13 +167,31 @@ class TorchEstimatorParams(EstimatorParams):
     ``loss_constructors``, ``train_minibatch_fn``)."""
 
 
+class LightningEstimatorParams(EstimatorParams):
+    """:class:`EstimatorParams` plus Horovod's Lightning ones (``trainer_args``, ``logger``,
+    ``log_every_n_steps``, ``terminate_on_nan``, ``profiler``, ``num_gpus``) and
+    ``input_shapes``."""
+
+
+class KerasEstimatorParams(EstimatorParams):
+    """:class:`EstimatorParams` plus the Keras ones (``custom_objects``,
+    ``checkpoint_callback``, ``backend_env``)."""
+
+
 class ModelParams(Params):
     """Horovod's model parameters (``horovod.spark.common.params.ModelParams``)."""
 
 
+class KerasModelParams(ModelParams):
+    """:class:`ModelParams` plus ``custom_objects``."""
+
+
 _ESTIMATOR_DEFAULTS = _declare(EstimatorParams, [*_SPARK_ESTIMATOR_PARAMS, *TRAINING_PARAMS])
 _TORCH_DEFAULTS = _declare(TorchEstimatorParams, TORCH_PARAMS)
+_LIGHTNING_DEFAULTS = _declare(LightningEstimatorParams, LIGHTNING_PARAMS)
+_KERAS_DEFAULTS = _declare(KerasEstimatorParams, KERAS_PARAMS)
 _MODEL_DEFAULTS = _declare(ModelParams, _MODEL_PARAMS)
+_KERAS_MODEL_DEFAULTS = _declare(KerasModelParams, [CUSTOM_OBJECTS_PARAM])
 
 
 def estimator_defaults() -> Dict[str, Any]:
@@ -165,3 +207,23 @@ def torch_estimator_defaults() -> Dict[str, Any]:
 def model_defaults() -> Dict[str, Any]:
     """Defaults of :class:`ModelParams`."""
     return dict(_MODEL_DEFAULTS)
+
+
+def lightning_estimator_defaults() -> Dict[str, Any]:
+    """Defaults of :class:`LightningEstimatorParams`.
+
+    Example::
+
+        assert lightning_estimator_defaults()["log_every_n_steps"] == 50
+    """
+    return {**_ESTIMATOR_DEFAULTS, **_LIGHTNING_DEFAULTS}
+
+
+def keras_estimator_defaults() -> Dict[str, Any]:
+    """Defaults of :class:`KerasEstimatorParams`."""
+    return {**_ESTIMATOR_DEFAULTS, **_KERAS_DEFAULTS}
+
+
+def keras_model_defaults() -> Dict[str, Any]:
+    """Defaults of :class:`KerasModelParams`."""
+    return {**_MODEL_DEFAULTS, **_KERAS_MODEL_DEFAULTS}

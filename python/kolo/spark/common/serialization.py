@@ -74,6 +74,7 @@ class KoloWriter(MLWriter):
         self.saveImpl(path)
 
     def saveImpl(self, path: str) -> None:
+        """Writes ``params.pkl`` and ``metadata.json`` under ``path`` (Spark ML's hook)."""
         store, prefix = _open(path, self._storage_options)
         instance = self.instance
         values = {
@@ -113,6 +114,7 @@ class KoloReader(MLReader):
         self._storage_options = storage_options
 
     def load(self, path: str) -> Any:
+        """A new instance of the reader's class with the parameters saved under ``path``."""
         store, prefix = _open(path, self._storage_options)
         if not store.exists(f"{prefix}/metadata.json"):
             raise StoreError(f"nothing saved at {prefix}: no metadata.json there")

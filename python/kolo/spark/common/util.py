@@ -22,10 +22,10 @@ import contextlib
 import hashlib
 import logging
 import threading
-from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
-from kolo.data import ColumnInfo, read_metadata
+from kolo.data import read_metadata
+from kolo.estimator.dataset import PreparedDataset, describe_dataset, get_dataset_metadata
 from kolo.exceptions import DataError, InvalidArgumentError
 
 __all__ = [
@@ -41,27 +41,6 @@ log = logging.getLogger(__name__)
 #: What prepare_data wrote in this process: cache key → dataset index.
 _PREPARED: Dict[str, int] = {}
 _LOCK = threading.Lock()
-
-
-@dataclass(frozen=True)
-class PreparedDataset:
-    """A prepared dataset in a store, described from its Parquet footers.
-
-    Example::
-
-        meta = get_dataset_metadata(store, 0)
-        meta.train_rows, meta.val_rows, meta.columns["label"].dtype
-    """
-
-    dataset_idx: int
-    train_path: str
-    val_path: Optional[str]
-    train_rows: int
-    val_rows: int
-    #: Column name → :class:`kolo.data.ColumnInfo` (dtype, shape) of the training data.
-    columns: Dict[str, ColumnInfo]
-    #: Mean bytes per row (uncompressed), Horovod's ``avg_row_size``.
-    avg_row_size: float
 
 
 def spark_path(path: str) -> str:
@@ -200,84 +179,6 @@ def _write(df: Any, path: str) -> None:
         df.write.mode("overwrite")
         .option("parquet.enable.dictionary", "false")
         .parquet(spark_path(path))
-    )
-
-
-def get_dataset_metadata(
-    store: Any, dataset_idx: int, columns: Optional[Sequence[str]] = None
-) -> PreparedDataset:
-    """Describes the prepared dataset ``dataset_idx`` of ``store`` from its Parquet footers
-    (cached beside the data by :func:`kolo.data.read_metadata`).
-
-    Raises :class:`~kolo.exceptions.DataError` when the data is missing, empty, or a column in
-    ``columns`` cannot be loaded (arrays of different lengths, nulls, unsupported type).
-
-    Example::
-
-        meta = get_dataset_metadata(store, 0, ["features", "label"])
-        print(meta.train_rows, meta.columns["features"].shape)   # 1000 (64,)
-    """
-    train_path = store.get_train_data_path(dataset_idx)
-    if not store.exists(train_path):
-        raise DataError(
-            f"no prepared training data at {train_path}: prepare it with fit(df) or "
-            "kolo.spark.common.util.prepare_data, or pass the right dataset_idx"
-        )
-    options = store.native_location()[1] if hasattr(store, "native_location") else None
-    val_path = store.get_val_data_path(dataset_idx)
-    if not (store.exists(val_path) and store.is_parquet_dataset(val_path)):
-        val_path = None
-    return describe_dataset(train_path, val_path, options, columns, dataset_idx)
-
-
-def describe_dataset(
-    train_path: str,
-    val_path: Optional[str],
-    options: Optional[Dict[str, str]] = None,
-    columns: Optional[Sequence[str]] = None,
-    dataset_idx: int = -1,
-) -> PreparedDataset:
-    """Describes Parquet training (and validation) data at any path from its footers, with
-    the checks of :func:`get_dataset_metadata` (``dataset_idx`` -1: not a store dataset).
-
-    Example::
-
-        meta = describe_dataset("/data/train", None, columns=["features", "label"])
-    """
-    train = read_metadata(train_path, options)
-    val_rows = 0
-    if val_path is not None:
-        val_rows = read_metadata(val_path, options).rows
-    if train.rows == 0:
-        raise DataError(f"the prepared training data at {train_path} has no rows")
-    for name in columns or []:
-        info = train.columns.get(name)
-        if info is None:
-            raise DataError(
-                f"column {name!r} is not in the prepared data at {train_path}; it has: "
-                f"{', '.join(train.columns)}"
-            )
-        if info.problem is not None:
-            kind = info.problem.get("kind")
-            if kind == "ragged":
-                detail = "its arrays (vectors) have different lengths"
-            elif kind == "nulls":
-                detail = "it holds nulls"
-            else:
-                detail = f"its type {info.arrow_type} cannot be loaded"
-            raise DataError(
-                f"column {name!r} of {train_path} cannot be used for training: {detail} "
-                f"({info.problem}); give every row a value of the same length"
-            )
-    total = sum(c.uncompressed_bytes or 0 for c in train.columns.values())
-    return PreparedDataset(
-        dataset_idx=dataset_idx,
-        train_path=train_path,
-        val_path=val_path,
-        train_rows=train.rows,
-        val_rows=val_rows,
-        columns=dict(train.columns),
-        avg_row_size=total / max(train.rows, 1),
     )
 
 

@@ -14,20 +14,11 @@ Example::
     keras_model.transform(test_df).show()
 """
 
-from typing import Any
+from kolo.spark._lazy import lazy_names
 
 __all__ = ["KerasEstimator", "KerasModel"]
 
-
-def __getattr__(name: str) -> Any:
-    # Imported on first use: kolo.spark.keras.remote (the training function) imports neither
-    # PySpark nor Keras at module level.
-    if name == "KerasEstimator":
-        from kolo.spark.keras.estimator import KerasEstimator
-
-        return KerasEstimator
-    if name == "KerasModel":
-        from kolo.spark.keras.model import KerasModel
-
-        return KerasModel
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_names(
+    __name__,
+    {"KerasEstimator": "kolo.spark.keras.estimator", "KerasModel": "kolo.spark.keras.model"},
+)

@@ -2,8 +2,8 @@
 executors and returns a :class:`~kolo.spark.keras.KerasModel` (Horovod's
 ``horovod.spark.keras.KerasEstimator``). The flow (checks, data preparation, launch, progress,
 resume by ``run_id``, persistence) is :class:`~kolo.spark.common.estimator.KoloEstimator`'s;
-this module adds the Keras checks, the rank's training function
-(:class:`~kolo.spark.keras.remote.KerasRemoteTrainer`) and the model it returns.
+this module adds the Keras checks, the rank's training function (the estimator core's
+:class:`~kolo.estimator.keras_trainer.KerasTrainer`) and the model it returns.
 
 Example::
 
@@ -32,25 +32,20 @@ Example::
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Dict
 
+from kolo.estimator.checks import FIX_FN, check_shapes, pickled
+from kolo.estimator.dataset import PreparedDataset
+from kolo.estimator.keras_trainer import KerasSpec, KerasTrainer, model_from_bytes, model_to_bytes
+from kolo.estimator.spec import spec_fields
 from kolo.exceptions import InvalidArgumentError
-from kolo.spark.common.checks import pickled
 from kolo.spark.common.estimator import KoloEstimator
+from kolo.spark.common.params import KerasEstimatorParams, keras_estimator_defaults
 from kolo.spark.common.serialization import KoloReader, KoloWriter
-from kolo.spark.common.util import PreparedDataset
+from kolo.spark.keras._persistence import KerasReader, keras_writer
 from kolo.spark.keras.model import KerasModel
-from kolo.spark.keras.params import KerasEstimatorParams, keras_estimator_defaults
-from kolo.spark.keras.persistence import KerasReader, keras_writer
-from kolo.spark.keras.remote import KerasRemoteTrainer, KerasTrainingSpec
-from kolo.spark.keras.serde import model_from_bytes, model_to_bytes
 
 __all__ = ["KerasEstimator"]
-
-log = logging.getLogger(__name__)
-
-_FIX = "define it at module level (or in an importable module) and keep locks and files out"
 
 
 def _serialized_optimizer(keras: Any, optimizer: Any) -> Dict[str, Any]:
@@ -186,12 +181,7 @@ class KerasEstimator(KoloEstimator, KerasEstimatorParams):
                 f"{len(loss)} losses for {len(labels)} label columns: give one loss, or one "
                 "per label column"
             )
-        shapes = self.getLabelShapes()
-        if shapes is not None and len(shapes) != len(labels):
-            raise InvalidArgumentError(
-                f"label_shapes has {len(shapes)} shapes for {len(labels)} label columns: give "
-                "one shape per label column"
-            )
+        check_shapes(self.getLabelShapes(), labels, "label_shapes", "label")
         callback = self.getCheckpointCallback()
         if callback is not None:
             if not isinstance(callback, keras.callbacks.ModelCheckpoint):
@@ -235,7 +225,7 @@ class KerasEstimator(KoloEstimator, KerasEstimatorParams):
             "transformation_fn": self.getTransformationFn(),
             "compression": self.getGradientCompression(),
         }
-        return pickled("loss, metrics, callbacks or custom objects", objects, _FIX)
+        return pickled("loss, metrics, callbacks or custom objects", objects, FIX_FN)
 
     def _model_bytes(self) -> bytes:
         try:
@@ -248,35 +238,14 @@ class KerasEstimator(KoloEstimator, KerasEstimatorParams):
 
     # -- hooks -----------------------------------------------------------------------------------
 
-    def _remote_trainer(self, store: Any, meta: PreparedDataset, run_id: str) -> KerasRemoteTrainer:
-        options = store.native_location()[1] if hasattr(store, "native_location") else {}
-        spec = KerasTrainingSpec(
+    def _remote_trainer(self, store: Any, meta: PreparedDataset, run_id: str) -> KerasTrainer:
+        spec = KerasSpec(
+            **spec_fields(self._param, store, run_id, meta),
             model_bytes=self._model_bytes(),
             objects_bytes=self._objects_bytes(),
             backend_env=dict(self.getBackendEnv() or {}),
-            store=store,
-            run_id=run_id,
-            train_path=meta.train_path,
-            val_path=meta.val_path if meta.val_rows > 0 else None,
-            feature_cols=list(self.getFeatureCols()),
-            label_cols=list(self.getLabelCols()),
-            sample_weight_col=self.getSampleWeightCol(),
-            label_shapes=self.getLabelShapes(),
-            batch_size=self.getBatchSize(),
-            val_batch_size=self.getValBatchSize() or self.getBatchSize(),
-            epochs=self.getEpochs(),
-            train_steps_per_epoch=self.getTrainStepsPerEpoch(),
-            validation_steps_per_epoch=self.getValidationStepsPerEpoch(),
-            shuffle=self.getShuffle(),
-            shuffle_buffer_size=self.getShuffleBufferSize(),
-            random_seed=self.getRandomSeed(),
-            backward_passes_per_step=self.getBackwardPassesPerStep(),
-            verbose=self.getVerbose(),
-            train_reader_num_workers=self.getTrainReaderNumWorkers(),
-            val_reader_num_workers=self.getValReaderNumWorkers(),
-            storage_options=dict(options),
         )
-        return KerasRemoteTrainer(spec)
+        return KerasTrainer(spec)
 
     def _make_model(
         self, result: Dict[str, Any], run_id: str, metadata: Dict[str, Any]

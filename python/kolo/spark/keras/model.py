@@ -3,11 +3,12 @@
 
 ``transform(df)`` keeps every input column and adds one output column per label
 (``<label>__output`` unless :meth:`KerasModel.setOutputCols` says otherwise): a double for a
-model output of one value per row, ``array<double>`` otherwise. It is the same UDF machinery as
-:class:`~kolo.spark.torch.TorchModel` (an Arrow UDF on Spark >= 4.1, else a pandas UDF; only
-the feature columns travel to Python): the model travels once as a broadcast of its ``.keras``
-bytes, is loaded once per Python worker with the model's ``custom_objects``, and each batch is
-predicted in chunks of ``inference_batch_size`` rows.
+model output of one value per row, ``array<double>`` otherwise. It is the UDF of
+:mod:`kolo.spark.common._inference`, as for :class:`~kolo.spark.torch.TorchModel` (an Arrow UDF
+on Spark >= 4.1, else a pandas UDF; only the feature columns travel to Python): the model
+travels once as a broadcast of its ``.keras`` bytes, is loaded once per Python worker with the
+model's ``custom_objects``, and each batch is predicted in chunks of ``inference_batch_size``
+rows.
 
 Example::
 
@@ -24,30 +25,19 @@ from kolo.keras import _preload  # noqa: F401
 
 # isort: split
 
-import logging
-import threading
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, List
 
 import cloudpickle
-from pyspark.ml import Model
-from pyspark.ml.util import MLReadable, MLWritable
 
-from kolo.exceptions import InvalidArgumentError
-from kolo.spark.common.inference import predict_columns
+from kolo.estimator.keras_trainer import model_to_bytes
+from kolo.spark.common._inference import Predictor
+from kolo.spark.common.model import KoloModel
+from kolo.spark.common.params import KerasModelParams, keras_model_defaults
 from kolo.spark.common.serialization import KoloReader, KoloWriter
-from kolo.spark.common.training_params import reject_unknown
-from kolo.spark.keras.params import KerasModelParams, keras_model_defaults
-from kolo.spark.keras.persistence import KerasReader, keras_writer
-from kolo.spark.keras.serde import SavedKerasModel, model_to_bytes
-from kolo.spark.torch.model import _Predictor
+from kolo.spark.keras._persistence import KerasReader, keras_writer
+from kolo.spark.keras.serde import SavedKerasModel
 
 __all__ = ["KerasModel"]
-
-log = logging.getLogger(__name__)
-
-#: The model loaded in this Python worker.
-_LOADED: Dict[str, Any] = {}
-_LOADED_LOCK = threading.Lock()
 
 
 def _shaped_inputs(model: Any, columns: List[Any]) -> Any:
@@ -75,45 +65,43 @@ def _outputs_as_list(outputs: Any) -> List[Any]:
     return [outputs]
 
 
-class _KerasPredictor(_Predictor):
-    """The UDF body of :class:`~kolo.spark.torch.model._Predictor` with a Keras model."""
+class KerasPredictor(Predictor):
+    """The inference UDF's body with a Keras model (see
+    :class:`~kolo.spark.common._inference.Predictor`): floats given as ``keras.config.floatx()``,
+    features reshaped to the model's inputs where the sizes agree.
 
-    def _load(self) -> Tuple[Any, Any, Any]:
-        key = self.key
-        with _LOADED_LOCK:
-            if _LOADED.get("key") != key:
-                # Before the payload's custom objects import Keras: triton before TensorFlow.
-                import kolo.keras  # noqa: F401
+    Example::
 
-                payload = cloudpickle.loads(self.broadcast.value)
-                model = payload["model"].load(payload["custom_objects"])
-                _LOADED.clear()
-                _LOADED.update(key=key, model=model)
-            return _LOADED["model"], None, None
+        predictor = KerasPredictor(broadcast, ["pred"], [None], 1024)
+    """
 
-    def _predict(self, columns: List[Any]) -> List[Any]:
+    def _load_model(self, payload: bytes) -> Any:
+        # Before the payload's custom objects import Keras: triton before TensorFlow.
+        import kolo.keras  # noqa: F401
+
+        loaded = cloudpickle.loads(payload)
+        return loaded["model"].load(loaded["custom_objects"])
+
+    def _inputs(self, loaded: Any, columns: List[Any]) -> List[Any]:
         import keras
         import numpy as np
 
-        model, _, _ = self._load()
         floatx = keras.config.floatx()
-        columns = [c.astype(floatx) if np.issubdtype(c.dtype, np.floating) else c for c in columns]
-        rows = len(columns[0])
-        chunks: List[List[Any]] = [[] for _ in self.out_cols]
-        for start in range(0, rows, self.batch_size):
-            xs = _shaped_inputs(model, [c[start : start + self.batch_size] for c in columns])
-            outputs = _outputs_as_list(model.predict_on_batch(xs))
-            for i, out in enumerate(outputs):
-                out = np.asarray(keras.ops.convert_to_numpy(out), dtype=np.float64)
-                chunks[i].append(out.reshape(out.shape[0], -1))
+        return [c.astype(floatx) if np.issubdtype(c.dtype, np.floating) else c for c in columns]
+
+    def _outputs(self, loaded: Any, inputs: List[Any]) -> List[Any]:
+        import keras
+        import numpy as np
+
+        outputs = _outputs_as_list(loaded.predict_on_batch(_shaped_inputs(loaded, inputs)))
         results = []
-        for parts, size in zip(chunks, self.sizes):
-            values = np.concatenate(parts) if parts else np.zeros((0, size or 1))
-            results.append(values[:, 0] if size is None else values)
+        for out in outputs:
+            out = np.asarray(keras.ops.convert_to_numpy(out), dtype=np.float64)
+            results.append(out.reshape(out.shape[0], -1))
         return results
 
 
-class KerasModel(Model, KerasModelParams, MLReadable, MLWritable):
+class KerasModel(KoloModel, KerasModelParams):
     """A trained Keras model as a Spark ML Transformer.
 
     Parameters (each with ``getX``/``setX``): ``model``, ``history``, ``feature_columns``,
@@ -130,40 +118,8 @@ class KerasModel(Model, KerasModelParams, MLReadable, MLWritable):
         same = KerasModel.load("/tmp/digits_keras")
     """
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__()
-        self._setDefault(**keras_model_defaults())
-        reject_unknown("KerasModel", kwargs, (p.name for p in self.params))
-        self._set(**kwargs)
-        self._timings: Dict[str, Any] = {}
-        self._start_epoch = 0
-
-    def getTimings(self) -> Dict[str, Any]:
-        """Where the time of the ``fit`` that made this model went (see
-        :meth:`kolo.spark.torch.TorchModel.getTimings`); empty for a loaded model.
-
-        Example::
-
-            print(model.getTimings()["parts"]["train"])
-        """
-        return dict(self._timings)
-
-    def getOutputCols(self) -> List[str]:
-        """The output column names: those set, else ``<label>__output`` for each label."""
-        cols = self.getOrDefault(self.output_cols)
-        if cols:
-            return list(cols)
-        return [f"{label}__output" for label in self.getLabelColumns() or []]
-
-    def getFeatureColumns(self) -> List[str]:
-        """The feature column names."""
-        return list(self.getOrDefault(self.feature_columns) or [])
-
-    def getLabelColumns(self) -> List[str]:
-        """The label column names."""
-        return list(self.getOrDefault(self.label_columns) or [])
-
-    # -- persistence ---------------------------------------------------------------------------
+    _param_defaults = staticmethod(keras_model_defaults)
+    _predictor = KerasPredictor
 
     def write(self) -> KoloWriter:
         """A writer that saves the model (a ``.keras`` archive) and its parameters.
@@ -184,11 +140,15 @@ class KerasModel(Model, KerasModelParams, MLReadable, MLWritable):
         """
         return KerasReader(cls)
 
-    # -- inference -------------------------------------------------------------------------------
+    def _payload(self, model: Any) -> bytes:
+        return cloudpickle.dumps(
+            {
+                "model": SavedKerasModel(model_to_bytes(model)),
+                "custom_objects": self.getCustomObjects(),
+            }
+        )
 
-    def _output_sizes(self, model: Any) -> List[Optional[int]]:
-        """Values per row of each output (None: one value, a double column), from running the
-        model on two rows of zeros shaped like the training data."""
+    def _sample_outputs(self, model: Any) -> List[Any]:
         import keras
         import numpy as np
 
@@ -200,35 +160,4 @@ class KerasModel(Model, KerasModelParams, MLReadable, MLWritable):
             if np.issubdtype(dtype, np.floating):
                 dtype = np.dtype(keras.config.floatx())
             inputs.append(np.zeros((2, *(info.get("shape") or ())), dtype=dtype))
-        outputs = _outputs_as_list(model.predict_on_batch(_shaped_inputs(model, inputs)))
-        labels = self.getLabelColumns()
-        if len(outputs) != len(labels):
-            raise InvalidArgumentError(
-                f"the model returns {len(outputs)} outputs for {len(labels)} label columns: "
-                "return one output per label"
-            )
-        sizes = []
-        for out in outputs:
-            per_row = int(np.prod(out.shape[1:])) if len(out.shape) > 1 else 1
-            sizes.append(None if per_row == 1 else per_row)
-        return sizes
-
-    def _transform(self, df: Any) -> Any:
-        model = self.getModel()
-        if model is None:
-            raise InvalidArgumentError("this KerasModel has no model")
-        payload = cloudpickle.dumps(
-            {
-                "model": SavedKerasModel(model_to_bytes(model)),
-                "custom_objects": self.getCustomObjects(),
-            }
-        )
-        return predict_columns(
-            df,
-            self.getFeatureColumns(),
-            self.getOutputCols(),
-            self._output_sizes(model),
-            payload,
-            _KerasPredictor,
-            self.getInferenceBatchSize(),
-        )
+        return _outputs_as_list(model.predict_on_batch(_shaped_inputs(model, inputs)))

@@ -12,19 +12,11 @@ Example::
     torch_model.transform(test_df).show()
 """
 
-from typing import Any
+from kolo.spark._lazy import lazy_names
 
 __all__ = ["TorchEstimator", "TorchModel"]
 
-
-def __getattr__(name: str) -> Any:
-    # Imported on first use, like kolo.spark.torch: the remote trainer imports without PySpark.
-    if name == "TorchEstimator":
-        from kolo.spark.lightning.estimator import TorchEstimator
-
-        return TorchEstimator
-    if name == "TorchModel":
-        from kolo.spark.torch.model import TorchModel
-
-        return TorchModel
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_names(
+    __name__,
+    {"TorchEstimator": "kolo.spark.lightning.estimator", "TorchModel": "kolo.spark.torch.model"},
+)

@@ -38,23 +38,19 @@ Example::
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Dict
 
+from kolo.estimator.checks import FIX_FN, FIX_MODEL, check_shapes, pickled
+from kolo.estimator.dataset import PreparedDataset
+from kolo.estimator.lightning_trainer import LightningSpec, LightningTrainer
+from kolo.estimator.spec import spec_fields
 from kolo.exceptions import InvalidArgumentError
-from kolo.spark.common.checks import pickled
 from kolo.spark.common.estimator import KoloEstimator
-from kolo.spark.common.util import PreparedDataset
-from kolo.spark.lightning.params import LightningEstimatorParams, lightning_estimator_defaults
-from kolo.spark.lightning.remote import LightningSpec, RemoteLightningTrainer
+from kolo.spark.common.params import LightningEstimatorParams, lightning_estimator_defaults
+from kolo.spark.torch.estimator import torch_model
 from kolo.spark.torch.model import TorchModel
-from kolo.spark.torch.remote import trained_model
 
 __all__ = ["TorchEstimator"]
-
-log = logging.getLogger(__name__)
-
-_FIX_FN = "define it at module level, or keep locks, open files and sessions out of it"
 
 #: Parameters of the plain PyTorch estimator that a LightningModule defines itself.
 _DEFINED_BY_THE_MODULE = {
@@ -149,75 +145,31 @@ class TorchEstimator(KoloEstimator, LightningEstimatorParams):
                 f"num_gpus={num_gpus!r}: each rank trains on one device, so give 0 (CPU) or 1; "
                 "for more GPUs, raise num_proc"
             )
-        shapes = self.getInputShapes()
-        if shapes is not None and len(shapes) != len(self.getFeatureCols()):
-            raise InvalidArgumentError(
-                f"input_shapes has {len(shapes)} shapes for {len(self.getFeatureCols())} "
-                "feature columns: give one shape per feature column"
-            )
-        shapes = self.getLabelShapes()
-        if shapes is not None and len(shapes) != len(self.getLabelCols()):
-            raise InvalidArgumentError(
-                f"label_shapes has {len(shapes)} shapes for {len(self.getLabelCols())} label "
-                "columns: give one shape per label column"
-            )
-        pickled("model", model, "keep locks, open files, sessions and the like out of the model")
+        check_shapes(self.getInputShapes(), self.getFeatureCols(), "input_shapes", "feature")
+        check_shapes(self.getLabelShapes(), self.getLabelCols(), "label_shapes", "label")
+        pickled("model", model, FIX_MODEL)
 
-    def _remote_trainer(
-        self, store: Any, meta: PreparedDataset, run_id: str
-    ) -> RemoteLightningTrainer:
-        options = store.native_location()[1] if hasattr(store, "native_location") else {}
+    def _remote_trainer(self, store: Any, meta: PreparedDataset, run_id: str) -> LightningTrainer:
         spec = LightningSpec(
-            model_bytes=pickled(
-                "model", self.getModel(), "keep locks, open files and sessions out of the model"
-            ),
-            callbacks_bytes=pickled("callbacks", self.getCallbacks() or [], _FIX_FN),
-            logger_bytes=pickled("logger", self.getLogger(), _FIX_FN),
-            profiler_bytes=pickled("profiler", self.getProfiler(), _FIX_FN),
-            trainer_args_bytes=pickled("trainer_args", self.getTrainerArgs() or {}, _FIX_FN),
+            **spec_fields(self._param, store, run_id, meta),
+            model_bytes=pickled("model", self.getModel(), FIX_MODEL),
+            callbacks_bytes=pickled("callbacks", self.getCallbacks() or [], FIX_FN),
+            logger_bytes=pickled("logger", self.getLogger(), FIX_FN),
+            profiler_bytes=pickled("profiler", self.getProfiler(), FIX_FN),
+            trainer_args_bytes=pickled("trainer_args", self.getTrainerArgs() or {}, FIX_FN),
             transformation_fn_bytes=pickled(
-                "transformation_fn", self.getTransformationFn(), _FIX_FN
+                "transformation_fn", self.getTransformationFn(), FIX_FN
             ),
-            store=store,
-            run_id=run_id,
-            train_path=meta.train_path,
-            val_path=meta.val_path if meta.val_rows > 0 else None,
-            feature_cols=list(self.getFeatureCols()),
-            label_cols=list(self.getLabelCols()),
-            sample_weight_col=self.getSampleWeightCol(),
             input_shapes=self.getInputShapes(),
-            label_shapes=self.getLabelShapes(),
-            batch_size=self.getBatchSize(),
-            val_batch_size=self.getValBatchSize() or self.getBatchSize(),
-            epochs=self.getEpochs(),
-            train_steps_per_epoch=self.getTrainStepsPerEpoch(),
-            validation_steps_per_epoch=self.getValidationStepsPerEpoch(),
-            shuffle=self.getShuffle(),
-            shuffle_buffer_size=self.getShuffleBufferSize(),
-            random_seed=self.getRandomSeed(),
-            backward_passes_per_step=self.getBackwardPassesPerStep(),
             gradient_compression=self.getGradientCompression(),
             use_gpu=self.getUseGpu(),
             num_gpus=self.getNumGpus(),
             log_every_n_steps=self.getLogEveryNSteps(),
             terminate_on_nan=self.getTerminateOnNan(),
-            verbose=self.getVerbose(),
-            train_reader_num_workers=self.getTrainReaderNumWorkers(),
-            val_reader_num_workers=self.getValReaderNumWorkers(),
-            storage_options=dict(options),
         )
-        return RemoteLightningTrainer(spec)
+        return LightningTrainer(spec)
 
     def _make_model(
         self, result: Dict[str, Any], run_id: str, metadata: Dict[str, Any]
     ) -> TorchModel:
-        return TorchModel(
-            model=trained_model(self.getModel(), result["model"]),
-            history=result["history"],
-            feature_columns=self.getFeatureCols(),
-            label_columns=self.getLabelCols(),
-            run_id=run_id,
-            metadata=metadata,
-            input_shapes=self.getInputShapes(),
-            use_gpu=self.getUseGpu(),
-        )
+        return torch_model(self, result, run_id, metadata)

@@ -12,20 +12,11 @@ Example::
     torch_model.transform(test_df).show()
 """
 
-from typing import Any
+from kolo.spark._lazy import lazy_names
 
 __all__ = ["TorchEstimator", "TorchModel"]
 
-
-def __getattr__(name: str) -> Any:
-    # Imported on first use, so that kolo.spark.torch.remote (the training loop, shared with
-    # kolo.ray.TorchEstimator) is importable without PySpark.
-    if name == "TorchEstimator":
-        from kolo.spark.torch.estimator import TorchEstimator
-
-        return TorchEstimator
-    if name == "TorchModel":
-        from kolo.spark.torch.model import TorchModel
-
-        return TorchModel
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_names(
+    __name__,
+    {"TorchEstimator": "kolo.spark.torch.estimator", "TorchModel": "kolo.spark.torch.model"},
+)

@@ -27,24 +27,21 @@ Example::
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Dict
 
-from kolo.spark.common.estimator import KoloEstimator
-from kolo.spark.common.params import TorchEstimatorParams, torch_estimator_defaults
-from kolo.spark.common.util import PreparedDataset
-from kolo.spark.torch.model import TorchModel
-from kolo.spark.torch.remote import (
+from kolo.estimator.dataset import PreparedDataset
+from kolo.estimator.torch_trainer import (
     RemoteLossConstructor,
-    RemoteTrainer,
-    build_training_spec,
+    TorchTrainer,
+    build_torch_spec,
     check_model_and_loss,
     trained_model,
 )
+from kolo.spark.common.estimator import KoloEstimator
+from kolo.spark.common.params import TorchEstimatorParams, torch_estimator_defaults
+from kolo.spark.torch.model import TorchModel
 
-__all__ = ["RemoteLossConstructor", "TorchEstimator"]
-
-log = logging.getLogger(__name__)
+__all__ = ["RemoteLossConstructor", "TorchEstimator", "torch_model"]
 
 
 class TorchEstimator(KoloEstimator, TorchEstimatorParams):
@@ -93,22 +90,32 @@ class TorchEstimator(KoloEstimator, TorchEstimatorParams):
     def _check_params(self) -> None:
         check_model_and_loss(self._param)
 
-    def _remote_trainer(self, store: Any, meta: PreparedDataset, run_id: str) -> RemoteTrainer:
-        val_path = meta.val_path if meta.val_rows > 0 else None
-        return RemoteTrainer(
-            build_training_spec(self._param, store, run_id, meta.train_path, val_path)
-        )
+    def _remote_trainer(self, store: Any, meta: PreparedDataset, run_id: str) -> TorchTrainer:
+        return TorchTrainer(build_torch_spec(self._param, store, run_id, meta))
 
     def _make_model(
         self, result: Dict[str, Any], run_id: str, metadata: Dict[str, Any]
     ) -> TorchModel:
-        return TorchModel(
-            model=trained_model(self.getModel(), result["model"]),
-            history=result["history"],
-            feature_columns=self.getFeatureCols(),
-            label_columns=self.getLabelCols(),
-            run_id=run_id,
-            metadata=metadata,
-            input_shapes=self.getInputShapes(),
-            use_gpu=self.getUseGpu(),
-        )
+        return torch_model(self, result, run_id, metadata)
+
+
+def torch_model(
+    estimator: Any, result: Dict[str, Any], run_id: str, metadata: Dict[str, Any]
+) -> TorchModel:
+    """The :class:`~kolo.spark.torch.TorchModel` of a fit of ``estimator`` (the PyTorch or the
+    Lightning one): a copy of its model with rank 0's weights (``result["model"]``).
+
+    Example::
+
+        model = torch_model(est, result, "run_1", meta.metadata())
+    """
+    return TorchModel(
+        model=trained_model(estimator.getModel(), result["model"]),
+        history=result["history"],
+        feature_columns=estimator.getFeatureCols(),
+        label_columns=estimator.getLabelCols(),
+        run_id=run_id,
+        metadata=metadata,
+        input_shapes=estimator.getInputShapes(),
+        use_gpu=estimator.getUseGpu(),
+    )

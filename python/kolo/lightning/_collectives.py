@@ -5,7 +5,7 @@
 
 Example::
 
-    from kolo.lightning import collectives
+    from kolo.lightning import _collectives as collectives
 
     mean = collectives.reduce(torch.tensor(1.0), None, "mean", "my reduce")
 """
@@ -18,6 +18,7 @@ import torch
 from lightning.fabric.utilities.types import ReduceOp
 from torch import Tensor
 
+from kolo._rank_gpu import rank_gpu_index
 from kolo.exceptions import InvalidArgumentError
 from kolo.lightning.environment import _hvd
 
@@ -50,8 +51,8 @@ def _op_name(reduce_op: Any) -> str:
 
 def root_device(parallel_devices: Optional[List[torch.device]], local_rank: int) -> torch.device:
     """The device of a rank: the CPU (or whatever non-CUDA device Lightning chose), or
-    ``cuda:<i>`` with ``i`` the Spark task's GPU under ``kolo.spark.run``, else ``local_rank``
-    (modulo the visible GPUs).
+    ``cuda:<i>`` with ``i`` the GPU its launcher assigned (the Spark task's under
+    ``kolo.spark.run``), else ``local_rank`` (modulo the visible GPUs).
 
     Example::
 
@@ -60,10 +61,8 @@ def root_device(parallel_devices: Optional[List[torch.device]], local_rank: int)
     devices = parallel_devices or [torch.device("cpu")]
     if devices[0].type != "cuda":
         return devices[0]
-    from kolo.spark.common.launch import spark_gpu_index
-
     count = max(1, torch.cuda.device_count())
-    return torch.device("cuda", spark_gpu_index(local_rank) % count)
+    return torch.device("cuda", rank_gpu_index(local_rank) % count)
 
 
 def barrier() -> None:

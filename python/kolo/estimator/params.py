@@ -1,14 +1,16 @@
-"""The training parameters of kolo's estimators, shared by the Spark estimator
-(:mod:`kolo.spark.common.params` declares each as a Spark ML ``Param``) and
-:class:`kolo.ray.TorchEstimator`: names, docs and defaults are Horovod's. Importing this module
-does not import PySpark.
+"""The one table of the estimators' training parameters, for every framework and launcher:
+the Spark estimators (:mod:`kolo.spark.common.params` declares each row as a Spark ML
+``Param``) and :class:`kolo.ray.TorchEstimator` (keyword arguments). Names, docs and defaults
+are Horovod's. Importing this module imports neither PySpark nor a framework.
 
 Each row is ``(name, doc, default, converter)``, ``converter`` the name of a
-``pyspark.ml.param.TypeConverters`` method or ``None``.
+``pyspark.ml.param.TypeConverters`` method or ``None``. :data:`TRAINING_PARAMS` apply to every
+framework; :data:`TORCH_PARAMS`, :data:`LIGHTNING_PARAMS` and :data:`KERAS_PARAMS` are each
+framework's own.
 
 Example::
 
-    from kolo.spark.common.training_params import training_defaults
+    from kolo.estimator.params import training_defaults
 
     assert training_defaults()["batch_size"] == 32
 """
@@ -19,7 +21,16 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from kolo.exceptions import InvalidArgumentError
 
-__all__ = ["TORCH_PARAMS", "TRAINING_PARAMS", "reject_unknown", "training_defaults"]
+__all__ = [
+    "CUSTOM_OBJECTS_PARAM",
+    "KERAS_PARAMS",
+    "LIGHTNING_PARAMS",
+    "TORCH_PARAMS",
+    "TRAINING_PARAMS",
+    "ParamSpec",
+    "reject_unknown",
+    "training_defaults",
+]
 
 #: ``(name, doc, default, converter)``.
 ParamSpec = Tuple[str, str, Any, Optional[str]]
@@ -114,15 +125,17 @@ TRAINING_PARAMS: List[ParamSpec] = [
     ),
 ]
 
+_INPUT_SHAPES: ParamSpec = (
+    "input_shapes",
+    "shapes the feature tensors are reshaped to (one per feature column, "
+    "batch dimension included, e.g. [-1, 1, 28, 28])",
+    None,
+    None,
+)
+
 #: The PyTorch estimators' own.
 TORCH_PARAMS: List[ParamSpec] = [
-    (
-        "input_shapes",
-        "shapes the feature tensors are reshaped to (one per feature column, "
-        "batch dimension included, e.g. [-1, 1, 28, 28])",
-        None,
-        None,
-    ),
+    _INPUT_SHAPES,
     (
         "loss_constructors",
         "functions returning loss functions (for losses that cannot be pickled)",
@@ -133,6 +146,69 @@ TORCH_PARAMS: List[ParamSpec] = [
         "train_minibatch_fn",
         "fn(model, optimizer, transform_outputs, loss_fn, inputs, "
         "labels, sample_weights) -> (outputs, loss), replacing the default step",
+        None,
+        None,
+    ),
+]
+
+
+#: The Lightning estimator's own (Horovod's ``horovod.spark.lightning`` ones, and
+#: ``input_shapes``).
+LIGHTNING_PARAMS: List[ParamSpec] = [
+    _INPUT_SHAPES,
+    (
+        "trainer_args",
+        "more keyword arguments of lightning.pytorch.Trainer (e.g. gradient_clip_val, "
+        "precision); strategy, devices and max_epochs are set by the estimator",
+        None,
+        None,
+    ),
+    (
+        "logger",
+        "a Lightning logger (default: TensorBoard event logs under the run's logs/ in the store; "
+        "False: none)",
+        None,
+        None,
+    ),
+    ("log_every_n_steps", "Trainer(log_every_n_steps=...)", 50, "toInt"),
+    (
+        "terminate_on_nan",
+        "stop training with a DataError when the training loss becomes NaN or infinite",
+        False,
+        "toBoolean",
+    ),
+    ("profiler", "Trainer(profiler=...): a Lightning profiler or its name", None, None),
+    (
+        "num_gpus",
+        "GPUs per training process: 0 trains on the CPU; default: one when use_gpu and CUDA "
+        "is available",
+        None,
+        None,
+    ),
+]
+
+#: What a Keras model needs to load; an estimator and a trained model parameter alike.
+CUSTOM_OBJECTS_PARAM: ParamSpec = (
+    "custom_objects",
+    "dict of name -> custom Keras class or function the model, loss or metrics need to load",
+    None,
+    None,
+)
+
+#: The Keras estimator's own.
+KERAS_PARAMS: List[ParamSpec] = [
+    CUSTOM_OBJECTS_PARAM,
+    (
+        "checkpoint_callback",
+        "a kolo.keras.callbacks.BestModelCheckpoint (or keras ModelCheckpoint) whose file "
+        "becomes the returned model (the best epoch); default: the last epoch's model",
+        None,
+        None,
+    ),
+    (
+        "backend_env",
+        "environment variables set in every rank before Keras is imported, e.g. "
+        '{"KERAS_BACKEND": "torch"}',
         None,
         None,
     ),

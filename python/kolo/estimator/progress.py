@@ -1,10 +1,13 @@
-"""What the driver of an estimator and its ranks under :func:`kolo.spark.run` exchange, for
-every framework: rank 0's progress messages (:func:`spark_send` on the rank, :class:`Progress`
-on the driver) and the GPU a rank trains on (:func:`spark_gpu_index`).
+"""What an estimator's driver and its ranks exchange about training, for every framework and
+launcher: rank 0's progress messages (:class:`ProgressReporter` on the rank, sent with
+:func:`send_progress`; :class:`Progress` on the driver), where a resumed run starts
+(:func:`resume_position`) and the timings a rank reports (:func:`rank_timings`).
 
 Progress messages are dicts: ``{"kind": "step", "epoch": e, "step": s, "steps": n}`` (at most
 every :data:`PROGRESS_INTERVAL_S` seconds) and ``{"kind": "epoch", "epoch": e, "epochs": n,
-"metrics": {name: value}}`` after each epoch.
+"metrics": {name: value}}`` after each epoch. They travel through the rank's kolo session
+(the same under ``kolo.spark.run`` and ``kolo.ray.RayExecutor``); each launcher hands them to
+the driver's :meth:`Progress.on_message`.
 
 Example::
 
@@ -17,15 +20,15 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 __all__ = [
     "PROGRESS_INTERVAL_S",
     "Progress",
+    "ProgressReporter",
     "rank_timings",
     "resume_position",
-    "spark_gpu_index",
-    "spark_send",
+    "send_progress",
 ]
 
 log = logging.getLogger(__name__)
@@ -34,41 +37,62 @@ log = logging.getLogger(__name__)
 PROGRESS_INTERVAL_S = 0.5
 
 
-def spark_gpu_index(local_rank: int) -> int:
-    """The GPU of a rank under ``kolo.spark.run``: the Spark task's first GPU address, else
-    ``local_rank`` (the default ``gpu_index`` of the estimators' remote trainers).
+def send_progress(obj: Any) -> None:
+    """Sends a progress message to the driver through this rank's kolo session (best effort: a
+    rank outside a launcher's session, or a lost message, does not stop training).
 
     Example::
 
-        spark_gpu_index(0)   # 0 outside Spark or without GPU resources
+        send_progress({"kind": "epoch", "epoch": 0, "epochs": 1, "metrics": {}})
     """
+    import cloudpickle
+
+    from kolo import _native
+
     try:
-        from kolo.spark.task import get_available_devices
-
-        devices = get_available_devices()
-        if devices:
-            return int(devices[0])
-    except Exception as err:  # not under kolo.spark.run, or no resources
-        log.debug("no Spark GPU assignment (%s); using local_rank %d", err, local_rank)
-    return local_rank
-
-
-def spark_send(obj: Any) -> None:
-    """Sends a progress message to the driver of ``kolo.spark.run`` (best effort; the default
-    ``send`` of the estimators' remote trainers).
-
-    Example::
-
-        spark_send({"kind": "epoch", "epoch": 0, "epochs": 1, "metrics": {}})
-    """
-    try:
-        from kolo.spark.task import send_to_driver
-    except ImportError:
-        return
-    try:
-        send_to_driver(obj)
+        _native.session_send(cloudpickle.dumps(obj))
     except Exception as err:  # progress is best effort; training goes on
         log.debug("progress message not sent: %s", err)
+
+
+class ProgressReporter:
+    """Rank 0's side of :class:`Progress`: a ``step`` message when an epoch starts and then
+    at most every :data:`PROGRESS_INTERVAL_S` seconds, an ``epoch`` message with the metrics
+    when it ends; the other ranks send nothing.
+
+    Example::
+
+        reporter = ProgressReporter(send_progress, rank=hvd.rank(), epochs=3)
+        reporter.epoch_started(0, steps=20)
+        reporter.step_done(0, 1, steps=20)
+        reporter.epoch_done(0, {"train_loss": 0.3})
+    """
+
+    def __init__(self, send: Callable[[Any], None], rank: int, epochs: int) -> None:
+        self.send = send
+        self.active = rank == 0
+        self.epochs = epochs
+        self.last_report = 0.0
+
+    def epoch_started(self, epoch: int, steps: Optional[int]) -> None:
+        """Reports step 0 of ``epoch`` (of ``steps``, None when unknown)."""
+        if self.active:
+            self.last_report = time.monotonic()
+            self.send({"kind": "step", "epoch": epoch, "step": 0, "steps": steps})
+
+    def step_done(self, epoch: int, done: int, steps: Optional[int]) -> None:
+        """Reports ``done`` steps of ``epoch`` when the last report is old enough."""
+        if not self.active:
+            return
+        now = time.monotonic()
+        if now - self.last_report >= PROGRESS_INTERVAL_S:
+            self.last_report = now
+            self.send({"kind": "step", "epoch": epoch, "step": done, "steps": steps})
+
+    def epoch_done(self, epoch: int, metrics: Dict[str, float]) -> None:
+        """Reports the end of ``epoch`` with its (averaged) ``metrics``."""
+        if self.active:
+            self.send({"kind": "epoch", "epoch": epoch, "epochs": self.epochs, "metrics": metrics})
 
 
 class Progress:
@@ -109,6 +133,12 @@ class Progress:
         return self.bar
 
     def on_message(self, rank: int, message: Any) -> None:
+        """Shows ``message`` from ``rank`` (a launcher's message callback).
+
+        Example::
+
+            progress.on_message(0, {"kind": "epoch", "epoch": 0, "metrics": {"loss": 0.3}})
+        """
         if self.first_message_at is None:
             self.first_message_at = time.time()
         if self.verbose < 1 or not isinstance(message, dict):
@@ -131,6 +161,12 @@ class Progress:
                 log.info("epoch %d/%d: %s", epoch + 1, self.epochs, text)
 
     def close(self) -> None:
+        """Closes the open bar (the end of a run, or of an epoch).
+
+        Example::
+
+            progress.close()
+        """
         if self.bar is not None:
             self.bar.close()
             self.bar = None

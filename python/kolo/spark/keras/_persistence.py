@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from kolo.estimator.keras_trainer import model_to_bytes
 from kolo.spark.common.serialization import KoloReader, KoloWriter
-from kolo.spark.keras.serde import SavedKerasModel, model_to_bytes
+from kolo.spark.keras.serde import SavedKerasModel
 
 __all__ = ["KerasReader", "keras_writer"]
 
@@ -44,6 +45,7 @@ class KerasReader(KoloReader):
     """
 
     def load(self, path: str) -> Any:
+        """The instance saved under ``path``, its Keras model rebuilt with ``custom_objects``."""
         instance = super().load(path)
         saved = instance.getOrDefault(instance.model)
         if isinstance(saved, SavedKerasModel):

@@ -1,0 +1,636 @@
+"""The PyTorch estimators' per-rank training loop (Horovod's ``horovod.spark.torch.remote``),
+launcher-neutral: :class:`kolo.spark.torch.TorchEstimator` runs it under :func:`kolo.spark.run`,
+:class:`kolo.ray.TorchEstimator` on a :class:`kolo.ray.RayExecutor`.
+
+:class:`TorchTrainer` is built on the driver from the estimator's parameters
+(:func:`build_torch_spec`; user objects already cloudpickled to bytes), shipped by the
+launcher and called once in every rank.
+Each rank joins the job (``hvd.init()``), rebuilds the model and optimizer, takes rank 0's
+weights and optimizer state (or the run's checkpoint), and trains on its equal share of the
+prepared Parquet data with :class:`kolo.data.ParquetLoader`. Loss and metrics are averaged
+over the ranks with one fused allreduce per step; rank 0 checkpoints after every epoch
+(atomically, into ``store.get_checkpoint_path(run_id)``), writes TensorBoard logs under the
+run's ``logs/`` and returns the trained weights and the history.
+
+Example (one rank, in-process)::
+
+    trainer = TorchTrainer(spec)       # spec: a TorchSpec, built by build_torch_spec
+    result = trainer()                 # {"model": <state_dict bytes>, "history": {...}, ...}
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+
+import cloudpickle
+
+from kolo._rank_gpu import rank_gpu_index
+from kolo.estimator.checks import FIX_FN, FIX_MODEL, check_shapes, pickled
+from kolo.estimator.progress import (
+    ProgressReporter,
+    rank_timings,
+    resume_position,
+    send_progress,
+)
+from kolo.estimator.spec import ParamGetter, TrainingSpec, checkpoint_bytes, spec_fields
+
+__all__ = [
+    "RemoteLossConstructor",
+    "TorchSpec",
+    "TorchTrainer",
+    "build_torch_spec",
+    "check_model_and_loss",
+    "load_checkpoint",
+    "losses_from",
+    "state_bytes",
+    "trained_model",
+]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TorchSpec(TrainingSpec):
+    """A :class:`~kolo.estimator.spec.TrainingSpec` plus the PyTorch objects, cloudpickled
+    (``*_bytes``).
+
+    Example::
+
+        spec = build_torch_spec(params.get, store, "run_1", meta)
+        spec.model_bytes, spec.optimizer_defaults
+    """
+
+    model_bytes: bytes
+    optimizer_cls_bytes: bytes
+    optimizer_defaults: Dict[str, Any]
+    #: Hyper-parameters of each param group (without ``params``) and the indices of its
+    #: parameters in ``model.parameters()``.
+    optimizer_groups: List[Dict[str, Any]]
+    optimizer_group_params: List[List[int]]
+    losses_bytes: bytes
+    loss_weights: Optional[List[float]]
+    metrics_bytes: bytes
+    callbacks_bytes: bytes
+    transformation_fn_bytes: bytes
+    train_minibatch_fn_bytes: bytes
+    input_shapes: Optional[List[List[int]]]
+    gradient_compression: Any
+    use_gpu: bool
+
+
+def _metric_names(metrics: Sequence[Callable], label_cols: Sequence[str]) -> List[str]:
+    names = []
+    for fn in metrics:
+        base = getattr(fn, "__name__", None) or type(fn).__name__
+        if len(label_cols) == 1:
+            names.append(base)
+        else:
+            names.extend(f"{label}_{base}" for label in label_cols)
+    return names
+
+
+def _serialize_checkpoint(state: Dict[str, Any]) -> bytes:
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
+
+
+def state_bytes(model: Any) -> bytes:
+    """``model``'s weights (its ``state_dict``, on the CPU) as ``torch.save`` bytes: what rank 0
+    returns; :func:`trained_model` loads them into a copy of the model.
+
+    Example::
+
+        trained = trained_model(model, state_bytes(model))
+    """
+    return _serialize_checkpoint({k: v.detach().cpu() for k, v in model.state_dict().items()})
+
+
+def load_checkpoint(store: Any, run_id: str) -> Optional[Dict[str, Any]]:
+    """The checkpoint of ``run_id`` in ``store`` (``model``, ``optimizer``, ``epoch`` — the last
+    finished epoch, 0-based — ``history``, ``loader``), or ``None`` when there is none.
+
+    Example::
+
+        ckpt = load_checkpoint(store, "run_1")
+        print(ckpt["epoch"], ckpt["history"]["train_loss"])
+    """
+    import torch
+
+    data = checkpoint_bytes(store, run_id)
+    if data is None:
+        return None
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+
+
+def _device(use_gpu: bool, local_rank: int) -> Any:
+    import torch
+
+    if not (use_gpu and torch.cuda.is_available()):
+        return torch.device("cpu")
+    index = rank_gpu_index(local_rank)
+    if "CUDA_VISIBLE_DEVICES" in os.environ and index >= torch.cuda.device_count():
+        index = local_rank % torch.cuda.device_count()
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def _loss_with_weights(loss_fn: Callable, output: Any, label: Any, weights: Any) -> Any:
+    """Per-row losses times ``weights``, averaged (Horovod's ``calculate_loss``)."""
+    import torch
+
+    if isinstance(loss_fn, torch.nn.modules.loss._Loss):
+        unreduced = copy.copy(loss_fn)
+        unreduced.reduction = "none"
+        per_row = unreduced(output, label)
+    else:
+        per_row = loss_fn(output, label, reduction="none")
+    per_row = per_row.reshape(per_row.shape[0], -1).mean(dim=1)
+    return (per_row * weights.reshape(-1).to(per_row.dtype)).mean()
+
+
+class TorchTrainer:
+    """The function every rank runs (picklable; see the module docstring).
+
+    ``send(obj)`` delivers rank 0's progress messages to the driver, best effort (default:
+    :func:`~kolo.estimator.progress.send_progress`, through the rank's kolo session, which
+    every launcher provides); the rank trains on the GPU its launcher assigned
+    (:func:`kolo._rank_gpu.rank_gpu_index`) when ``use_gpu``.
+
+    Example::
+
+        trainer = TorchTrainer(spec, send=print)
+    """
+
+    def __init__(self, spec: TorchSpec, send: Optional[Callable[[Any], None]] = None) -> None:
+        self.spec = spec
+        self.send = send or send_progress
+
+    # -- set-up -----------------------------------------------------------------------------
+
+    def _build(self, hvd: Any, torch: Any) -> None:
+        spec = self.spec
+        if spec.random_seed is not None:
+            torch.manual_seed(spec.random_seed)
+        self.device = _device(spec.use_gpu, hvd.local_rank())
+        self.model = cloudpickle.loads(spec.model_bytes).to(self.device)
+        params = list(self.model.parameters())
+        groups = [
+            {**hyper, "params": [params[i] for i in indices]}
+            for hyper, indices in zip(spec.optimizer_groups, spec.optimizer_group_params)
+        ]
+        optimizer_cls = cloudpickle.loads(spec.optimizer_cls_bytes)
+        try:
+            optimizer = optimizer_cls(groups, **spec.optimizer_defaults)
+        except TypeError:
+            optimizer = optimizer_cls(groups)
+        # Horovod: scale the learning rate by the number of ranks.
+        self.base_lrs = [g.get("lr") for g in optimizer.param_groups]
+        self._scale_lr(optimizer, hvd.size())
+        self.losses = cloudpickle.loads(spec.losses_bytes)
+        self.metrics = cloudpickle.loads(spec.metrics_bytes) or []
+        self.callbacks = cloudpickle.loads(spec.callbacks_bytes) or []
+        self.transformation_fn = cloudpickle.loads(spec.transformation_fn_bytes)
+        self.train_minibatch_fn = cloudpickle.loads(spec.train_minibatch_fn_bytes)
+        self.metric_names = _metric_names(self.metrics, spec.label_cols)
+        if len(self.losses) == 1 and len(spec.label_cols) > 1:
+            self.losses = self.losses * len(spec.label_cols)
+        self.loss_weights = spec.loss_weights or [1.0] * len(self.losses)
+        compression = spec.gradient_compression or hvd.Compression.none
+        self.optimizer = hvd.DistributedOptimizer(
+            optimizer,
+            named_parameters=self.model.named_parameters(),
+            compression=compression,
+            backward_passes_per_step=spec.backward_passes_per_step,
+        )
+
+    def _scale_lr(self, optimizer: Any, factor: float) -> None:
+        for group, base in zip(optimizer.param_groups, self.base_lrs):
+            if base is not None:
+                group["lr"] = base * factor
+
+    def _resume(self, hvd: Any) -> Dict[str, Any]:
+        """Rank 0 loads the run's checkpoint (if any) and every rank takes its state."""
+        spec = self.spec
+        state = None
+        if hvd.rank() == 0:
+            ckpt = load_checkpoint(spec.store, spec.run_id)
+            if ckpt is not None:
+                self.model.load_state_dict(ckpt["model"])
+                self.optimizer.load_state_dict(ckpt["optimizer"])
+                self._scale_lr(self.optimizer, hvd.size())
+                state = {
+                    "epoch": int(ckpt["epoch"]) + 1,
+                    "history": ckpt["history"],
+                    "loader": ckpt.get("loader"),
+                }
+                log.info(
+                    "run %s: resuming at epoch %d from its checkpoint", spec.run_id, state["epoch"]
+                )
+        state = hvd.broadcast_object(state, root_rank=0, name="kolo.estimator.resume")
+        hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
+        hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
+        return state or {"epoch": 0, "history": None, "loader": None}
+
+    # -- one batch ----------------------------------------------------------------------------
+
+    def _split(self, batch: Dict[str, Any]) -> tuple:
+        spec = self.spec
+        if self.transformation_fn is not None:
+            batch = self.transformation_fn(batch)
+        device = self.device
+        inputs = [batch[c].to(device, non_blocking=True) for c in spec.feature_cols]
+        if spec.input_shapes:
+            inputs = [x.reshape(s) for x, s in zip(inputs, spec.input_shapes)]
+        inputs = [x.float() if x.dtype == self._float64 else x for x in inputs]
+        labels = [batch[c].to(device, non_blocking=True) for c in spec.label_cols]
+        labels = [y.float() if y.dtype == self._float64 else y for y in labels]
+        if spec.label_shapes:
+            labels = [y.reshape(s) for y, s in zip(labels, spec.label_shapes)]
+        weights = None
+        if spec.sample_weight_col:
+            weights = batch[spec.sample_weight_col].to(device)
+        return inputs, labels, weights
+
+    @staticmethod
+    def _transform_outputs(outputs: Any, labels: List[Any]) -> tuple:
+        """Outputs as a list; a floating label with one dimension fewer than its output of
+        several values per row (class indices, e.g. from StringIndexer) becomes int64."""
+        if not isinstance(outputs, (tuple, list)):
+            outputs = [outputs]
+        outputs = list(outputs)
+        labels = [
+            label.long()
+            if label.is_floating_point()
+            and label.dim() == output.dim() - 1
+            and output.dim() > 1
+            and output.shape[-1] > 1
+            else label
+            for output, label in zip(outputs, labels)
+        ]
+        return outputs, labels
+
+    def _loss(self, outputs: List[Any], labels: List[Any], weights: Any) -> Any:
+        total = None
+        for output, label, loss_fn, w in zip(outputs, labels, self.losses, self.loss_weights):
+            if weights is None:
+                value = loss_fn(output, label)
+            else:
+                value = _loss_with_weights(loss_fn, output, label, weights)
+            total = value * w if total is None else total + value * w
+        return total
+
+    def _metric_values(self, outputs: List[Any], labels: List[Any]) -> List[Any]:
+        import torch
+
+        values = []
+        for fn in self.metrics:
+            for output, label in zip(outputs, labels):
+                value = fn(output.detach(), label)
+                values.append(torch.as_tensor(value, dtype=torch.float64).reshape(()))
+        return values
+
+    # -- epochs -------------------------------------------------------------------------------
+
+    def _batches(self, loader: Any, steps: int) -> Iterator[Dict[str, Any]]:
+        """Exactly ``steps`` batches, going on into the loader's next epoch when needed."""
+        done = 0
+        while done < steps:
+            for batch in loader:
+                yield batch
+                done += 1
+                if done >= steps:
+                    return
+
+    def _call(self, name: str, *args: Any) -> None:
+        for callback in self.callbacks:
+            method = getattr(callback, name, None)
+            if method is not None:
+                method(*args)
+
+    def _run_epoch(self, hvd: Any, torch: Any, epoch: int, train: bool) -> Dict[str, float]:
+        spec = self.spec
+        loader = self.train_loader if train else self.val_loader
+        if train:
+            steps = spec.train_steps(loader)
+        else:
+            steps = spec.val_steps(loader)
+        prefix = "train" if train else "val"
+        self.model.train(train)
+        passes = spec.backward_passes_per_step
+        totals = None
+        pending = None
+        if train:
+            self.reporter.epoch_started(epoch, steps)
+        grad = contextlib.nullcontext() if train else torch.no_grad()
+        with grad:
+            for step, batch in enumerate(self._batches(loader, steps)):
+                inputs, labels, weights = self._split(batch)
+                if train and self.train_minibatch_fn is not None:
+                    outputs, loss = self.train_minibatch_fn(
+                        self.model,
+                        self.optimizer,
+                        self._transform_outputs,
+                        self._loss,
+                        inputs,
+                        labels,
+                        weights,
+                    )
+                    outputs, labels = self._transform_outputs(outputs, labels)
+                elif train:
+                    if step % passes == 0:
+                        self.optimizer.zero_grad()
+                    outputs, labels = self._transform_outputs(self.model(*inputs), labels)
+                    loss = self._loss(outputs, labels, weights)
+                    (loss / passes if passes > 1 else loss).backward()
+                    if (step + 1) % passes == 0 or step + 1 == steps:
+                        self.optimizer.step()
+                else:
+                    outputs, labels = self._transform_outputs(self.model(*inputs), labels)
+                    loss = self._loss(outputs, labels, weights)
+                # One fused allreduce per step: the loss and every metric in one tensor,
+                # pipelined (the previous step's result is collected before submitting).
+                values = torch.stack(
+                    [loss.detach().to(torch.float64).reshape(()).cpu()]
+                    + [v.cpu() for v in self._metric_values(outputs, labels)]
+                )
+                if pending is not None:
+                    reduced = hvd.synchronize(pending)
+                    totals = reduced if totals is None else totals + reduced
+                pending = hvd.allreduce_async(values, name=f"kolo.metrics.{prefix}")
+                if train:
+                    self._call("on_train_batch_end", step, {"epoch": epoch})
+                    self.reporter.step_done(epoch, step + 1, steps)
+            if pending is not None:
+                reduced = hvd.synchronize(pending)
+                totals = reduced if totals is None else totals + reduced
+        means = (totals / max(steps, 1)).tolist() if totals is not None else []
+        names = ["loss", *self.metric_names]
+        return {f"{prefix}_{n}": float(v) for n, v in zip(names, means)}
+
+    def _checkpoint(self, hvd: Any, epoch: int, history: Dict[str, List[float]]) -> None:
+        spec = self.spec
+        if hvd.rank() != 0 or spec.store.get_checkpoint_path(spec.run_id) is None:
+            return
+        state = {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "epoch": epoch,
+            "history": history,
+            "loader": self.train_loader.state_dict(),
+            "size": hvd.size(),
+        }
+        spec.store.write_bytes(
+            spec.store.get_checkpoint_path(spec.run_id), _serialize_checkpoint(state)
+        )
+
+    # -- the rank's function ------------------------------------------------------------------
+
+    def __call__(self) -> Optional[Dict[str, Any]]:
+        """Trains this rank (see the module docstring); rank 0 returns the weights, history and
+        timings, the other ranks ``None``."""
+        import torch
+
+        import kolo.torch as hvd
+
+        started, started_unix = time.monotonic(), time.time()
+        hvd.init()
+        self._float64 = torch.float64
+        self._build(hvd, torch)
+        self.train_loader, self.val_loader = self.spec.open_loaders(hvd.rank(), hvd.size())
+        self.reporter = ProgressReporter(self.send, hvd.rank(), self.spec.epochs)
+        resume = self._resume(hvd)
+        start_epoch, history = resume_position(self.train_loader, resume)
+        timings = rank_timings(started, started_unix)
+        writer, local_dir, sync = self._tensorboard(hvd)
+        try:
+            for epoch in range(start_epoch, self.spec.epochs):
+                self._call("on_epoch_begin", epoch, None)
+                t0 = time.monotonic()
+                if timings["first_step_unix"] is None:
+                    timings["first_step_unix"] = time.time()
+                logs = self._run_epoch(hvd, torch, epoch, train=True)
+                if self.val_loader is not None:
+                    logs.update(self._run_epoch(hvd, torch, epoch, train=False))
+                for key, value in logs.items():
+                    history.setdefault(key, []).append(value)
+                timings["train_s"] += time.monotonic() - t0
+                t1 = time.monotonic()
+                self._checkpoint(hvd, epoch, history)
+                timings["checkpoint_s"] += time.monotonic() - t1
+                if writer is not None:
+                    for key, value in logs.items():
+                        writer.add_scalar(key, value, epoch)
+                    writer.flush()
+                    sync(local_dir)
+                self._call("on_epoch_end", epoch, dict(logs))
+                self.reporter.epoch_done(epoch, logs)
+                if self.spec.verbose >= 2:
+                    log.info("rank %d epoch %d: %s", hvd.rank(), epoch, logs)
+        finally:
+            if writer is not None:
+                writer.close()
+                with contextlib.suppress(Exception):
+                    sync(local_dir)
+            if local_dir is not None:
+                import shutil
+
+                shutil.rmtree(local_dir, ignore_errors=True)
+            self.train_loader.close()
+            if self.val_loader is not None:
+                self.val_loader.close()
+        if hvd.rank() != 0:
+            return None
+        self._scale_lr(self.optimizer, 1.0)
+        model_bytes = state_bytes(self.model)
+        timings["returned_unix"] = time.time()
+        return {
+            "model": model_bytes,
+            "history": history,
+            "start_epoch": start_epoch,
+            "size": hvd.size(),
+            "timings": timings,
+        }
+
+    def _tensorboard(self, hvd: Any) -> tuple:
+        spec = self.spec
+        if hvd.rank() != 0 or spec.store.get_logs_path(spec.run_id) is None:
+            return None, None, None
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            log.info("tensorboard is not installed: no event logs for run %s", spec.run_id)
+            return None, None, None
+        import tempfile
+
+        local_dir = tempfile.mkdtemp(prefix="kolo-run-")
+        logs_dir = os.path.join(local_dir, spec.store.get_logs_subdir())
+        writer = SummaryWriter(log_dir=logs_dir)
+        return writer, local_dir, spec.store.sync_fn(spec.run_id)
+
+
+# -- driver side ------------------------------------------------------------------------------
+
+
+class RemoteLossConstructor:
+    """A loss built on first use in the rank from ``constructor()`` (``loss_constructors``).
+
+    Example::
+
+        loss = RemoteLossConstructor(lambda: torch.nn.CrossEntropyLoss())
+        value = loss(output, label)
+    """
+
+    def __init__(self, constructor: Any) -> None:
+        self.constructor = constructor
+        self._loss = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """The loss of ``args`` (built on first use; ``reduction=`` passed on)."""
+        import torch
+
+        if self._loss is None:
+            self._loss = self.constructor()
+        loss = self._loss
+        reduction = kwargs.pop("reduction", None)
+        if reduction is not None:
+            if isinstance(loss, torch.nn.modules.loss._Loss):
+                loss = copy.copy(loss)
+                loss.reduction = reduction
+            else:
+                kwargs["reduction"] = reduction
+        return loss(*args, **kwargs)
+
+    def __getstate__(self) -> Dict[str, Any]:
+        return {"constructor": self.constructor, "_loss": None}
+
+
+def losses_from(param: ParamGetter) -> List[Any]:
+    """The losses of an estimator: ``loss_constructors`` wrapped, else ``loss`` as a list.
+
+    Example::
+
+        losses_from({"loss": F.cross_entropy, "loss_constructors": None}.get)
+    """
+    from kolo.exceptions import InvalidArgumentError
+
+    loss = param("loss")
+    constructors = param("loss_constructors")
+    if constructors:
+        ctors = constructors if isinstance(constructors, (list, tuple)) else [constructors]
+        return [RemoteLossConstructor(c) for c in ctors]
+    if loss is None:
+        raise InvalidArgumentError(
+            "loss is not set: pass loss=torch.nn.functional.cross_entropy (or a list, one "
+            "per label column), or loss_constructors"
+        )
+    return list(loss) if isinstance(loss, (list, tuple)) else [loss]
+
+
+def _model_and_optimizer(param: ParamGetter) -> tuple:
+    """``(model, optimizer)``, or :class:`~kolo.exceptions.InvalidArgumentError` when one is
+    not set."""
+    from kolo.exceptions import InvalidArgumentError
+
+    model, optimizer = param("model"), param("optimizer")
+    if model is None:
+        raise InvalidArgumentError("model is not set: pass model=<a torch.nn.Module>")
+    if optimizer is None:
+        raise InvalidArgumentError(
+            "optimizer is not set: pass optimizer=torch.optim.SGD(model.parameters(), ...)"
+        )
+    return model, optimizer
+
+
+def trained_model(model: Any, state_bytes: bytes) -> Any:
+    """A copy of ``model`` with the weights a rank returned (``result["model"]``), on the CPU.
+
+    Example::
+
+        trained = trained_model(estimator_model, results[0]["model"])
+    """
+    import torch
+
+    trained = copy.deepcopy(model)
+    state = torch.load(io.BytesIO(state_bytes), map_location="cpu", weights_only=False)
+    trained.load_state_dict(state)
+    return trained
+
+
+def check_model_and_loss(param: ParamGetter) -> None:
+    """Fails before any data is written when the model, optimizer or loss is missing or cannot
+    be pickled (:class:`~kolo.exceptions.InvalidArgumentError`).
+
+    Example::
+
+        check_model_and_loss(params.get)
+    """
+    model, _ = _model_and_optimizer(param)
+    pickled("model", model, FIX_MODEL)
+    pickled("loss", losses_from(param), "pass loss_constructors=[fn returning the loss] instead")
+
+
+def build_torch_spec(param: ParamGetter, store: Any, run_id: str, meta: Any) -> TorchSpec:
+    """The :class:`TorchSpec` of an estimator's parameters (``param(name)`` gives each, by the
+    Spark estimator's names) for the prepared data ``meta`` (a
+    :class:`~kolo.estimator.dataset.PreparedDataset`); checks the model, optimizer, losses and
+    shapes (:class:`~kolo.exceptions.InvalidArgumentError`).
+
+    Example::
+
+        spec = build_torch_spec(est_params.__getitem__, store, "run_1", meta)
+        trainer = TorchTrainer(spec)
+    """
+    from kolo.exceptions import InvalidArgumentError
+
+    model, optimizer = _model_and_optimizer(param)
+    feature_cols, label_cols = param("feature_cols"), param("label_cols")
+    losses = losses_from(param)
+    if len(losses) not in (1, len(label_cols)):
+        raise InvalidArgumentError(
+            f"{len(losses)} losses for {len(label_cols)} label columns: give one loss, or "
+            "one per label column"
+        )
+    check_shapes(param("input_shapes"), feature_cols, "input_shapes", "feature")
+    fields = spec_fields(param, store, run_id, meta)
+    index = {id(p): i for i, p in enumerate(model.parameters())}
+    groups, group_params = [], []
+    for group in optimizer.param_groups:
+        ids = []
+        for p in group["params"]:
+            if id(p) not in index:
+                raise InvalidArgumentError(
+                    "the optimizer holds a parameter that is not in the model: build it on "
+                    "model.parameters() of the model passed as model="
+                )
+            ids.append(index[id(p)])
+        groups.append({k: v for k, v in group.items() if k != "params"})
+        group_params.append(ids)
+    return TorchSpec(
+        **fields,
+        model_bytes=pickled("model", model, FIX_MODEL),
+        optimizer_cls_bytes=pickled("optimizer class", type(optimizer), FIX_FN),
+        optimizer_defaults=dict(optimizer.defaults),
+        optimizer_groups=groups,
+        optimizer_group_params=group_params,
+        losses_bytes=pickled(
+            "loss", losses, "pass loss_constructors=[fn returning the loss] instead"
+        ),
+        loss_weights=param("loss_weights"),
+        metrics_bytes=pickled("metrics", param("metrics") or [], FIX_FN),
+        callbacks_bytes=pickled("callbacks", param("callbacks") or [], FIX_FN),
+        transformation_fn_bytes=pickled("transformation_fn", param("transformation_fn"), FIX_FN),
+        train_minibatch_fn_bytes=pickled("train_minibatch_fn", param("train_minibatch_fn"), FIX_FN),
+        input_shapes=param("input_shapes"),
+        gradient_compression=param("gradient_compression"),
+        use_gpu=param("use_gpu"),
+    )
