@@ -1,0 +1,142 @@
+"""The line between kolo's API and its machinery: a module is internal when its name (or a
+package on its path) starts with ``_``; every other module is public, declares ``__all__`` and
+documents every name in it; and every function and class of the private ``kolo._native`` is
+used by a module a public module reaches (no dead binding).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+from pathlib import Path
+from typing import Dict, List, Set
+
+import pytest
+from test_import_graph import import_graph, module_files
+
+MODULES = module_files()
+
+
+def is_internal(module: str) -> bool:
+    """Whether ``module`` is internal (a part of its dotted name starts with ``_``)."""
+    return any(part.startswith("_") for part in module.split("."))
+
+
+PUBLIC = sorted(m for m in MODULES if not is_internal(m))
+
+
+def _tree(module: str, modules: Dict[str, Path]) -> ast.Module:
+    return ast.parse(modules[module].read_text())
+
+
+def _assigned_here(tree: ast.Module, name: str) -> ast.stmt | None:
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            return node
+    return None
+
+
+def _imported_from(tree: ast.Module, name: str) -> str | None:
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module:
+            if any((alias.asname or alias.name) == name for alias in node.names):
+                return node.module
+    return None
+
+
+def constant_documented(module: str, name: str, modules: Dict[str, Path] = MODULES) -> bool:
+    """Whether the constant ``name`` of ``module`` has a ``#:`` comment right above its
+    assignment, or is named in its module's docstring (following ``from x import name``)."""
+    tree = _tree(module, modules)
+    node = _assigned_here(tree, name)
+    if node is not None:
+        lines = modules[module].read_text().splitlines()
+        above = lines[node.lineno - 2].strip() if node.lineno > 1 else ""
+        docstring = ast.get_docstring(tree) or ""
+        return above.startswith("#:") or f"``{name}``" in docstring or f"`{name}`" in docstring
+    source = _imported_from(tree, name)
+    if source in modules:
+        return constant_documented(source, name, modules)
+    return False
+
+
+@pytest.mark.parametrize("module", PUBLIC)
+def test_a_public_module_declares_and_documents_its_names(module: str) -> None:
+    loaded = importlib.import_module(module)
+    assert (loaded.__doc__ or "").strip(), f"{module} has no docstring"
+    names = getattr(loaded, "__all__", None)
+    assert names is not None, f"{module} is public but has no __all__ (or make it internal: _name)"
+    undocumented: List[str] = []
+    for name in names:
+        value = getattr(loaded, name)
+        if inspect.isclass(value) or inspect.isroutine(value):
+            if not (value.__doc__ or "").strip():
+                undocumented.append(name)
+        elif not inspect.ismodule(value) and not constant_documented(module, name):
+            undocumented.append(name)
+    assert not undocumented, f"{module}: no documentation for {', '.join(undocumented)}"
+
+
+def native_uses(modules: Dict[str, Path] = MODULES) -> Dict[str, Set[str]]:
+    """Module → the names of ``kolo._native`` it uses (``_native.x`` or ``from kolo._native
+    import x``)."""
+    uses: Dict[str, Set[str]] = {}
+    for module in modules:
+        found: Set[str] = set()
+        for node in ast.walk(_tree(module, modules)):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+                if node.value.id == "_native":
+                    found.add(node.attr)
+            elif isinstance(node, ast.ImportFrom) and node.module == "kolo._native":
+                found.update(alias.name for alias in node.names)
+        uses[module] = found
+    return uses
+
+
+def reached_from_public(graph: Dict[str, Set[str]]) -> Set[str]:
+    """Every module a public module imports, directly or not (the public ones included)."""
+    reached: Set[str] = set()
+    todo = [module for module in graph if not is_internal(module)]
+    while todo:
+        module = todo.pop()
+        if module in reached:
+            continue
+        reached.add(module)
+        todo.extend(graph.get(module, ()))
+    return reached
+
+
+def dead_bindings(bound: Set[str], modules: Dict[str, Path] = MODULES) -> Set[str]:
+    """The names of ``bound`` that no module reached from a public module uses."""
+    uses = native_uses(modules)
+    reached = reached_from_public(import_graph(modules))
+    return bound - set().union(*(uses[m] for m in reached))
+
+
+def test_every_native_function_is_reached_from_a_public_wrapper() -> None:
+    from kolo import _native
+
+    dead = dead_bindings({n for n in dir(_native) if not n.startswith("_")})
+    assert not dead, f"kolo._native binds what nothing public uses: {sorted(dead)}"
+
+
+def test_the_checks_see_internal_modules_undocumented_constants_and_dead_bindings(
+    tmp_path: Path,
+) -> None:
+    package = tmp_path / "kolo"
+    package.mkdir()
+    (package / "__init__.py").write_text('"""Root."""\n')
+    (package / "_machinery.py").write_text("from kolo._native import used\n")
+    (package / "_orphan.py").write_text("from kolo import _native\n_native.orphaned()\n")
+    (package / "api.py").write_text(
+        '"""Api."""\nimport kolo._machinery\n\nSIZE = 3\n\n#: Documented.\nLIMIT = 4\n'
+    )
+    modules = module_files(package)
+    assert not is_internal("kolo.api") and is_internal("kolo._machinery")
+    assert constant_documented("kolo.api", "LIMIT", modules)
+    assert not constant_documented("kolo.api", "SIZE", modules)
+    assert native_uses(modules)["kolo._orphan"] == {"orphaned"}
+    # used by a module api.py imports; orphaned only by a module nothing public imports
+    assert dead_bindings({"used", "orphaned", "unused"}, modules) == {"orphaned", "unused"}
