@@ -27,7 +27,6 @@ from kolo._core import (
     engine_stats,
     gloo_built,
     gloo_enabled,
-    init,
     is_homogeneous,
     is_initialized,
     local_rank,
@@ -38,11 +37,11 @@ from kolo._core import (
     nccl_built,
     rank,
     rocm_built,
-    shutdown,
     size,
     start_timeline,
     stop_timeline,
 )
+from kolo._lifecycle import init, shutdown
 from kolo.exceptions import HorovodInternalError
 from kolo.process_sets import (
     ProcessSet,
