@@ -49,13 +49,9 @@ from kolo.process_sets import (
     global_process_set,
     remove_process_set,
 )
+from kolo.torch._objects import allgather_object, broadcast_object
 from kolo.torch.compression import Compression
-from kolo.torch.functions import (
-    allgather_object,
-    broadcast_object,
-    broadcast_optimizer_state,
-    broadcast_parameters,
-)
+from kolo.torch.functions import broadcast_optimizer_state, broadcast_parameters
 from kolo.torch.ops import (
     allgather,
     allgather_async,
