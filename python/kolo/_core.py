@@ -1,12 +1,12 @@
-"""Framework-agnostic process state shared by every adapter (``kolo.torch``, later others).
+"""Framework-agnostic process state shared by every adapter (``kolo.torch``, ``kolo.keras``).
 
-Holds the rank assignment after :func:`init` and names unnamed collectives deterministically,
-so the same call sequence gets the same names on every rank.
+Holds the rank assignment while the engine runs (``init``/``shutdown`` in ``kolo._lifecycle``
+start and stop it) and names unnamed collectives deterministically, so the same call sequence
+gets the same names on every rank.
 """
 
 from __future__ import annotations
 
-import atexit
 import enum
 import itertools
 import os
@@ -20,64 +20,40 @@ from kolo.exceptions import InvalidArgumentError, NotInitializedError
 _lock = threading.Lock()
 _info: Optional[dict[str, Any]] = None
 _counters: dict[str, itertools.count] = {}
-_shutdown_at_exit = False
 
 
-def init(comm: Any = None, process_sets: Any = None) -> None:
-    """Joins the job this process was launched into, or runs as a single rank.
-
-    Under ``kolorun`` (or ``kolo.spark.run`` / ``RayExecutor``) the process registers with the
-    job's driver service, receives its rank (a host's ranks are consecutive) and connects to its
-    peers. Launched bare (``python train.py``) it becomes rank 0 of 1. Calling it again is a
-    no-op; after :func:`shutdown` it joins the job again (every rank must): a fresh engine and
-    connections, the same rank.
+def start_engine() -> bool:
+    """Starts this process's engine and takes its rank assignment (see ``kolo._lifecycle.init``);
+    False when it already runs. Unnamed ops are counted afresh.
 
     Example::
 
-        import kolo.torch as hvd
-        hvd.init()
-        print(hvd.rank(), hvd.size())
+        if _core.start_engine():
+            ...  # first start since the last stop_engine()
     """
-    global _info, _shutdown_at_exit
-    if comm is not None:
-        raise InvalidArgumentError(
-            "init(comm=...) selects an MPI communicator, and kolo does not use MPI: launch the "
-            "processes with kolorun (or kolo.spark.run / kolo.ray.RayExecutor) and call init()"
-        )
-    if process_sets == "dynamic":
-        os.environ["KOLO_DYNAMIC_PROCESS_SETS"] = "1"
-        process_sets = None
+    global _info
     with _lock:
         if _info is not None:
-            return
+            return False
         _native.init()
         _info = _native.rank_info()
         _counters.clear()
-        if not _shutdown_at_exit:
-            atexit.register(shutdown)
-            _shutdown_at_exit = True
-    from kolo import process_sets as _sets
-
-    for ps in process_sets or []:
-        _sets.register(ps, initializing=True)
+        return True
 
 
-def shutdown() -> None:
-    """Leaves the job: closes connections to peers and the driver. ``init()`` may follow (on
-    every rank); process sets must then be registered again.
+def stop_engine() -> None:
+    """Stops this process's engine and forgets its rank assignment (see
+    ``kolo._lifecycle.shutdown``).
 
     Example::
 
-        hvd.shutdown()
-        hvd.init()  # a fresh engine; hvd.rank() is the same as before
+        _core.stop_engine()
+        assert not _core.is_initialized()
     """
     global _info
-    from kolo import process_sets as _sets
-
     with _lock:
         _native.shutdown()
         _info = None
-    _sets._forget_registrations()
 
 
 def is_initialized() -> bool:

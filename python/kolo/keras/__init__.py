@@ -43,7 +43,6 @@ from kolo._core import (
     engine_stats,
     gloo_built,
     gloo_enabled,
-    init,
     is_homogeneous,
     is_initialized,
     local_rank,
@@ -54,11 +53,11 @@ from kolo._core import (
     nccl_built,
     rank,
     rocm_built,
-    shutdown,
     size,
     start_timeline,
     stop_timeline,
 )
+from kolo._lifecycle import init, shutdown
 from kolo.exceptions import HorovodInternalError
 from kolo.keras import callbacks
 from kolo.keras.compression import Compression

@@ -27,7 +27,6 @@ from kolo._core import (
     engine_stats,
     gloo_built,
     gloo_enabled,
-    init,
     is_homogeneous,
     is_initialized,
     local_rank,
@@ -38,11 +37,11 @@ from kolo._core import (
     nccl_built,
     rank,
     rocm_built,
-    shutdown,
     size,
     start_timeline,
     stop_timeline,
 )
+from kolo._lifecycle import init, shutdown
 from kolo.exceptions import HorovodInternalError
 from kolo.process_sets import (
     ProcessSet,
@@ -50,13 +49,9 @@ from kolo.process_sets import (
     global_process_set,
     remove_process_set,
 )
+from kolo.torch._objects import allgather_object, broadcast_object
 from kolo.torch.compression import Compression
-from kolo.torch.functions import (
-    allgather_object,
-    broadcast_object,
-    broadcast_optimizer_state,
-    broadcast_parameters,
-)
+from kolo.torch.functions import broadcast_optimizer_state, broadcast_parameters
 from kolo.torch.ops import (
     allgather,
     allgather_async,

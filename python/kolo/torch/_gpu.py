@@ -32,8 +32,8 @@ from kolo import _core, _native
 from kolo._core import ReduceOp, resolve_op
 from kolo.exceptions import ConfigError, InvalidArgumentError
 from kolo.process_sets import ProcessSet, global_process_set, resolve
-from kolo.torch.functions import allgather_object, broadcast_object
-from kolo.torch.ops import _dtype_name as _dtype
+from kolo.torch._buffers import _dtype_name as _dtype
+from kolo.torch._objects import allgather_object, broadcast_object
 
 #: Seconds :meth:`NcclGroup.synchronize` waits for the GPU before raising TimeoutError.
 DEFAULT_TIMEOUT = 300.0

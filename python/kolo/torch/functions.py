@@ -1,83 +1,26 @@
-"""Whole-model helpers: Horovod's ``broadcast_parameters``, ``broadcast_optimizer_state``,
-``broadcast_object`` and ``allgather_object``."""
+"""Whole-model helpers: Horovod's ``broadcast_parameters`` and ``broadcast_optimizer_state``
+(and, from ``kolo.torch._objects``, ``broadcast_object`` and ``allgather_object``, which
+Horovod also keeps in its ``functions`` module)."""
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterable
-from typing import Any, Optional
+from typing import Any
 
-import cloudpickle
 import torch
 
 from kolo import _core
-from kolo.torch.ops import allgather, broadcast_, broadcast_async_, synchronize
+from kolo.torch._objects import allgather_object, broadcast_object
+from kolo.torch._process_set_args import _process_set_kwargs
+from kolo.torch.ops import broadcast_async_, synchronize
+from kolo.torch.optimizer import _DistributedOptimizerMixin
 
-
-def _process_set_kwargs(process_set: Any) -> dict[str, Any]:
-    """``process_set=`` for an op call, or nothing for the default (every rank)."""
-    return {} if process_set is None else {"process_set": process_set}
-
-
-def _process_set_included(process_set: Any) -> bool:
-    """Whether this rank belongs to ``process_set`` (``None`` means every rank)."""
-    return process_set is None or bool(process_set.included())
-
-
-def _to_bytes_tensor(obj: Any) -> torch.Tensor:
-    buffer = io.BytesIO()
-    cloudpickle.dump(obj, buffer)
-    return torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
-
-
-def _from_bytes_tensor(tensor: torch.Tensor) -> Any:
-    return cloudpickle.loads(tensor.numpy().tobytes())
-
-
-def broadcast_object(
-    obj: Any, root_rank: int = 0, name: Optional[str] = None, process_set: Any = None
-) -> Any:
-    """Returns ``root_rank``'s ``obj`` (any cloudpickle-able object) on every rank.
-
-    Example::
-
-        state = hvd.broadcast_object({"epoch": 3} if hvd.rank() == 0 else None, root_rank=0)
-    """
-    name = _core.op_name("broadcast_object", name)
-    ps = _process_set_kwargs(process_set)
-    if _core.rank() == root_rank:
-        payload = _to_bytes_tensor(obj)
-        length = torch.tensor([payload.numel()], dtype=torch.int64)
-        broadcast_(length, root_rank, name=f"{name}.size", **ps)
-        broadcast_(payload, root_rank, name=f"{name}.data", **ps)
-        return obj
-    length = torch.zeros(1, dtype=torch.int64)
-    broadcast_(length, root_rank, name=f"{name}.size", **ps)
-    payload = torch.empty(int(length.item()), dtype=torch.uint8)
-    broadcast_(payload, root_rank, name=f"{name}.data", **ps)
-    return _from_bytes_tensor(payload)
-
-
-def allgather_object(obj: Any, name: Optional[str] = None, process_set: Any = None) -> list[Any]:
-    """Returns the list of every rank's ``obj``, in rank order.
-
-    Example::
-
-        hosts = hvd.allgather_object(socket.gethostname())
-    """
-    name = _core.op_name("allgather_object", name)
-    ps = _process_set_kwargs(process_set)
-    payload = _to_bytes_tensor(obj)
-    lengths = allgather(
-        torch.tensor([payload.numel()], dtype=torch.int64), name=f"{name}.sizes", **ps
-    )
-    gathered = allgather(payload, name=f"{name}.data", **ps)
-    objects = []
-    offset = 0
-    for length in lengths.tolist():
-        objects.append(_from_bytes_tensor(gathered[offset : offset + length]))
-        offset += length
-    return objects
+__all__ = [
+    "allgather_object",
+    "broadcast_object",
+    "broadcast_optimizer_state",
+    "broadcast_parameters",
+]
 
 
 def broadcast_parameters(params: Any, root_rank: int, process_set: Any = None) -> None:
@@ -200,8 +143,6 @@ def broadcast_optimizer_state(
 def _create_state(optimizer: torch.optim.Optimizer) -> None:
     """Runs one step with zero gradients so the optimizer creates its per-parameter state,
     then restores the parameters and gradients it had."""
-    from kolo.torch.optimizer import _DistributedOptimizerMixin
-
     params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
     saved = [(p, p.detach().clone(), p.grad) for p in params]
     sparse = isinstance(optimizer, torch.optim.SparseAdam)

@@ -19,8 +19,9 @@ import torch
 
 from kolo import _core
 from kolo._core import Average, resolve_op
+from kolo.torch._objects import broadcast_object
+from kolo.torch._process_set_args import _process_set_included, _process_set_kwargs
 from kolo.torch.compression import Compression
-from kolo.torch.functions import _process_set_included, _process_set_kwargs, broadcast_object
 from kolo.torch.ops import allgather_async, allreduce_async_, grouped_allreduce_async_, synchronize
 
 _Group = tuple[torch.Tensor, ...]

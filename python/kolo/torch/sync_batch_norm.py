@@ -8,7 +8,7 @@ import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from kolo import _core
-from kolo.torch.functions import _process_set_included, _process_set_kwargs
+from kolo.torch._process_set_args import _process_set_included, _process_set_kwargs
 from kolo.torch.ops import allgather, allreduce
 
 

@@ -1,0 +1,68 @@
+"""Joining and leaving the job: ``init`` and ``shutdown``, shared by every adapter.
+
+They sit above both halves of the process state they manage: the engine and rank assignment
+(``kolo._core``) and the process sets registered with it (``kolo.process_sets``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+from typing import Any
+
+from kolo import _core
+from kolo import process_sets as _sets
+from kolo.exceptions import InvalidArgumentError
+
+__all__ = ["init", "shutdown"]
+
+_atexit_lock = threading.Lock()
+_shutdown_at_exit = False
+
+
+def init(comm: Any = None, process_sets: Any = None) -> None:
+    """Joins the job this process was launched into, or runs as a single rank.
+
+    Under ``kolorun`` (or ``kolo.spark.run`` / ``RayExecutor``) the process registers with the
+    job's driver service, receives its rank (a host's ranks are consecutive) and connects to its
+    peers. Launched bare (``python train.py``) it becomes rank 0 of 1. Calling it again is a
+    no-op; after :func:`shutdown` it joins the job again (every rank must): a fresh engine and
+    connections, the same rank.
+
+    Example::
+
+        import kolo.torch as hvd
+        hvd.init()
+        print(hvd.rank(), hvd.size())
+    """
+    global _shutdown_at_exit
+    if comm is not None:
+        raise InvalidArgumentError(
+            "init(comm=...) selects an MPI communicator, and kolo does not use MPI: launch the "
+            "processes with kolorun (or kolo.spark.run / kolo.ray.RayExecutor) and call init()"
+        )
+    if process_sets == "dynamic":
+        os.environ["KOLO_DYNAMIC_PROCESS_SETS"] = "1"
+        process_sets = None
+    if not _core.start_engine():
+        return
+    with _atexit_lock:
+        if not _shutdown_at_exit:
+            atexit.register(shutdown)
+            _shutdown_at_exit = True
+    for ps in process_sets or []:
+        _sets.register(ps, initializing=True)
+
+
+def shutdown() -> None:
+    """Leaves the job: closes connections to peers and the driver. ``init()`` may follow (on
+    every rank); process sets must then be registered again.
+
+    Example::
+
+        hvd.shutdown()
+        hvd.init()  # a fresh engine; hvd.rank() is the same as before
+    """
+    _core.stop_engine()
+    _sets._forget_registrations()
