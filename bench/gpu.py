@@ -9,7 +9,7 @@ pinned host<->device copies of loader-sized batches.
    ``cudaMemcpyDtoD`` of the same bytes (one contiguous ``copy_``; the target is kolo ≥ 85 %
    of it), one ``cudaMemcpyAsync`` per tensor (``copy_`` per tensor) and ``torch.cat``. GB/s
    count the bytes copied once (read + write is twice that on the memory bus).
-2. **NCCL allreduce latency**, one rank: kolo's NCCL group (``kolo.torch._gpu.NcclGroup``)
+2. **NCCL allreduce latency**, one rank: kolo's NCCL group (``kolo.torch.nccl.NcclGroup``)
    against ``torch.distributed`` with the NCCL backend and world size 1, host-measured
    (submit to ``torch.cuda.synchronize()``), median of ``--iters``, for 4 B to 64 MiB.
 3. **pinned H2D/D2H** of a 64 MiB loader batch: pageable ``.to(device)``,
@@ -215,7 +215,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         print("bench/gpu.py needs a CUDA GPU (torch.cuda.is_available() is False)")
         sys.exit(2)
-    from kolo.torch._gpu import NcclGroup, probe
+    from kolo.torch.nccl import NcclGroup, probe
 
     hvd.init()
     dev = torch.device("cuda", hvd.local_rank() % torch.cuda.device_count())

@@ -17,7 +17,7 @@ import kolo.torch as hvd
 from conftest import run_kolorun, worker_env
 from kolo import _native
 from kolo.exceptions import ConfigError, KoloError
-from kolo.torch import _gpu
+from kolo.torch import nccl
 
 HAS_DRIVER = Path("/proc/driver/nvidia/version").exists()
 no_driver = pytest.mark.skipif(HAS_DRIVER, reason="checks the report of a machine without GPU")
@@ -52,7 +52,7 @@ def _probe_in_child(env: dict[str, str]) -> dict:
 
 
 def test_the_wheel_is_built_with_cuda_and_consistent() -> None:
-    found = _gpu.probe()
+    found = nccl.probe()
     assert found["built"], "the wheel is built with the cuda feature (pyproject.toml)"
     info = _native.build_info()
     assert info["cuda"] == found["cuda"] == hvd.cuda_built()
@@ -62,7 +62,7 @@ def test_the_wheel_is_built_with_cuda_and_consistent() -> None:
 
 @no_driver
 def test_without_a_driver_nothing_claims_to_run() -> None:
-    found = _gpu.probe()
+    found = nccl.probe()
     assert not hvd.cuda_built() and not hvd.nccl_built()
     assert not found["pack_kernel"]
     assert "libcuda.so.1" in found["cuda_error"]
@@ -71,7 +71,7 @@ def test_without_a_driver_nothing_claims_to_run() -> None:
 
 def test_torchs_nccl_wheel_is_found_and_its_version_read() -> None:
     wheel = _nccl_wheel()
-    found = _gpu.probe()
+    found = nccl.probe()
     if wheel is None:
         assert "nccl_error" in found and "KOLO_NCCL_LIBRARY" in found["nccl_error"]
         return
@@ -101,7 +101,7 @@ def test_check_build_reports_what_was_found() -> None:
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "GPU support (found at run time):" in out
-    found = _gpu.probe()
+    found = nccl.probe()
     assert f"{'[X]' if found['cuda'] else '[ ]'} CUDA driver" in out
     assert f"{'[X]' if found['nccl'] else '[ ]'} NCCL\n" in out
     if "nccl_version" in found:
@@ -111,12 +111,12 @@ def test_check_build_reports_what_was_found() -> None:
 @no_driver
 def test_cuda_paths_fail_with_a_typed_error_without_a_gpu() -> None:
     with pytest.raises(ConfigError, match=r"libcuda\.so\.1"):
-        _gpu.require_nccl()
+        nccl.require_nccl()
     with pytest.raises(KoloError, match=r"libcuda\.so\.1"):
         _native.Gpu(0)
     code = (
         "import kolo.torch as hvd\n"
-        "from kolo.torch._gpu import NcclGroup\n"
+        "from kolo.torch.nccl import NcclGroup\n"
         "from kolo.exceptions import ConfigError\n"
         "hvd.init()\n"
         "try:\n    NcclGroup()\n"

@@ -42,9 +42,9 @@ def _run(args: list[str], env: dict[str, str] | None = None, timeout: float = 60
 
 def test_nccl_and_the_pack_kernel_are_found() -> None:
     import kolo.torch as hvd
-    from kolo.torch import _gpu
+    from kolo.torch import nccl
 
-    found = _gpu.probe()
+    found = nccl.probe()
     assert found["cuda"] and hvd.cuda_built(), found
     assert found["nccl"] and hvd.nccl_built(), found
     assert found["pack_kernel"], found

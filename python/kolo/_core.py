@@ -216,11 +216,17 @@ class ReduceOp(enum.IntEnum):
     Product = 5
 
 
+#: Reduce by averaging over the ranks (Horovod's ``hvd.Average``, the default).
 Average = ReduceOp.Average
+#: Reduce by summing over the ranks.
 Sum = ReduceOp.Sum
+#: Horovod's Adasum reduction: named for compatibility; kolo refuses it (InvalidArgumentError).
 Adasum = ReduceOp.Adasum
+#: Reduce by the element-wise minimum over the ranks.
 Min = ReduceOp.Min
+#: Reduce by the element-wise maximum over the ranks.
 Max = ReduceOp.Max
+#: Reduce by the element-wise product over the ranks.
 Product = ReduceOp.Product
 
 

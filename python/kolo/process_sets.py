@@ -21,6 +21,8 @@ from typing import Any, Optional, Union
 from kolo import _core, _native
 from kolo.exceptions import InvalidArgumentError
 
+__all__ = ["ProcessSet", "add_process_set", "global_process_set", "remove_process_set"]
+
 
 class ProcessSet:
     """A set of global ranks that runs collectives among themselves.
@@ -84,6 +86,7 @@ class _GlobalProcessSet(ProcessSet):
         return "global_process_set"
 
 
+#: Every rank of the job (Horovod's ``hvd.global_process_set``), the default of every op.
 global_process_set: ProcessSet = _GlobalProcessSet()
 
 # Sets registered since init (by object identity: equal sets may be distinct objects), so

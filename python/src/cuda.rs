@@ -122,7 +122,7 @@ mod device {
         dtype.parse::<DType>().py_err()
     }
 
-    /// One CUDA device's collectives on raw device pointers (see `kolo.torch._gpu`). Every
+    /// One CUDA device's collectives on raw device pointers (see `kolo.torch.nccl`). Every
     /// method takes the framework's current stream (`torch.cuda.current_stream().cuda_stream`)
     /// and returns a `GpuEvent`; the framework's stream already waits for the result.
     #[pyclass(name = "Gpu", module = "kolo._native")]
@@ -169,7 +169,7 @@ mod device {
         ) -> PyResult<GpuEvent> {
             let tensors = views(&ptrs, &sizes)?;
             let op = op.parse::<ReduceOp>().py_err()?;
-            // SAFETY: `kolo.torch._gpu` passes live CUDA tensors of this device and keeps them
+            // SAFETY: `kolo.torch.nccl` passes live CUDA tensors of this device and keeps them
             // referenced until the event passed.
             let e = unsafe {
                 lock(&self.0).allreduce(&tensors, parse(dtype)?, op, prescale, postscale, stream)

@@ -1,6 +1,6 @@
 """One rank of the GPU suite (tests/test_gpu.py), started by kolorun; the mode is argv[1].
 
-- ``nccl``: every NCCL collective and dtype through ``kolo.torch._gpu.NcclGroup`` against a
+- ``nccl``: every NCCL collective and dtype through ``kolo.torch.nccl.NcclGroup`` against a
   reference computed with torch on the CPU, plus the pack kernel's copy and scaling.
 - ``hvd``: ``hvd.allreduce`` & co. on CUDA tensors through the engine: allreduce and
   broadcast through NCCL on the device, the rest (and every op with ``KOLO_CUDA_STAGED=1``)
@@ -80,7 +80,7 @@ def reduce_ref(values: list[torch.Tensor], op: str) -> torch.Tensor:
 
 
 def run_nccl() -> None:
-    from kolo.torch._gpu import NcclGroup
+    from kolo.torch.nccl import NcclGroup
 
     dev = device()
     group = NcclGroup(device=dev)

@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+__all__ = ["BF16Compressor", "Compression", "Compressor", "FP16Compressor", "NoneCompressor"]
+
 
 class Compressor(abc.ABC):
     """Compresses a tensor before a collective and restores it afterwards."""
@@ -27,10 +29,12 @@ class NoneCompressor(Compressor):
 
     @staticmethod
     def compress(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """``(tensor, None)``: nothing to undo."""
         return tensor, None
 
     @staticmethod
     def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
+        """``tensor`` as it came."""
         return tensor
 
 

@@ -24,6 +24,8 @@ from kolo.torch._process_set_args import _process_set_included, _process_set_kwa
 from kolo.torch.compression import Compression
 from kolo.torch.ops import allgather_async, allreduce_async_, grouped_allreduce_async_, synchronize
 
+__all__ = ["DistributedOptimizer"]
+
 _Group = tuple[torch.Tensor, ...]
 
 

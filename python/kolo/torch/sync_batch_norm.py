@@ -11,6 +11,8 @@ from kolo import _core
 from kolo.torch._process_set_args import _process_set_included, _process_set_kwargs
 from kolo.torch.ops import allgather, allreduce
 
+__all__ = ["SyncBatchNorm"]
+
 
 class SyncBatchNorm(_BatchNorm):
     """Batch normalization whose training-mode statistics cover the batches of all ranks.

@@ -1,4 +1,5 @@
-"""NCCL collectives on CUDA tensors: one communicator per process set on this rank's device.
+"""NCCL collectives on CUDA tensors, called directly: one communicator per process set on this
+rank's device (:class:`NcclGroup`), and what kolo found of CUDA and NCCL (:func:`probe`).
 
 This is the device half of kolo's GPU support (see docs/gpu.md): it runs NCCL on kolo's own
 CUDA stream with the stream discipline of Horovod — each op first waits (through a CUDA
@@ -12,7 +13,7 @@ device code through the engine (see docs/gpu.md).
 Example::
 
     import torch, kolo.torch as hvd
-    from kolo.torch._gpu import NcclGroup
+    from kolo.torch.nccl import NcclGroup
 
     hvd.init()
     torch.cuda.set_device(hvd.local_rank())
@@ -35,6 +36,8 @@ from kolo.process_sets import ProcessSet, global_process_set, resolve
 from kolo.torch._buffers import _dtype_name as _dtype
 from kolo.torch._objects import allgather_object, broadcast_object
 
+__all__ = ["DEFAULT_TIMEOUT", "NcclGroup", "probe", "require_nccl"]
+
 #: Seconds :meth:`NcclGroup.synchronize` waits for the GPU before raising TimeoutError.
 DEFAULT_TIMEOUT = 300.0
 
@@ -45,7 +48,7 @@ def probe() -> dict[str, Any]:
 
     Example::
 
-        from kolo.torch._gpu import probe
+        from kolo.torch.nccl import probe
         print(probe()["nccl"], probe().get("nccl_error"))
     """
     return dict(_native.cuda_probe())
