@@ -39,7 +39,8 @@ from kolo.estimator.keras_trainer import KerasSpec, KerasTrainer
 from kolo.estimator.lightning_trainer import LightningSpec, LightningTrainer
 from kolo.estimator.progress import Progress, ProgressReporter
 from kolo.estimator.spec import TrainingSpec, spec_fields
-from kolo.estimator.torch_trainer import TorchSpec, TorchTrainer, build_torch_spec
+from kolo.estimator.torch_spec import TorchSpec, build_torch_spec
+from kolo.estimator.torch_trainer import TorchTrainer
 from kolo.estimator.training import TrainingRun, train_on_ranks
 
 __all__ = [

@@ -3,14 +3,14 @@ launcher-neutral: :class:`kolo.spark.torch.TorchEstimator` runs it under :func:`
 :class:`kolo.ray.TorchEstimator` on a :class:`kolo.ray.RayExecutor`.
 
 :class:`TorchTrainer` is built on the driver from the estimator's parameters
-(:func:`build_torch_spec`; user objects already cloudpickled to bytes), shipped by the
-launcher and called once in every rank.
-Each rank joins the job (``hvd.init()``), rebuilds the model and optimizer, takes rank 0's
-weights and optimizer state (or the run's checkpoint), and trains on its equal share of the
-prepared Parquet data with :class:`kolo.data.ParquetLoader`. Loss and metrics are averaged
-over the ranks with one fused allreduce per step; rank 0 checkpoints after every epoch
-(atomically, into ``store.get_checkpoint_path(run_id)``), writes TensorBoard logs under the
-run's ``logs/`` and returns the trained weights and the history.
+(:func:`~kolo.estimator.torch_spec.build_torch_spec`; user objects already cloudpickled to
+bytes), shipped by the launcher and called once in every rank. Each rank joins the job
+(``hvd.init()``), rebuilds the model and optimizer, takes rank 0's weights and optimizer state
+(or the run's checkpoint), and trains on its equal share of the prepared Parquet data with
+:class:`kolo.data.ParquetLoader`. Loss and metrics are averaged over the ranks with one fused
+allreduce per step; rank 0 checkpoints after every epoch (atomically, into
+``store.get_checkpoint_path(run_id)``), writes TensorBoard logs under the run's ``logs/`` and
+returns the trained weights and the history.
 
 Example (one rank, in-process)::
 
@@ -26,63 +26,23 @@ import io
 import logging
 import os
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import cloudpickle
 
 from kolo._rank_gpu import rank_gpu_index
-from kolo.estimator.checks import FIX_FN, FIX_MODEL, check_shapes, pickled
 from kolo.estimator.progress import (
     ProgressReporter,
     rank_timings,
     resume_position,
     send_progress,
 )
-from kolo.estimator.spec import ParamGetter, TrainingSpec, checkpoint_bytes, spec_fields
+from kolo.estimator.spec import checkpoint_bytes
+from kolo.estimator.torch_spec import TorchSpec
 
-__all__ = [
-    "RemoteLossConstructor",
-    "TorchSpec",
-    "TorchTrainer",
-    "build_torch_spec",
-    "check_model_and_loss",
-    "load_checkpoint",
-    "losses_from",
-    "state_bytes",
-    "trained_model",
-]
+__all__ = ["TorchTrainer", "load_checkpoint", "state_bytes"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class TorchSpec(TrainingSpec):
-    """A :class:`~kolo.estimator.spec.TrainingSpec` plus the PyTorch objects, cloudpickled
-    (``*_bytes``).
-
-    Example::
-
-        spec = build_torch_spec(params.get, store, "run_1", meta)
-        spec.model_bytes, spec.optimizer_defaults
-    """
-
-    model_bytes: bytes
-    optimizer_cls_bytes: bytes
-    optimizer_defaults: Dict[str, Any]
-    #: Hyper-parameters of each param group (without ``params``) and the indices of its
-    #: parameters in ``model.parameters()``.
-    optimizer_groups: List[Dict[str, Any]]
-    optimizer_group_params: List[List[int]]
-    losses_bytes: bytes
-    loss_weights: Optional[List[float]]
-    metrics_bytes: bytes
-    callbacks_bytes: bytes
-    transformation_fn_bytes: bytes
-    train_minibatch_fn_bytes: bytes
-    input_shapes: Optional[List[List[int]]]
-    gradient_compression: Any
-    use_gpu: bool
 
 
 def _metric_names(metrics: Sequence[Callable], label_cols: Sequence[str]) -> List[str]:
@@ -476,161 +436,3 @@ class TorchTrainer:
         logs_dir = os.path.join(local_dir, spec.store.get_logs_subdir())
         writer = SummaryWriter(log_dir=logs_dir)
         return writer, local_dir, spec.store.sync_fn(spec.run_id)
-
-
-# -- driver side ------------------------------------------------------------------------------
-
-
-class RemoteLossConstructor:
-    """A loss built on first use in the rank from ``constructor()`` (``loss_constructors``).
-
-    Example::
-
-        loss = RemoteLossConstructor(lambda: torch.nn.CrossEntropyLoss())
-        value = loss(output, label)
-    """
-
-    def __init__(self, constructor: Any) -> None:
-        self.constructor = constructor
-        self._loss = None
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """The loss of ``args`` (built on first use; ``reduction=`` passed on)."""
-        import torch
-
-        if self._loss is None:
-            self._loss = self.constructor()
-        loss = self._loss
-        reduction = kwargs.pop("reduction", None)
-        if reduction is not None:
-            if isinstance(loss, torch.nn.modules.loss._Loss):
-                loss = copy.copy(loss)
-                loss.reduction = reduction
-            else:
-                kwargs["reduction"] = reduction
-        return loss(*args, **kwargs)
-
-    def __getstate__(self) -> Dict[str, Any]:
-        return {"constructor": self.constructor, "_loss": None}
-
-
-def losses_from(param: ParamGetter) -> List[Any]:
-    """The losses of an estimator: ``loss_constructors`` wrapped, else ``loss`` as a list.
-
-    Example::
-
-        losses_from({"loss": F.cross_entropy, "loss_constructors": None}.get)
-    """
-    from kolo.exceptions import InvalidArgumentError
-
-    loss = param("loss")
-    constructors = param("loss_constructors")
-    if constructors:
-        ctors = constructors if isinstance(constructors, (list, tuple)) else [constructors]
-        return [RemoteLossConstructor(c) for c in ctors]
-    if loss is None:
-        raise InvalidArgumentError(
-            "loss is not set: pass loss=torch.nn.functional.cross_entropy (or a list, one "
-            "per label column), or loss_constructors"
-        )
-    return list(loss) if isinstance(loss, (list, tuple)) else [loss]
-
-
-def _model_and_optimizer(param: ParamGetter) -> tuple:
-    """``(model, optimizer)``, or :class:`~kolo.exceptions.InvalidArgumentError` when one is
-    not set."""
-    from kolo.exceptions import InvalidArgumentError
-
-    model, optimizer = param("model"), param("optimizer")
-    if model is None:
-        raise InvalidArgumentError("model is not set: pass model=<a torch.nn.Module>")
-    if optimizer is None:
-        raise InvalidArgumentError(
-            "optimizer is not set: pass optimizer=torch.optim.SGD(model.parameters(), ...)"
-        )
-    return model, optimizer
-
-
-def trained_model(model: Any, state_bytes: bytes) -> Any:
-    """A copy of ``model`` with the weights a rank returned (``result["model"]``), on the CPU.
-
-    Example::
-
-        trained = trained_model(estimator_model, results[0]["model"])
-    """
-    import torch
-
-    trained = copy.deepcopy(model)
-    state = torch.load(io.BytesIO(state_bytes), map_location="cpu", weights_only=False)
-    trained.load_state_dict(state)
-    return trained
-
-
-def check_model_and_loss(param: ParamGetter) -> None:
-    """Fails before any data is written when the model, optimizer or loss is missing or cannot
-    be pickled (:class:`~kolo.exceptions.InvalidArgumentError`).
-
-    Example::
-
-        check_model_and_loss(params.get)
-    """
-    model, _ = _model_and_optimizer(param)
-    pickled("model", model, FIX_MODEL)
-    pickled("loss", losses_from(param), "pass loss_constructors=[fn returning the loss] instead")
-
-
-def build_torch_spec(param: ParamGetter, store: Any, run_id: str, meta: Any) -> TorchSpec:
-    """The :class:`TorchSpec` of an estimator's parameters (``param(name)`` gives each, by the
-    Spark estimator's names) for the prepared data ``meta`` (a
-    :class:`~kolo.estimator.dataset.PreparedDataset`); checks the model, optimizer, losses and
-    shapes (:class:`~kolo.exceptions.InvalidArgumentError`).
-
-    Example::
-
-        spec = build_torch_spec(est_params.__getitem__, store, "run_1", meta)
-        trainer = TorchTrainer(spec)
-    """
-    from kolo.exceptions import InvalidArgumentError
-
-    model, optimizer = _model_and_optimizer(param)
-    feature_cols, label_cols = param("feature_cols"), param("label_cols")
-    losses = losses_from(param)
-    if len(losses) not in (1, len(label_cols)):
-        raise InvalidArgumentError(
-            f"{len(losses)} losses for {len(label_cols)} label columns: give one loss, or "
-            "one per label column"
-        )
-    check_shapes(param("input_shapes"), feature_cols, "input_shapes", "feature")
-    fields = spec_fields(param, store, run_id, meta)
-    index = {id(p): i for i, p in enumerate(model.parameters())}
-    groups, group_params = [], []
-    for group in optimizer.param_groups:
-        ids = []
-        for p in group["params"]:
-            if id(p) not in index:
-                raise InvalidArgumentError(
-                    "the optimizer holds a parameter that is not in the model: build it on "
-                    "model.parameters() of the model passed as model="
-                )
-            ids.append(index[id(p)])
-        groups.append({k: v for k, v in group.items() if k != "params"})
-        group_params.append(ids)
-    return TorchSpec(
-        **fields,
-        model_bytes=pickled("model", model, FIX_MODEL),
-        optimizer_cls_bytes=pickled("optimizer class", type(optimizer), FIX_FN),
-        optimizer_defaults=dict(optimizer.defaults),
-        optimizer_groups=groups,
-        optimizer_group_params=group_params,
-        losses_bytes=pickled(
-            "loss", losses, "pass loss_constructors=[fn returning the loss] instead"
-        ),
-        loss_weights=param("loss_weights"),
-        metrics_bytes=pickled("metrics", param("metrics") or [], FIX_FN),
-        callbacks_bytes=pickled("callbacks", param("callbacks") or [], FIX_FN),
-        transformation_fn_bytes=pickled("transformation_fn", param("transformation_fn"), FIX_FN),
-        train_minibatch_fn_bytes=pickled("train_minibatch_fn", param("train_minibatch_fn"), FIX_FN),
-        input_shapes=param("input_shapes"),
-        gradient_compression=param("gradient_compression"),
-        use_gpu=param("use_gpu"),
-    )

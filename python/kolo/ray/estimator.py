@@ -46,12 +46,8 @@ from typing import Any, Callable, Dict, List, Optional, Union
 
 from kolo.estimator.checks import check_store_writable, training_columns
 from kolo.estimator.params import reject_unknown, training_defaults
-from kolo.estimator.torch_trainer import (
-    TorchTrainer,
-    build_torch_spec,
-    check_model_and_loss,
-    trained_model,
-)
+from kolo.estimator.torch_spec import build_torch_spec, check_model_and_loss, trained_model
+from kolo.estimator.torch_trainer import TorchTrainer
 from kolo.estimator.training import train_on_ranks
 from kolo.exceptions import DataError, InvalidArgumentError
 

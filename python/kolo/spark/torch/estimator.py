@@ -30,13 +30,13 @@ from __future__ import annotations
 from typing import Any, Dict
 
 from kolo.estimator.dataset import PreparedDataset
-from kolo.estimator.torch_trainer import (
+from kolo.estimator.torch_spec import (
     RemoteLossConstructor,
-    TorchTrainer,
     build_torch_spec,
     check_model_and_loss,
     trained_model,
 )
+from kolo.estimator.torch_trainer import TorchTrainer
 from kolo.spark.common.estimator import KoloEstimator
 from kolo.spark.common.params import TorchEstimatorParams, torch_estimator_defaults
 from kolo.spark.torch.model import TorchModel

@@ -11,9 +11,10 @@ Example::
     print(ckpt["epoch"], ckpt["history"]["train_loss"])
 """
 
-from kolo.estimator.torch_trainer import RemoteLossConstructor, load_checkpoint, trained_model
-from kolo.estimator.torch_trainer import TorchSpec as TrainingSpec
+from kolo.estimator.torch_spec import RemoteLossConstructor, trained_model
+from kolo.estimator.torch_spec import TorchSpec as TrainingSpec
 from kolo.estimator.torch_trainer import TorchTrainer as RemoteTrainer
+from kolo.estimator.torch_trainer import load_checkpoint
 
 __all__ = [
     "RemoteLossConstructor",
