@@ -38,6 +38,7 @@ import cloudpickle
 
 from kolo.estimator.progress import (
     ProgressReporter,
+    rank_result,
     rank_timings,
     resume_position,
     send_progress,
@@ -367,14 +368,7 @@ class KerasTrainer:
                 model_bytes = f.read()
         else:
             model_bytes = model_to_bytes(self.model)
-        timings["returned_unix"] = time.time()
-        return {
-            "model": model_bytes,
-            "history": history,
-            "start_epoch": start_epoch,
-            "size": hvd.size(),
-            "timings": timings,
-        }
+        return rank_result(model_bytes, history, start_epoch, hvd.size(), timings)
 
     def _checkpoint_callback_path(
         self, hvd: Any, folder: str, best: Optional[bytes]

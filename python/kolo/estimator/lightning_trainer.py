@@ -31,7 +31,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import cloudpickle
 
-from kolo.estimator.progress import ProgressReporter, send_progress
+from kolo.estimator.progress import ProgressReporter, rank_result, send_progress
 from kolo.estimator.spec import TrainingSpec, checkpoint_bytes
 from kolo.estimator.torch_trainer import state_bytes
 
@@ -317,16 +317,11 @@ class LightningTrainer:
             shutil.rmtree(local_dir, ignore_errors=True)
         if hvd.rank() != 0:
             return None
-        return {
-            "model": state_bytes(model),
-            "history": recorder.history,
-            "start_epoch": recorder.start_epoch,
-            "size": hvd.size(),
-            "timings": {
-                "started_unix": started_unix,
-                "first_step_unix": recorder.first_step_unix,
-                "train_s": train_s - recorder.checkpoint_s,
-                "checkpoint_s": recorder.checkpoint_s,
-                "returned_unix": time.time(),
-            },
+        timings = {
+            "started_unix": started_unix,
+            "first_step_unix": recorder.first_step_unix,
+            "train_s": train_s - recorder.checkpoint_s,
+            "checkpoint_s": recorder.checkpoint_s,
         }
+        history, start_epoch = recorder.history, recorder.start_epoch
+        return rank_result(state_bytes(model), history, start_epoch, hvd.size(), timings)

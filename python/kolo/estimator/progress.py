@@ -26,6 +26,7 @@ __all__ = [
     "PROGRESS_INTERVAL_S",
     "Progress",
     "ProgressReporter",
+    "rank_result",
     "rank_timings",
     "resume_position",
     "send_progress",
@@ -190,6 +191,27 @@ def resume_position(
             log.warning("loader position not restored (%s)", err)
     history = {k: list(v) for k, v in (resume.get("history") or {}).items()}
     return int(resume["epoch"]), history
+
+
+def rank_result(
+    model: bytes, history: Dict[str, List[float]], start_epoch: int, size: int, timings: Any
+) -> Dict[str, Any]:
+    """What rank 0 returns to the driver when training ends: the trained ``model`` (bytes in
+    the framework's format), the ``history``, the first epoch this run trained (> 0 when it
+    resumed), the number of ranks and the ``timings`` (stamped with ``returned_unix``).
+
+    Example::
+
+        return rank_result(state_bytes(model), history, start_epoch, hvd.size(), timings)
+    """
+    timings["returned_unix"] = time.time()
+    return {
+        "model": model,
+        "history": history,
+        "start_epoch": start_epoch,
+        "size": size,
+        "timings": timings,
+    }
 
 
 def rank_timings(started: float, started_unix: float) -> Dict[str, Any]:

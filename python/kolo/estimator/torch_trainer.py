@@ -33,6 +33,7 @@ import cloudpickle
 from kolo._rank_gpu import rank_gpu_index
 from kolo.estimator.progress import (
     ProgressReporter,
+    rank_result,
     rank_timings,
     resume_position,
     send_progress,
@@ -411,15 +412,7 @@ class TorchTrainer:
         if hvd.rank() != 0:
             return None
         self._scale_lr(self.optimizer, 1.0)
-        model_bytes = state_bytes(self.model)
-        timings["returned_unix"] = time.time()
-        return {
-            "model": model_bytes,
-            "history": history,
-            "start_epoch": start_epoch,
-            "size": hvd.size(),
-            "timings": timings,
-        }
+        return rank_result(state_bytes(self.model), history, start_epoch, hvd.size(), timings)
 
     def _tensorboard(self, hvd: Any) -> tuple:
         spec = self.spec
