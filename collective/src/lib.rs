@@ -7,9 +7,11 @@
 //! - [`collectives`] and [`reduce`]: allreduce, allgather, broadcast, alltoall, reducescatter and
 //!   barrier on CPU memory, with Horovod's reduction ops and scaling.
 //! - [`communicator`]: runs one collective at a time on a rank's mesh.
-//! - [`cuda`]: CUDA tensors through NCCL (feature `cuda`; libraries loaded at run time).
+//! - [`cuda`]: the CUDA, NCCL and NVRTC wrappers (device memory, NCCL collectives, the pack
+//!   kernel, library discovery; feature `cuda`, libraries loaded at run time).
 //! - [`engine`]: the background engine the Python binding submits to: negotiation across ranks,
-//!   response cache, tensor fusion, process sets, join, stall inspector and timeline.
+//!   response cache, tensor fusion, process sets, join, stall inspector and timeline; its
+//!   device path ([`engine::device`]) runs agreed batches of CUDA ops through [`cuda`].
 //! - [`launcher`]: `kolorun`, which starts a job's ranks locally and over ssh and supervises them.
 //! - [`worker`]: joining a job as one rank (driver registration, then the mesh).
 //!
