@@ -2,7 +2,7 @@
 //!
 //! - [`control`]: the job driver service (tonic gRPC, authenticated with a per-job secret),
 //!   its worker-side client, host hashing and rank assignment — shared by `kolorun`, Spark and
-//!   Ray launches.
+//!   Ray launches (the launcher's side is [`control::launch`]).
 //! - [`transport`] and [`wire`]: the direct TCP data plane between ranks and its framed protocol.
 //! - [`collectives`] and [`reduce`]: allreduce, allgather, broadcast, alltoall, reducescatter and
 //!   barrier on CPU memory, with Horovod's reduction ops and scaling.
@@ -13,7 +13,8 @@
 //!   response cache, tensor fusion, process sets, join, stall inspector and timeline; its
 //!   device path ([`engine::device`]) runs agreed batches of CUDA ops through [`cuda`].
 //! - [`launcher`]: `kolorun`, which starts a job's ranks locally and over ssh and supervises them.
-//! - [`worker`]: joining a job as one rank (driver registration, then the mesh).
+//! - [`worker`]: joining a job as one rank (driver registration, then the mesh), and
+//!   [`worker::session`], the worker's side of a Spark or Ray launch ([`worker::WorkerSession`]).
 //!
 //! A single rank needs no job at all:
 //!

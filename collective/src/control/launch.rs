@@ -1,7 +1,7 @@
 //! The launcher's side of a job, shared by `kolo.spark.run` and `kolo.ray.RayExecutor`: the
 //! job driver service plus what it collects from the tasks — start reports (attempt, host,
 //! pid), output lines labelled with ranks, user messages, exits, results and the first failure.
-//! The worker's side is [`crate::control::session`].
+//! The worker's side is [`crate::worker::session`].
 
 use std::net::SocketAddr;
 use std::sync::{Mutex, PoisonError};

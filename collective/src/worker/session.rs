@@ -1,5 +1,5 @@
 //! The worker's side of a launch, shared by the Spark rank process and the Ray actor: it
-//! registers with the job driver before user code runs ([`crate::worker::register_early`]), so
+//! registers with the job driver before user code runs ([`super::register_early`]), so
 //! its rank variables are known before the user's function is loaded and a later `init()`
 //! adopts the same registration; then it fetches the pickled function (Spark), and returns the
 //! result, messages or a failure through the driver service. The launcher's side is
@@ -11,7 +11,8 @@ use crate::control::launch::keys;
 use crate::control::proto::{task_event, TaskEvent, TaskStarted};
 use crate::control::{DriverClient, Registration, WorkerEnv};
 use crate::error::{Error, Result};
-use crate::{runtime, worker};
+use super::{leave_early, register_early};
+use crate::runtime;
 
 /// How long a result upload may take.
 const UPLOAD_TIMEOUT: Duration = Duration::from_secs(600);
@@ -42,7 +43,7 @@ impl WorkerSession {
     /// bounded by the start timeout). `init()` in this process adopts the registration when
     /// the process environment describes the same job.
     pub fn join(env: WorkerEnv) -> Result<Self> {
-        let (registration, client) = worker::register_early(&env)?;
+        let (registration, client) = register_early(&env)?;
         Ok(Self {
             env,
             registration,
@@ -107,7 +108,7 @@ impl WorkerSession {
     /// Ends the session: leaves the job unless `init()` adopted the registration (then its
     /// `shutdown()` does).
     pub fn finish(&self) -> Result<()> {
-        worker::leave_early()?;
+        leave_early()?;
         Ok(())
     }
 }

@@ -1,6 +1,12 @@
 //! Joining a job as one rank: register with the job driver, then connect the data-plane mesh.
 //! The Python binding's `init()` calls [`Worker::join_from_env`]; Spark and Ray workers join
 //! the same way.
+//!
+//! [`session`] is the worker's side of a Spark or Ray launch ([`WorkerSession`]: early
+//! registration, payload, result, failure report), the counterpart of
+//! [`crate::control::launch`].
+
+pub mod session;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -15,6 +21,7 @@ use crate::engine::{Engine, EngineConfig};
 use crate::error::Result;
 use crate::runtime;
 use crate::transport::{DataListener, Mesh, MeshConfig, TransportChoice};
+pub use session::{rank_env, WorkerSession};
 
 /// Environment variable: how long a collective may wait without progress before it fails.
 pub const COLLECTIVE_TIMEOUT: &str = "KOLO_COLLECTIVE_TIMEOUT_SECONDS";
