@@ -15,6 +15,12 @@
 //! - [`launcher`]: `kolorun`, which starts a job's ranks locally and over ssh and supervises them.
 //! - [`worker`]: joining a job as one rank (driver registration, then the mesh), and
 //!   [`worker::session`], the worker's side of a Spark or Ray launch ([`worker::WorkerSession`]).
+//! - [`abort`]: the job-wide abort flag ([`AbortSignal`]) and the cause it carries.
+//! - [`dtype`]: tensor element types and reduction ops ([`DType`], [`ReduceOp`]).
+//! - [`error`]: the crate's one [`Error`], which wraps the runtime's ([`kolo_runtime::Error`]).
+//!
+//! Async work (the driver service and its client) runs on the one process-global tokio runtime of
+//! the `kolo-runtime` crate ([`kolo_runtime::block_on`]).
 //!
 //! A single rank needs no job at all:
 //!
@@ -38,7 +44,6 @@ pub mod engine;
 pub mod error;
 pub mod launcher;
 pub mod reduce;
-pub mod runtime;
 pub mod transport;
 pub mod wire;
 pub mod worker;

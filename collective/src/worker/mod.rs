@@ -18,8 +18,7 @@ use crate::control::client::{DriverClient, Registration};
 use crate::control::env::{parse_seconds, WorkerEnv};
 use crate::control::{data_plane_ip, join_job};
 use crate::engine::{Engine, EngineConfig};
-use crate::error::Result;
-use crate::runtime;
+use crate::error::{Error, Result};
 use crate::transport::{DataListener, Mesh, MeshConfig, TransportChoice};
 pub use session::{rank_env, WorkerSession};
 
@@ -81,7 +80,7 @@ pub fn leave_early() -> Result<bool> {
     let Some(early) = early else {
         return Ok(false);
     };
-    runtime::block_on(early.driver.leave(early.registration.rank))??;
+    kolo_runtime::block_on(early.driver.leave(early.registration.rank))??;
     Ok(true)
 }
 
@@ -168,7 +167,7 @@ impl Worker {
             Ok(mesh) => mesh,
             Err(err) => {
                 let message = format!("could not connect to its peers: {err}");
-                let _ = runtime::block_on(driver.report_failure(rank, &message));
+                let _ = kolo_runtime::block_on(driver.report_failure(rank, &message));
                 driver.stop_background();
                 return Err(err);
             }
@@ -230,7 +229,8 @@ impl Worker {
         self.engine.shutdown();
         if let Some(driver) = &self.driver {
             let rank = self.comm.info().rank as u32;
-            if let Err(err) = runtime::block_on(driver.leave(rank)).and_then(|left| left) {
+            let left = kolo_runtime::block_on(driver.leave(rank));
+            if let Err(err) = left.map_err(Error::from).and_then(|left| left) {
                 log::warn!("rank {rank} could not tell the job driver it left: {err}");
             }
         }

@@ -7,12 +7,11 @@
 
 use std::time::Duration;
 
+use super::{leave_early, register_early};
 use crate::control::launch::keys;
 use crate::control::proto::{task_event, TaskEvent, TaskStarted};
 use crate::control::{DriverClient, Registration, WorkerEnv};
 use crate::error::{Error, Result};
-use super::{leave_early, register_early};
-use crate::runtime;
 
 /// How long a result upload may take.
 const UPLOAD_TIMEOUT: Duration = Duration::from_secs(600);
@@ -65,13 +64,13 @@ impl WorkerSession {
 
     /// Fetches the pickled `(fn, args, kwargs)`.
     pub fn fetch_payload(&self, timeout: Duration) -> Result<Vec<u8>> {
-        runtime::block_on(self.client.kv_get_stream(keys::PAYLOAD, timeout))?
+        kolo_runtime::block_on(self.client.kv_get_stream(keys::PAYLOAD, timeout))?
     }
 
     /// Returns this rank's pickled result to the driver.
     pub fn put_result(&self, result: &[u8]) -> Result<()> {
         let key = keys::result(self.env.task_index);
-        runtime::block_on(self.client.kv_put_stream(&key, result, UPLOAD_TIMEOUT))??;
+        kolo_runtime::block_on(self.client.kv_put_stream(&key, result, UPLOAD_TIMEOUT))??;
         Ok(())
     }
 
@@ -85,7 +84,7 @@ impl WorkerSession {
                 pid,
             })),
         };
-        runtime::block_on(self.client.post(self.env.task_index, vec![event]))??;
+        kolo_runtime::block_on(self.client.post(self.env.task_index, vec![event]))??;
         Ok(())
     }
 
@@ -94,14 +93,14 @@ impl WorkerSession {
         let event = TaskEvent {
             kind: Some(task_event::Kind::Message(message)),
         };
-        runtime::block_on(self.client.post(self.env.task_index, vec![event]))??;
+        kolo_runtime::block_on(self.client.post(self.env.task_index, vec![event]))??;
         Ok(())
     }
 
     /// Reports that the user's function failed (`message` carries the traceback); the driver
     /// aborts the job with it.
     pub fn report_failure(&self, message: &str) -> Result<()> {
-        runtime::block_on(self.client.report_failure(self.registration.rank, message))??;
+        kolo_runtime::block_on(self.client.report_failure(self.registration.rank, message))??;
         Ok(())
     }
 
