@@ -65,6 +65,11 @@ pub enum Error {
     #[error(transparent)]
     Io(#[from] std::io::Error),
 
+    /// The process-global runtime cannot run: the process was forked after it started, or it
+    /// could not be built.
+    #[error(transparent)]
+    Runtime(#[from] kolo_runtime::Error),
+
     /// The gRPC transport to the driver failed.
     #[error("driver connection failed: {0}")]
     Transport(#[from] tonic::transport::Error),
@@ -113,10 +118,40 @@ impl Error {
             Error::Closed(m) => Error::Closed(m.clone()),
             Error::Launch(m) => Error::Launch(m.clone()),
             Error::Io(e) => Error::Io(io(e)),
+            Error::Runtime(kolo_runtime::Error::Forked) => {
+                Error::Runtime(kolo_runtime::Error::Forked)
+            }
+            Error::Runtime(kolo_runtime::Error::Build(e)) => {
+                Error::Runtime(kolo_runtime::Error::Build(io(e)))
+            }
             Error::Transport(e) => Error::Rendezvous(format!("driver connection failed: {e}")),
             Error::Status(status) => Error::Status(status.clone()),
             Error::Cuda(m) => Error::Cuda(m.clone()),
             Error::Internal(m) => Error::Internal(m.clone()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_runtime_error_replicates_with_its_variant_and_message() {
+        let forked = Error::from(kolo_runtime::Error::Forked);
+        let copy = forked.replicate();
+        assert!(matches!(copy, Error::Runtime(kolo_runtime::Error::Forked)));
+        assert_eq!(copy.to_string(), forked.to_string());
+        assert!(copy.to_string().contains("'spawn' method"));
+
+        let build = Error::from(kolo_runtime::Error::from(std::io::Error::other(
+            "no threads",
+        )));
+        let copy = build.replicate();
+        assert!(matches!(
+            copy,
+            Error::Runtime(kolo_runtime::Error::Build(_))
+        ));
+        assert_eq!(copy.to_string(), "no threads");
     }
 }

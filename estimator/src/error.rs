@@ -128,7 +128,7 @@ pub enum Error {
     },
     /// The process-wide async runtime could not run a store or Parquet request.
     #[error("the kolo runtime failed: {0}")]
-    Runtime(#[from] kolo_collective::Error),
+    Runtime(#[from] kolo_runtime::Error),
     /// A dataset, or a source path to prepare, does not exist.
     #[error(
         "{location} does not exist: no file there and no files under it as a directory; check \

@@ -78,7 +78,7 @@ impl Dataset {
         if !listed.is_empty() {
             return Self::from_listing(store, listed, METADATA_FILE.to_string());
         }
-        let head = kolo_collective::runtime::block_on(store.object_store().head(&store.path("")))?;
+        let head = kolo_runtime::block_on(store.object_store().head(&store.path("")))?;
         match head {
             Ok(_) => {
                 let url = store.url().to_string();
@@ -86,7 +86,7 @@ impl Dataset {
                 Self::single_file(Store::open(parent, options)?, name)
             }
             Err(object_store::Error::NotFound { .. }) => {
-                if kolo_collective::runtime::block_on(store.exists(""))?? {
+                if kolo_runtime::block_on(store.exists(""))?? {
                     Self::from_listing(store, Vec::new(), METADATA_FILE.to_string())
                 } else {
                     Err(Error::DatasetNotFound {
@@ -108,7 +108,7 @@ impl Dataset {
     }
 
     fn single_file(parent: Store, name: &str) -> Result<Dataset> {
-        let listed: Vec<ObjectInfo> = kolo_collective::runtime::block_on(parent.list(""))??
+        let listed: Vec<ObjectInfo> = kolo_runtime::block_on(parent.list(""))??
             .into_iter()
             .filter(|info| info.rel == name)
             .collect();
@@ -181,7 +181,7 @@ impl Dataset {
         let metadata = self.compute()?;
         match serde_json::to_vec_pretty(&metadata) {
             Ok(json) => {
-                let written = kolo_collective::runtime::block_on(
+                let written = kolo_runtime::block_on(
                     self.store.put_atomic(&self.cache_rel, Bytes::from(json)),
                 );
                 match written {
@@ -196,7 +196,7 @@ impl Dataset {
     }
 
     fn cached(&self) -> Option<DatasetMetadata> {
-        let bytes = match kolo_collective::runtime::block_on(self.store.get(&self.cache_rel)) {
+        let bytes = match kolo_runtime::block_on(self.store.get(&self.cache_rel)) {
             Ok(Ok(bytes)) => bytes,
             Ok(Err(kolo_store::Error::NotFound { .. })) => return None,
             Ok(Err(err)) => {
@@ -715,7 +715,7 @@ fn parallel<T: Send>(
 
 /// The data files under `store`, sorted by path, hidden names (`_*`, `.*`) left out.
 fn list_data_files(store: &Store) -> Result<Vec<ObjectInfo>> {
-    let mut listed: Vec<ObjectInfo> = kolo_collective::runtime::block_on(store.list(""))??
+    let mut listed: Vec<ObjectInfo> = kolo_runtime::block_on(store.list(""))??
         .into_iter()
         .filter(|info| {
             !info.rel.is_empty()

@@ -1,4 +1,4 @@
-//! The `kolo.exceptions` hierarchy, and the one mapping from runtime errors onto it.
+//! The `kolo.exceptions` hierarchy, and the one mapping from kolo's Rust errors onto it.
 
 use kolo_collective::Error;
 use pyo3::create_exception;
@@ -114,7 +114,19 @@ pub fn to_py(err: Error) -> PyErr {
         Error::Closed(_) => InternalError::new_err(message),
         Error::Launch(_) => LaunchError::new_err(message),
         Error::Transport(_) | Error::Status(_) => RendezvousError::new_err(message),
+        Error::Runtime(inner) => runtime_to_py(inner),
         _ => KoloError::new_err(message),
+    }
+}
+
+/// Maps a runtime error onto its `kolo.exceptions` class, keeping the message: a forked child
+/// is told how to start processes instead (`ConfigError`); a runtime that cannot be built is a
+/// `KoloError`.
+pub fn runtime_to_py(err: kolo_runtime::Error) -> PyErr {
+    let message = err.to_string();
+    match err {
+        kolo_runtime::Error::Forked => ConfigError::new_err(message),
+        kolo_runtime::Error::Build(_) => KoloError::new_err(message),
     }
 }
 
@@ -139,7 +151,7 @@ pub fn store_to_py(err: kolo_store::Error) -> PyErr {
 pub fn data_to_py(err: kolo_estimator::Error) -> PyErr {
     match err {
         kolo_estimator::Error::Store(inner) => store_to_py(inner),
-        kolo_estimator::Error::Runtime(inner) => to_py(inner),
+        kolo_estimator::Error::Runtime(inner) => runtime_to_py(inner),
         kolo_estimator::Error::DatasetNotFound { .. }
         | kolo_estimator::Error::ReadFile { .. }
         | kolo_estimator::Error::WriteParquet { .. } => StoreError::new_err(err.to_string()),
@@ -153,6 +165,7 @@ pub fn data_to_py(err: kolo_estimator::Error) -> PyErr {
 pub fn spark_to_py(err: kolo_spark_bridge::Error) -> PyErr {
     match err {
         kolo_spark_bridge::Error::Collective(inner) => to_py(inner),
+        kolo_spark_bridge::Error::Runtime(inner) => runtime_to_py(inner),
         kolo_spark_bridge::Error::Spawn { .. } => LaunchError::new_err(err.to_string()),
         kolo_spark_bridge::Error::InvalidArgument(_) => {
             InvalidArgumentError::new_err(err.to_string())

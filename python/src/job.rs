@@ -1,12 +1,13 @@
 //! The launcher-neutral native pieces shared by `kolo.spark.run` and `kolo.ray.RayExecutor`:
 //! the driver-side `LaunchDriver` and the worker's session functions (`session_*`), wrappers
-//! over `kolo_collective::control::{launch, session}`.
+//! over `kolo_collective::control::launch` and `kolo_collective::worker::session`.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use kolo_collective::control::{DriverEvent, LaunchDriver, LaunchDriverOptions, WorkerSession};
+use kolo_collective::control::{DriverEvent, LaunchDriver, LaunchDriverOptions};
+use kolo_collective::worker::WorkerSession;
 use kolo_collective::Error;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyTuple};

@@ -13,7 +13,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyDict, PyTuple};
 
 use crate::blocking::run_interruptibly;
-use crate::error::{data_to_py, store_to_py, to_py};
+use crate::error::{data_to_py, runtime_to_py, store_to_py, to_py};
 use crate::store::store_options;
 
 /// How long a preparation may take to notice Ctrl-C before it is abandoned.
@@ -92,12 +92,12 @@ fn prepare_data<'py>(
     let store = Store::open(&store_prefix, &store_options).map_err(store_to_py)?;
     let options = request.into_options();
     let prepared = run_interruptibly(py, STOP_GRACE, move |stop| {
-        kolo_collective::runtime::block_on(until_stopped(
+        kolo_runtime::block_on(until_stopped(
             stop,
             prepare::prepare_data(&store, source, &options),
         ))
     })?;
-    let prepared = prepared.map_err(to_py)?;
+    let prepared = prepared.map_err(runtime_to_py)?;
     match prepared {
         Some(result) => to_dict(py, result.map_err(data_to_py)?),
         // Stopped by Ctrl-C (run_interruptibly normally raises KeyboardInterrupt first).

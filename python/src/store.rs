@@ -14,7 +14,7 @@ use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::PyBytes;
 
 use crate::blocking::run_interruptibly;
-use crate::error::{store_to_py, to_py};
+use crate::error::{runtime_to_py, store_to_py};
 
 /// How long Ctrl-C waits for a store request to stop before abandoning it.
 const STOP_GRACE: Duration = Duration::from_secs(1);
@@ -40,11 +40,9 @@ where
     T: Send + 'static,
     F: Future<Output = kolo_store::Result<T>> + Send + 'static,
 {
-    run_interruptibly(py, STOP_GRACE, move |_stop| {
-        kolo_collective::runtime::block_on(future)
-    })?
-    .map_err(to_py)?
-    .map_err(store_to_py)
+    run_interruptibly(py, STOP_GRACE, move |_stop| kolo_runtime::block_on(future))?
+        .map_err(runtime_to_py)?
+        .map_err(store_to_py)
 }
 
 /// `(key, size, e_tag, mtime_seconds)` of one listed object.

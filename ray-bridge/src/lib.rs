@@ -10,8 +10,8 @@
 //!   ordered so that `local_rank` indexes the worker's own GPU.
 //!
 //! Registration, the driver service and fail-fast are the launcher-neutral pieces of
-//! `kolo_collective::control` (`launch::LaunchDriver`, `session::WorkerSession`), shared with
-//! the Spark launcher.
+//! `kolo_collective::control` (`launch::LaunchDriver`) and `kolo_collective::worker`
+//! (`session::WorkerSession`), shared with the Spark launcher.
 //!
 //! ```
 //! use kolo_ray_bridge::{layout, ActorLocation, PlacementPlan, PlacementRequest, Strategy};

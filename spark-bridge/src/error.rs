@@ -8,6 +8,11 @@ pub enum Error {
     #[error(transparent)]
     Collective(#[from] kolo_collective::Error),
 
+    /// The process-global runtime cannot run (the process was forked after it started, or it
+    /// could not be built); carries the runtime's own error.
+    #[error(transparent)]
+    Runtime(#[from] kolo_runtime::Error),
+
     /// The task runner could not start the child process.
     #[error("cannot start the rank process {program:?} on this Spark executor: {source}")]
     Spawn {

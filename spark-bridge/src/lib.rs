@@ -10,7 +10,7 @@
 //!   process group (killed with the task), forwards its output, stops it when the job is aborted
 //!   or the task interrupted, and reports how it ended;
 //! - in the rank process, [`WorkerSession`] (shared with the Ray actor, in
-//!   [`kolo_collective::control::session`]) registers with the driver at start (so the rank
+//!   [`kolo_collective::worker::session`]) registers with the driver at start (so the rank
 //!   environment is set before user code loads, and `init()` adopts that registration), fetches
 //!   the pickled function and returns its result, messages or failure.
 //!
@@ -37,7 +37,6 @@ mod error;
 pub mod task;
 
 pub use error::{Error, Result};
-pub use kolo_collective::control::{
-    rank_env, DriverEvent, LaunchDriver, LaunchDriverOptions, TaskStart, WorkerSession,
-};
+pub use kolo_collective::control::{DriverEvent, LaunchDriver, LaunchDriverOptions, TaskStart};
+pub use kolo_collective::worker::{rank_env, WorkerSession};
 pub use task::{run_task, TaskOptions, TaskOutcome};

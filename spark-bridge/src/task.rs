@@ -11,7 +11,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use kolo_collective::control::proto::{task_event, OutputLine, TaskEvent, TaskExited, TaskStarted};
 use kolo_collective::control::{ClientOptions, DriverClient, WorkerEnv};
 use kolo_collective::launcher::process::{describe_exit, Launch, RankProcess};
-use kolo_collective::{runtime, AbortSignal};
+use kolo_collective::AbortSignal;
 
 use crate::error::{Error, Result};
 
@@ -67,7 +67,7 @@ pub struct TaskOutcome {
 /// the child exited or was killed).
 pub fn run_task(options: &TaskOptions, interrupted: &dyn Fn() -> bool) -> Result<TaskOutcome> {
     let task = options.worker.task_index;
-    let client = runtime::block_on(DriverClient::connect(
+    let client = kolo_runtime::block_on(DriverClient::connect(
         &options.worker.driver_addr,
         &options.worker.secret,
         ClientOptions {
@@ -210,7 +210,7 @@ fn supervise(
             "the rank process of Spark task {task} (attempt {}) on host {} {description}",
             options.attempt, options.hostname
         );
-        if let Err(err) = runtime::block_on(client.report_task_failure(task, &message))
+        if let Err(err) = kolo_runtime::block_on(client.report_task_failure(task, &message))
             .map_err(Error::from)
             .and_then(|sent| sent.map_err(Error::from))
         {
@@ -342,7 +342,7 @@ impl OutputSender {
         if self.broken {
             return;
         }
-        let posted = runtime::block_on(self.client.post(self.task, events));
+        let posted = kolo_runtime::block_on(self.client.post(self.task, events));
         if let Err(err) = posted
             .map_err(Error::from)
             .and_then(|sent| sent.map_err(Error::from))

@@ -22,7 +22,6 @@ use crate::control::proto::{
     PostRequest, RegisterReply, RegisterRequest, TaskEvent, WatchAbortRequest,
 };
 use crate::error::{Error, Result};
-use crate::runtime;
 
 /// The bound on short calls (put, failure report, heartbeat, leave).
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -167,7 +166,7 @@ pub struct DriverClient {
 impl DriverClient {
     /// Connects to the driver at `addr` (`host:port`), retrying until
     /// `options.connect_timeout`; a `Rendezvous` error names the address when it stays
-    /// unreachable. Must run on the global runtime (e.g. inside [`runtime::block_on`]).
+    /// unreachable. Must run on the global runtime (e.g. inside [`kolo_runtime::block_on`]).
     pub async fn connect(addr: &str, secret: &JobSecret, options: ClientOptions) -> Result<Self> {
         let endpoint = Endpoint::from_shared(format!("http://{addr}"))
             .map_err(|err| {
@@ -405,7 +404,7 @@ impl DriverClient {
     /// driver at ADDR". Both stop at [`DriverClient::stop_background`] / [`DriverClient::leave`]
     /// or once `abort` is set.
     pub fn start_background(&self, rank: u32, abort: AbortSignal) -> Result<()> {
-        let runtime = runtime::handle()?;
+        let runtime = kolo_runtime::handle()?;
         runtime.spawn(heartbeat_loop(self.clone(), rank, abort.clone()));
         runtime.spawn(abort_watcher(self.clone(), rank, abort));
         Ok(())
@@ -415,7 +414,7 @@ impl DriverClient {
     /// itself a rank (the Spark task runner) but must stop its child when the job is aborted
     /// or the driver goes away. Stops at [`DriverClient::stop_background`].
     pub fn start_abort_watcher(&self, abort: AbortSignal) -> Result<()> {
-        runtime::handle()?.spawn(abort_watcher(self.clone(), u32::MAX, abort));
+        kolo_runtime::handle()?.spawn(abort_watcher(self.clone(), u32::MAX, abort));
         Ok(())
     }
 

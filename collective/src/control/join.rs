@@ -12,7 +12,6 @@ use crate::control::host_hash::{host_hash_for, namespaces};
 use crate::control::ids::JobId;
 use crate::control::net::{local_ip_toward, resolve_nic_or_ip, system_hostname};
 use crate::error::{Error, Result};
-use crate::runtime;
 
 /// A worker's place in one job: (driver address, job id, task index).
 type JoinKey = (String, JobId, u32);
@@ -48,7 +47,7 @@ pub fn join_job(
     data_addr: SocketAddr,
     abort: AbortSignal,
 ) -> Result<(Registration, DriverClient)> {
-    runtime::block_on(join_job_async(env, data_addr, abort))?
+    kolo_runtime::block_on(join_job_async(env, data_addr, abort))?
 }
 
 /// The async form of [`join_job`] (must run on the global runtime).

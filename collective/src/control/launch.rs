@@ -1,7 +1,7 @@
 //! The launcher's side of a job, shared by `kolo.spark.run` and `kolo.ray.RayExecutor`: the
 //! job driver service plus what it collects from the tasks — start reports (attempt, host,
 //! pid), output lines labelled with ranks, user messages, exits, results and the first failure.
-//! The worker's side is [`crate::control::session`].
+//! The worker's side is [`crate::worker::session`].
 
 use std::net::SocketAddr;
 use std::sync::{Mutex, PoisonError};
@@ -10,7 +10,7 @@ use std::time::Duration;
 use crate::control::proto::{task_event, TaskEvent};
 use crate::control::{DriverConfig, DriverService, PeerAssignment, WorkerEnv};
 use crate::error::{Error, Result};
-use crate::{runtime, AbortCause};
+use crate::AbortCause;
 
 /// The names of the job's key-value entries a launcher and its workers share.
 pub mod keys {
@@ -214,7 +214,7 @@ impl LaunchDriver {
 
     /// Takes what the tasks sent, waiting up to `timeout` for the first event.
     pub fn poll(&self, timeout: Duration) -> Result<Vec<DriverEvent>> {
-        let raw = runtime::block_on(self.service.take_events(timeout))?;
+        let raw = kolo_runtime::block_on(self.service.take_events(timeout))?;
         let mut collected = self.lock();
         if collected.ranks.is_none() {
             collected.ranks = self

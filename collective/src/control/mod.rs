@@ -3,8 +3,8 @@
 //! - A launcher starts a [`DriverService`] (gRPC, every call authenticated with the per-job
 //!   [`JobSecret`]) and passes workers the [`env`] variables.
 //! - [`launch::LaunchDriver`] wraps the service for launchers that collect events, results and
-//!   the first failure on the driver (Spark, Ray); [`session::WorkerSession`] is the matching
-//!   worker side (early registration, payload, result, failure report).
+//!   the first failure on the driver (Spark, Ray); [`crate::worker::WorkerSession`] is the
+//!   matching worker side (early registration, payload, result, failure report).
 //! - Each worker reads [`WorkerEnv::from_env`], binds its data plane on [`data_plane_ip`], and
 //!   calls [`join_job`]: it registers `(task index, host hash, data address)`, waits for every
 //!   task, and gets its rank values from [`assign_ranks`] plus every peer's address. Background
@@ -51,7 +51,6 @@ pub mod launch;
 pub mod net;
 pub mod proto;
 pub mod service;
-pub mod session;
 mod status;
 
 pub use assign::{assign_ranks, Assignment};
@@ -63,4 +62,3 @@ pub use ids::{JobId, JobSecret};
 pub use join::{data_plane_ip, join_job, join_job_async};
 pub use launch::{DriverEvent, LaunchDriver, LaunchDriverOptions, TaskStart};
 pub use service::{DriverConfig, DriverService, PeerAssignment};
-pub use session::{rank_env, WorkerSession};

@@ -18,7 +18,6 @@ use crate::control::ids::{JobId, JobSecret};
 use crate::control::proto::driver_server::DriverServer;
 use crate::control::proto::TaskEvent;
 use crate::error::{Error, Result};
-use crate::runtime;
 
 /// How long a shutdown waits for the server to finish in-flight calls before cutting it off.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
@@ -87,8 +86,8 @@ pub struct PeerAssignment {
 
 /// A running job driver service. Dropping it shuts it down.
 ///
-/// Starting is synchronous and needs no runtime context: the server runs on the crate's global
-/// runtime ([`crate::runtime`]), so this works from plain threads and from async code alike.
+/// Starting is synchronous and needs no runtime context: the server runs on kolo's global
+/// runtime ([`kolo_runtime`]), so this works from plain threads and from async code alike.
 ///
 /// ```
 /// use kolo_collective::control::{DriverConfig, DriverService};
@@ -120,7 +119,7 @@ impl DriverService {
                 "the start and heartbeat timeouts must be positive".into(),
             ));
         }
-        let runtime = runtime::handle()?;
+        let runtime = kolo_runtime::handle()?;
         let listener = std::net::TcpListener::bind(config.bind).map_err(|err| {
             Error::Config(format!(
                 "cannot start the job driver on {}: {err}",
@@ -245,7 +244,7 @@ impl DriverService {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take();
-        if let (Some(mut server), Ok(runtime)) = (server, runtime::handle()) {
+        if let (Some(mut server), Ok(runtime)) = (server, kolo_runtime::handle()) {
             let addr = self.addr;
             runtime.spawn(async move {
                 if tokio::time::timeout(SHUTDOWN_GRACE, &mut server).await.is_err() {

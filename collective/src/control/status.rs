@@ -9,7 +9,9 @@ impl From<Error> for Status {
         let message = err.to_string();
         match err {
             Error::Status(status) => status,
-            Error::Config(_) | Error::InvalidArgument(_) => Status::invalid_argument(message),
+            Error::Config(_)
+            | Error::InvalidArgument(_)
+            | Error::Runtime(kolo_runtime::Error::Forked) => Status::invalid_argument(message),
             Error::Rendezvous(_) | Error::Mismatch(_) => Status::failed_precondition(message),
             Error::Timeout { .. } => Status::deadline_exceeded(message),
             Error::Aborted(_) => Status::aborted(message),
@@ -48,6 +50,16 @@ mod tests {
                     message: "m".into(),
                 }),
                 Code::Aborted,
+            ),
+            (
+                Error::Runtime(kolo_runtime::Error::Forked),
+                Code::InvalidArgument,
+            ),
+            (
+                Error::Runtime(kolo_runtime::Error::Build(std::io::Error::other(
+                    "no threads",
+                ))),
+                Code::Internal,
             ),
             (Error::Internal("bug".into()), Code::Internal),
         ];

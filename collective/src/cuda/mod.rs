@@ -8,6 +8,9 @@
 //! and libnvrtc by path with libloading — so the build needs no CUDA toolkit and a machine
 //! without a GPU simply reports that CUDA is unavailable ([`probe`]).
 //!
+//! These are wrappers only: the engine's device path (`engine/device/`), which runs the
+//! engine's agreed batches of CUDA ops through them, lives with the engine.
+//!
 //! ```
 //! let found = kolo_collective::cuda::probe();
 //! if !kolo_collective::cuda::BUILT {
@@ -41,9 +44,6 @@ pub mod nvrtc;
 #[cfg(feature = "cuda")]
 pub mod pack;
 
-#[cfg(feature = "cuda")]
-pub mod engine;
-
 /// A submitted tensor that lives on a CUDA device: the engine runs its collective through
 /// NCCL on that device instead of the CPU transports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,42 +54,6 @@ pub struct DeviceTensor {
     /// submitted: the op waits for it. Owned by the submitter, alive until the handle
     /// completed.
     pub ready_event: u64,
-}
-
-/// One op of an agreed device batch: the descriptor and, unless this rank joined, the local
-/// handle and submission.
-#[derive(Debug)]
-pub(crate) struct DevicePart {
-    #[cfg_attr(
-        not(feature = "cuda"),
-        expect(dead_code, reason = "read by the `cuda` feature's engine path")
-    )]
-    pub desc: crate::wire::OpDescriptor,
-    pub local: Option<(u64, crate::engine::request::Submission)>,
-}
-
-/// Runs an agreed batch of device ops (the engine's CUDA path, see [`engine`]); returns each
-/// local handle's outcome, or a fatal error.
-pub(crate) fn run_device_batch(
-    session: &mut crate::collectives::Session,
-    parts: Vec<DevicePart>,
-) -> crate::Result<Vec<(u64, crate::Result<crate::engine::Output>)>> {
-    #[cfg(feature = "cuda")]
-    {
-        engine::run(session, parts)
-    }
-    #[cfg(not(feature = "cuda"))]
-    {
-        let _ = session;
-        Ok(parts
-            .into_iter()
-            .filter_map(|p| p.local.map(|(h, _)| h))
-            .map(|h| {
-                let why = "kolo was built without the `cuda` feature; CUDA tensors take the host-staged path";
-                (h, Err(crate::Error::Cuda(why.into())))
-            })
-            .collect())
-    }
 }
 
 /// True when kolo was built with the `cuda` feature.

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 
 use super::coordinator::Response;
+use super::device::{run_device_batch, DevicePart};
 use super::handles::Handles;
 use super::request::{Output, Submission};
 use super::stats::Stats;
@@ -410,7 +411,7 @@ impl Executor<'_> {
     }
 
     /// Runs an agreed batch of CUDA ops (a fused allreduce or a broadcast) through NCCL
-    /// (`crate::cuda`). An error is fatal, as for the CPU transports.
+    /// (`super::device`). An error is fatal, as for the CPU transports.
     fn device_batch(
         &mut self,
         session: &mut Session,
@@ -427,11 +428,11 @@ impl Executor<'_> {
                     self.timeline_end(&desc.name);
                 }
                 let local = local.map(|l| (l.handle, l.sub));
-                parts.push(crate::cuda::DevicePart { desc, local });
+                parts.push(DevicePart { desc, local });
             }
         }
         let ran = parts.len();
-        let done = crate::cuda::run_device_batch(session, parts)?;
+        let done = run_device_batch(session, parts)?;
         self.stats.ran(ran, false);
         for (handle, outcome) in done {
             self.handles.complete(handle, outcome);

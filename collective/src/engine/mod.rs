@@ -18,6 +18,7 @@
 mod cache;
 pub mod config;
 mod coordinator;
+pub mod device;
 mod execute;
 mod handles;
 mod message;

@@ -10,8 +10,8 @@ use kolo_collective::control::{
     self, ClientOptions, DriverClient, DriverConfig, DriverService, JobSecret, Registration,
     TaskInfo, WorkerEnv, SECRET_HEADER,
 };
-use kolo_collective::runtime::block_on;
 use kolo_collective::{AbortCause, AbortSignal, Error};
+use kolo_runtime::block_on;
 
 fn config(num_tasks: usize) -> DriverConfig {
     DriverConfig {
@@ -204,9 +204,7 @@ fn register_round(
         data_addr: SocketAddr::from(([127, 0, 0, 1], port)),
         ..task(index, "a")
     };
-    std::thread::spawn(move || {
-        block_on(client.register(&info, Duration::from_secs(20))).and_then(|result| result)
-    })
+    std::thread::spawn(move || block_on(client.register(&info, Duration::from_secs(20)))?)
 }
 
 #[test]

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use kolo_collective::control::{self, WorkerEnv};
 use kolo_collective::launcher::{self, Output, SharedWriter};
-use kolo_collective::runtime::block_on;
 use kolo_collective::{AbortSignal, Error};
+use kolo_runtime::block_on;
 
 struct Run {
     result: kolo_collective::Result<i32>,

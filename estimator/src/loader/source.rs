@@ -104,10 +104,7 @@ impl FileReader {
             Some(bytes) => ArrowReaderMetadata::load(&bytes, options),
             None => {
                 let mut reader = self.object_reader();
-                kolo_collective::runtime::block_on(ArrowReaderMetadata::load_async(
-                    &mut reader,
-                    options,
-                ))?
+                kolo_runtime::block_on(ArrowReaderMetadata::load_async(&mut reader, options))?
             }
         }
         .map_err(|e| self.parquet_error(e))?;
@@ -218,7 +215,7 @@ impl FileReader {
                     builder = builder.with_row_selection(selection);
                 }
                 let stream = builder.build().map_err(|e| self.parquet_error(e))?;
-                kolo_collective::runtime::block_on(stream.try_collect::<Vec<_>>())?
+                kolo_runtime::block_on(stream.try_collect::<Vec<_>>())?
                     .map_err(|e| self.parquet_error(e))
             }
         }

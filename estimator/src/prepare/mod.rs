@@ -34,7 +34,7 @@
 //! options.num_processes = 2;
 //! options.partitions_per_process = 2;
 //! let source = Source::Batches { schema, batches: vec![batch] };
-//! let prepared = kolo_collective::runtime::block_on(prepare_data(&store, source, &options))??;
+//! let prepared = kolo_runtime::block_on(prepare_data(&store, source, &options))??;
 //! assert_eq!(prepared.train_rows + prepared.val_rows, 100);
 //! assert_eq!(prepared.train_files, 4);
 //! # Ok(())

@@ -89,7 +89,7 @@ fn options(validation: Option<Validation>) -> PrepareOptions {
 }
 
 fn run(store: &Store, source: Source, options: &PrepareOptions) -> Result<PreparedData, Error> {
-    kolo_collective::runtime::block_on(prepare_data(store, source, options)).unwrap()
+    kolo_runtime::block_on(prepare_data(store, source, options)).unwrap()
 }
 
 fn local_dir(url: &str) -> PathBuf {

@@ -1,5 +1,5 @@
 //! The worker's side of a launch, shared by the Spark rank process and the Ray actor: it
-//! registers with the job driver before user code runs ([`crate::worker::register_early`]), so
+//! registers with the job driver before user code runs ([`super::register_early`]), so
 //! its rank variables are known before the user's function is loaded and a later `init()`
 //! adopts the same registration; then it fetches the pickled function (Spark), and returns the
 //! result, messages or a failure through the driver service. The launcher's side is
@@ -7,11 +7,11 @@
 
 use std::time::Duration;
 
+use super::{leave_early, register_early};
 use crate::control::launch::keys;
 use crate::control::proto::{task_event, TaskEvent, TaskStarted};
 use crate::control::{DriverClient, Registration, WorkerEnv};
 use crate::error::{Error, Result};
-use crate::{runtime, worker};
 
 /// How long a result upload may take.
 const UPLOAD_TIMEOUT: Duration = Duration::from_secs(600);
@@ -42,7 +42,7 @@ impl WorkerSession {
     /// bounded by the start timeout). `init()` in this process adopts the registration when
     /// the process environment describes the same job.
     pub fn join(env: WorkerEnv) -> Result<Self> {
-        let (registration, client) = worker::register_early(&env)?;
+        let (registration, client) = register_early(&env)?;
         Ok(Self {
             env,
             registration,
@@ -64,13 +64,13 @@ impl WorkerSession {
 
     /// Fetches the pickled `(fn, args, kwargs)`.
     pub fn fetch_payload(&self, timeout: Duration) -> Result<Vec<u8>> {
-        runtime::block_on(self.client.kv_get_stream(keys::PAYLOAD, timeout))?
+        kolo_runtime::block_on(self.client.kv_get_stream(keys::PAYLOAD, timeout))?
     }
 
     /// Returns this rank's pickled result to the driver.
     pub fn put_result(&self, result: &[u8]) -> Result<()> {
         let key = keys::result(self.env.task_index);
-        runtime::block_on(self.client.kv_put_stream(&key, result, UPLOAD_TIMEOUT))??;
+        kolo_runtime::block_on(self.client.kv_put_stream(&key, result, UPLOAD_TIMEOUT))??;
         Ok(())
     }
 
@@ -84,7 +84,7 @@ impl WorkerSession {
                 pid,
             })),
         };
-        runtime::block_on(self.client.post(self.env.task_index, vec![event]))??;
+        kolo_runtime::block_on(self.client.post(self.env.task_index, vec![event]))??;
         Ok(())
     }
 
@@ -93,21 +93,21 @@ impl WorkerSession {
         let event = TaskEvent {
             kind: Some(task_event::Kind::Message(message)),
         };
-        runtime::block_on(self.client.post(self.env.task_index, vec![event]))??;
+        kolo_runtime::block_on(self.client.post(self.env.task_index, vec![event]))??;
         Ok(())
     }
 
     /// Reports that the user's function failed (`message` carries the traceback); the driver
     /// aborts the job with it.
     pub fn report_failure(&self, message: &str) -> Result<()> {
-        runtime::block_on(self.client.report_failure(self.registration.rank, message))??;
+        kolo_runtime::block_on(self.client.report_failure(self.registration.rank, message))??;
         Ok(())
     }
 
     /// Ends the session: leaves the job unless `init()` adopted the registration (then its
     /// `shutdown()` does).
     pub fn finish(&self) -> Result<()> {
-        worker::leave_early()?;
+        leave_early()?;
         Ok(())
     }
 }

@@ -1,6 +1,12 @@
 //! Joining a job as one rank: register with the job driver, then connect the data-plane mesh.
 //! The Python binding's `init()` calls [`Worker::join_from_env`]; Spark and Ray workers join
 //! the same way.
+//!
+//! [`session`] is the worker's side of a Spark or Ray launch ([`WorkerSession`]: early
+//! registration, payload, result, failure report), the counterpart of
+//! [`crate::control::launch`].
+
+pub mod session;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -12,9 +18,9 @@ use crate::control::client::{DriverClient, Registration};
 use crate::control::env::{parse_seconds, WorkerEnv};
 use crate::control::{data_plane_ip, join_job};
 use crate::engine::{Engine, EngineConfig};
-use crate::error::Result;
-use crate::runtime;
+use crate::error::{Error, Result};
 use crate::transport::{DataListener, Mesh, MeshConfig, TransportChoice};
+pub use session::{rank_env, WorkerSession};
 
 /// Environment variable: how long a collective may wait without progress before it fails.
 pub const COLLECTIVE_TIMEOUT: &str = "KOLO_COLLECTIVE_TIMEOUT_SECONDS";
@@ -74,7 +80,7 @@ pub fn leave_early() -> Result<bool> {
     let Some(early) = early else {
         return Ok(false);
     };
-    runtime::block_on(early.driver.leave(early.registration.rank))??;
+    kolo_runtime::block_on(early.driver.leave(early.registration.rank))??;
     Ok(true)
 }
 
@@ -161,7 +167,7 @@ impl Worker {
             Ok(mesh) => mesh,
             Err(err) => {
                 let message = format!("could not connect to its peers: {err}");
-                let _ = runtime::block_on(driver.report_failure(rank, &message));
+                let _ = kolo_runtime::block_on(driver.report_failure(rank, &message));
                 driver.stop_background();
                 return Err(err);
             }
@@ -223,7 +229,8 @@ impl Worker {
         self.engine.shutdown();
         if let Some(driver) = &self.driver {
             let rank = self.comm.info().rank as u32;
-            if let Err(err) = runtime::block_on(driver.leave(rank)).and_then(|left| left) {
+            let left = kolo_runtime::block_on(driver.leave(rank));
+            if let Err(err) = left.map_err(Error::from).and_then(|left| left) {
                 log::warn!("rank {rank} could not tell the job driver it left: {err}");
             }
         }

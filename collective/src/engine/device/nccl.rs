@@ -1,5 +1,5 @@
-//! The engine's device path: an agreed batch of CUDA allreduces (fused) or one broadcast runs
-//! through NCCL on the process set's communicator, created on the set's first device op (the
+//! The NCCL side of the engine's device path: an agreed batch of CUDA allreduces (fused) or one
+//! broadcast runs through NCCL on the process set's communicator, created on the set's first device op (the
 //! unique id travels over the set's data plane from group rank 0).
 //!
 //! Each op waits on kolo's stream for the event the submitter recorded on its stream, and its
@@ -9,10 +9,10 @@
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-use super::gpu::{DevicePtr, Gpu};
-use super::nccl::UniqueId;
 use super::DevicePart;
 use crate::collectives::Session;
+use crate::cuda::gpu::{DevicePtr, Gpu};
+use crate::cuda::nccl::UniqueId;
 use crate::engine::request::Output;
 use crate::error::{Error, Result};
 use crate::wire::{OpDescriptor, OpKind};
