@@ -1,5 +1,5 @@
-"""The job driver service seen from worker processes: authentication, host-hash rank
-assignment over simulated hosts, and the abort broadcast."""
+"""The job driver service (the launchers' ``LaunchDriver``) seen from worker processes:
+authentication, host-hash rank assignment over simulated hosts, and the abort broadcast."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 import time
 
 from conftest import REPO, worker_env
-from kolo._native import DriverService
+from kolo._native import LaunchDriver
 
 INIT = "import kolo.torch as hvd; hvd.init()"
 REPORT = (
@@ -41,7 +41,7 @@ def spawn(code: str, env: dict[str, str]) -> subprocess.Popen:
 
 
 def test_wrong_or_missing_secret_is_refused(capfd) -> None:
-    driver = DriverService(1, start_timeout=20)
+    driver = LaunchDriver(1, start_timeout=20)
     try:
         env = dict(driver.worker_env(0))
         env["KOLO_JOB_SECRET"] = "ab" * 32
@@ -81,7 +81,7 @@ def test_wrong_or_missing_secret_is_refused(capfd) -> None:
 
 def test_ranks_are_consecutive_per_simulated_host_and_collectives_work() -> None:
     hosts = ["hostB", "hostA", "hostB", "hostA", "hostC"]
-    driver = DriverService(len(hosts), start_timeout=60)
+    driver = LaunchDriver(len(hosts), start_timeout=60)
     try:
         procs = [
             spawn(REPORT, {**driver.worker_env(task), "KOLO_HOSTNAME": host})
@@ -113,14 +113,14 @@ def test_ranks_are_consecutive_per_simulated_host_and_collectives_work() -> None
 
 
 def test_driver_abort_reaches_every_rank_inside_collectives() -> None:
-    driver = DriverService(2, start_timeout=60)
+    driver = LaunchDriver(2, start_timeout=60)
     try:
         procs = [spawn(LOOP_UNTIL_ABORT, driver.worker_env(task)) for task in range(2)]
         for proc in procs:
             assert proc.stdout.readline().strip() == "ready"
         time.sleep(0.5)
         started = time.monotonic()
-        driver.abort("the operator stopped the job", rank=None, host="")
+        driver.abort("the operator stopped the job")
         outputs = [proc.communicate(timeout=30) for proc in procs]
         assert time.monotonic() - started < 10
         for proc, (out, err) in zip(procs, outputs):

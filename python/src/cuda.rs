@@ -7,8 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 /// Adds `site-packages` directories to search for the `nvidia-*` wheels' libraries.
-#[pyfunction]
-pub fn cuda_add_site_packages(dirs: Vec<String>) {
+fn cuda_add_site_packages(dirs: Vec<String>) {
     let dirs: Vec<PathBuf> = dirs.into_iter().map(PathBuf::from).collect();
     kolo_collective::cuda::discover::add_site_packages(&dirs);
 }
@@ -367,7 +366,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     if let Ok(dirs) = python_path(m.py()) {
         cuda_add_site_packages(dirs.into_iter().filter(|d| !d.is_empty()).collect());
     }
-    m.add_function(wrap_pyfunction!(cuda_add_site_packages, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_probe, m)?)?;
     #[cfg(feature = "cuda")]
     {

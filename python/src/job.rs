@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use kolo_collective::control::{DriverEvent, LaunchDriver, LaunchDriverOptions};
+use kolo_collective::control::{DriverEvent, LaunchDriver, LaunchDriverOptions, PeerAssignment};
 use kolo_collective::worker::WorkerSession;
 use kolo_collective::Error;
 use pyo3::prelude::*;
@@ -181,7 +181,7 @@ impl PyLaunchDriver {
     fn assignment<'py>(&self, py: Python<'py>) -> PyResult<Option<Vec<Bound<'py, PyDict>>>> {
         self.inner
             .assignment()
-            .map(|peers| crate::driver::assignment_rows(py, peers))
+            .map(|peers| assignment_rows(py, peers))
             .transpose()
     }
 
@@ -295,4 +295,24 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(session_fail, m)?)?;
     m.add_function(wrap_pyfunction!(session_finish, m)?)?;
     Ok(())
+}
+
+/// Every task's assignment as dicts (task_index, rank, size, local/cross rank and size, host
+/// hash, hostname), in the order given.
+fn assignment_rows(py: Python<'_>, peers: Vec<PeerAssignment>) -> PyResult<Vec<Bound<'_, PyDict>>> {
+    let mut rows = Vec::with_capacity(peers.len());
+    for peer in peers {
+        let row = PyDict::new(py);
+        row.set_item("task_index", peer.task_index)?;
+        row.set_item("rank", peer.rank)?;
+        row.set_item("size", peer.size)?;
+        row.set_item("local_rank", peer.local_rank)?;
+        row.set_item("local_size", peer.local_size)?;
+        row.set_item("cross_rank", peer.cross_rank)?;
+        row.set_item("cross_size", peer.cross_size)?;
+        row.set_item("host_hash", peer.host_hash)?;
+        row.set_item("hostname", peer.hostname)?;
+        rows.push(row);
+    }
+    Ok(rows)
 }

@@ -6,7 +6,6 @@ use pyo3::prelude::*;
 
 mod blocking;
 mod cuda;
-mod driver;
 mod error;
 mod job;
 mod launch;
@@ -28,7 +27,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     session::register(m)?;
     ops::register(m)?;
     launch::register(m)?;
-    driver::register(m)?;
     store::register(m)?;
     loader::register(m)?;
     prepare::register(m)?;

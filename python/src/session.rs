@@ -52,12 +52,6 @@ pub fn shutdown(py: Python<'_>) {
     }
 }
 
-/// True between `init()` and `shutdown()`.
-#[pyfunction]
-pub fn is_initialized() -> bool {
-    slot().is_some()
-}
-
 /// The rank assignment as a dict (`rank`, `size`, `local_rank`, ..., `is_homogeneous`).
 #[pyfunction]
 pub fn rank_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
@@ -78,7 +72,6 @@ pub fn rank_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(init, m)?)?;
     m.add_function(wrap_pyfunction!(shutdown, m)?)?;
-    m.add_function(wrap_pyfunction!(is_initialized, m)?)?;
     m.add_function(wrap_pyfunction!(rank_info, m)?)?;
     Ok(())
 }
