@@ -111,3 +111,26 @@ def test_calls_before_init_raise_not_initialized() -> None:
 def test_capabilities_answer_truthfully() -> None:
     assert not hvd.mpi_built() and not hvd.gloo_built() and not hvd.nccl_built()
     assert not hvd.cuda_built() and not hvd.rocm_built()
+
+
+def test_a_child_forked_after_the_runtime_started_gets_a_config_error(tmp_path) -> None:
+    """kolo's one runtime (the kolo-runtime crate) refuses a forked child; the binding maps
+    that to ``kolo.exceptions.ConfigError`` naming the fix."""
+    code = f"""
+import os
+from kolo.exceptions import ConfigError
+from kolo.store import Store
+store = Store.create({str(tmp_path)!r})
+store.exists("x")  # starts the runtime
+pid = os.fork()
+if pid == 0:
+    try:
+        store.exists("x")
+    except ConfigError as err:
+        os._exit(0 if "forked" in str(err) and "spawn" in str(err) else 2)
+    os._exit(3)
+_, status = os.waitpid(pid, 0)
+raise SystemExit(os.waitstatus_to_exitcode(status))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
