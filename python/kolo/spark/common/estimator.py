@@ -171,7 +171,7 @@ class KoloEstimator(Estimator, MLReadable, MLWritable):
         return int(num_proc)
 
     def _check_all(self) -> None:
-        self._columns()
+        self._columns()  # raises when feature_cols or label_cols is not set
         self._check_store(self.getStore())
         self._check_params()
 
