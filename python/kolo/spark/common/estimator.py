@@ -54,14 +54,13 @@ import time
 from typing import Any, Callable, Dict, List, Optional
 
 from pyspark.ml import Estimator, Model
-from pyspark.ml.util import MLReadable, MLWritable
 
 from kolo.estimator.checks import check_store_writable, training_columns
 from kolo.estimator.dataset import PreparedDataset, get_dataset_metadata
 from kolo.estimator.params import reject_unknown
 from kolo.estimator.training import train_on_ranks
 from kolo.exceptions import InvalidArgumentError
-from kolo.spark.common.serialization import KoloReader, KoloWriter
+from kolo.spark.common.serialization import KoloPersistence
 from kolo.spark.common.util import prepare_data
 
 __all__ = ["KoloEstimator"]
@@ -69,7 +68,7 @@ __all__ = ["KoloEstimator"]
 log = logging.getLogger(__name__)
 
 
-class KoloEstimator(Estimator, MLReadable, MLWritable):
+class KoloEstimator(Estimator, KoloPersistence):
     """The shared ``fit`` flow of the Spark estimators (see the module docstring for the hooks).
 
     Subclasses mix in a Params class declaring at least the parameters of
@@ -120,27 +119,6 @@ class KoloEstimator(Estimator, MLReadable, MLWritable):
         prepared columns (``{"columns": {name: {"dtype", "shape"}}, "train_rows",
         "val_rows", "dataset_idx"}``)."""
         raise NotImplementedError
-
-    # -- persistence ---------------------------------------------------------------------------
-
-    def write(self) -> KoloWriter:
-        """A writer that saves every parameter (``write().overwrite().save(path)``).
-
-        Example::
-
-            est.write().overwrite().save("/tmp/my_estimator")
-        """
-        return KoloWriter(self)
-
-    @classmethod
-    def read(cls) -> KoloReader:
-        """A reader of what :meth:`write` saved.
-
-        Example::
-
-            est = TorchEstimator.read().load("/tmp/my_estimator")
-        """
-        return KoloReader(cls)
 
     # -- shared checks ---------------------------------------------------------------------------
 

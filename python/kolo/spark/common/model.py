@@ -26,17 +26,16 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Optional
 
 from pyspark.ml import Model
-from pyspark.ml.util import MLReadable, MLWritable
 
 from kolo.estimator.params import reject_unknown
 from kolo.exceptions import InvalidArgumentError
 from kolo.spark.common._inference import predict_columns
-from kolo.spark.common.serialization import KoloReader, KoloWriter
+from kolo.spark.common.serialization import KoloPersistence
 
 __all__ = ["KoloModel"]
 
 
-class KoloModel(Model, MLReadable, MLWritable):
+class KoloModel(Model, KoloPersistence):
     """The shared part of kolo's trained models (see the module docstring for the hooks).
 
     Subclasses mix in a Params class declaring at least the parameters of
@@ -108,27 +107,6 @@ class KoloModel(Model, MLReadable, MLWritable):
             model.getLabelColumns()     # ["label"]
         """
         return list(self.getOrDefault(self.label_columns) or [])
-
-    # -- persistence ---------------------------------------------------------------------------
-
-    def write(self) -> KoloWriter:
-        """A writer that saves the model and its parameters (``write().save(path)``).
-
-        Example::
-
-            model.write().overwrite().save("/tmp/digits_model")
-        """
-        return KoloWriter(self)
-
-    @classmethod
-    def read(cls) -> KoloReader:
-        """A reader of what :meth:`write` saved.
-
-        Example::
-
-            model = TorchModel.read().load("/tmp/digits_model")
-        """
-        return KoloReader(cls)
 
     # -- inference (the framework's hooks) ------------------------------------------------------
 

@@ -17,14 +17,14 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 import cloudpickle
-from pyspark.ml.util import MLReader, MLWriter
+from pyspark.ml.util import MLReadable, MLReader, MLWritable, MLWriter
 
 from kolo.exceptions import InvalidArgumentError, StoreError
 
-__all__ = ["KoloReader", "KoloWriter"]
+__all__ = ["KoloPersistence", "KoloReader", "KoloWriter"]
 
 log = logging.getLogger(__name__)
 
@@ -130,3 +130,40 @@ class KoloReader(MLReader):
         instance._resetUid(saved["uid"])
         instance._set(**{k: v for k, v in saved["params"].items() if instance.hasParam(k)})
         return instance
+
+
+class KoloPersistence(MLReadable, MLWritable):
+    """Spark ML persistence for kolo's estimators and models: ``write()`` gives a
+    :class:`KoloWriter` (``write().overwrite().save(path)``), ``read()`` a :class:`KoloReader`
+    (``Class.load(path)``). A class whose parameters need another form on disk sets
+    ``_writer``/``_reader`` (the Keras ones save the model as a ``.keras`` archive).
+
+    Example::
+
+        est.write().overwrite().save("/tmp/my_estimator")
+        est = TorchEstimator.read().load("/tmp/my_estimator")
+    """
+
+    #: Makes the writer of an instance.
+    _writer: Callable[[Any], KoloWriter] = KoloWriter
+    #: Makes the reader of a class.
+    _reader: Callable[[type], KoloReader] = KoloReader
+
+    def write(self) -> KoloWriter:
+        """A writer that saves every parameter (``write().overwrite().save(path)``).
+
+        Example::
+
+            model.write().overwrite().save("/tmp/digits_model")
+        """
+        return type(self)._writer(self)
+
+    @classmethod
+    def read(cls) -> KoloReader:
+        """A reader of what :meth:`write` saved (``read().load(path)``).
+
+        Example::
+
+            model = TorchModel.read().load("/tmp/digits_model")
+        """
+        return cls._reader(cls)

@@ -41,7 +41,6 @@ from kolo.estimator.spec import spec_fields
 from kolo.exceptions import InvalidArgumentError
 from kolo.spark.common.estimator import KoloEstimator
 from kolo.spark.common.params import KerasEstimatorParams, keras_estimator_defaults
-from kolo.spark.common.serialization import KoloReader, KoloWriter
 from kolo.spark.keras._persistence import KerasReader, keras_writer
 from kolo.spark.keras.model import KerasModel
 
@@ -103,26 +102,8 @@ class KerasEstimator(KoloEstimator, KerasEstimatorParams):
 
     _param_defaults = staticmethod(keras_estimator_defaults)
 
-    # -- persistence (the model as a .keras archive) -------------------------------------------
-
-    def write(self) -> KoloWriter:
-        """A writer that saves every parameter, the model as a ``.keras`` archive.
-
-        Example::
-
-            est.write().overwrite().save("/tmp/keras_estimator")
-        """
-        return keras_writer(self)
-
-    @classmethod
-    def read(cls) -> KoloReader:
-        """A reader of what :meth:`write` saved (the model rebuilt with ``custom_objects``).
-
-        Example::
-
-            est = KerasEstimator.read().load("/tmp/keras_estimator")
-        """
-        return KerasReader(cls)
+    _writer = staticmethod(keras_writer)
+    _reader = KerasReader
 
     # -- checks ----------------------------------------------------------------------------------
 

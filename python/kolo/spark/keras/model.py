@@ -33,7 +33,6 @@ from kolo.estimator.keras_trainer import model_to_bytes
 from kolo.spark.common._inference import Predictor
 from kolo.spark.common.model import KoloModel
 from kolo.spark.common.params import KerasModelParams, keras_model_defaults
-from kolo.spark.common.serialization import KoloReader, KoloWriter
 from kolo.spark.keras._persistence import KerasReader, keras_writer
 from kolo.spark.keras.serde import SavedKerasModel
 
@@ -121,24 +120,8 @@ class KerasModel(KoloModel, KerasModelParams):
     _param_defaults = staticmethod(keras_model_defaults)
     _predictor = KerasPredictor
 
-    def write(self) -> KoloWriter:
-        """A writer that saves the model (a ``.keras`` archive) and its parameters.
-
-        Example::
-
-            model.write().overwrite().save("/tmp/digits_keras")
-        """
-        return keras_writer(self)
-
-    @classmethod
-    def read(cls) -> KoloReader:
-        """A reader of what :meth:`write` saved.
-
-        Example::
-
-            model = KerasModel.read().load("/tmp/digits_keras")
-        """
-        return KerasReader(cls)
+    _writer = staticmethod(keras_writer)
+    _reader = KerasReader
 
     def _payload(self, model: Any) -> bytes:
         return cloudpickle.dumps(
