@@ -26,7 +26,9 @@ LAYERS: List[List[str]] = [
     [
         "kolo",
         "kolo._core",
+        "kolo._lifecycle",
         "kolo._nics",
+        "kolo._rank_gpu",
         "kolo.data",
         "kolo.exceptions",
         "kolo.process_sets",
@@ -122,10 +124,11 @@ def find_cycles(graph: Dict[str, Set[str]]) -> List[List[str]]:
 
 
 def _group(module: str, groups: List[str]) -> Optional[str]:
-    """The longest of ``groups`` that is ``module`` or a package holding it."""
+    """The longest of ``groups`` that is ``module`` or a package holding it (the root package
+    ``kolo`` holds nothing but itself: every other module is listed)."""
     best = None
     for group in groups:
-        if module == group or module.startswith(group + "."):
+        if module == group or (group != "kolo" and module.startswith(group + ".")):
             if best is None or len(group) > len(best):
                 best = group
     return best
