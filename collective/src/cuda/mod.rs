@@ -155,4 +155,23 @@ mod tests {
         let decoded = OpDescriptor::decode(&gpu.encode(), 2).unwrap();
         assert!(decoded.device, "the device flag survives the wire");
     }
+
+    #[test]
+    fn the_cuda_wrappers_do_not_reach_into_the_engine() {
+        // The engine's device path (engine::device) calls these wrappers; an arrow back would
+        // make the engine and the wrappers one circle again.
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/cuda");
+        let mut files = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let text = std::fs::read_to_string(&path).unwrap();
+            files += 1;
+            assert!(
+                !text.contains(concat!("crate::", "engine")),
+                "{} uses the engine",
+                path.display()
+            );
+        }
+        assert!(files > 5, "read {files} files of {}", dir.display());
+    }
 }
