@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+from abc import ABC, abstractmethod
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import pandas as pd
@@ -151,7 +152,7 @@ def _stacked(values: Any) -> Any:
     return np.stack(values)
 
 
-class Predictor:
+class Predictor(ABC):
     """The UDF body: feature columns in (one Arrow or pandas batch), model outputs out.
 
     A subclass says how to load its framework's model from the broadcast payload
@@ -176,18 +177,18 @@ class Predictor:
 
     # -- the framework's part ----------------------------------------------------------------
 
+    @abstractmethod
     def _load_model(self, payload: bytes) -> Any:
         """The loaded model (and whatever running it needs) from the broadcast payload."""
-        raise NotImplementedError
 
     def _inputs(self, loaded: Any, columns: List[Any]) -> List[Any]:
         """The batch's feature columns (numpy) as the framework's inputs (sliceable by row)."""
         return columns
 
+    @abstractmethod
     def _outputs(self, loaded: Any, inputs: List[Any]) -> List[Any]:
         """The model's outputs on a chunk of inputs, each as a ``[rows, values]`` float64
         numpy array."""
-        raise NotImplementedError
 
     # -- shared --------------------------------------------------------------------------------
 

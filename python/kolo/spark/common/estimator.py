@@ -33,14 +33,17 @@ Example (a subclass)::
     class MyEstimator(KoloEstimator, MyParams):
         _param_defaults = staticmethod(my_defaults)
 
-        def _check_params(self):
+        @abstractmethod
+    def _check_params(self):
             if self.getModel() is None:
                 raise InvalidArgumentError("model is not set: pass model=...")
 
-        def _remote_trainer(self, store, meta, run_id):
+        @abstractmethod
+    def _remote_trainer(self, store, meta, run_id):
             return MyRemoteTrainer(self._spec(store, meta, run_id))   # picklable
 
-        def _make_model(self, result, run_id, metadata):
+        @abstractmethod
+    def _make_model(self, result, run_id, metadata):
             return MyModel(model=rebuild(result["model"]), history=result["history"],
                            run_id=run_id, metadata=metadata, ...)
 
@@ -108,17 +111,14 @@ class KoloEstimator(Estimator, KoloPersistence):
     def _check_params(self) -> None:
         """Framework checks run before any data is written; raise
         :class:`~kolo.exceptions.InvalidArgumentError` naming the parameter and the fix."""
-        raise NotImplementedError
 
     def _remote_trainer(self, store: Any, meta: PreparedDataset, run_id: str) -> Callable[[], Any]:
         """The picklable function every rank runs (see the module docstring for its result)."""
-        raise NotImplementedError
 
     def _make_model(self, result: Dict[str, Any], run_id: str, metadata: Dict[str, Any]) -> Model:
         """The Spark ML Transformer built from rank 0's ``result``; ``metadata`` holds the
         prepared columns (``{"columns": {name: {"dtype", "shape"}}, "train_rows",
         "val_rows", "dataset_idx"}``)."""
-        raise NotImplementedError
 
     # -- shared checks ---------------------------------------------------------------------------
 

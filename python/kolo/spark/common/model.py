@@ -23,6 +23,7 @@ Example::
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from typing import Any, Callable, Dict, List, Optional
 
 from pyspark.ml import Model
@@ -110,14 +111,14 @@ class KoloModel(Model, KoloPersistence):
 
     # -- inference (the framework's hooks) ------------------------------------------------------
 
+    @abstractmethod
     def _payload(self, model: Any) -> bytes:
         """What the predictor loads on the Spark workers (see the Predictor subclass)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _sample_outputs(self, model: Any) -> List[Any]:
         """The model's outputs (anything with a ``.shape``, rows first) on two rows of zeros
         shaped like the training data (``getMetadata()["columns"]``)."""
-        raise NotImplementedError
 
     # -- inference -------------------------------------------------------------------------------
 
