@@ -6,7 +6,9 @@ A launcher that knows which GPUs a rank's task owns (``kolo.spark.run``: the Spa
 :data:`GPU_ADDRESSES_VAR`; the code in the rank (the estimator core's trainers, the Lightning
 strategy) calls :func:`rank_gpu_index` and never imports the launcher. Without an assignment
 (``kolorun``, ``RayExecutor`` — which orders each node's ``CUDA_VISIBLE_DEVICES`` so that it
-is right — or no GPUs) the rank's GPU is its ``local_rank``.
+is right — or no GPUs) the rank's GPU is its ``local_rank``; so it is, as in Horovod, when
+``KOLO_SPARK_USE_LOCAL_RANK_GPU_INDEX`` (or ``HOROVOD_SPARK_USE_LOCAL_RANK_GPU_INDEX``) is set
+to anything but ``0``.
 
 Example::
 
@@ -22,12 +24,19 @@ import logging
 import os
 from typing import List, Optional
 
-__all__ = ["GPU_ADDRESSES_VAR", "assigned_gpus", "rank_gpu_index"]
+__all__ = ["GPU_ADDRESSES_VAR", "LOCAL_RANK_GPU_VARS", "assigned_gpus", "rank_gpu_index"]
 
 log = logging.getLogger(__name__)
 
 #: The comma-separated GPU addresses a launcher assigned to the rank (empty: none).
 GPU_ADDRESSES_VAR = "KOLO_GPU_ADDRESSES"
+
+#: Set to anything but ``0``, the rank trains on GPU ``local_rank`` whatever was assigned
+#: (Horovod's ``HOROVOD_SPARK_USE_LOCAL_RANK_GPU_INDEX``).
+LOCAL_RANK_GPU_VARS = (
+    "KOLO_SPARK_USE_LOCAL_RANK_GPU_INDEX",
+    "HOROVOD_SPARK_USE_LOCAL_RANK_GPU_INDEX",
+)
 
 
 def assigned_gpus() -> Optional[List[str]]:
@@ -46,12 +55,14 @@ def assigned_gpus() -> Optional[List[str]]:
 
 def rank_gpu_index(local_rank: int) -> int:
     """The index of the GPU this rank trains on: the first address its launcher assigned,
-    else ``local_rank``.
+    else (or with :data:`LOCAL_RANK_GPU_VARS` set to anything but ``0``) ``local_rank``.
 
     Example::
 
         rank_gpu_index(0)   # 0 without an assignment
     """
+    if any(os.environ.get(name, "0") != "0" for name in LOCAL_RANK_GPU_VARS):
+        return local_rank
     addresses = assigned_gpus()
     if addresses:
         try:
