@@ -4,9 +4,11 @@ checkpoint writes under SIGKILL; changed-files-only sync; pickling; bad input.""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -303,11 +305,60 @@ def test_sigkill_mid_write_keeps_the_previous_local_checkpoint(tmp_path):
     assert store.read(checkpoint) == b"next"
 
 
+class SlowRelay:
+    """A TCP relay on 127.0.0.1 to ``port`` that passes the client's bytes at ``rate`` bytes/s
+    (the replies as they come) and counts them: a write through it is still in flight for
+    seconds, whatever the machine's speed."""
+
+    def __init__(self, port: int, rate: float) -> None:
+        self.port, self.rate, self.sent = port, rate, 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.port))
+            threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, throttled: bool) -> None:
+        try:
+            while data := source.recv(64 * 1024):
+                if throttled:
+                    time.sleep(len(data) / self.rate)
+                    self.sent += len(data)
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (source, sink):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
 def test_sigkill_mid_write_keeps_the_previous_s3_checkpoint(s3_prefix):
     store = FilesystemStore(s3_prefix.url, storage_options=s3_prefix.storage_options)
     checkpoint = store.get_checkpoint_path("r")
     store.write_bytes(checkpoint, b"previous checkpoint")
-    kill_mid_write(store, checkpoint, delay=0.5)
+    # The killed writer goes through a relay at 40 MB/s: 200 MiB take 5 s, so the kill lands
+    # while the body is on its way (S3 replaces an object only when a whole PUT arrived).
+    port = int(s3_prefix.storage_options["aws_endpoint"].rsplit(":", 1)[1])
+    relay = SlowRelay(port, rate=40e6)
+    try:
+        options = {**s3_prefix.storage_options, "aws_endpoint": relay.address}
+        slow = FilesystemStore(s3_prefix.url, storage_options=options)
+        kill_mid_write(slow, checkpoint, ready=lambda: relay.sent > 0, delay=0.3)
+        assert 0 < relay.sent < BIG, f"{relay.sent} of {BIG} bytes sent when the writer died"
+    finally:
+        relay.close()
     assert store.read(checkpoint) == b"previous checkpoint"
     assert store.list(store.get_run_path("r")) == [checkpoint]
 
