@@ -77,6 +77,7 @@ class TrainingSpec:
         """
         from kolo.data import ParquetLoader
 
+        columns = self.columns()
         common = dict(
             rank=rank,
             size=size,
@@ -86,7 +87,7 @@ class TrainingSpec:
         )
         train = ParquetLoader(
             self.train_path,
-            self.columns(),
+            columns,
             batch_size=self.batch_size,
             shuffle=self.shuffle,
             drop_last=True,
@@ -98,7 +99,7 @@ class TrainingSpec:
         if self.val_path:
             val = ParquetLoader(
                 self.val_path,
-                self.columns(),
+                columns,
                 batch_size=self.val_batch_size,
                 shuffle=False,
                 drop_last=False,

@@ -4,7 +4,9 @@ Spark writes the selected columns as Parquet into the store (``intermediate_trai
 and ``intermediate_val_data.<idx>``); the metadata (rows, dtypes, array lengths) is then read
 from the Parquet footers by kolo's Rust core (:func:`kolo.data.read_metadata`). Preparing the
 same DataFrame again (same logical plan, columns, validation and store) reuses what was
-written.
+written. The description of prepared data (:class:`PreparedDataset`,
+:func:`get_dataset_metadata`, :func:`describe_dataset`) is the estimator core's
+(:mod:`kolo.estimator.dataset`), offered here under Horovod's module path too.
 
 Example::
 
