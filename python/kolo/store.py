@@ -98,7 +98,10 @@ class Store:
     Args:
         prefix_path: a local path, ``file://``, ``s3://``, ``gs://``, ``az://``, ``abfs[s]://``,
             ``hdfs://`` URL or a DBFS path.
-        train_path, val_path, test_path, runs_path: override the default locations.
+        train_path: overrides the default location of the training data.
+        val_path: overrides the default location of the validation data.
+        test_path: overrides the default location of the test data.
+        runs_path: overrides the default location of the runs (checkpoints, logs).
         save_runs: whether runs (checkpoints, logs) are kept; when False the checkpoint and logs
             paths are None.
         storage_options: object_store options (``aws_access_key_id``, ``aws_endpoint``,

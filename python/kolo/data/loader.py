@@ -43,8 +43,8 @@ class ParquetLoader:
         columns: the columns to load: numeric or boolean scalars, or fixed-length arrays of
             them (``[batch, len]`` tensors).
         batch_size: rows per batch.
-        rank, size: this rank and the number of ranks; default ``hvd.rank()``/``hvd.size()``
-            when kolo is initialized, else 0 and 1.
+        rank: this rank; default ``hvd.rank()`` when kolo is initialized, else 0.
+        size: the number of ranks; default ``hvd.size()`` when kolo is initialized, else 1.
         shuffle: shuffle row groups and rows (within ``shuffle_buffer_size`` windows).
         seed: seed of every shuffle; epoch ``e`` uses ``(seed, e)``.
         num_epochs: None: each ``for`` loop over the loader runs one epoch, without end.

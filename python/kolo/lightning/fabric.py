@@ -71,10 +71,15 @@ class KoloFabricStrategy(collectives.KoloRanks, ParallelStrategy):
     """A Fabric ``ParallelStrategy`` on kolo (``Fabric(strategy="kolo")``).
 
     Args:
-        accelerator, parallel_devices, checkpoint_io, precision: as for every Fabric strategy.
+        accelerator: as for every Fabric strategy.
+        parallel_devices: as for every Fabric strategy.
+        checkpoint_io: as for every Fabric strategy.
+        precision: as for every Fabric strategy.
         cluster_environment: default :class:`~kolo.lightning.KoloEnvironment`.
-        compression, gradient_predivide_factor, groups, sparse_as_dense: as in
-            :func:`kolo.torch.DistributedOptimizer`.
+        compression: as in :func:`kolo.torch.DistributedOptimizer`.
+        gradient_predivide_factor: as in :func:`kolo.torch.DistributedOptimizer`.
+        groups: as in :func:`kolo.torch.DistributedOptimizer`.
+        sparse_as_dense: as in :func:`kolo.torch.DistributedOptimizer`.
 
     Example::
 

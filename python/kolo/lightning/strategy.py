@@ -74,9 +74,11 @@ class KoloStrategy(collectives.KoloRanks, ParallelStrategy):
     """A Lightning ``ParallelStrategy`` on kolo (registered as ``strategy="kolo"``).
 
     Args:
-        accelerator, parallel_devices, checkpoint_io, precision_plugin: as for every Lightning
-            strategy (the Trainer fills them in). Of ``parallel_devices`` only the kind matters:
+        accelerator: as for every Lightning strategy (the Trainer fills it in).
+        parallel_devices: as for every Lightning strategy; only the kind of device matters:
             each process uses one device, chosen by its local rank.
+        checkpoint_io: as for every Lightning strategy.
+        precision_plugin: as for every Lightning strategy.
         cluster_environment: default :class:`~kolo.lightning.KoloEnvironment` (ranks from
             kolo).
         compression: ``kolo.torch.Compression.none`` (default), ``.fp16`` or ``.bf16`` for the
