@@ -1,10 +1,12 @@
 """Griffe extensions for the docs site's API reference (mkdocs.yml lists this file under the
 mkdocstrings handler's ``extensions``): what static analysis alone does not see in kolo.
 
-- ``kolo._native``: Griffe reads ``kolo/_native.pyi`` (the stub), which has no docstrings; the
-  exception classes' docstrings live in the Rust source (``python/src/error.rs``). Each stub
-  class gets its docstring from the compiled class, so ``kolo.exceptions`` renders the text
-  Python's ``help()`` shows. Only ``kolo._native`` is imported, not the frameworks.
+- ``kolo._native``: Griffe merges the compiled module with ``kolo/_native.pyi`` (the stub). The
+  stub's classes have no docstrings (the exception classes' docstrings live in the Rust source,
+  ``python/src/error.rs``), so each class gets the compiled class's docstring and
+  ``kolo.exceptions`` renders the text Python's ``help()`` shows; an attribute gets the stub's
+  docstring, not the one inspection finds (``__version__``'s would be ``str``'s). Only
+  ``kolo._native`` is imported, not the frameworks.
 - Module attributes documented the Sphinx way, with ``#:`` comment lines right above them
   (``#: Reduce by summing over the ranks.`` / ``Sum = ReduceOp.Sum``), get those lines as their
   docstring.
@@ -16,8 +18,11 @@ mkdocstrings handler's ``extensions``): what static analysis alone does not see 
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
+import importlib.util
 import inspect
+from pathlib import Path
 
 import griffe
 
@@ -25,7 +30,8 @@ _NATIVE = "kolo._native"
 
 
 class NativeDocstrings(griffe.Extension):
-    """Fills the docstring of every ``kolo._native`` class from the compiled module."""
+    """Docstrings of ``kolo._native``: a class's from the compiled module, an attribute's from
+    the stub."""
 
     def on_class_instance(self, *, cls: griffe.Class, **kwargs) -> None:
         """Copy ``kolo._native.<Name>.__doc__`` onto the stub class ``cls`` when it has none."""
@@ -34,6 +40,29 @@ class NativeDocstrings(griffe.Extension):
         doc = getattr(importlib.import_module(_NATIVE), cls.name, None).__doc__
         if doc:
             cls.docstring = griffe.Docstring(inspect.cleandoc(doc), parent=cls)
+
+    def on_attribute_instance(self, *, attr: griffe.Attribute, **kwargs) -> None:
+        """Give a ``kolo._native`` attribute the docstring the stub writes under it, or none."""
+        if attr.parent is None or attr.parent.path != _NATIVE:
+            return
+        doc = _stub_attribute_docstrings().get(attr.name)
+        attr.docstring = griffe.Docstring(doc, parent=attr) if doc else None
+
+
+@functools.cache
+def _stub_attribute_docstrings() -> dict[str, str]:
+    """``{name: docstring}`` of the attributes ``kolo/_native.pyi`` documents."""
+    stub = Path(importlib.util.find_spec(_NATIVE).origin).with_name("_native.pyi")
+    body = ast.parse(stub.read_text()).body
+    return {
+        node.target.id: inspect.cleandoc(after.value.value)
+        for node, after in zip(body, body[1:])
+        if isinstance(node, ast.AnnAssign)
+        and isinstance(node.target, ast.Name)
+        and isinstance(after, ast.Expr)
+        and isinstance(after.value, ast.Constant)
+        and isinstance(after.value.value, str)
+    }
 
 
 class SphinxCommentDocstrings(griffe.Extension):

@@ -3,6 +3,7 @@
 from typing import Any, Optional
 
 __version__: str
+"""kolo's version (the wheel's), e.g. ``"0.1.0"``."""
 
 class KoloError(Exception): ...
 class ConfigError(KoloError): ...
