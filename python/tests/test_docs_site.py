@@ -68,7 +68,8 @@ def test_every_public_top_level_module_has_a_reference_page():
     }
     documented = {module for _, module, _ in _directives()}
     assert top_level <= documented, (
-        f"no `::: module` in docs/reference/*.md for {sorted(top_level - documented)}"
+        f"no `::: module` in docs/reference/*.md for {sorted(top_level - documented)}: add a "
+        f"page there with that line and list it under 'API reference' in mkdocs.yml's nav"
     )
 
 
@@ -83,7 +84,11 @@ def test_the_reference_has_an_entry_for_every_public_name(site):
                 for name in _public_names(module)
                 if f"{module}.{name}" not in anchors
             ]
-    assert not missing, f"public names without an entry in the API reference: {missing}"
+    assert not missing, (
+        f"public names without an entry in the API reference: {missing}. A name is left out "
+        f"when it has no docstring (give it one, or a '#:' comment above an attribute); a "
+        f"submodule needs its own `::: module.submodule` line on that page"
+    )
 
 
 def test_sphinx_markup_in_docstrings_is_rewritten(site):
