@@ -3,8 +3,9 @@
 Every entry of the data file becomes one or more :class:`Check` rows: a Horovod name (present
 in kolo under the same path with ``horovod`` → ``kolo``), its signature (compatible: every
 Horovod parameter exists in kolo's with the same name, positional ones in the same order, no
-new required ones), a horovodrun flag (``kolo.runner.parse_args`` accepts every spelling; with
-effect when it gives no notice), an estimator parameter (the kolo class accepts it; with effect
+new required ones), a method of a class (present, compatible), a horovodrun flag
+(``kolo.runner.parse_args`` accepts every spelling; with effect when it gives no notice), an
+estimator parameter (the kolo class accepts it; with effect
 when ``kolo.estimator.params.NO_EFFECT`` does not list it), an accessor, a store method. Only
 in-scope entries (``scope.owner == "issue19"``) are checked against kolo; the others carry
 their owner and reason.
@@ -36,6 +37,7 @@ IN_SCOPE = "issue19"
 CATEGORIES: Dict[str, str] = {
     "name": "names present",
     "signature": "signatures compatible",
+    "method": "methods of those classes (present, compatible signature)",
     "flag": "horovodrun flags accepted",
     "flag-effect": "horovodrun flags with Horovod's effect (no notice)",
     "param": "estimator constructor parameters accepted",
@@ -45,7 +47,7 @@ CATEGORIES: Dict[str, str] = {
 }
 
 #: Categories that must all be covered; the ``-effect`` ones must reach :data:`EFFECT_TARGET`.
-ACCEPTANCE = ("name", "signature", "flag", "param", "accessor", "store-method")
+ACCEPTANCE = ("name", "signature", "method", "flag", "param", "accessor", "store-method")
 EFFECT_TARGET = 0.98
 
 _MISSING = object()
@@ -377,13 +379,17 @@ def accessor_checks(accessors: List[Dict[str, Any]]) -> List[Check]:
     return rows
 
 
-def store_checks(methods: List[Dict[str, Any]]) -> List[Check]:
-    """``store-method`` checks: present on kolo's store class with a compatible signature."""
+def method_checks(methods: List[Dict[str, Any]], category: str) -> List[Check]:
+    """``method``/``store-method`` checks: present on kolo's class with a compatible
+    signature."""
     rows = []
     for method in methods:
         ident = f"{method['class']}.{method['name']}"
         kolo = kolo_path(method["class"])
         owner = method["scope"]["owner"]
+        if owner != IN_SCOPE:
+            rows.append(Check(category, ident, kolo, owner, False, _scope_text(method["scope"])))
+            continue
         cls = lookup(kolo)
         if cls is _MISSING:
             problem = "class missing"
@@ -398,7 +404,7 @@ def store_checks(methods: List[Dict[str, Any]]) -> List[Check]:
                 if sig is None
                 else signature_problem(method["signature"], sig)
             )
-        rows.append(Check("store-method", ident, kolo, owner, not problem, problem))
+        rows.append(Check(category, ident, kolo, owner, not problem, problem))
     return rows
 
 
@@ -410,7 +416,8 @@ def run_checks(data: Dict[str, Any]) -> List[Check]:
     rows += flag_checks(data["flags"])
     rows += param_checks(data["estimator_params"])
     rows += accessor_checks(data["accessors"])
-    rows += store_checks(data["store_methods"])
+    rows += method_checks(data["methods"], "method")
+    rows += method_checks(data["store_methods"], "store-method")
     return rows
 
 

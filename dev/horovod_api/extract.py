@@ -1,5 +1,6 @@
-"""Writes Horovod 0.28.1's public API as a data file: names with signatures, horovodrun's
-flags, the Spark estimators' constructor parameters and accessors, the store methods.
+"""Writes Horovod 0.28.1's public API as a data file: names with signatures, the methods of
+its classes, horovodrun's flags, the Spark estimators' constructor parameters and accessors,
+the store methods.
 
 Reads the source from a bare git mirror of Horovod with ``ast`` (Horovod is never imported).
 
@@ -153,6 +154,26 @@ def store_methods(src: HorovodSource) -> List[Dict]:
     return rows
 
 
+def class_methods(src: HorovodSource, names: List[Dict]) -> List[Dict]:
+    """The public methods of the other in-scope classes among ``names`` (each class once, under
+    its first public path; Spark ``getX``/``setX`` accessors and store classes have their own
+    sections)."""
+    rows, seen = [], set()
+    for entry in names:
+        if entry["kind"] != "class" or entry["scope"]["owner"] != "issue19":
+            continue
+        module, name = entry["defined_in"].rsplit(".", 1)
+        if entry["defined_in"] in seen or module == STORE_MODULE:
+            continue
+        seen.add(entry["defined_in"])
+        for method, found in src.methods(*src.class_node(module, name)).items():
+            if module.startswith("horovod.spark.") and _ACCESSOR.match(method):
+                continue
+            row = {"class": f"{entry['module']}.{entry['name']}", "name": method, **found}
+            rows.append({**row, "scope": entry["scope"]})
+    return rows
+
+
 def internal_modules(src: HorovodSource) -> List[Dict]:
     """Horovod's other modules, with why each is not compared name by name."""
     rows = []
@@ -171,11 +192,13 @@ def internal_modules(src: HorovodSource) -> List[Dict]:
 def extract(git_dir: str) -> Dict[str, Any]:
     """The whole data file's content."""
     src = HorovodSource(git_dir, TAG)
+    names = public_names(src)
     return {
         "horovod_version": TAG.lstrip("v"),
         "source": f"git tag {TAG} of github.com/horovod/horovod, parsed with ast",
         "regenerate": "python dev/horovod_api/extract.py",
-        "names": public_names(src),
+        "names": names,
+        "methods": class_methods(src, names),
         "flags": flags(src),
         "estimator_params": estimator_params(src),
         "accessors": accessors(src),

@@ -157,6 +157,15 @@ def render(data: Dict[str, Any], checks: List[Check]) -> str:
             out += [f"## {title}", ""]
             out += _table(("Horovod", "kolo", "kind", "status"), grouped[title])
 
+    out += ["## Methods of those classes", ""]
+    rows = []
+    for method in data["methods"]:
+        check = by_key[("method", f"{method['class']}.{method['name']}")]
+        rows.append(
+            (_code(check.id), _code(f"{check.kolo}.{method['name']}"), simple_status(check))
+        )
+    out += _table(("Horovod", "kolo", "status"), rows)
+
     out += ["## Spark estimator and model parameters", ""]
     for cls, params in _by_class(data["estimator_params"]).items():
         rows = []
