@@ -22,7 +22,6 @@ import importlib
 import inspect
 import json
 import os
-import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -231,9 +230,9 @@ def name_checks(entry: Dict[str, Any]) -> List[Check]:
     return [*rows, Check("signature", horovod, kolo, owner, not problem, problem)]
 
 
-def _sample_files() -> Dict[str, str]:
-    """Files the flags that name one need: a hostfile, a discovery script, a config file."""
-    folder = tempfile.mkdtemp(prefix="kolo-horovod-api-")
+def _sample_files(folder: str) -> Dict[str, str]:
+    """Files in ``folder`` for the flags that name one: a hostfile, a discovery script, a
+    config file, an identity file (and paths for the outputs)."""
     files = {
         "hostfile": ("localhost slots=2\n", 0o600),
         "host_discovery_script": ("#!/bin/sh\necho localhost:2\n", 0o700),
@@ -245,7 +244,7 @@ def _sample_files() -> Dict[str, str]:
         path = os.path.join(folder, dest)
         with open(path, "w") as handle:
             handle.write(text)
-        os.chmod(path, mode | stat.S_IRUSR)
+        os.chmod(path, mode)
         paths[dest] = path
     paths["output_filename"] = os.path.join(folder, "logs")
     paths["timeline_filename"] = os.path.join(folder, "timeline.json")
@@ -283,42 +282,46 @@ def flag_checks(flags: List[Dict[str, Any]]) -> List[Check]:
     """``flag`` and ``flag-effect`` checks through ``kolo.runner.parse_args``."""
     runner = lookup("kolo.runner")
     parse_args = getattr(runner, "parse_args", None) if runner is not _MISSING else None
-    config_error = lookup("kolo.exceptions.ConfigError")
-    files = _sample_files() if parse_args is not None else {}
-    rows = []
-    for flag in flags:
-        spelled = "/".join(flag["options"])
-        owner = flag["scope"]["owner"]
-        problems, notices = [], []
-        if parse_args is None:
-            problems.append("kolo.runner.parse_args is missing")
-        for option in flag["options"] if parse_args is not None else []:
-            try:
-                parsed = parse_args(sample_argv(flag, option, files))
-            except config_error as err:
-                problems.append(f"`{option}`: {err}")
-                continue
-            except SystemExit as exit_:
-                if exit_.code not in (0, None):
-                    problems.append(f"`{option}` exits {exit_.code}")
-                continue
-            for noticed, text in parsed.get("notices", []):
-                text = text.replace(os.path.dirname(files["hostfile"]), "<tmp>")
-                if noticed in flag["options"] and text not in notices:
-                    notices.append(text)
-        accepted = not problems
-        rows.append(Check("flag", spelled, "kolorun", owner, accepted, "; ".join(problems)))
-        if "effect_owner" in flag:
-            detail = f"effect: {flag['effect_owner']}"
-            rows.append(
-                Check("flag-effect", spelled, "kolorun", flag["effect_owner"], False, detail)
-            )
+    with tempfile.TemporaryDirectory(prefix="kolo-horovod-api-") as folder:
+        files = _sample_files(folder)
+        return [row for flag in flags for row in _flag_checks(flag, parse_args, files, folder)]
+
+
+def _flag_checks(
+    flag: Dict[str, Any], parse_args: Any, files: Dict[str, str], folder: str
+) -> List[Check]:
+    spelled = "/".join(flag["options"])
+    owner = flag["scope"]["owner"]
+    problems, notices = [], []
+    if parse_args is None:
+        problems.append("kolo.runner.parse_args is missing")
+    for option in flag["options"] if parse_args is not None else []:
+        try:
+            parsed = parse_args(sample_argv(flag, option, files))
+        except lookup("kolo.exceptions.KoloError") as err:
+            problems.append(f"`{option}`: {type(err).__name__}: {err}")
             continue
-        detail = "; ".join(notices) if accepted else "not accepted"
-        rows.append(
-            Check("flag-effect", spelled, "kolorun", owner, accepted and not notices, detail)
-        )
-    return rows
+        except SystemExit as exit_:
+            if exit_.code not in (0, None):
+                problems.append(f"`{option}` exits {exit_.code}")
+            continue
+        for noticed, text in parsed.get("notices", []):
+            text = text.replace(folder, "<tmp>")
+            if noticed in flag["options"] and text not in notices:
+                notices.append(text)
+    accepted = not problems
+    rows = [Check("flag", spelled, "kolorun", owner, accepted, "; ".join(problems))]
+    if "effect_owner" in flag:
+        detail = f"effect: {flag['effect_owner']}"
+        return [
+            *rows,
+            Check("flag-effect", spelled, "kolorun", flag["effect_owner"], False, detail),
+        ]
+    detail = "; ".join(notices) if accepted else "not accepted"
+    return [
+        *rows,
+        Check("flag-effect", spelled, "kolorun", owner, accepted and not notices, detail),
+    ]
 
 
 def _no_effect() -> Optional[Dict[str, str]]:

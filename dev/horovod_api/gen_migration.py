@@ -58,7 +58,7 @@ def _area(module: str) -> str:
 
 
 def _out_of_scope(check: Check) -> str:
-    return f"out of scope ({check.detail})"
+    return f"out of scope: {check.detail}"
 
 
 def name_status(name: Check, signature: Check | None) -> str:
@@ -147,11 +147,13 @@ def render(data: Dict[str, Any], checks: List[Check]) -> str:
         ident = f"{entry['module']}.{entry['name']}"
         name = by_key[("name", ident)]
         status = name_status(name, by_key.get(("signature", ident)))
-        row = (_code(ident), _code(name.kolo), entry["kind"], status)
         if name.owner == IN_SCOPE:
-            grouped[_area(entry["module"])].append(row)
+            grouped[_area(entry["module"])].append(
+                (_code(ident), _code(name.kolo), entry["kind"], status)
+            )
         else:
-            out_of_scope.append(row)
+            scope = entry["scope"]
+            out_of_scope.append((_code(ident), entry["kind"], scope["owner"], scope["reason"]))
     for title, _ in AREAS:
         if grouped[title]:
             out += [f"## {title}", ""]
@@ -191,8 +193,8 @@ def render(data: Dict[str, Any], checks: List[Check]) -> str:
         ]
         out += [f"### `{cls}`", "", *_table(("method", "status"), rows)]
 
-    out += ["## Out of scope here", ""]
-    out += _table(("Horovod", "kolo", "kind", "status"), out_of_scope)
+    out += ["## Not compared: owned elsewhere or not planned", ""]
+    out += _table(("Horovod", "kind", "owner", "reason"), out_of_scope)
     out += [
         "## Horovod modules not compared name by name",
         "",
