@@ -122,13 +122,15 @@ def signature_problem(
     positional = [p for p in params if p.kind in _POSITIONAL]
     by_name = {p.name: p for p in params if p.kind not in _VAR}
     kinds = {p.kind for p in params}
-    problems = []
+    problems: List[str] = []
+    misplaced = set()
     h_positional = [p for p in horovod if p["kind"] in ("positional_only", "positional_or_keyword")]
     for index, hp in enumerate(h_positional):
         kp = positional[index] if index < len(positional) else None
         if kp is None or (kp.name != hp["name"] and hp["kind"] != "positional_only"):
             where = f"`{kp.name}`" if kp is not None else "nothing"
             problems.append(f"positional {index + 1} is `{hp['name']}` (kolo: {where})")
+            misplaced.add(kp.name if kp is not None else "")
             continue
         if hp["kind"] == "positional_or_keyword" and kp.kind is inspect.Parameter.POSITIONAL_ONLY:
             problems.append(f"`{hp['name']}` cannot be given by keyword")
@@ -151,7 +153,7 @@ def signature_problem(
     if "var_keyword" in h_kinds and inspect.Parameter.VAR_KEYWORD not in kinds and not extras:
         problems.append("no `**kwargs` (Horovod forwards extra keyword arguments)")
     for kp in extras:
-        if kp.default is not inspect.Parameter.empty:
+        if kp.default is not inspect.Parameter.empty or kp.name in misplaced:
             continue
         # Horovod's *args/**kwargs forward to a parameter kolo names instead
         if kp.kind in _POSITIONAL and "var_positional" in h_kinds:
