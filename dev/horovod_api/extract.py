@@ -137,7 +137,7 @@ def accessors(src: HorovodSource) -> List[Dict]:
         for name, method in src.methods(module, node).items():
             if _ACCESSOR.match(name):
                 row = {"class": dotted, "name": name, "defined_in": method["defined_in"]}
-                rows.append({**row, "signature": method.get("signature"), "scope": scope})
+                rows.append({**row, "scope": scope})
     return rows
 
 
@@ -207,6 +207,19 @@ def extract(git_dir: str) -> Dict[str, Any]:
     }
 
 
+def to_json(data: Dict[str, Any]) -> str:
+    """JSON with one entry of each list per line (small, and diffs show what changed)."""
+    lines = ["{"]
+    for index, (key, value) in enumerate(data.items()):
+        comma = "," if index < len(data) - 1 else ""
+        if isinstance(value, list):
+            items = [f"  {json.dumps(item, sort_keys=True)}" for item in value]
+            lines.append(f"{json.dumps(key)}: [\n" + ",\n".join(items) + f"\n]{comma}")
+        else:
+            lines.append(f"{json.dumps(key)}: {json.dumps(value)}{comma}")
+    return "\n".join(lines) + "\n}\n"
+
+
 def main(argv: List[str] | None = None) -> None:
     """Command line: ``--git-dir`` (Horovod's repository), ``--out`` (the data file)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -214,7 +227,7 @@ def main(argv: List[str] | None = None) -> None:
     parser.add_argument("--out", default=str(DEFAULT_OUT))
     args = parser.parse_args(argv)
     data = extract(args.git_dir)
-    Path(args.out).write_text(json.dumps(data, indent=1) + "\n")
+    Path(args.out).write_text(to_json(data))
     counts = {k: len(v) for k, v in data.items() if isinstance(v, list)}
     print(f"wrote {args.out}: {counts}")
 
