@@ -26,13 +26,14 @@ from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from kolo import _core, _native
+from kolo.data.data_loader_base import BaseDataLoader
 from kolo.data.metadata import dataset_location
 from kolo.exceptions import InvalidValueError
 
 __all__ = ["ParquetLoader"]
 
 
-class ParquetLoader:
+class ParquetLoader(BaseDataLoader):
     """Iterates batches (dicts column → tensor) of this rank's share of a Parquet dataset.
 
     Args:
@@ -62,6 +63,10 @@ class ParquetLoader:
     ``state_dict()``/``load_state_dict()`` save and restore the position (rows handed out,
     not prefetched), also into a loader with another number of ranks: it then hands out
     exactly the rows of the epoch that no rank had handed out yet.
+
+    It is a Horovod :class:`~kolo.data.BaseDataLoader` (``_iterate()`` yields one epoch), so
+    ``class AsyncParquetLoader(AsyncDataLoaderMixin, ParquetLoader)`` reads it on a Python
+    thread as Horovod's async loaders do.
     """
 
     def __init__(
@@ -115,10 +120,13 @@ class ParquetLoader:
         self._layout = [(names, length is None) for names, _, length in self._core.layout]
         self._names = [name for names, _ in self._layout for name in names]
         self._order = columns if self._names != columns else None
+        # Kept here: len() from another thread while next_batch() runs (an async loader)
+        # must not borrow the native loader (PyO3 raises "Already mutably borrowed").
+        self._batches_per_epoch = int(self._core.batches_per_epoch)
 
     def __len__(self) -> int:
         """Batches per epoch (the same on every rank)."""
-        return int(self._core.batches_per_epoch)
+        return self._batches_per_epoch
 
     @property
     def rows_per_epoch(self) -> int:
@@ -140,7 +148,7 @@ class ParquetLoader:
         """The dataset's URL."""
         return str(self._core.url)
 
-    def __iter__(self) -> Iterator[Dict[str, Any]]:
+    def _iterate(self) -> Iterator[Dict[str, Any]]:
         core = self._core
         convert = self._convert
         while True:
