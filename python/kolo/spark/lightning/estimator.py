@@ -47,6 +47,10 @@ from kolo.estimator.spec import spec_fields
 from kolo.exceptions import InvalidArgumentError
 from kolo.spark.common.estimator import KoloEstimator
 from kolo.spark.common.params import LightningEstimatorParams, lightning_estimator_defaults
+
+# MIN_PL_VERSION: Horovod's name here (horovod.spark.lightning.estimator.MIN_PL_VERSION).
+from kolo.spark.lightning._version import MIN_PL_VERSION as MIN_PL_VERSION
+from kolo.spark.lightning._version import check_lightning_version
 from kolo.spark.torch.estimator import torch_model
 from kolo.spark.torch.model import TorchModel
 
@@ -107,6 +111,11 @@ class TorchEstimator(KoloEstimator, LightningEstimatorParams):
     """
 
     _param_defaults = staticmethod(lightning_estimator_defaults)
+
+    def __init__(self, **kwargs: Any) -> None:
+        # As Horovod's: an unsupported Lightning fails at construction, not on the ranks.
+        check_lightning_version()
+        super().__init__(**kwargs)
 
     def _check_params(self) -> None:
         import lightning.pytorch as pl
