@@ -222,13 +222,20 @@ class TorchTrainer:
             weights = batch[spec.sample_weight_col].to(device)
         return inputs, labels, weights
 
-    @staticmethod
-    def _transform_outputs(outputs: Any, labels: List[Any]) -> tuple:
-        """Outputs as a list; a floating label with one dimension fewer than its output of
-        several values per row (class indices, e.g. from StringIndexer) becomes int64."""
+    def _transform_outputs(self, outputs: Any, labels: List[Any]) -> tuple:
+        """Outputs as a list and labels shaped for the loss, as Horovod's ``transform_outputs``:
+        without ``label_shapes`` each label takes its output's shape when the element counts
+        match (a ``[B]`` label for a ``[B, 1]`` output becomes ``[B, 1]``). A floating label
+        with one dimension fewer than its output of several values per row (class indices,
+        e.g. from StringIndexer) becomes int64."""
         if not isinstance(outputs, (tuple, list)):
             outputs = [outputs]
         outputs = list(outputs)
+        if not self.spec.label_shapes and hasattr(outputs[0], "shape"):
+            labels = [
+                label.reshape(output.shape) if output.numel() == label.numel() else label
+                for output, label in zip(outputs, labels)
+            ]
         labels = [
             label.long()
             if label.is_floating_point()
