@@ -464,3 +464,27 @@ def test_single_label_regression_reaches_the_noise_floor(spark, tmp_path):
     assert rmse < 1.2 * sigma, rmse
     # the validation loss the ranks measured agrees (weighted MSE, about sigma**2)
     assert fitted.getHistory()["val_loss"][-1] < 2 * sigma**2
+
+
+def test_loss_without_reduction_and_sample_weights_fails_at_fit_on_the_driver(spark, tmp_path):
+    df = spark.createDataFrame(
+        [([float(i), 1.0], float(i % 2), 1.0) for i in range(64)], ["x", "y", "weight"]
+    )
+    sc = spark.sparkContext
+    sc.setJobGroup("kolo-reduction-check", "the loss check runs before any Spark job")
+    try:
+        with pytest.raises(
+            InvalidArgumentError, match=r"loss \S*<lambda> cannot take reduction=.*'weight'"
+        ):
+            small_estimator(
+                tmp_path,
+                loss=lambda out, y: torch.nn.functional.mse_loss(out, y),
+                sample_weight_col="weight",
+            ).fit(df)
+        assert sc.statusTracker().getJobIdsForGroup("kolo-reduction-check") == []
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+    assert not (tmp_path / "intermediate_train_data.0").exists()
+    # a loss module, or a function with reduction=, is fine with sample weights
+    for loss in (torch.nn.MSELoss(), lambda out, y, reduction="mean": out.sum()):
+        small_estimator(tmp_path, loss=loss, sample_weight_col="weight")._check_params()
