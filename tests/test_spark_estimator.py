@@ -174,18 +174,23 @@ class TwoHeads(torch.nn.Module):
         return self.cls(h), self.reg(h)
 
 
-def checked_minibatch(model, optimizer, transform_outputs, loss_fn, inputs, labels, weights):
-    """Horovod's default step, plus a check that the learning rate was scaled by the ranks."""
+def checked_minibatch(
+    model, optimizer, transform_outputs, loss_fn, inputs, labels, weights, passes, batch_idx
+):
+    """Horovod's default step (``horovod/spark/torch/remote.py``, called with Horovod's nine
+    arguments), plus a check that the learning rate was scaled by the ranks."""
     import kolo.torch as hvd
 
     lr = optimizer.param_groups[0]["lr"]
     if abs(lr - 0.02 * hvd.size()) > 1e-12:
         raise AssertionError(f"lr {lr} is not 0.02 x {hvd.size()} ranks")
-    optimizer.zero_grad()
+    if batch_idx % passes == 0:
+        if batch_idx != 0:
+            optimizer.step()
+        optimizer.zero_grad()
     outputs, labels = transform_outputs(model(*inputs), labels)
     loss = loss_fn(outputs, labels, weights)
     loss.backward()
-    optimizer.step()
     return outputs, loss
 
 

@@ -32,6 +32,7 @@ __all__ = [
     "check_model_and_loss",
     "losses_from",
     "trained_model",
+    "trained_optimizer",
 ]
 
 
@@ -165,6 +166,20 @@ def _takes_reduction(loss: Any) -> bool:
     return "reduction" in signature.parameters or any(
         p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values()
     )
+
+
+def trained_optimizer(optimizer: Any, state_bytes: bytes) -> Any:
+    """A copy of ``optimizer`` with the state rank 0 returned (``result["optimizer"]``).
+
+    Example::
+
+        optimizer = trained_optimizer(estimator_optimizer, results[0]["optimizer"])
+    """
+    import torch
+
+    trained = copy.deepcopy(optimizer)
+    trained.load_state_dict(torch.load(io.BytesIO(state_bytes), map_location="cpu"))
+    return trained
 
 
 def check_loss_takes_reduction(losses: List[Any], sample_weight_col: Optional[str]) -> None:

@@ -206,8 +206,7 @@ class TorchTrainer:
 
     def _split(self, batch: Dict[str, Any]) -> tuple:
         spec = self.spec
-        if self.transformation_fn is not None:
-            batch = self.transformation_fn(batch)
+        batch = spec.transform_batch(batch, self.transformation_fn)
         device = self.device
         inputs = [batch[c].to(device, non_blocking=True) for c in spec.feature_cols]
         if spec.input_shapes:
@@ -304,6 +303,7 @@ class TorchTrainer:
             for step, batch in enumerate(self._batches(loader, steps)):
                 inputs, labels, weights = self._split(batch)
                 if train and self.train_minibatch_fn is not None:
+                    # Horovod's call: the function zeroes, steps and divides by the passes
                     outputs, loss = self.train_minibatch_fn(
                         self.model,
                         self.optimizer,
@@ -312,6 +312,8 @@ class TorchTrainer:
                         inputs,
                         labels,
                         weights,
+                        passes,
+                        step,
                     )
                     outputs, labels = self._transform_outputs(outputs, labels)
                 elif train:
@@ -341,6 +343,8 @@ class TorchTrainer:
             if pending is not None:
                 reduced = hvd.synchronize(pending)
                 totals = reduced if totals is None else totals + reduced
+        if train and self.train_minibatch_fn is not None:
+            self.optimizer.step()  # Horovod steps once more after a train_minibatch_fn epoch
         means = (totals / max(steps, 1)).tolist() if totals is not None else []
         names = ["loss", *self.metric_names]
         return {f"{prefix}_{n}": float(v) for n, v in zip(names, means)}
@@ -371,6 +375,7 @@ class TorchTrainer:
         import kolo.torch as hvd
 
         started, started_unix = time.monotonic(), time.time()
+        self.spec.prepare_process()
         hvd.init()
         self._float64 = torch.float64
         self._build(hvd, torch)
@@ -419,7 +424,9 @@ class TorchTrainer:
         if hvd.rank() != 0:
             return None
         self._scale_lr(self.optimizer, 1.0)
-        return rank_result(state_bytes(self.model), history, start_epoch, hvd.size(), timings)
+        result = rank_result(state_bytes(self.model), history, start_epoch, hvd.size(), timings)
+        result["optimizer"] = _serialize_checkpoint(self.optimizer.state_dict())
+        return result
 
     def _tensorboard(self, hvd: Any) -> tuple:
         spec = self.spec

@@ -45,7 +45,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Union
 
 from kolo.estimator.checks import check_store_writable, training_columns
-from kolo.estimator.params import reject_unknown, training_defaults
+from kolo.estimator.params import reject_unknown, training_defaults, warn_no_effect
 from kolo.estimator.torch_spec import build_torch_spec, check_model_and_loss, trained_model
 from kolo.estimator.torch_trainer import TorchTrainer
 from kolo.estimator.training import train_on_ranks
@@ -196,6 +196,7 @@ class TorchEstimator:
             est.set_params(epochs=3, batch_size=64)
         """
         reject_unknown("TorchEstimator", params, _DEFAULTS)
+        warn_no_effect("TorchEstimator", params, _DEFAULTS)
         self._params.update(params)
         return self
 

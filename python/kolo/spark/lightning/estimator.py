@@ -94,9 +94,12 @@ class TorchEstimator(KoloEstimator, LightningEstimatorParams):
       ``log_every_n_steps`` (50), ``terminate_on_nan`` (False), ``profiler``, ``num_gpus``.
     - Not for a LightningModule (:class:`~kolo.exceptions.InvalidArgumentError` when set):
       ``optimizer``, ``loss``, ``loss_constructors``, ``loss_weights``, ``metrics``,
-      ``train_minibatch_fn``. Accepted for Horovod compatibility, with no effect:
-      ``backend``, ``reader_pool_type``, ``inmemory_cache_all``, ``compress_sparse_cols``,
-      ``mp_start_method``.
+      ``train_minibatch_fn``.
+    - Horovod's loader settings, as for :class:`kolo.spark.torch.TorchEstimator`;
+      ``data_module`` is a ``LightningDataModule`` class built with Horovod's keyword
+      arguments and given to ``Trainer.fit(datamodule=)``. No effect (warned once, listed in
+      :data:`kolo.estimator.params.NO_EFFECT`): ``compress_sparse_cols``,
+      ``loader_num_epochs`` (it reaches a ``data_module`` as ``num_reader_epochs``).
 
     Example::
 
@@ -166,6 +169,7 @@ class TorchEstimator(KoloEstimator, LightningEstimatorParams):
             num_gpus=self.getNumGpus(),
             log_every_n_steps=self.getLogEveryNSteps(),
             terminate_on_nan=self.getTerminateOnNan(),
+            loader_num_epochs=self.getLoaderNumEpochs(),
         )
         return LightningTrainer(spec)
 
