@@ -165,7 +165,8 @@ class TorchTrainer:
         self.metric_names = _metric_names(self.metrics, spec.label_cols)
         if len(self.losses) == 1 and len(spec.label_cols) > 1:
             self.losses = self.losses * len(spec.label_cols)
-        self.loss_weights = spec.loss_weights or [1.0] * len(self.losses)
+        # Horovod: without loss_weights, every label's loss weighs 1 / number of labels
+        self.loss_weights = spec.loss_weights or [1.0 / len(self.losses)] * len(self.losses)
         compression = spec.gradient_compression or hvd.Compression.none
         self.optimizer = hvd.DistributedOptimizer(
             optimizer,

@@ -169,7 +169,10 @@ class TorchEstimator:
     ``random_seed``, ``backward_passes_per_step`` (1), ``gradient_compression``,
     ``partitions_per_process`` (10 files per rank), ``run_id`` (an existing checkpoint of
     that id resumes), ``store`` (a :class:`kolo.store.Store` or a prefix: prepared data,
-    checkpoints, logs), ``verbose`` (1: a progress bar per epoch on the driver).
+    checkpoints, logs), ``verbose`` (1: a progress bar per epoch on the driver), and Horovod's
+    loader settings (``train_reader_num_workers``, ``reader_pool_type``,
+    ``inmemory_cache_all``, ``data_module``, ``debug_data_loader``... as in
+    ``docs/estimator.md``).
 
     Unknown parameters raise :class:`~kolo.exceptions.InvalidArgumentError`.
 
