@@ -150,3 +150,11 @@ def test_torch_model_takes_horovods_model_parameters() -> None:
     assert model.getLabelColumns() == ["z"]
     model.setParams(_metadata={"columns": {}})
     assert model.getMetadata() == {"columns": {}}
+
+
+@pytest.mark.parametrize("cls", [TorchEstimator, LightningEstimator])
+def test_horovods_constructor_checks_are_value_errors(cls) -> None:
+    with pytest.raises(ValueError, match="only one of loss_constructors and loss"):
+        cls(loss=torch.nn.functional.mse_loss, loss_constructors=[torch.nn.MSELoss])
+    with pytest.raises(ValueError, match="backward_passes_per_step must be > 0"):
+        cls(backward_passes_per_step=0)

@@ -49,7 +49,7 @@ from kolo.estimator.torch_spec import check_model_and_loss, losses_from
 from kolo.exceptions import InvalidArgumentError, InvalidValueError
 from kolo.spark.common.estimator import KoloEstimator
 from kolo.spark.common.params import LightningEstimatorParams, lightning_estimator_defaults
-from kolo.spark.torch.estimator import torch_model
+from kolo.spark.torch.estimator import check_horovod_constructor, torch_model
 from kolo.spark.torch.model import TorchModel
 
 __all__ = ["TorchEstimator", "inner_state"]
@@ -120,6 +120,10 @@ class TorchEstimator(KoloEstimator, LightningEstimatorParams):
     """
 
     _param_defaults = staticmethod(lightning_estimator_defaults)
+
+    def __init__(self, **kwargs: Any) -> None:
+        check_horovod_constructor(kwargs)
+        super().__init__(**kwargs)
 
     def _check_params(self) -> None:
         import lightning.pytorch as pl

@@ -42,7 +42,7 @@ from kolo.spark.common.estimator import KoloEstimator
 from kolo.spark.common.params import TorchEstimatorParams, torch_estimator_defaults
 from kolo.spark.torch.model import TorchModel
 
-__all__ = ["RemoteLossConstructor", "TorchEstimator", "torch_model"]
+__all__ = ["RemoteLossConstructor", "TorchEstimator", "check_horovod_constructor", "torch_model"]
 
 
 class TorchEstimator(KoloEstimator, TorchEstimatorParams):
@@ -94,6 +94,10 @@ class TorchEstimator(KoloEstimator, TorchEstimatorParams):
 
     _param_defaults = staticmethod(torch_estimator_defaults)
 
+    def __init__(self, **kwargs: Any) -> None:
+        check_horovod_constructor(kwargs)
+        super().__init__(**kwargs)
+
     def _check_params(self) -> None:
         check_model_and_loss(self._param)
 
@@ -104,6 +108,27 @@ class TorchEstimator(KoloEstimator, TorchEstimatorParams):
         self, result: Dict[str, Any], run_id: str, metadata: Dict[str, Any]
     ) -> TorchModel:
         return torch_model(self, result, run_id, metadata)
+
+
+def check_horovod_constructor(kwargs: Dict[str, Any]) -> None:
+    """Horovod's constructor checks of the PyTorch estimators, ``ValueError``s as there
+    (:class:`~kolo.exceptions.InvalidValueError`): ``loss`` and ``loss_constructors`` not
+    both set, ``backward_passes_per_step`` > 0.
+
+    Example::
+
+        check_horovod_constructor({"backward_passes_per_step": 2})
+    """
+    from kolo.exceptions import InvalidValueError
+
+    if kwargs.get("loss") is not None and kwargs.get("loss_constructors") is not None:
+        raise InvalidValueError(
+            "only one of loss_constructors and loss parameters can be specified: pass loss, "
+            "or loss_constructors for losses that cannot be pickled"
+        )
+    passes = kwargs.get("backward_passes_per_step", 1)
+    if passes is not None and passes <= 0:
+        raise InvalidValueError(f"backward_passes_per_step must be > 0, got {passes}")
 
 
 def torch_model(
