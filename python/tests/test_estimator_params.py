@@ -86,6 +86,15 @@ def test_every_no_effect_parameter_warns_once(fresh_warnings: None, name: str) -
         cls().setParams(**{name: value})
 
 
+def test_a_no_effect_parameter_set_by_its_setter_warns_at_fit(fresh_warnings: None) -> None:
+    from kolo.exceptions import InvalidArgumentError
+
+    est = TorchEstimator().setCompressSparseCols(True)
+    with pytest.warns(NoEffectWarning, match="compress_sparse_cols=True has no effect"):
+        with pytest.raises(InvalidArgumentError, match="feature_cols is not set"):
+            est.fit_on_parquet()
+
+
 def test_parameters_with_an_effect_do_not_warn(fresh_warnings: None) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error", NoEffectWarning)

@@ -61,7 +61,7 @@ from pyspark.ml import Estimator, Model
 
 from kolo.estimator.checks import check_store_writable, training_columns
 from kolo.estimator.dataset import PreparedDataset, get_dataset_metadata
-from kolo.estimator.params import reject_unknown, warn_no_effect
+from kolo.estimator.params import NO_EFFECT, reject_unknown, warn_no_effect
 from kolo.estimator.training import train_on_ranks
 from kolo.exceptions import InvalidArgumentError
 from kolo.spark.common.model import HorovodModel
@@ -152,6 +152,9 @@ class KoloEstimator(Estimator, KoloPersistence):
         return int(num_proc)
 
     def _check_all(self) -> None:
+        # parameters set through their setters warn here (once per process)
+        values = {p.name: self._param(p.name) for p in self.params if p.name in NO_EFFECT}
+        warn_no_effect(type(self).__name__, values, type(self)._param_defaults())
         self._columns()  # raises when feature_cols or label_cols is not set
         self._check_store(self.getStore())
         self._check_params()
