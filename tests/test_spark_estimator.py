@@ -460,7 +460,7 @@ def test_single_label_regression_reaches_the_noise_floor(spark, tmp_path):
         sample_weight_col="weight",
         validation="is_val",
         batch_size=32,
-        epochs=8,
+        epochs=4,
         verbose=0,
     )
     fitted = est.fit(df)
