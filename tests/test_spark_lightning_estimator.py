@@ -135,7 +135,7 @@ def test_fit_with_the_same_run_id_resumes_from_the_checkpoint(fitted, digits):
         (dict(optimizer=torch.optim.SGD(DigitsNet().parameters(), lr=0.1)), "configure_optim"),
         (dict(loss=F.cross_entropy), "training_step"),
         (dict(metrics=[lambda o, y: 0.0]), "self.log"),
-        (dict(model=torch.nn.Linear(64, 10)), "LightningModule"),
+        (dict(model=torch.nn.Linear(64, 10)), "optimizer is not set"),
         (dict(model=None), "model is not set"),
         (dict(trainer_args={"strategy": "ddp"}), "trainer_args['strategy']"),
         (dict(trainer_args=["max_epochs", 3]), "dict"),
@@ -151,6 +151,42 @@ def test_bad_parameters_raise_typed_errors_before_any_data_is_written(
         estimator(store, **overrides).fit(digits[0])
     assert message in str(err.value)
     assert not (tmp_path / "store" / "intermediate_train_data.0").exists()
+
+
+def test_a_plain_torch_module_trains_from_optimizer_and_loss_constructors(spark, tmp_path):
+    """Horovod's legacy path: a torch.nn.Module (not a LightningModule) with an optimizer and
+    losses is wrapped in a LightningModule; loss_constructors, sample weights and each label
+    reshaped to its output's shape work as in the PyTorch estimator."""
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(600, 4))
+    y = x @ np.array([2.0, -1.0, 0.5, 1.5]) + 0.3
+    rows = [
+        ([float(v) for v in xi], float(yi), 1.0, i % 5 == 0) for i, (xi, yi) in enumerate(zip(x, y))
+    ]
+    df = spark.createDataFrame(rows, ["x", "y", "weight", "is_val"])
+    torch.manual_seed(0)
+    net = torch.nn.Linear(4, 1)
+    est = TorchEstimator(
+        num_proc=2,
+        store=Store.create(str(tmp_path)),
+        model=net,
+        optimizer=torch.optim.SGD(net.parameters(), lr=0.1),
+        loss_constructors=[torch.nn.MSELoss],
+        feature_cols=["x"],
+        label_cols=["y"],
+        sample_weight_col="weight",
+        validation="is_val",
+        batch_size=16,
+        epochs=3,
+        verbose=0,
+    )
+    fitted = est.fit(df)
+    assert type(fitted.getModel()) is torch.nn.Linear
+    assert fitted.getHistory()["val_loss"][-1] < 0.01
+    out = fitted.transform(df.filter("is_val")).select("y", "y__output").collect()
+    assert max(abs(r["y"] - r["y__output"]) for r in out) < 0.3
 
 
 def test_unknown_parameters_are_refused():

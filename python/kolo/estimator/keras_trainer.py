@@ -233,9 +233,7 @@ class KerasTrainer:
 
         spec = self.spec
         floatx = keras.config.floatx()
-        transform = self.objects["transformation_fn"]
-        if transform is not None:
-            batch = transform(batch)
+        batch = spec.transform_batch(batch, self.objects["transformation_fn"])
         xs = []
         for i, name in enumerate(spec.feature_cols):
             x = _float_to_floatx(np.asarray(batch[name]), floatx)
@@ -310,6 +308,7 @@ class KerasTrainer:
         import keras
 
         started, started_unix = time.monotonic(), time.time()
+        self.spec.prepare_process()
         hvd.init()
         self._build(hvd, keras)
         self.input_shapes = [

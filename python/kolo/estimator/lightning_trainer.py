@@ -66,6 +66,44 @@ class LightningSpec(TrainingSpec):
     num_gpus: Optional[int]
     log_every_n_steps: int
     terminate_on_nan: bool
+    loader_num_epochs: Optional[int]
+
+    def lightning_data_module_kwargs(self, rank: int, size: int) -> Dict[str, Any]:
+        """The keyword arguments Horovod's Lightning ranks build their ``data_module`` (a
+        ``LightningDataModule`` class) with (``horovod/spark/lightning/remote.py``).
+
+        Example::
+
+            dm = MyDataModule(**spec.lightning_data_module_kwargs(hvd.rank(), hvd.size()))
+        """
+        train_steps, val_steps = self._data_module_steps(size)
+        return {
+            "train_dir": self.train_path,
+            "val_dir": self.val_path,
+            "num_train_epochs": self.epochs,
+            "has_val": self.val_path is not None,
+            "train_batch_size": self.batch_size,
+            "val_batch_size": self.val_batch_size,
+            "shuffle": self.shuffle,
+            "num_reader_epochs": self.loader_num_epochs,
+            "reader_pool_type": self.reader_pool_type,
+            "reader_worker_count": self.train_reader_num_workers,
+            "transformation": cloudpickle.loads(self.transformation_fn_bytes),
+            "transformation_edit_fields": self.transformation_edit_fields,
+            "transformation_removed_fields": self.transformation_removed_fields,
+            "inmemory_cache_all": self.inmemory_cache_all,
+            "cur_shard": rank,
+            "shard_count": size,
+            "schema_fields": self.columns(),
+            "storage_options": self.storage_options,
+            "steps_per_epoch_train": train_steps,
+            "steps_per_epoch_val": val_steps,
+            "verbose": self.verbose,
+            "debug_data_loader": self.debug_data_loader,
+            "train_async_data_loader_queue_size": self.train_async_data_loader_queue_size,
+            "val_async_data_loader_queue_size": self.val_async_data_loader_queue_size,
+            "seed": self.random_seed,
+        }
 
 
 class _Batches:
@@ -197,9 +235,7 @@ class LightningTrainer:
         import torch
 
         spec = self.spec
-        if self.transformation_fn is not None:
-            batch = self.transformation_fn(batch)
-        batch = dict(batch)
+        batch = dict(spec.transform_batch(batch, self.transformation_fn))
         for cols, shapes in (
             (spec.feature_cols, spec.input_shapes),
             (spec.label_cols, spec.label_shapes),
@@ -263,13 +299,17 @@ class LightningTrainer:
         from kolo.lightning import KoloStrategy
 
         started_unix = time.time()
+        self.spec.prepare_process()
         hvd.init()
         spec = self.spec
         if spec.random_seed is not None:
             torch.manual_seed(spec.random_seed)
         model = cloudpickle.loads(spec.model_bytes)
         self.transformation_fn = cloudpickle.loads(spec.transformation_fn_bytes)
-        train, val = spec.open_loaders(hvd.rank(), hvd.size())
+        data_module = cloudpickle.loads(spec.data_module_bytes)
+        train = val = None
+        if data_module is None:
+            train, val = spec.open_loaders(hvd.rank(), hvd.size())
         local_dir = tempfile.mkdtemp(prefix="kolo-lightning-")
         try:
             ckpt_path = self._resume(hvd, local_dir)
@@ -300,20 +340,26 @@ class LightningTrainer:
                 callbacks=[*callbacks, recorder],
                 profiler=cloudpickle.loads(spec.profiler_bytes),
             )
-            train_batches = _Batches(train, spec.train_steps(train), self._convert)
-            val_batches = None
-            if val is not None:
-                val_batches = _Batches(val, spec.val_steps(val), self._convert)
             trainer = pl.Trainer(**args)
             started = time.monotonic()
-            trainer.fit(model, train_batches, val_batches, ckpt_path=ckpt_path)
+            if data_module is not None:
+                kwargs = spec.lightning_data_module_kwargs(hvd.rank(), hvd.size())
+                if spec.debug_data_loader and hvd.rank() == 0:
+                    log.info("creating the data module with %s", kwargs)
+                trainer.fit(model, datamodule=data_module(**kwargs), ckpt_path=ckpt_path)
+            else:
+                train_batches = _Batches(train, spec.train_steps(train), self._convert)
+                val_batches = None
+                if val is not None:
+                    val_batches = _Batches(val, spec.val_steps(val), self._convert)
+                trainer.fit(model, train_batches, val_batches, ckpt_path=ckpt_path)
             train_s = time.monotonic() - started
             if sync is not None:  # what the logger wrote after the last epoch
                 sync(os.path.join(local_dir, _SYNCED))
         finally:
-            train.close()
-            if val is not None:
-                val.close()
+            for loader in (train, val):
+                if loader is not None:
+                    loader.close()
             shutil.rmtree(local_dir, ignore_errors=True)
         if hvd.rank() != 0:
             return None

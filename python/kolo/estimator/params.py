@@ -17,7 +17,8 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+import warnings
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
 from kolo.exceptions import InvalidArgumentError
 
@@ -25,11 +26,14 @@ __all__ = [
     "CUSTOM_OBJECTS_PARAM",
     "KERAS_PARAMS",
     "LIGHTNING_PARAMS",
+    "NO_EFFECT",
     "TORCH_PARAMS",
     "TRAINING_PARAMS",
+    "NoEffectWarning",
     "ParamSpec",
     "reject_unknown",
     "training_defaults",
+    "warn_no_effect",
 ]
 
 #: ``(name, doc, default, converter)``.
@@ -123,6 +127,78 @@ TRAINING_PARAMS: List[ParamSpec] = [
         1,
         "toInt",
     ),
+    (
+        "continuous_cols",
+        "continuous feature column names, given to a custom data_module (continuous_cols=)",
+        None,
+        "toListString",
+    ),
+    (
+        "categorical_cols",
+        "categorical feature column names, given to a custom data_module (categorical_cols=)",
+        None,
+        "toListString",
+    ),
+    (
+        "transformation_edit_fields",
+        "(name, numpy_dtype, shape, is_nullable) of fields transformation_fn adds or changes: "
+        "each is cast to numpy_dtype and reshaped to [-1, *shape] after the transformation",
+        None,
+        None,
+    ),
+    (
+        "transformation_removed_fields",
+        "names of fields removed from every batch after transformation_fn",
+        None,
+        None,
+    ),
+    (
+        "data_module",
+        "a data module class replacing kolo's Parquet loader: built in every rank with "
+        "Horovod's data module keyword arguments (train_dir, val_dir, cur_shard, "
+        "shard_count, ...)",
+        None,
+        None,
+    ),
+    (
+        "reader_pool_type",
+        "'thread' or 'process': the loader decodes on train/val_reader_num_workers threads; "
+        "'dummy': on one thread",
+        "thread",
+        None,
+    ),
+    (
+        "inmemory_cache_all",
+        "keep the rank's decoded rows in memory after the first epoch and read later epochs "
+        "from there (reshuffled every epoch when shuffle)",
+        False,
+        "toBoolean",
+    ),
+    (
+        "mp_start_method",
+        "multiprocessing start method ('fork', 'spawn', 'forkserver') set in every rank "
+        "before training",
+        None,
+        None,
+    ),
+    (
+        "debug_data_loader",
+        "log the loader's settings and, for every batch, its shapes and the wait for it",
+        False,
+        "toBoolean",
+    ),
+    (
+        "train_async_data_loader_queue_size",
+        "training batches the loader keeps ready ahead (default: 2)",
+        None,
+        None,
+    ),
+    (
+        "val_async_data_loader_queue_size",
+        "validation batches the loader keeps ready ahead (default: 2)",
+        None,
+        None,
+    ),
 ]
 
 _INPUT_SHAPES: ParamSpec = (
@@ -144,8 +220,10 @@ TORCH_PARAMS: List[ParamSpec] = [
     ),
     (
         "train_minibatch_fn",
-        "fn(model, optimizer, transform_outputs, loss_fn, inputs, "
-        "labels, sample_weights) -> (outputs, loss), replacing the default step",
+        "fn(model, optimizer, transform_outputs, loss_fn, inputs, labels, sample_weights, "
+        "backward_passes_per_step, batch_idx) -> (outputs, loss), replacing Horovod's "
+        "minibatch step (zero_grad, forward, loss, backward, step); the optimizer steps once "
+        "more after each epoch, as in Horovod",
         None,
         None,
     ),
@@ -178,6 +256,26 @@ LIGHTNING_PARAMS: List[ParamSpec] = [
         "toBoolean",
     ),
     ("profiler", "Trainer(profiler=...): a Lightning profiler or its name", None, None),
+    (
+        "loader_num_epochs",
+        "passes of the reader over the data, given to a custom data_module as "
+        "num_reader_epochs (default None: endless)",
+        None,
+        None,
+    ),
+    (
+        "loss_constructors",
+        "functions returning the losses of a plain torch.nn.Module (not for a "
+        "LightningModule, which computes its loss)",
+        None,
+        None,
+    ),
+    (
+        "train_minibatch_fn",
+        "not for a LightningModule, whose training_step() is the minibatch step",
+        None,
+        None,
+    ),
     (
         "num_gpus",
         "GPUs per training process: 0 trains on the CPU; default: one when use_gpu and CUDA "
@@ -213,6 +311,53 @@ KERAS_PARAMS: List[ParamSpec] = [
         None,
     ),
 ]
+
+
+#: The parameters kolo accepts with Horovod's name but that have no meaning in kolo: name →
+#: why (one line). Setting one to anything but its default warns once per process
+#: (:func:`warn_no_effect`); every other parameter has Horovod's effect.
+NO_EFFECT: Dict[str, str] = {
+    "compress_sparse_cols": (
+        "kolo writes Spark sparse vectors as dense arrays, which its loader reads without "
+        "decoding; there is no sparse encoding to compress"
+    ),
+    "loader_num_epochs": (
+        "kolo's loader always reads on into the next pass, as Horovod's default (None) does; "
+        "the value only reaches a custom data_module (as num_reader_epochs)"
+    ),
+}
+
+
+class NoEffectWarning(UserWarning):
+    """Warned once per process for a parameter of :data:`NO_EFFECT` set to a value other than
+    its default.
+
+    Example::
+
+        warnings.simplefilter("error", NoEffectWarning)   # make them errors
+    """
+
+
+_WARNED: Set[str] = set()
+
+
+def warn_no_effect(owner: str, values: Mapping[str, Any], defaults: Mapping[str, Any]) -> None:
+    """Warns (:class:`NoEffectWarning`, once per process and parameter) for each parameter
+    of :data:`NO_EFFECT` in ``values`` set to something other than its default, naming it
+    and why it has no effect.
+
+    Example::
+
+        warn_no_effect("TorchEstimator", {"compress_sparse_cols": True}, {})
+    """
+    for name, value in values.items():
+        if name in NO_EFFECT and name not in _WARNED and value != defaults.get(name):
+            _WARNED.add(name)
+            warnings.warn(
+                f"{owner}: {name}={value!r} has no effect in kolo: {NO_EFFECT[name]}",
+                NoEffectWarning,
+                stacklevel=3,
+            )
 
 
 def training_defaults() -> Dict[str, Any]:

@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import copy
+import inspect
 import io
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
@@ -27,9 +28,11 @@ __all__ = [
     "RemoteLossConstructor",
     "TorchSpec",
     "build_torch_spec",
+    "check_loss_takes_reduction",
     "check_model_and_loss",
     "losses_from",
     "trained_model",
+    "trained_optimizer",
 ]
 
 
@@ -147,9 +150,70 @@ def trained_model(model: Any, state_bytes: bytes) -> Any:
     return trained
 
 
+def _takes_reduction(loss: Any) -> bool:
+    """Whether ``loss(output, label, reduction="none")`` can be called: a ``torch.nn`` loss
+    module (the rank sets its ``reduction``), a loss built by a constructor (checked when it
+    is built), or a callable whose signature has ``reduction`` or ``**kwargs``; a callable
+    whose signature cannot be read is given the benefit of the doubt."""
+    if isinstance(loss, RemoteLossConstructor):
+        return True
+    if type(loss).__module__.startswith("torch.nn.modules.loss"):
+        return True
+    try:
+        signature = inspect.signature(loss)
+    except (TypeError, ValueError):
+        return True
+    return "reduction" in signature.parameters or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values()
+    )
+
+
+def trained_optimizer(optimizer: Any, state_bytes: bytes) -> Any:
+    """A copy of ``optimizer`` with the state rank 0 returned (``result["optimizer"]``).
+
+    Example::
+
+        optimizer = trained_optimizer(estimator_optimizer, results[0]["optimizer"])
+    """
+    import torch
+
+    trained = copy.deepcopy(optimizer)
+    trained.load_state_dict(torch.load(io.BytesIO(state_bytes), map_location="cpu"))
+    return trained
+
+
+def check_loss_takes_reduction(losses: List[Any], sample_weight_col: Optional[str]) -> None:
+    """With ``sample_weight_col`` each loss is called as ``loss(output, label,
+    reduction="none")`` and the per-row losses are weighted (Horovod's ``calculate_loss``):
+    raises :class:`~kolo.exceptions.InvalidArgumentError` on the driver, naming the loss and
+    the fix, for a loss that cannot take ``reduction=`` (e.g. ``lambda out, y: ...``).
+
+    Example::
+
+        check_loss_takes_reduction([torch.nn.functional.mse_loss], "weight")   # fine
+    """
+    from kolo.exceptions import InvalidArgumentError
+
+    if not sample_weight_col:
+        return
+    for index, loss in enumerate(losses):
+        if not _takes_reduction(loss):
+            name = getattr(loss, "__qualname__", None) or type(loss).__name__
+            which = f"loss {name}" if len(losses) == 1 else f"loss {index} ({name})"
+            raise InvalidArgumentError(
+                f"{which} cannot take reduction=: with sample_weight_col={sample_weight_col!r} "
+                "each loss is called as loss(output, label, reduction='none') and the per-row "
+                "losses are weighted, as in Horovod. Give the loss a reduction argument (e.g. "
+                "lambda output, label, reduction='mean': "
+                "torch.nn.functional.mse_loss(output, label, reduction=reduction)), pass a "
+                "torch.nn loss module (torch.nn.MSELoss()), or leave sample_weight_col unset"
+            )
+
+
 def check_model_and_loss(param: ParamGetter) -> None:
     """Fails before any data is written when the model, optimizer or loss is missing or cannot
-    be pickled (:class:`~kolo.exceptions.InvalidArgumentError`).
+    be pickled, or a loss cannot take ``reduction=`` while ``sample_weight_col`` is set
+    (:class:`~kolo.exceptions.InvalidArgumentError`).
 
     Example::
 
@@ -157,7 +221,9 @@ def check_model_and_loss(param: ParamGetter) -> None:
     """
     model, _ = _model_and_optimizer(param)
     pickled("model", model, FIX_MODEL)
-    pickled("loss", losses_from(param), "pass loss_constructors=[fn returning the loss] instead")
+    losses = losses_from(param)
+    check_loss_takes_reduction(losses, param("sample_weight_col"))
+    pickled("loss", losses, "pass loss_constructors=[fn returning the loss] instead")
 
 
 def build_torch_spec(param: ParamGetter, store: Any, run_id: str, meta: Any) -> TorchSpec:

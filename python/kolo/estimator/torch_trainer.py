@@ -165,7 +165,8 @@ class TorchTrainer:
         self.metric_names = _metric_names(self.metrics, spec.label_cols)
         if len(self.losses) == 1 and len(spec.label_cols) > 1:
             self.losses = self.losses * len(spec.label_cols)
-        self.loss_weights = spec.loss_weights or [1.0] * len(self.losses)
+        # Horovod: without loss_weights, every label's loss weighs 1 / number of labels
+        self.loss_weights = spec.loss_weights or [1.0 / len(self.losses)] * len(self.losses)
         compression = spec.gradient_compression or hvd.Compression.none
         self.optimizer = hvd.DistributedOptimizer(
             optimizer,
@@ -206,8 +207,7 @@ class TorchTrainer:
 
     def _split(self, batch: Dict[str, Any]) -> tuple:
         spec = self.spec
-        if self.transformation_fn is not None:
-            batch = self.transformation_fn(batch)
+        batch = spec.transform_batch(batch, self.transformation_fn)
         device = self.device
         inputs = [batch[c].to(device, non_blocking=True) for c in spec.feature_cols]
         if spec.input_shapes:
@@ -222,13 +222,20 @@ class TorchTrainer:
             weights = batch[spec.sample_weight_col].to(device)
         return inputs, labels, weights
 
-    @staticmethod
-    def _transform_outputs(outputs: Any, labels: List[Any]) -> tuple:
-        """Outputs as a list; a floating label with one dimension fewer than its output of
-        several values per row (class indices, e.g. from StringIndexer) becomes int64."""
+    def _transform_outputs(self, outputs: Any, labels: List[Any]) -> tuple:
+        """Outputs as a list and labels shaped for the loss, as Horovod's ``transform_outputs``:
+        without ``label_shapes`` each label takes its output's shape when the element counts
+        match (a ``[B]`` label for a ``[B, 1]`` output becomes ``[B, 1]``). A floating label
+        with one dimension fewer than its output of several values per row (class indices,
+        e.g. from StringIndexer) becomes int64."""
         if not isinstance(outputs, (tuple, list)):
             outputs = [outputs]
         outputs = list(outputs)
+        if not self.spec.label_shapes and hasattr(outputs[0], "shape"):
+            labels = [
+                label.reshape(output.shape) if output.numel() == label.numel() else label
+                for output, label in zip(outputs, labels)
+            ]
         labels = [
             label.long()
             if label.is_floating_point()
@@ -297,6 +304,7 @@ class TorchTrainer:
             for step, batch in enumerate(self._batches(loader, steps)):
                 inputs, labels, weights = self._split(batch)
                 if train and self.train_minibatch_fn is not None:
+                    # Horovod's call: the function zeroes, steps and divides by the passes
                     outputs, loss = self.train_minibatch_fn(
                         self.model,
                         self.optimizer,
@@ -305,6 +313,8 @@ class TorchTrainer:
                         inputs,
                         labels,
                         weights,
+                        passes,
+                        step,
                     )
                     outputs, labels = self._transform_outputs(outputs, labels)
                 elif train:
@@ -334,6 +344,8 @@ class TorchTrainer:
             if pending is not None:
                 reduced = hvd.synchronize(pending)
                 totals = reduced if totals is None else totals + reduced
+        if train and self.train_minibatch_fn is not None:
+            self.optimizer.step()  # Horovod steps once more after a train_minibatch_fn epoch
         means = (totals / max(steps, 1)).tolist() if totals is not None else []
         names = ["loss", *self.metric_names]
         return {f"{prefix}_{n}": float(v) for n, v in zip(names, means)}
@@ -364,6 +376,7 @@ class TorchTrainer:
         import kolo.torch as hvd
 
         started, started_unix = time.monotonic(), time.time()
+        self.spec.prepare_process()
         hvd.init()
         self._float64 = torch.float64
         self._build(hvd, torch)
@@ -412,7 +425,9 @@ class TorchTrainer:
         if hvd.rank() != 0:
             return None
         self._scale_lr(self.optimizer, 1.0)
-        return rank_result(state_bytes(self.model), history, start_epoch, hvd.size(), timings)
+        result = rank_result(state_bytes(self.model), history, start_epoch, hvd.size(), timings)
+        result["optimizer"] = _serialize_checkpoint(self.optimizer.state_dict())
+        return result
 
     def _tensorboard(self, hvd: Any) -> tuple:
         spec = self.spec

@@ -45,7 +45,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Union
 
 from kolo.estimator.checks import check_store_writable, training_columns
-from kolo.estimator.params import reject_unknown, training_defaults
+from kolo.estimator.params import reject_unknown, training_defaults, warn_no_effect
 from kolo.estimator.torch_spec import build_torch_spec, check_model_and_loss, trained_model
 from kolo.estimator.torch_trainer import TorchTrainer
 from kolo.estimator.training import train_on_ranks
@@ -169,7 +169,10 @@ class TorchEstimator:
     ``random_seed``, ``backward_passes_per_step`` (1), ``gradient_compression``,
     ``partitions_per_process`` (10 files per rank), ``run_id`` (an existing checkpoint of
     that id resumes), ``store`` (a :class:`kolo.store.Store` or a prefix: prepared data,
-    checkpoints, logs), ``verbose`` (1: a progress bar per epoch on the driver).
+    checkpoints, logs), ``verbose`` (1: a progress bar per epoch on the driver), and Horovod's
+    loader settings (``train_reader_num_workers``, ``reader_pool_type``,
+    ``inmemory_cache_all``, ``data_module``, ``debug_data_loader``... as in
+    ``docs/estimator.md``).
 
     Unknown parameters raise :class:`~kolo.exceptions.InvalidArgumentError`.
 
@@ -196,6 +199,7 @@ class TorchEstimator:
             est.set_params(epochs=3, batch_size=64)
         """
         reject_unknown("TorchEstimator", params, _DEFAULTS)
+        warn_no_effect("TorchEstimator", params, _DEFAULTS)
         self._params.update(params)
         return self
 

@@ -1,5 +1,6 @@
 """``KoloEstimator``: the framework-neutral ``fit`` of kolo's Spark estimators (Horovod's
-``horovod.spark.common.estimator.HorovodEstimator``).
+``horovod.spark.common.estimator.HorovodEstimator``, an alias of it here, as is
+``HorovodModel`` of :class:`~kolo.spark.common.model.KoloModel`).
 
 :meth:`KoloEstimator.fit` runs the same flow for every framework: check the columns, the
 store and the framework's parameters (typed :mod:`kolo.exceptions` errors before anything is
@@ -60,13 +61,14 @@ from pyspark.ml import Estimator, Model
 
 from kolo.estimator.checks import check_store_writable, training_columns
 from kolo.estimator.dataset import PreparedDataset, get_dataset_metadata
-from kolo.estimator.params import reject_unknown
+from kolo.estimator.params import NO_EFFECT, reject_unknown, warn_no_effect
 from kolo.estimator.training import train_on_ranks
 from kolo.exceptions import InvalidArgumentError
+from kolo.spark.common.model import HorovodModel
 from kolo.spark.common.serialization import KoloPersistence
 from kolo.spark.common.util import prepare_data
 
-__all__ = ["KoloEstimator"]
+__all__ = ["HorovodEstimator", "HorovodModel", "KoloEstimator"]
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +105,7 @@ class KoloEstimator(Estimator, KoloPersistence):
             est.setParams(epochs=3, batch_size=64)
         """
         reject_unknown(type(self).__name__, kwargs, (p.name for p in self.params))
+        warn_no_effect(type(self).__name__, kwargs, type(self)._param_defaults())
         self._set(**kwargs)
         return self
 
@@ -149,6 +152,9 @@ class KoloEstimator(Estimator, KoloPersistence):
         return int(num_proc)
 
     def _check_all(self) -> None:
+        # parameters set through their setters warn here (once per process)
+        values = {p.name: self._param(p.name) for p in self.params if p.name in NO_EFFECT}
+        warn_no_effect(type(self).__name__, values, type(self)._param_defaults())
         self._columns()  # raises when feature_cols or label_cols is not set
         self._check_store(self.getStore())
         self._check_params()
@@ -232,3 +238,9 @@ class KoloEstimator(Estimator, KoloPersistence):
         }
         model._start_epoch = result.get("start_epoch", 0)
         return model
+
+
+#: Horovod's name of the estimators' base class
+#: (``horovod.spark.common.estimator.HorovodEstimator``): ``isinstance(est, HorovodEstimator)``
+#: holds for every kolo Spark estimator.
+HorovodEstimator = KoloEstimator

@@ -1,6 +1,6 @@
 """``KoloModel``: the base of the Spark ML Transformers kolo's estimators return
 (:class:`~kolo.spark.torch.TorchModel`, :class:`~kolo.spark.keras.KerasModel`; Horovod's
-``HorovodModel``).
+``HorovodModel``, an alias of :class:`KoloModel`).
 
 It holds what every trained model shares: the parameters and their checks, the fit's timings,
 the output columns, persistence (``write``/``read``/``save``/``load`` through
@@ -33,7 +33,7 @@ from kolo.exceptions import InvalidArgumentError
 from kolo.spark.common._inference import predict_columns
 from kolo.spark.common.serialization import KoloPersistence
 
-__all__ = ["KoloModel"]
+__all__ = ["HorovodModel", "KoloModel"]
 
 
 class KoloModel(Model, KoloPersistence):
@@ -57,10 +57,24 @@ class KoloModel(Model, KoloPersistence):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__()
         self._setDefault(**type(self)._param_defaults())
-        reject_unknown(type(self).__name__, kwargs, (p.name for p in self.params))
-        self._set(**kwargs)
+        self.setParams(**kwargs)
         self._timings: Dict[str, Any] = {}
         self._start_epoch = 0
+
+    def setParams(self, **kwargs: Any) -> KoloModel:
+        """Sets several parameters by name, as the constructor takes them (Horovod's
+        ``_metadata`` is ``metadata``; unknown names raise
+        :class:`~kolo.exceptions.InvalidArgumentError`).
+
+        Example::
+
+            model.setParams(output_cols=["pred"], inference_batch_size=256)
+        """
+        if "_metadata" in kwargs:
+            kwargs["metadata"] = kwargs.pop("_metadata")
+        reject_unknown(type(self).__name__, kwargs, (p.name for p in self.params))
+        self._set(**kwargs)
+        return self
 
     def getTimings(self) -> Dict[str, Any]:
         """Where the time of the ``fit`` that made this model went (empty for a loaded model):
@@ -152,3 +166,8 @@ class KoloModel(Model, KoloPersistence):
             self._predictor,
             self.getInferenceBatchSize(),
         )
+
+
+#: Horovod's name of the trained models' base class
+#: (``horovod.spark.common.estimator.HorovodModel``).
+HorovodModel = KoloModel

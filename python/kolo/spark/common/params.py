@@ -41,6 +41,7 @@ __all__ = [
     "LightningEstimatorParams",
     "ModelParams",
     "TorchEstimatorParams",
+    "TorchModelParams",
     "accessor_name",
     "estimator_defaults",
     "keras_estimator_defaults",
@@ -48,6 +49,7 @@ __all__ = [
     "lightning_estimator_defaults",
     "model_defaults",
     "torch_estimator_defaults",
+    "torch_model_defaults",
 ]
 
 
@@ -59,6 +61,17 @@ def accessor_name(param_name: str) -> str:
         assert accessor_name("train_steps_per_epoch") == "TrainStepsPerEpoch"
     """
     return "".join(part[:1].upper() + part[1:] for part in param_name.split("_"))
+
+
+#: Horovod's accessors whose names are not ``accessor_name(param)``: param → Horovod's suffix
+#: (``getShufflingBufferSize``...); both spellings exist.
+_HOROVOD_SUFFIXES = {
+    "shuffle_buffer_size": "ShufflingBufferSize",
+    "train_reader_num_workers": "TrainReaderNumWorker",
+    "val_reader_num_workers": "ValReaderNumWorker",
+    "inmemory_cache_all": "InMemoryCacheAll",
+    "num_gpus": "NumGPUs",
+}
 
 
 def _declare(cls: type, specs: List[ParamSpec]) -> Dict[str, Any]:
@@ -83,13 +96,24 @@ def _declare(cls: type, specs: List[ParamSpec]) -> Dict[str, Any]:
 
         getter.__doc__ = f"The value of ``{name}``: {doc}"
         setter.__doc__ = f"Sets ``{name}``: {doc} Returns ``self``."
-        getter.__name__, setter.__name__ = f"get{suffix}", f"set{suffix}"
-        if not hasattr(cls, getter.__name__):
-            setattr(cls, getter.__name__, getter)
-        if not hasattr(cls, setter.__name__):
-            setattr(cls, setter.__name__, setter)
+        for spelling in {suffix, _HOROVOD_SUFFIXES.get(name, suffix)}:
+            if not hasattr(cls, f"get{spelling}"):
+                setattr(cls, f"get{spelling}", _named(getter, f"get{spelling}"))
+            if not hasattr(cls, f"set{spelling}"):
+                setattr(cls, f"set{spelling}", _named(setter, f"set{spelling}"))
         defaults[name] = default
     return defaults
+
+
+def _named(fn: Any, name: str) -> Any:
+    """A copy of the accessor ``fn`` named ``name``."""
+
+    def accessor(self: Params, *args: Any) -> Any:
+        return fn(self, *args)
+
+    accessor.__name__ = accessor.__qualname__ = name
+    accessor.__doc__ = fn.__doc__
+    return accessor
 
 
 #: The Spark estimator's own parameters (the others are :data:`TRAINING_PARAMS`).
@@ -107,21 +131,8 @@ _SPARK_ESTIMATOR_PARAMS: List[ParamSpec] = [
         None,
     ),
     (
-        "reader_pool_type",
-        "accepted for Horovod compatibility (petastorm's pool); kolo's loader uses Rust threads",
-        "thread",
-        None,
-    ),
-    (
         "compress_sparse_cols",
         "accepted for Horovod compatibility; sparse vectors are written dense",
-        False,
-        "toBoolean",
-    ),
-    (
-        "inmemory_cache_all",
-        "accepted for Horovod compatibility; not needed (kolo's loader "
-        "keeps its windows in memory and reads pages without decoding)",
         False,
         "toBoolean",
     ),
@@ -131,7 +142,6 @@ _SPARK_ESTIMATOR_PARAMS: List[ParamSpec] = [
         True,
         "toBoolean",
     ),
-    ("mp_start_method", "accepted for Horovod compatibility", None, None),
 ]
 
 _MODEL_PARAMS: List[ParamSpec] = [
@@ -179,11 +189,35 @@ class KerasEstimatorParams(EstimatorParams):
 
 
 class ModelParams(Params):
-    """Horovod's model parameters (``horovod.spark.common.params.ModelParams``)."""
+    """Horovod's model parameters (``horovod.spark.common.params.ModelParams``). Horovod's
+    ``_metadata`` is ``metadata`` (``_metadata=`` is accepted by the models' constructors, and
+    ``model._metadata`` is the same parameter).
+
+    Example::
+
+        model.getMetadata() == model._get_metadata()
+    """
+
+    def _get_metadata(self) -> Any:
+        """Horovod's internal accessor of ``_metadata``: :meth:`getMetadata`."""
+        return self.getOrDefault(self.metadata)
+
+    def setLabelColoumns(self, value: Any) -> Params:
+        """Horovod's (misspelt) setter of ``label_columns``: ``setLabelColumns``."""
+        return self._set(label_columns=value)
+
+
+class TorchModelParams(ModelParams):
+    """:class:`ModelParams` plus Horovod's ``TorchModel`` ones (``optimizer``, ``loss``,
+    ``loss_constructors``)."""
 
 
 class KerasModelParams(ModelParams):
-    """:class:`ModelParams` plus ``custom_objects``."""
+    """:class:`ModelParams` plus ``custom_objects`` and Horovod's ``_floatx``."""
+
+    def _get_floatx(self) -> Any:
+        """Horovod's internal accessor of ``_floatx``."""
+        return self.getOrDefault(self._floatx)
 
 
 _ESTIMATOR_DEFAULTS = _declare(EstimatorParams, [*_SPARK_ESTIMATOR_PARAMS, *TRAINING_PARAMS])
@@ -191,7 +225,22 @@ _TORCH_DEFAULTS = _declare(TorchEstimatorParams, TORCH_PARAMS)
 _LIGHTNING_DEFAULTS = _declare(LightningEstimatorParams, LIGHTNING_PARAMS)
 _KERAS_DEFAULTS = _declare(KerasEstimatorParams, KERAS_PARAMS)
 _MODEL_DEFAULTS = _declare(ModelParams, _MODEL_PARAMS)
-_KERAS_MODEL_DEFAULTS = _declare(KerasModelParams, [CUSTOM_OBJECTS_PARAM])
+ModelParams._metadata = ModelParams.metadata  # Horovod's name of the parameter
+_TORCH_MODEL_DEFAULTS = _declare(
+    TorchModelParams,
+    [
+        ("optimizer", "the optimizer of the training run, with its trained state", None, None),
+        ("loss", "the loss (or losses) of the training run", None, None),
+        ("loss_constructors", "the loss constructors of the training run", None, None),
+    ],
+)
+_KERAS_MODEL_DEFAULTS = _declare(
+    KerasModelParams,
+    [
+        CUSTOM_OBJECTS_PARAM,
+        ("_floatx", "keras.config.floatx() of the training run, used in transform", None, None),
+    ],
+)
 
 
 def estimator_defaults() -> Dict[str, Any]:
@@ -207,6 +256,11 @@ def torch_estimator_defaults() -> Dict[str, Any]:
 def model_defaults() -> Dict[str, Any]:
     """Defaults of :class:`ModelParams`."""
     return dict(_MODEL_DEFAULTS)
+
+
+def torch_model_defaults() -> Dict[str, Any]:
+    """Defaults of :class:`TorchModelParams`."""
+    return {**_MODEL_DEFAULTS, **_TORCH_MODEL_DEFAULTS}
 
 
 def lightning_estimator_defaults() -> Dict[str, Any]:

@@ -88,9 +88,11 @@ class KerasEstimator(KoloEstimator, KerasEstimatorParams):
       accumulated gradients is applied), ``gradient_compression``
       (``kolo.keras.Compression.fp16``/``.bf16``), ``verbose`` (1), ``run_id`` (an existing
       checkpoint of this id resumes training).
-    - Accepted for Horovod compatibility, with no effect: ``backend``, ``reader_pool_type``,
-      ``inmemory_cache_all``, ``compress_sparse_cols``, ``mp_start_method``, ``use_gpu``
-      (Keras places the model itself).
+    - Horovod's loader settings, as for :class:`kolo.spark.torch.TorchEstimator` (a
+      ``data_module``'s batches are dicts of numpy arrays). ``use_gpu``: Keras places the
+      model itself; ``use_gpu=False`` hides the GPUs from the rank, as Horovod
+      pins it to the CPU. No effect (warned once, listed in
+      :data:`kolo.estimator.params.NO_EFFECT`): ``compress_sparse_cols``.
 
     Example::
 
@@ -219,18 +221,28 @@ class KerasEstimator(KoloEstimator, KerasEstimatorParams):
 
     # -- hooks -----------------------------------------------------------------------------------
 
+    def _rank_env(self) -> Dict[str, str]:
+        """``backend_env``, and with ``use_gpu=False`` no GPU visible to the rank (Horovod's
+        Keras ranks pin themselves to the CPU then)."""
+        env = dict(self.getBackendEnv() or {})
+        if not self.getUseGpu():
+            env.setdefault("CUDA_VISIBLE_DEVICES", "")
+        return env
+
     def _remote_trainer(self, store: Any, meta: PreparedDataset, run_id: str) -> KerasTrainer:
         spec = KerasSpec(
             **spec_fields(self._param, store, run_id, meta),
             model_bytes=self._model_bytes(),
             objects_bytes=self._objects_bytes(),
-            backend_env=dict(self.getBackendEnv() or {}),
+            backend_env=self._rank_env(),
         )
         return KerasTrainer(spec)
 
     def _make_model(
         self, result: Dict[str, Any], run_id: str, metadata: Dict[str, Any]
     ) -> KerasModel:
+        import keras
+
         custom = self.getCustomObjects()
         return KerasModel(
             model=model_from_bytes(result["model"], custom),
@@ -239,5 +251,6 @@ class KerasEstimator(KoloEstimator, KerasEstimatorParams):
             label_columns=self.getLabelCols(),
             custom_objects=custom,
             run_id=run_id,
-            metadata=metadata,
+            _metadata=metadata,
+            _floatx=keras.config.floatx(),
         )

@@ -79,20 +79,22 @@ class KerasPredictor(Predictor):
         import kolo.keras  # noqa: F401
 
         loaded = cloudpickle.loads(payload)
-        return loaded["model"].load(loaded["custom_objects"])
+        model = loaded["model"].load(loaded["custom_objects"])
+        return model, loaded.get("floatx")
 
     def _inputs(self, loaded: Any, columns: List[Any]) -> List[Any]:
         import keras
         import numpy as np
 
-        floatx = keras.config.floatx()
+        floatx = loaded[1] or keras.config.floatx()
         return [c.astype(floatx) if np.issubdtype(c.dtype, np.floating) else c for c in columns]
 
     def _outputs(self, loaded: Any, inputs: List[Any]) -> List[Any]:
         import keras
         import numpy as np
 
-        outputs = _outputs_as_list(loaded.predict_on_batch(_shaped_inputs(loaded, inputs)))
+        model = loaded[0]
+        outputs = _outputs_as_list(model.predict_on_batch(_shaped_inputs(model, inputs)))
         results = []
         for out in outputs:
             out = np.asarray(keras.ops.convert_to_numpy(out), dtype=np.float64)
@@ -104,8 +106,9 @@ class KerasModel(KoloModel, KerasModelParams):
     """A trained Keras model as a Spark ML Transformer.
 
     Parameters (each with ``getX``/``setX``): ``model``, ``history``, ``feature_columns``,
-    ``label_columns``, ``output_cols``, ``custom_objects``, ``run_id``, ``metadata``,
-    ``inference_batch_size`` (1024).
+    ``label_columns``, ``output_cols``, ``custom_objects``, ``run_id``, ``metadata``
+    (Horovod's ``_metadata=``), ``_floatx`` (the float type features are given to the model
+    as in ``transform``; default ``keras.config.floatx()``), ``inference_batch_size`` (1024).
 
     Example::
 
@@ -128,6 +131,7 @@ class KerasModel(KoloModel, KerasModelParams):
             {
                 "model": SavedKerasModel(model_to_bytes(model)),
                 "custom_objects": self.getCustomObjects(),
+                "floatx": self._get_floatx(),
             }
         )
 
@@ -141,6 +145,6 @@ class KerasModel(KoloModel, KerasModelParams):
             info = columns.get(name, {})
             dtype = np.dtype(info.get("dtype") or "float32")
             if np.issubdtype(dtype, np.floating):
-                dtype = np.dtype(keras.config.floatx())
+                dtype = np.dtype(self._get_floatx() or keras.config.floatx())
             inputs.append(np.zeros((2, *(info.get("shape") or ())), dtype=dtype))
         return _outputs_as_list(model.predict_on_batch(_shaped_inputs(model, inputs)))

@@ -40,21 +40,23 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
+from kolo.estimator._legacy_lightning import INNER, to_lightning_module
 from kolo.estimator.checks import FIX_FN, FIX_MODEL, check_shapes, pickled
 from kolo.estimator.dataset import PreparedDataset
 from kolo.estimator.lightning_trainer import LightningSpec, LightningTrainer
 from kolo.estimator.spec import spec_fields
-from kolo.exceptions import InvalidArgumentError
+from kolo.estimator.torch_spec import check_model_and_loss, losses_from
+from kolo.exceptions import InvalidArgumentError, InvalidValueError
 from kolo.spark.common.estimator import KoloEstimator
 from kolo.spark.common.params import LightningEstimatorParams, lightning_estimator_defaults
 
 # MIN_PL_VERSION: Horovod's name here (horovod.spark.lightning.estimator.MIN_PL_VERSION).
 from kolo.spark.lightning._version import MIN_PL_VERSION as MIN_PL_VERSION
 from kolo.spark.lightning._version import check_lightning_version
-from kolo.spark.torch.estimator import torch_model
+from kolo.spark.torch.estimator import check_horovod_constructor, torch_model
 from kolo.spark.torch.model import TorchModel
 
-__all__ = ["TorchEstimator"]
+__all__ = ["TorchEstimator", "inner_state"]
 
 #: Parameters of the plain PyTorch estimator that a LightningModule defines itself.
 _DEFINED_BY_THE_MODULE = {
@@ -65,6 +67,9 @@ _DEFINED_BY_THE_MODULE = {
     "metrics": "log metrics with self.log(..., sync_dist=True) in the module",
     "train_minibatch_fn": "override the module's training_step() (or use manual optimization)",
 }
+
+#: The parameters Horovod refuses with a ``ValueError`` when the model is a LightningModule.
+_HOROVOD_VALUE_ERRORS = ("optimizer", "loss", "loss_weights")
 
 #: Trainer arguments the estimator sets itself.
 _SET_BY_THE_ESTIMATOR = {
@@ -96,11 +101,19 @@ class TorchEstimator(KoloEstimator, LightningEstimatorParams):
     - Horovod's Lightning ones: ``trainer_args`` (more ``Trainer`` keyword arguments),
       ``logger`` (default: TensorBoard event logs under the run's ``logs/`` in the store),
       ``log_every_n_steps`` (50), ``terminate_on_nan`` (False), ``profiler``, ``num_gpus``.
-    - Not for a LightningModule (:class:`~kolo.exceptions.InvalidArgumentError` when set):
-      ``optimizer``, ``loss``, ``loss_constructors``, ``loss_weights``, ``metrics``,
-      ``train_minibatch_fn``. Accepted for Horovod compatibility, with no effect:
-      ``backend``, ``reader_pool_type``, ``inmemory_cache_all``, ``compress_sparse_cols``,
-      ``mp_start_method``.
+    - Not for a LightningModule (:class:`~kolo.exceptions.InvalidArgumentError` when set;
+      ``InvalidValueError``, a ``ValueError`` as in Horovod, for the first three):
+      ``optimizer``, ``loss``, ``loss_weights``, ``loss_constructors``, ``metrics``,
+      ``train_minibatch_fn``.
+    - A plain ``torch.nn.Module`` as ``model`` trains as in Horovod's legacy path: wrapped in
+      a LightningModule from ``optimizer``, ``loss`` or ``loss_constructors``,
+      ``loss_weights`` (default ``1 / len(label_cols)`` each) and ``sample_weight_col``; it
+      logs ``train_loss``/``val_loss``, and the returned model is the plain module.
+    - Horovod's loader settings, as for :class:`kolo.spark.torch.TorchEstimator`;
+      ``data_module`` is a ``LightningDataModule`` class built with Horovod's keyword
+      arguments and given to ``Trainer.fit(datamodule=)``. No effect (warned once, listed in
+      :data:`kolo.estimator.params.NO_EFFECT`): ``compress_sparse_cols``,
+      ``loader_num_epochs`` (it reaches a ``data_module`` as ``num_reader_epochs``).
 
     Example::
 
@@ -115,6 +128,7 @@ class TorchEstimator(KoloEstimator, LightningEstimatorParams):
     def __init__(self, **kwargs: Any) -> None:
         # As Horovod's: an unsupported Lightning fails at construction, not on the ranks.
         check_lightning_version()
+        check_horovod_constructor(kwargs)
         super().__init__(**kwargs)
 
     def _check_params(self) -> None:
@@ -125,17 +139,23 @@ class TorchEstimator(KoloEstimator, LightningEstimatorParams):
             raise InvalidArgumentError(
                 "model is not set: pass model=<a lightning.pytorch.LightningModule>"
             )
-        if not isinstance(model, pl.LightningModule):
+        if self._is_legacy():
+            self._check_legacy()
+        elif not isinstance(model, pl.LightningModule):
             raise InvalidArgumentError(
-                f"model is a {type(model).__name__}, not a lightning.pytorch.LightningModule: "
-                "wrap it in a LightningModule, or train it with kolo.spark.torch.TorchEstimator"
+                f"model is a {type(model).__name__}, neither a lightning.pytorch.LightningModule "
+                "nor a torch.nn.Module: wrap it in a LightningModule"
             )
-        for name, fix in _DEFINED_BY_THE_MODULE.items():
-            if self.hasParam(name) and self._param(name) is not None:
-                raise InvalidArgumentError(
-                    f"{name} is set, but a LightningModule defines it itself: {fix}, and leave "
-                    f"{name} unset"
-                )
+        else:
+            for name, fix in _DEFINED_BY_THE_MODULE.items():
+                if self._param(name):
+                    error = (
+                        InvalidValueError if name in _HOROVOD_VALUE_ERRORS else InvalidArgumentError
+                    )
+                    raise error(
+                        f"{name} is set, but a LightningModule defines it itself: {fix}, and "
+                        f"leave {name} unset"
+                    )
         trainer_args = self.getTrainerArgs() or {}
         if not isinstance(trainer_args, dict):
             raise InvalidArgumentError(
@@ -158,10 +178,45 @@ class TorchEstimator(KoloEstimator, LightningEstimatorParams):
         check_shapes(self.getLabelShapes(), self.getLabelCols(), "label_shapes", "label")
         pickled("model", model, FIX_MODEL)
 
+    def _is_legacy(self) -> bool:
+        """Whether the model is a plain ``torch.nn.Module`` (Horovod's legacy path)."""
+        import lightning.pytorch as pl
+        import torch
+
+        model = self.getModel()
+        return isinstance(model, torch.nn.Module) and not isinstance(model, pl.LightningModule)
+
+    def _check_legacy(self) -> None:
+        """A plain ``torch.nn.Module`` trains from ``optimizer`` and ``loss`` (or
+        ``loss_constructors``), as in Horovod; the parameters only a LightningModule's
+        ``training_step`` could honour are refused."""
+        check_model_and_loss(self._param)
+        for name in ("metrics", "train_minibatch_fn"):
+            if self._param(name):
+                raise InvalidArgumentError(
+                    f"{name} is set with a plain torch.nn.Module, which the Lightning estimator "
+                    "trains with a loss and optimizer only: train it with "
+                    f"kolo.spark.torch.TorchEstimator, or leave {name} unset"
+                )
+
+    def _module(self) -> Any:
+        """The LightningModule to train: the model, or the plain model wrapped."""
+        if not self._is_legacy():
+            return self.getModel()
+        return to_lightning_module(
+            self.getModel(),
+            self.getOptimizer(),
+            losses_from(self._param),
+            self.getLossWeights(),
+            self.getFeatureCols(),
+            self.getLabelCols(),
+            self.getSampleWeightCol(),
+        )
+
     def _remote_trainer(self, store: Any, meta: PreparedDataset, run_id: str) -> LightningTrainer:
         spec = LightningSpec(
             **spec_fields(self._param, store, run_id, meta),
-            model_bytes=pickled("model", self.getModel(), FIX_MODEL),
+            model_bytes=pickled("model", self._module(), FIX_MODEL),
             callbacks_bytes=pickled("callbacks", self.getCallbacks() or [], FIX_FN),
             logger_bytes=pickled("logger", self.getLogger(), FIX_FN),
             profiler_bytes=pickled("profiler", self.getProfiler(), FIX_FN),
@@ -175,10 +230,32 @@ class TorchEstimator(KoloEstimator, LightningEstimatorParams):
             num_gpus=self.getNumGpus(),
             log_every_n_steps=self.getLogEveryNSteps(),
             terminate_on_nan=self.getTerminateOnNan(),
+            loader_num_epochs=self.getLoaderNumEpochs(),
         )
         return LightningTrainer(spec)
 
     def _make_model(
         self, result: Dict[str, Any], run_id: str, metadata: Dict[str, Any]
     ) -> TorchModel:
+        if self._is_legacy():  # the wrapped model's weights
+            result = {**result, "model": inner_state(result["model"])}
         return torch_model(self, result, run_id, metadata)
+
+
+def inner_state(state_bytes: bytes) -> bytes:
+    """The weights of the model a legacy LightningModule wraps, from the module's.
+
+    Example::
+
+        weights = inner_state(result["model"])
+    """
+    import io
+
+    import torch
+
+    state = torch.load(io.BytesIO(state_bytes), map_location="cpu", weights_only=False)
+    prefix = f"{INNER}."
+    inner = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+    buffer = io.BytesIO()
+    torch.save(inner, buffer)
+    return buffer.getvalue()

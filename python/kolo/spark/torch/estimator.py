@@ -35,13 +35,14 @@ from kolo.estimator.torch_spec import (
     build_torch_spec,
     check_model_and_loss,
     trained_model,
+    trained_optimizer,
 )
 from kolo.estimator.torch_trainer import TorchTrainer
 from kolo.spark.common.estimator import KoloEstimator
 from kolo.spark.common.params import TorchEstimatorParams, torch_estimator_defaults
 from kolo.spark.torch.model import TorchModel
 
-__all__ = ["RemoteLossConstructor", "TorchEstimator", "torch_model"]
+__all__ = ["RemoteLossConstructor", "TorchEstimator", "check_horovod_constructor", "torch_model"]
 
 
 class TorchEstimator(KoloEstimator, TorchEstimatorParams):
@@ -68,8 +69,14 @@ class TorchEstimator(KoloEstimator, TorchEstimatorParams):
       ``partitions_per_process`` (10), ``backward_passes_per_step`` (1),
       ``gradient_compression``, ``train_minibatch_fn``, ``use_gpu`` (True), ``verbose`` (1),
       ``run_id`` (an existing checkpoint of this id resumes training).
-    - Accepted for Horovod compatibility, with no effect: ``backend``, ``reader_pool_type``,
-      ``inmemory_cache_all``, ``compress_sparse_cols``, ``mp_start_method``.
+    - Horovod's loader settings: ``train_reader_num_workers``/``val_reader_num_workers``,
+      ``reader_pool_type``, ``train_async_data_loader_queue_size``/
+      ``val_async_data_loader_queue_size``, ``inmemory_cache_all``, ``debug_data_loader``,
+      ``transformation_edit_fields``/``transformation_removed_fields``, ``data_module`` (a
+      data module class replacing kolo's loader; ``continuous_cols``/``categorical_cols``
+      reach it), ``mp_start_method``. No effect (warned once, listed in
+      :data:`kolo.estimator.params.NO_EFFECT`): ``compress_sparse_cols``. ``backend``: see
+      ``docs/spark.md``.
 
     Floating-point features and labels are given to the model as float32 (Horovod casts to
     float too); integer labels stay integers (for ``cross_entropy``), and a floating-point
@@ -87,6 +94,10 @@ class TorchEstimator(KoloEstimator, TorchEstimatorParams):
 
     _param_defaults = staticmethod(torch_estimator_defaults)
 
+    def __init__(self, **kwargs: Any) -> None:
+        check_horovod_constructor(kwargs)
+        super().__init__(**kwargs)
+
     def _check_params(self) -> None:
         check_model_and_loss(self._param)
 
@@ -99,6 +110,27 @@ class TorchEstimator(KoloEstimator, TorchEstimatorParams):
         return torch_model(self, result, run_id, metadata)
 
 
+def check_horovod_constructor(kwargs: Dict[str, Any]) -> None:
+    """Horovod's constructor checks of the PyTorch estimators, ``ValueError``s as there
+    (:class:`~kolo.exceptions.InvalidValueError`): ``loss`` and ``loss_constructors`` not
+    both set, ``backward_passes_per_step`` > 0.
+
+    Example::
+
+        check_horovod_constructor({"backward_passes_per_step": 2})
+    """
+    from kolo.exceptions import InvalidValueError
+
+    if kwargs.get("loss") is not None and kwargs.get("loss_constructors") is not None:
+        raise InvalidValueError(
+            "only one of loss_constructors and loss parameters can be specified: pass loss, "
+            "or loss_constructors for losses that cannot be pickled"
+        )
+    passes = kwargs.get("backward_passes_per_step", 1)
+    if passes is not None and passes <= 0:
+        raise InvalidValueError(f"backward_passes_per_step must be > 0, got {passes}")
+
+
 def torch_model(
     estimator: Any, result: Dict[str, Any], run_id: str, metadata: Dict[str, Any]
 ) -> TorchModel:
@@ -109,13 +141,19 @@ def torch_model(
 
         model = torch_model(est, result, "run_1", meta.metadata())
     """
+    optimizer = None
+    if result.get("optimizer") is not None:
+        optimizer = trained_optimizer(estimator.getOptimizer(), result["optimizer"])
     return TorchModel(
         model=trained_model(estimator.getModel(), result["model"]),
         history=result["history"],
         feature_columns=estimator.getFeatureCols(),
         label_columns=estimator.getLabelCols(),
         run_id=run_id,
-        metadata=metadata,
+        _metadata=metadata,
         input_shapes=estimator.getInputShapes(),
+        optimizer=optimizer,
+        loss=estimator.getLoss(),
+        loss_constructors=estimator.getLossConstructors(),
         use_gpu=estimator.getUseGpu(),
     )

@@ -24,7 +24,7 @@ import cloudpickle
 
 from kolo.spark.common._inference import Predictor
 from kolo.spark.common.model import KoloModel
-from kolo.spark.common.params import ModelParams, model_defaults
+from kolo.spark.common.params import TorchModelParams, torch_model_defaults
 
 __all__ = ["TorchModel"]
 
@@ -83,11 +83,13 @@ class TorchPredictor(Predictor):
         ]
 
 
-class TorchModel(KoloModel, ModelParams):
+class TorchModel(KoloModel, TorchModelParams):
     """A trained PyTorch model as a Spark ML Transformer.
 
     Parameters (each with ``getX``/``setX``): ``model``, ``history``, ``feature_columns``,
-    ``label_columns``, ``output_cols``, ``run_id``, ``metadata``, ``input_shapes``,
+    ``label_columns``, ``output_cols``, ``run_id``, ``metadata`` (Horovod's ``_metadata=``),
+    ``input_shapes``, ``optimizer`` (with its trained state; ``getOptimizer()`` returns it
+    rebuilt on this model's parameters, as Horovod does), ``loss``, ``loss_constructors``,
     ``use_gpu``, ``inference_batch_size`` (1024).
 
     Example::
@@ -100,8 +102,23 @@ class TorchModel(KoloModel, ModelParams):
         same = TorchModel.load("/tmp/digits_model")
     """
 
-    _param_defaults = staticmethod(model_defaults)
+    _param_defaults = staticmethod(torch_model_defaults)
     _predictor = TorchPredictor
+
+    def getOptimizer(self) -> Any:
+        """The training run's optimizer with its trained state, rebuilt on this model's
+        parameters (Horovod's ``TorchModel.getOptimizer``); ``None`` when there is none.
+
+        Example::
+
+            optimizer = model.getOptimizer()   # continue training model.getModel()
+        """
+        optimizer, model = self.getOrDefault(self.optimizer), self.getModel()
+        if optimizer is None or model is None:
+            return optimizer
+        rebuilt = type(optimizer)(model.parameters(), lr=1)
+        rebuilt.load_state_dict(optimizer.state_dict())
+        return rebuilt
 
     def _payload(self, model: Any) -> bytes:
         return cloudpickle.dumps(
