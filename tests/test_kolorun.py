@@ -402,3 +402,16 @@ def test_kolo_run_returns_results_by_rank_and_raises_a_failing_ranks_error() -> 
     assert caught.value.rank == 1
     assert "rank one refuses" in caught.value.remote_traceback
     assert "ValueError" in str(caught.value)
+
+
+def test_host_discovery_script_gives_a_fixed_size_job_with_a_notice(tmp_path) -> None:
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\necho localhost\n")
+    script.chmod(0o755)
+    args = ["--host-discovery-script", str(script), "--slots-per-host", "2", "--min-np", "2"]
+    result, ranks = run_print_env(args, ("HOROVOD_SIZE", "HOROVOD_HOSTNAME"))
+    assert sorted(ranks) == [0, 1]
+    for info in ranks.values():
+        assert info["env"] == {"HOROVOD_SIZE": "2", "HOROVOD_HOSTNAME": "localhost"}
+    notes = [line for line in result.stderr.splitlines() if line.startswith("kolorun: note:")]
+    assert len(notes) == 3 and all("issue 21" in line for line in notes), result.stderr
