@@ -238,6 +238,8 @@ def test_rank_variables_across_two_host_entries() -> None:
     # `localhost` and this machine's hostname both run locally but are two hosts (two
     # KOLO_HOSTNAMEs): Horovod's assignment gives 0,1 on the first and 2 on the second.
     me = socket.gethostname()
+    if me.split(".")[0].lower() == "localhost":
+        pytest.skip("this machine's hostname is localhost: no second local host entry")
     names = HOROVOD_RANK_VARS[:7]
     _, ranks = run_print_env(["-H", f"localhost:2,{me}:1"], names)
     expected = {
