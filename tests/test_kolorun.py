@@ -417,3 +417,14 @@ def test_host_discovery_script_gives_a_fixed_size_job_with_a_notice(tmp_path) ->
         assert info["env"] == {"HOROVOD_SIZE": "2", "HOROVOD_HOSTNAME": "localhost"}
     notes = [line for line in result.stderr.splitlines() if line.startswith("kolorun: note:")]
     assert len(notes) == 3 and all("issue 21" in line for line in notes), result.stderr
+
+
+def test_network_interfaces_list_reaches_the_driver_data_plane_and_nccl() -> None:
+    names = ("NCCL_SOCKET_IFNAME", "HOROVOD_GLOO_IFACE", "KOLO_DATA_ADDR", "KOLO_DRIVER_ADDR")
+    _, ranks = run_print_env(["-np", "2", "--network-interfaces", "lo,lo"], names)
+    assert sorted(ranks) == [0, 1]
+    for info in ranks.values():
+        assert info["env"]["NCCL_SOCKET_IFNAME"] == "lo"
+        assert info["env"]["HOROVOD_GLOO_IFACE"] == "lo"
+        assert info["env"]["KOLO_DATA_ADDR"] == "lo"
+        assert info["env"]["KOLO_DRIVER_ADDR"].startswith("127.0.0.1:")
