@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import signal
+import socket
 import subprocess
 import time
+
+import pytest
 
 from conftest import BIN, REPO, kill_quietly, pid_alive, run_kolorun, worker_env
 
@@ -178,3 +183,248 @@ def test_ctrl_c_stops_every_rank(tmp_path) -> None:
         proc.kill()
         for pid in pids:
             kill_quietly(pid)
+
+
+HOROVOD_RANK_VARS = (
+    "HOROVOD_RANK",
+    "HOROVOD_SIZE",
+    "HOROVOD_LOCAL_RANK",
+    "HOROVOD_LOCAL_SIZE",
+    "HOROVOD_CROSS_RANK",
+    "HOROVOD_CROSS_SIZE",
+    "HOROVOD_HOSTNAME",
+    "HOROVOD_CONTROLLER",
+    "HOROVOD_CPU_OPERATIONS",
+    "KOLO_RANK",
+)
+#: Prints the environment a rank sees before anything of kolo is imported, then its rank.
+PRINT_ENV = (
+    "import json, os, sys; names = sys.argv[1].split(','); "
+    "before = {k: os.environ.get(k) for k in names}; "
+    "import kolo.torch as hvd; hvd.init(); "
+    "print(json.dumps(dict(rank=hvd.rank(), env=before)))"
+)
+
+
+def run_print_env(args: list[str], names, env=None, timeout: float = 120):
+    result = run_kolorun(
+        [*args, "python", "-c", PRINT_ENV, ",".join(names)], timeout=timeout, env=env
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    ranks = rank_lines(result.stdout)
+    assert len(ranks) >= 1, result.stdout
+    return result, ranks
+
+
+def test_horovod_rank_variables_are_set_before_user_code_runs_as_horovodrun_sets_them() -> None:
+    _, ranks = run_print_env(["-np", "3"], HOROVOD_RANK_VARS)
+    assert sorted(ranks) == [0, 1, 2]
+    for rank, info in ranks.items():
+        assert info["env"] == {
+            "HOROVOD_RANK": str(rank),
+            "HOROVOD_SIZE": "3",
+            "HOROVOD_LOCAL_RANK": str(rank),
+            "HOROVOD_LOCAL_SIZE": "3",
+            "HOROVOD_CROSS_RANK": "0",
+            "HOROVOD_CROSS_SIZE": "1",
+            "HOROVOD_HOSTNAME": "localhost",
+            "HOROVOD_CONTROLLER": "gloo",
+            "HOROVOD_CPU_OPERATIONS": "gloo",
+            "KOLO_RANK": str(rank),
+        }, info
+
+
+def test_rank_variables_across_two_host_entries() -> None:
+    # `localhost` and this machine's hostname both run locally but are two hosts (two
+    # KOLO_HOSTNAMEs): Horovod's assignment gives 0,1 on the first and 2 on the second.
+    me = socket.gethostname()
+    if me.split(".")[0].lower() == "localhost":
+        pytest.skip("this machine's hostname is localhost: no second local host entry")
+    names = HOROVOD_RANK_VARS[:7]
+    _, ranks = run_print_env(["-H", f"localhost:2,{me}:1"], names)
+    expected = {
+        0: ("0", "3", "0", "2", "0", "2", "localhost"),
+        1: ("1", "3", "1", "2", "0", "1", "localhost"),
+        2: ("2", "3", "0", "1", "1", "2", me),
+    }
+    assert sorted(ranks) == [0, 1, 2]
+    for rank, info in ranks.items():
+        assert info["env"] == dict(zip(names, expected[rank])), info
+
+
+def test_config_file_keys_reach_the_ranks_and_flags_win(tmp_path) -> None:
+    config = tmp_path / "horovod.yaml"
+    config.write_text(
+        "params:\n  fusion_threshold_mb: 32\n  cycle_time_ms: 5\n  cache_capacity: 256\n"
+        "stall_check:\n  enabled: false\n  warning_time_seconds: 11\n"
+        "timeline:\n  filename: tl.json\n"
+        "library_options:\n  gloo_timeout_seconds: 90\n"
+        "logging:\n  level: INFO\n"
+    )
+    names = (
+        "HOROVOD_FUSION_THRESHOLD",
+        "KOLO_FUSION_THRESHOLD",
+        "HOROVOD_CYCLE_TIME",
+        "HOROVOD_CACHE_CAPACITY",
+        "HOROVOD_STALL_CHECK_DISABLE",
+        "HOROVOD_STALL_CHECK_TIME_SECONDS",
+        "HOROVOD_TIMELINE",
+        "HOROVOD_GLOO_TIMEOUT_SECONDS",
+        "KOLO_COLLECTIVE_TIMEOUT_SECONDS",
+        "HOROVOD_LOG_LEVEL",
+    )
+    args = ["-np", "2", "--cycle-time-ms", "3", "--config-file", str(config)]
+    args += ["--stall-check", "--timeline-filename", str(tmp_path / "mine.json")]
+    _, ranks = run_print_env(args, names)
+    assert sorted(ranks) == [0, 1]
+    for info in ranks.values():
+        assert info["env"] == {
+            "HOROVOD_FUSION_THRESHOLD": str(32 << 20),
+            "KOLO_FUSION_THRESHOLD": str(32 << 20),
+            # Flags win over the file wherever they stand.
+            "HOROVOD_CYCLE_TIME": "3",
+            "HOROVOD_CACHE_CAPACITY": "256",
+            "HOROVOD_STALL_CHECK_DISABLE": "0",
+            "HOROVOD_STALL_CHECK_TIME_SECONDS": "11",
+            "HOROVOD_TIMELINE": str(tmp_path / "mine.json"),
+            "HOROVOD_GLOO_TIMEOUT_SECONDS": "90",
+            "KOLO_COLLECTIVE_TIMEOUT_SECONDS": "90",
+            "HOROVOD_LOG_LEVEL": "INFO",
+        }, info
+
+
+def test_bad_config_file_keys_and_values_are_usage_errors(tmp_path) -> None:
+    config = tmp_path / "bad.yaml"
+    for text, expected in [
+        ("params:\n  fusion_treshold_mb: 32\n", "params.fusion_treshold_mb"),
+        ("params:\n  cycle_time_ms: fast\n", "params.cycle_time_ms"),
+        ("stall_check:\n  enabled: maybe\n", "stall_check.enabled"),
+        ("tuning:\n  x: 1\n", "'tuning'"),
+    ]:
+        config.write_text(text)
+        result = run_kolorun(["-np", "1", "--config-file", str(config), "true"], timeout=30)
+        assert result.returncode == 2, result.stderr
+        assert expected in result.stderr and str(config) in result.stderr, result.stderr
+
+
+def test_the_launching_environment_reaches_local_ranks_minus_the_deny_list() -> None:
+    names = ("MY_APP_SETTING", "NCCL_DEBUG", "HOROVOD_FUSION_THRESHOLD", "OLDPWD", "SSH_CLIENT")
+    names += ("BASH_FUNC_boom%%", "SHLVL", "PYTHONUNBUFFERED")
+    env = {
+        "MY_APP_SETTING": "it's $value",
+        "NCCL_DEBUG": "INFO",
+        "HOROVOD_FUSION_THRESHOLD": "1048576",
+        "OLDPWD": "/elsewhere",
+        "SSH_CLIENT": "10.0.0.1 1 22",
+        "BASH_FUNC_boom%%": "() {  echo boom\n}",
+        "SHLVL": "7",
+        "PYTHONUNBUFFERED": "",
+    }
+    _, ranks = run_print_env(["-np", "2"], names, env=env)
+    for info in ranks.values():
+        assert info["env"] == {
+            "MY_APP_SETTING": "it's $value",
+            "NCCL_DEBUG": "INFO",
+            "HOROVOD_FUSION_THRESHOLD": "1048576",
+            "OLDPWD": None,
+            "SSH_CLIENT": None,
+            "BASH_FUNC_boom%%": None,
+            "SHLVL": None,
+            "PYTHONUNBUFFERED": "1",
+        }, info
+
+
+def test_prefix_output_with_timestamp() -> None:
+    code = "import kolo.torch as hvd; hvd.init(); print('hello', hvd.rank())"
+    result = run_kolorun(["-np", "2", "-prefix-timestamp", "python", "-c", code], timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    # asctime, like horovodrun: "Wed Nov 25 08:10:00 2026[0]<stdout>:hello 0"
+    pattern = r"^\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4}\[(\d)\]<stdout>:hello (\d)$"
+    found = [m.groups() for m in re.finditer(pattern, result.stdout, re.MULTILINE)]
+    assert sorted(found) == [("0", "0"), ("1", "1")], result.stdout
+
+
+def test_horovodrun_flags_kolo_lacks_print_one_notice_each_and_still_run() -> None:
+    result = run_kolorun(
+        ["-np", "1", "--gloo", "--hierarchical-allreduce", "--autotune", "python", "-c", "pass"],
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    notes = [line for line in result.stderr.splitlines() if line.startswith("kolorun: note:")]
+    assert [line.split(":")[2].strip() for line in notes] == [
+        "--gloo",
+        "--hierarchical-allreduce",
+        "--autotune",
+    ], result.stderr
+    version = run_kolorun(["-v"], timeout=30)
+    assert version.returncode == 0 and version.stdout.strip()[0].isdigit(), version
+    result = run_kolorun(["-cb"], timeout=30)
+    assert result.returncode == 0 and "[X] TCP" in result.stdout
+
+
+def test_parse_args_contract() -> None:
+    from kolo.exceptions import ConfigError
+    from kolo.runner import parse_args
+
+    parsed = parse_args(["-np", "2", "--mpi", "-i", "/k", "--network-interfaces", "a,b", "x"])
+    assert parsed["num_proc"] == 2 and parsed["ssh_identity_file"] == "/k"
+    assert parsed["network_interfaces"] == ["a", "b"]
+    assert [flag for flag, _ in parsed["notices"]] == ["--mpi"]
+    assert "mpirun" in parsed["notices"][0][1]
+    for bad in (["-np", "2", "--bogus", "x"], ["-np", "2", "--cache-capacity", "-1", "x"]):
+        with pytest.raises(ConfigError):
+            parse_args(bad)
+
+
+def test_kolo_run_returns_results_by_rank_and_raises_a_failing_ranks_error() -> None:
+    import kolo
+    from kolo.exceptions import RankFailedError
+
+    # Defined here so cloudpickle ships them by value (the ranks cannot import this module).
+    def rank_times_ten(offset, extra=0):
+        import kolo.torch as hvd
+
+        hvd.init()
+        value = hvd.rank() * 10 + offset + extra
+        return {"rank": hvd.rank(), "value": value, "env": os.environ["HOROVOD_RANK"]}
+
+    def fails_on_rank_one():
+        import kolo.torch as hvd
+
+        hvd.init()
+        if hvd.rank() == 1:
+            raise ValueError("rank one refuses")
+        hvd.barrier()
+        return hvd.rank()
+
+    results = kolo.run(rank_times_ten, (3,), {"extra": 0}, 3)
+    assert results == [{"rank": r, "value": r * 10 + 3, "env": str(r)} for r in range(3)]
+    with pytest.raises(RankFailedError) as caught:
+        kolo.run(fails_on_rank_one, num_proc=2, start_timeout=60)
+    assert caught.value.rank == 1
+    assert "rank one refuses" in caught.value.remote_traceback
+    assert "ValueError" in str(caught.value)
+
+
+def test_host_discovery_script_gives_a_fixed_size_job_with_a_notice(tmp_path) -> None:
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\necho localhost\n")
+    script.chmod(0o755)
+    args = ["--host-discovery-script", str(script), "--slots-per-host", "2", "--min-np", "2"]
+    result, ranks = run_print_env(args, ("HOROVOD_SIZE", "HOROVOD_HOSTNAME"))
+    assert sorted(ranks) == [0, 1]
+    for info in ranks.values():
+        assert info["env"] == {"HOROVOD_SIZE": "2", "HOROVOD_HOSTNAME": "localhost"}
+    notes = [line for line in result.stderr.splitlines() if line.startswith("kolorun: note:")]
+    assert len(notes) == 3 and all("issue 21" in line for line in notes), result.stderr
+
+
+def test_network_interfaces_list_reaches_the_driver_data_plane_and_nccl() -> None:
+    names = ("NCCL_SOCKET_IFNAME", "HOROVOD_GLOO_IFACE", "KOLO_DATA_ADDR", "KOLO_DRIVER_ADDR")
+    _, ranks = run_print_env(["-np", "2", "--network-interfaces", "lo,lo"], names)
+    assert sorted(ranks) == [0, 1]
+    for info in ranks.values():
+        assert info["env"]["NCCL_SOCKET_IFNAME"] == "lo"
+        assert info["env"]["HOROVOD_GLOO_IFACE"] == "lo"
+        assert info["env"]["KOLO_DATA_ADDR"] == "lo"
+        assert info["env"]["KOLO_DRIVER_ADDR"].startswith("127.0.0.1:")

@@ -2,7 +2,8 @@
 
 Frameworks live in submodules; ``import kolo.torch as hvd`` gives the Horovod PyTorch API.
 Here: ``__version__``, the process sets (:class:`ProcessSet`, ``global_process_set``: every
-rank) and :func:`engine_stats`.
+rank), :func:`engine_stats`, and :func:`run` (Horovod's ``horovod.run``: a function on every
+rank of a job kolorun's launcher starts).
 
 Example::
 
@@ -13,6 +14,7 @@ Example::
 
 from kolo._core import engine_stats
 from kolo._native import __version__
+from kolo._run import run
 from kolo.process_sets import ProcessSet, global_process_set
 
-__all__ = ["ProcessSet", "__version__", "engine_stats", "global_process_set"]
+__all__ = ["ProcessSet", "__version__", "engine_stats", "global_process_set", "run"]

@@ -78,6 +78,7 @@ pub fn run_task(options: &TaskOptions, interrupted: &dyn Fn() -> bool) -> Result
     let launch = Launch {
         program: options.program.clone(),
         args: options.args.clone(),
+        env_remove: Vec::new(),
         envs: options.envs.clone(),
         remote: false,
         stdin_text: String::new(),

@@ -141,6 +141,43 @@ impl WorkerEnv {
     }
 }
 
+/// The rank variables every rank sees before its user code runs, as horovodrun 0.28.1 sets them
+/// (`horovod/runner/gloo_run.py`: `create_slot_env_vars`, `create_run_env_vars`), next to kolo's
+/// own: `KOLO_RANK`, `KOLO_SIZE`, `KOLO_LOCAL_RANK`, `KOLO_LOCAL_SIZE`, `KOLO_CROSS_RANK`,
+/// `KOLO_CROSS_SIZE`, the same six with the `HOROVOD_` prefix, `HOROVOD_HOSTNAME`, and
+/// `HOROVOD_CONTROLLER=gloo` / `HOROVOD_CPU_OPERATIONS=gloo` (kolo's own transport plays Gloo's
+/// role). kolorun, the Spark rank process and the Ray actor all set exactly these.
+///
+/// ```
+/// use kolo_collective::control::{env::rank_vars, Assignment};
+///
+/// let a = Assignment { task_index: 1, rank: 1, size: 2, local_rank: 0, local_size: 1,
+///                      cross_rank: 1, cross_size: 2 };
+/// let vars = rank_vars(&a, "node2");
+/// assert!(vars.contains(&("HOROVOD_RANK".to_owned(), "1".to_owned())));
+/// assert!(vars.contains(&("HOROVOD_HOSTNAME".to_owned(), "node2".to_owned())));
+/// ```
+pub fn rank_vars(assignment: &crate::control::Assignment, hostname: &str) -> Vec<(String, String)> {
+    let values = [
+        ("RANK", assignment.rank),
+        ("SIZE", assignment.size),
+        ("LOCAL_RANK", assignment.local_rank),
+        ("LOCAL_SIZE", assignment.local_size),
+        ("CROSS_RANK", assignment.cross_rank),
+        ("CROSS_SIZE", assignment.cross_size),
+    ];
+    let mut vars = Vec::with_capacity(2 * values.len() + 3);
+    for prefix in ["KOLO_", "HOROVOD_"] {
+        for (name, value) in values {
+            vars.push((format!("{prefix}{name}"), value.to_string()));
+        }
+    }
+    vars.push((HOROVOD_HOSTNAME.to_owned(), hostname.to_owned()));
+    vars.push(("HOROVOD_CONTROLLER".to_owned(), "gloo".to_owned()));
+    vars.push(("HOROVOD_CPU_OPERATIONS".to_owned(), "gloo".to_owned()));
+    vars
+}
+
 /// Parses a number of seconds (`"30"`, `"2.5"`) from the setting `name`; must be positive.
 pub fn parse_seconds(name: &str, text: &str) -> Result<Duration> {
     let seconds: f64 = text.trim().parse().map_err(|_| {

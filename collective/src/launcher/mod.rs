@@ -1,8 +1,9 @@
 //! `kolorun`: starts a job's ranks locally and over ssh, runs the job driver they register
 //! with, forwards their output with rank prefixes, and stops every rank as soon as one fails.
+//! It speaks horovodrun 0.28.1's command line ([`HOROVODRUN_OPTIONS`]).
 //!
 //! The Python package's `kolorun` console script calls [`run`] with the arguments after the
-//! program name and a callback that reports Ctrl-C:
+//! program name and a callback that reports Ctrl-C; `kolo.run` calls [`run_function`]:
 //!
 //! ```no_run
 //! let args: Vec<String> = ["-np", "2", "python", "train.py"].map(String::from).to_vec();
@@ -10,15 +11,21 @@
 //! std::process::exit(code);
 //! ```
 //!
-//! Each slot `i` runs the command with `KOLO_DRIVER_ADDR`, `KOLO_JOB_SECRET`, `KOLO_JOB_ID`,
-//! `KOLO_TASK_INDEX=i`, `KOLO_NUM_TASKS`, `KOLO_START_TIMEOUT` (and `KOLO_HOSTNAME=<host entry>`
-//! when hosts were given), plus the variables of the engine flags (`--fusion-threshold-mb` →
-//! `KOLO_FUSION_THRESHOLD`, ...; see [`LaunchArgs::engine_env`]). Hosts named `localhost` or this machine's hostname run as local child
-//! processes (own session, killed if kolorun dies); every other entry, including `127.0.0.1`,
-//! runs through `ssh` under a watchdog that stops the remote command when the connection ends.
+//! Each slot `i` runs the command with the launching environment minus a deny-list
+//! ([`forward_env`]), `PYTHONUNBUFFERED=1`, `KOLO_DRIVER_ADDR`, `KOLO_JOB_SECRET`,
+//! `KOLO_JOB_ID`, `KOLO_TASK_INDEX=i`, `KOLO_NUM_TASKS`, `KOLO_START_TIMEOUT` (and
+//! `KOLO_HOSTNAME=<host entry>` when hosts were given), the rank variables horovodrun sets
+//! ([`crate::control::env::rank_vars`]: kolorun assigns ranks statically from its slots, as
+//! horovodrun does, and the driver's assignment is checked against them), plus the variables of
+//! the tuning flags ([`LaunchArgs::engine_env`]). Hosts named `localhost` or this machine's
+//! hostname run as local child processes (own session, killed if kolorun dies); every other
+//! entry, including `127.0.0.1`, runs through `ssh` under a watchdog that stops the remote
+//! command when the connection ends, and receives its environment on ssh's stdin.
 
 mod args;
+pub mod forward_env;
 mod hosts;
+mod knobs;
 mod output;
 pub mod process;
 mod remote;
@@ -28,15 +35,19 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::mpsc;
 use std::time::Duration;
 
-pub use args::{parse_args, HostSource, Invocation, LaunchArgs, USAGE};
+pub use args::{
+    notice_for, parse_args, ElasticArgs, HostSource, Invocation, LaunchArgs, HOROVODRUN_OPTIONS,
+    USAGE,
+};
 pub use hosts::{is_local, parse_hostfile, parse_hosts_flag, plan_slots, HostSlots};
 pub use output::{Output, SharedWriter};
-pub use remote::{quote, remote_script, ssh_args, SshOptions};
+pub use remote::{quote, remote_script, ssh_args, stdin_env, SshOptions};
 
 use crate::abort::AbortCause;
 use crate::control::env::{self, parse_seconds, WorkerEnv};
+use crate::control::launch::keys;
 use crate::control::net::{is_ip_literal, local_ip_toward, resolve_nic_or_ip, system_hostname};
-use crate::control::{DriverConfig, DriverService, JobId, JobSecret};
+use crate::control::{assign_ranks, Assignment, DriverConfig, DriverService, JobId, JobSecret};
 use crate::error::{Error, Result};
 use output::{forward, open_rank_files, RankLabels, Stream};
 use process::{Launch, RankProcess};
@@ -50,6 +61,21 @@ const DEFAULT_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(30);
 const TERM_TO_KILL: Duration = Duration::from_secs(3);
 /// How long kolorun waits for output threads after every rank exited.
 const OUTPUT_DRAIN: Duration = Duration::from_secs(2);
+/// Horovod's name for `KOLO_START_TIMEOUT`, read when that is unset.
+const HOROVOD_START_TIMEOUT: &str = "HOROVOD_START_TIMEOUT";
+/// The most a `--host-discovery-script` may take.
+const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How a [`run_function`] job ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FunctionRun {
+    /// What kolorun would exit with: 0 when every rank succeeded.
+    pub exit_code: i32,
+    /// Each rank's pickled result, by rank (`None` for a rank that returned none).
+    pub results: Vec<Option<Vec<u8>>>,
+    /// The job's first failure (a rank's traceback, a lost rank, a start timeout).
+    pub failure: Option<AbortCause>,
+}
 
 /// Runs kolorun with `args` (the arguments after the program name), writing to the process's
 /// stdout and stderr. Returns the exit code: 0 when every rank succeeded, the failed rank's
@@ -67,15 +93,58 @@ pub fn run_with_output(
 ) -> Result<i32> {
     let parsed = match parse_args(args)? {
         Invocation::Help => {
-            if let Ok(mut out) = output.stdout.lock() {
-                let _ = out.write_all(USAGE.as_bytes());
-                let _ = out.flush();
-            }
+            write_stdout(output, USAGE);
             return Ok(0);
         }
-        Invocation::Launch(parsed) => parsed,
+        Invocation::Version => {
+            write_stdout(output, &format!("{}\n", env!("CARGO_PKG_VERSION")));
+            return Ok(0);
+        }
+        Invocation::CheckBuild => {
+            return Err(Error::Config(
+                "kolorun: --check-build is answered by the Python `kolorun` script; run it \
+                 through the installed kolorun command"
+                    .into(),
+            ))
+        }
+        Invocation::Launch(parsed) => *parsed,
     };
-    Job::plan(parsed)?.run(interrupted, output)
+    if parsed.config_file.is_some() {
+        return Err(Error::Config(
+            "kolorun: --config-file is read by the Python `kolorun` script (it parses YAML); \
+             run the installed kolorun command"
+                .into(),
+        ));
+    }
+    Ok(Job::plan(parsed, output)?
+        .run(interrupted, output, None)?
+        .exit_code)
+}
+
+/// Runs a `kolo.run` job: the command line `args` (its command starts the rank processes that
+/// fetch `payload` — the pickled function — from the driver and store their pickled results
+/// there) and returns every rank's result by rank, or the failure.
+pub fn run_function(
+    args: &[String],
+    payload: Vec<u8>,
+    interrupted: &dyn Fn() -> bool,
+) -> Result<FunctionRun> {
+    let output = Output::process();
+    match parse_args(args)? {
+        Invocation::Launch(parsed) => {
+            Job::plan(*parsed, &output)?.run(interrupted, &output, Some(payload))
+        }
+        other => Err(Error::Config(format!(
+            "kolo.run: the arguments ask for {other:?}, not a job"
+        ))),
+    }
+}
+
+fn write_stdout(output: &Output, text: &str) {
+    if let Ok(mut out) = output.stdout.lock() {
+        let _ = out.write_all(text.as_bytes());
+        let _ = out.flush();
+    }
 }
 
 /// Everything decided before anything starts.
@@ -84,6 +153,8 @@ struct Job {
     args: LaunchArgs,
     /// Host entry of each task index.
     task_hosts: Vec<String>,
+    /// Each task's rank assignment, as kolorun sets it in the rank variables.
+    assignments: Vec<Assignment>,
     /// Whether hosts were given (then ranks get `KOLO_HOSTNAME`).
     hosts_given: bool,
     this_hostname: String,
@@ -96,7 +167,10 @@ struct Job {
 }
 
 impl Job {
-    fn plan(args: LaunchArgs) -> Result<Self> {
+    fn plan(args: LaunchArgs, output: &Output) -> Result<Self> {
+        for (flag, text) in &args.notices {
+            output.message(&format!("kolorun: note: {flag}: {text}"));
+        }
         let host_list = match &args.hosts {
             None => None,
             Some(HostSource::Flag(text)) => Some((parse_hosts_flag(text)?, "-H".to_owned())),
@@ -110,6 +184,10 @@ impl Job {
                 let name = format!("--hostfile {}", path.display());
                 Some((parse_hostfile(&text, &path.display().to_string())?, name))
             }
+            Some(HostSource::Discovery(script)) => Some((
+                hosts::discover(script, args.elastic.slots_per_host, DISCOVERY_TIMEOUT)?,
+                format!("--host-discovery-script {}", script.display()),
+            )),
         };
         let task_hosts = plan_slots(
             host_list
@@ -117,10 +195,21 @@ impl Job {
                 .map(|(hosts, name)| (hosts.as_slice(), name.as_str())),
             args.num_proc,
         )?;
+        // The driver assigns ranks from host hashes (the host identity is the entry's host
+        // name when hosts are given); the same rule on the host names gives each rank's
+        // variables before it starts.
+        let keyed: Vec<(u32, String)> = task_hosts
+            .iter()
+            .enumerate()
+            .map(|(task, host)| (task as u32, hosts::host_name(host).to_owned()))
+            .collect();
+        let assignments = assign_ranks(&keyed);
         let this_hostname = system_hostname();
         let start_timeout = match args.start_timeout {
             Some(timeout) => timeout,
-            None => env_seconds(env::START_TIMEOUT)?.unwrap_or(env::DEFAULT_START_TIMEOUT),
+            None => env_seconds(env::START_TIMEOUT)?
+                .or(env_seconds(HOROVOD_START_TIMEOUT)?)
+                .unwrap_or(env::DEFAULT_START_TIMEOUT),
         };
         let heartbeat_timeout =
             env_seconds(env::HEARTBEAT_TIMEOUT_SECONDS)?.unwrap_or(DEFAULT_HEARTBEAT_TIMEOUT);
@@ -137,6 +226,7 @@ impl Job {
             hosts_given: host_list.is_some(),
             args,
             task_hosts,
+            assignments,
             this_hostname,
             start_timeout,
             heartbeat_timeout,
@@ -146,11 +236,21 @@ impl Job {
         })
     }
 
-    fn run(self, interrupted: &dyn Fn() -> bool, output: &Output) -> Result<i32> {
-        let level = if self.args.verbose {
-            log::Level::Info
-        } else {
-            log::Level::Debug
+    fn run(
+        self,
+        interrupted: &dyn Fn() -> bool,
+        output: &Output,
+        payload: Option<Vec<u8>>,
+    ) -> Result<FunctionRun> {
+        // `--verbose` prints the launch details (as horovodrun prints its commands); else they
+        // are debug log records.
+        let verbose = self.args.verbose;
+        let say = |text: String| {
+            if verbose {
+                output.message(&text);
+            } else {
+                log::debug!("{text}");
+            }
         };
         let np = self.task_hosts.len();
         let secret = JobSecret::generate();
@@ -163,13 +263,16 @@ impl Job {
             start_timeout: self.start_timeout,
             heartbeat_timeout: self.heartbeat_timeout,
         })?;
+        if let Some(payload) = payload {
+            driver.kv_put(keys::PAYLOAD, payload);
+        }
         let driver_addr = SocketAddr::new(self.advertise, driver.addr().port()).to_string();
-        log::log!(
-            level,
-            "kolorun: job {job_id}: {np} rank(s) on {:?}; driver listening on {} (workers use {driver_addr})",
+        say(format!(
+            "kolorun: job {job_id}: {np} rank(s) on {:?}; driver listening on {} (workers use \
+             {driver_addr})",
             self.task_hosts,
             driver.addr()
-        );
+        ));
 
         let cwd = std::env::current_dir()?;
         let labels = RankLabels::new(np);
@@ -177,6 +280,7 @@ impl Job {
         let mut ranks: Vec<RankProcess> = Vec::with_capacity(np);
         let mut forwarders = 0usize;
         for (task, host) in self.task_hosts.iter().enumerate() {
+            let assignment = self.assignments[task];
             let task = task as u32;
             let worker = WorkerEnv {
                 driver_addr: driver_addr.clone(),
@@ -189,51 +293,53 @@ impl Job {
                 host_hash_salt: None,
                 data_addr: self.data_addr_for(host),
             };
-            let launch = self.launch_for(host, &worker, &cwd);
-            log::log!(
-                level,
-                "kolorun: task {task} on {host}: {}",
-                redact(&launch, &secret)
-            );
-            let files = match &self.args.output_dir {
-                Some(dir) => open_rank_files(dir, task).map(Some),
-                None => Ok(None),
-            };
-            let spawned = files.and_then(|files| {
-                RankProcess::spawn(task, host, &launch)
-                    .map(|spawned| (spawned, files))
-                    .map_err(|err| {
-                        Error::Launch(format!(
-                            "kolorun: cannot start {:?} for task {task} on {host}: {err}",
-                            launch.program
-                        ))
-                    })
-            });
-            let started = spawned.and_then(|((process, (stdout, stderr)), files)| {
-                ranks.push(process);
-                let (out_file, err_file) = files.map_or((None, None), |(o, e)| (Some(o), Some(e)));
-                forward(
-                    stdout,
-                    task,
-                    Stream::Stdout,
-                    labels.clone(),
-                    output.stdout.clone(),
-                    out_file,
-                    done_sender.clone(),
-                )?;
-                forwarders += 1;
-                forward(
-                    stderr,
-                    task,
-                    Stream::Stderr,
-                    labels.clone(),
-                    output.stderr.clone(),
-                    err_file,
-                    done_sender.clone(),
-                )?;
-                forwarders += 1;
-                Ok(())
-            });
+            let started = self
+                .launch_for(host, &worker, &assignment, &cwd)
+                .and_then(|launch| {
+                    say(format!(
+                        "kolorun: task {task} on {host}: {}",
+                        redact(&launch, &secret)
+                    ));
+                    let files = match &self.args.output_dir {
+                        Some(dir) => Some(open_rank_files(dir, assignment.rank, np)?),
+                        None => None,
+                    };
+                    let (process, (stdout, stderr)) = RankProcess::spawn(task, host, &launch)
+                        .map_err(|err| {
+                            Error::Launch(format!(
+                                "kolorun: cannot start {:?} for task {task} on {host}: {err}",
+                                launch.program
+                            ))
+                        })?;
+                    ranks.push(process);
+                    let (out_file, err_file) =
+                        files.map_or((None, None), |(o, e)| (Some(o), Some(e)));
+                    for (reader, stream, file) in [
+                        (
+                            Box::new(stdout) as Box<dyn std::io::Read + Send>,
+                            Stream::Stdout,
+                            out_file,
+                        ),
+                        (Box::new(stderr), Stream::Stderr, err_file),
+                    ] {
+                        forward(
+                            reader,
+                            task,
+                            stream,
+                            labels.clone(),
+                            if stream == Stream::Stdout {
+                                output.stdout.clone()
+                            } else {
+                                output.stderr.clone()
+                            },
+                            file,
+                            self.args.prefix_timestamp,
+                            done_sender.clone(),
+                        )?;
+                        forwarders += 1;
+                    }
+                    Ok(())
+                });
             if let Err(err) = started {
                 driver.abort(AbortCause {
                     rank: Some(task),
@@ -251,7 +357,8 @@ impl Job {
             grace: self.grace,
             term_to_kill: TERM_TO_KILL,
         };
-        let outcome = supervise(&mut ranks, &driver, &labels, timing, interrupted);
+        let expected: Vec<u32> = self.assignments.iter().map(|a| a.rank).collect();
+        let outcome = supervise(&mut ranks, &driver, &labels, &expected, timing, interrupted);
         if outcome.is_err() {
             stop_all(&mut ranks);
         }
@@ -265,23 +372,33 @@ impl Job {
                 break;
             }
         }
+        let mut results = vec![None; np];
+        for peer in driver.assignment().unwrap_or_default() {
+            if let Some(slot) = results.get_mut(peer.rank as usize) {
+                *slot = driver.kv_value(&keys::result(peer.task_index));
+            }
+        }
+        let failure = driver.abort_cause();
         driver.shutdown();
         let outcome = outcome?;
         if let Some(summary) = outcome.summary() {
             output.message(&summary);
         }
-        log::log!(
-            level,
+        say(format!(
             "kolorun: job {job_id} finished with exit code {}",
             outcome.exit_code
-        );
-        Ok(outcome.exit_code)
+        ));
+        Ok(FunctionRun {
+            exit_code: outcome.exit_code,
+            results,
+            failure,
+        })
     }
 
     /// `KOLO_DATA_ADDR` for a task on `host`: an interface name applies everywhere, an IP only
     /// on this machine.
     fn data_addr_for(&self, host: &str) -> Option<String> {
-        let nic = self.args.network_interface.as_ref()?;
+        let nic = self.args.network_interfaces.first()?;
         if !is_ip_literal(nic) || is_local(host, &self.this_hostname) {
             Some(nic.clone())
         } else {
@@ -289,59 +406,84 @@ impl Job {
         }
     }
 
-    fn launch_for(&self, host: &str, worker: &WorkerEnv, cwd: &std::path::Path) -> Launch {
-        let mut vars: Vec<(String, String)> = worker
-            .to_vars()
-            .into_iter()
-            .map(|(k, v)| (k.to_owned(), v))
+    /// The variables kolorun sets on every rank besides the forwarded environment.
+    fn rank_env(
+        &self,
+        host: &str,
+        worker: &WorkerEnv,
+        assignment: &Assignment,
+    ) -> Vec<(String, String)> {
+        let mut vars: Vec<(String, String)> = vec![("PYTHONUNBUFFERED".into(), "1".into())];
+        // The interfaces given by name reach NCCL and Horovod's Gloo variable, as horovodrun.
+        let names: Vec<&str> = self
+            .args
+            .network_interfaces
+            .iter()
+            .map(String::as_str)
+            .filter(|nic| !is_ip_literal(nic))
             .collect();
-        // Engine flags (`--fusion-threshold-mb`, ...) reach local and remote ranks alike.
+        if let Some(first) = names.first() {
+            vars.push(("NCCL_SOCKET_IFNAME".into(), names.join(",")));
+            vars.push(("HOROVOD_GLOO_IFACE".into(), (*first).to_owned()));
+        }
         vars.extend(self.args.engine_env.iter().cloned());
+        let hostname = if self.hosts_given {
+            hosts::host_name(host)
+        } else {
+            "localhost"
+        };
+        vars.extend(env::rank_vars(assignment, hostname));
+        vars.extend(worker.to_vars().into_iter().map(|(k, v)| (k.to_owned(), v)));
+        vars
+    }
+
+    fn launch_for(
+        &self,
+        host: &str,
+        worker: &WorkerEnv,
+        assignment: &Assignment,
+        cwd: &std::path::Path,
+    ) -> Result<Launch> {
+        let vars = self.rank_env(host, worker, assignment);
         if is_local(host, &self.this_hostname) {
-            return Launch {
+            return Ok(Launch {
                 program: self.args.command[0].clone(),
                 args: self.args.command[1..].to_vec(),
+                env_remove: forward_env::local_removals(),
                 envs: vars,
                 remote: false,
                 stdin_text: String::new(),
-            };
+            });
         }
-        // The secret travels on ssh's stdin, never on a command line.
-        let secret = worker.secret.to_hex();
-        let mut exported: Vec<(String, String)> = vars
-            .into_iter()
-            .filter(|(name, _)| name != env::JOB_SECRET)
-            .collect();
-        for name in remote::FORWARDED_VARS {
-            if let Some(value) = std::env::var(name).ok().filter(|v| !v.is_empty()) {
-                exported.push((name.to_owned(), value));
-            }
-        }
+        // Everything, the job secret included, travels on ssh's stdin, never on a command line.
+        let mut exported = forward_env::remote_forwarded();
+        exported.extend(vars);
         let ssh = SshOptions {
             port: self.args.ssh_port,
             identity_file: self.args.ssh_identity_file.clone(),
         };
-        let script = remote_script(cwd, &exported, &[env::JOB_SECRET], &self.args.command);
-        Launch {
+        let script = remote_script(cwd, &self.args.command);
+        Ok(Launch {
             program: "ssh".into(),
             args: ssh_args(host, &ssh, &script),
+            env_remove: Vec::new(),
             envs: Vec::new(),
             remote: true,
-            stdin_text: format!("{secret}\n"),
-        }
+            stdin_text: stdin_env(&exported)?,
+        })
     }
 }
 
-/// Where the driver listens and the IP it advertises: `--network-interface` when given;
-/// loopback when every host is this machine; otherwise every interface, advertising the local
-/// IP that routes to the first remote host.
+/// Where the driver listens and the IP it advertises: the first `--network-interfaces` entry
+/// when given; loopback when every host is this machine; otherwise every interface,
+/// advertising the local IP that routes to the first remote host.
 fn driver_addresses(
     args: &LaunchArgs,
     task_hosts: &[String],
     this_hostname: &str,
 ) -> Result<(IpAddr, IpAddr)> {
-    if let Some(nic) = &args.network_interface {
-        let ip = resolve_nic_or_ip(nic, "--network-interface")?;
+    if let Some(nic) = args.network_interfaces.first() {
+        let ip = resolve_nic_or_ip(nic, "--network-interfaces")?;
         return Ok((ip, ip));
     }
     let remote = task_hosts
@@ -364,7 +506,7 @@ fn driver_addresses(
         .map_err(|err| {
             Error::Config(format!(
                 "kolorun: cannot tell which local address {remote} can reach ({err}); pass \
-                 --network-interface NIC_OR_IP"
+                 --network-interfaces NIC_OR_IP"
             ))
         })?;
     Ok((IpAddr::V4(Ipv4Addr::UNSPECIFIED), advertise))

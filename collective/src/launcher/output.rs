@@ -1,5 +1,8 @@
 //! Rank output: every line of a rank's stdout/stderr goes to kolorun's stdout/stderr prefixed
-//! `[R]<stdout>:` / `[R]<stderr>:`, and optionally unprefixed to `DIR/rank.R/{stdout,stderr}`.
+//! `[R]<stdout>:` / `[R]<stderr>:` (after the local time, asctime-style, with
+//! `--prefix-output-with-timestamp`, as horovodrun's `safe_shell_exec`), and optionally
+//! unprefixed to `DIR/rank.R/{stdout,stderr}` (`R` zero-padded to the width of the last rank,
+//! as horovodrun does).
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -84,9 +87,15 @@ impl RankLabels {
     }
 }
 
-/// Creates `DIR/rank.T/` and opens its `stdout` and `stderr` files for task `T`.
-pub(crate) fn open_rank_files(dir: &Path, task: u32) -> Result<(File, File)> {
-    let rank_dir = dir.join(format!("rank.{task}"));
+/// `rank` zero-padded to the width of `size - 1` (horovodrun's `_pad_rank`).
+pub(crate) fn pad_rank(rank: u32, size: usize) -> String {
+    let width = size.saturating_sub(1).max(1).to_string().len();
+    format!("{rank:0width$}")
+}
+
+/// Creates `DIR/rank.R/` and opens its `stdout` and `stderr` files for rank `R` of `size`.
+pub(crate) fn open_rank_files(dir: &Path, rank: u32, size: usize) -> Result<(File, File)> {
+    let rank_dir = dir.join(format!("rank.{}", pad_rank(rank, size)));
     std::fs::create_dir_all(&rank_dir).map_err(|err| {
         Error::Config(format!(
             "kolorun: cannot create --output-filename directory {}: {err}",
@@ -104,8 +113,34 @@ pub(crate) fn open_rank_files(dir: &Path, task: u32) -> Result<(File, File)> {
     Ok((open("stdout")?, open("stderr")?))
 }
 
-/// Starts a thread that copies `reader` line by line to `writer` with the rank prefix (and to
-/// `file` unprefixed) until EOF, then sends on `done`.
+/// The local time as C's `asctime` writes it, without the newline (`Wed Nov 25 08:10:00 2026`).
+pub(crate) fn asctime_now() -> String {
+    // SAFETY: time, localtime_r and strftime write only into the buffers passed; `tm` is
+    // plain data, zero is a valid value for it.
+    unsafe {
+        let now = libc::time(std::ptr::null_mut());
+        let mut tm: libc::tm = std::mem::zeroed();
+        if libc::localtime_r(&now, &mut tm).is_null() {
+            return String::new();
+        }
+        let mut buffer = [0u8; 64];
+        let written = libc::strftime(
+            buffer.as_mut_ptr().cast(),
+            buffer.len(),
+            c"%a %b %e %H:%M:%S %Y".as_ptr(),
+            &tm,
+        );
+        String::from_utf8_lossy(&buffer[..written]).into_owned()
+    }
+}
+
+/// Starts a thread that copies `reader` line by line to `writer` with the rank prefix
+/// (preceded by the local time when `timestamps`) and to `file` unprefixed, until EOF, then
+/// sends on `done`.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one call site; each argument is one concern"
+)]
 pub(crate) fn forward(
     reader: impl Read + Send + 'static,
     task: u32,
@@ -113,6 +148,7 @@ pub(crate) fn forward(
     labels: RankLabels,
     writer: SharedWriter,
     mut file: Option<File>,
+    timestamps: bool,
     done: std::sync::mpsc::Sender<()>,
 ) -> std::io::Result<JoinHandle<()>> {
     std::thread::Builder::new()
@@ -134,7 +170,12 @@ pub(crate) fn forward(
                 if line.last() == Some(&b'\n') {
                     line.pop();
                 }
-                let prefix = format!("[{}]<{}>:", labels.get(task), stream.name());
+                let time = if timestamps {
+                    asctime_now()
+                } else {
+                    String::new()
+                };
+                let prefix = format!("{time}[{}]<{}>:", labels.get(task), stream.name());
                 write_line(&writer, prefix.as_bytes(), &line);
                 if let Some(out) = file.as_mut() {
                     let written = out.write_all(&line).and_then(|()| out.write_all(b"\n"));
@@ -175,13 +216,22 @@ mod tests {
         let labels = RankLabels::new(3);
         labels.set(vec![0, 2, 1]);
         let dir = std::env::temp_dir().join(format!("kolo-output-test-{}", std::process::id()));
-        let (_, file) = open_rank_files(&dir, 1).unwrap();
+        let (_, file) = open_rank_files(&dir, 1, 3).unwrap();
         let (done, finished) = std::sync::mpsc::channel();
         let input: &'static [u8] = b"one\n\ntwo without newline";
-        forward(input, 1, Stream::Stderr, labels, writer, Some(file), done)
-            .unwrap()
-            .join()
-            .unwrap();
+        forward(
+            input,
+            1,
+            Stream::Stderr,
+            labels,
+            writer,
+            Some(file),
+            false,
+            done,
+        )
+        .unwrap()
+        .join()
+        .unwrap();
         finished.recv().unwrap();
         let text = String::from_utf8(buffer.lock().unwrap().clone()).unwrap();
         assert_eq!(
@@ -195,5 +245,44 @@ mod tests {
             ""
         );
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn rank_directories_are_padded_like_horovodrun() {
+        assert_eq!(pad_rank(3, 4), "3");
+        assert_eq!(pad_rank(3, 11), "03");
+        assert_eq!(pad_rank(10, 11), "10");
+        assert_eq!(pad_rank(7, 101), "007");
+        assert_eq!(pad_rank(0, 1), "0");
+    }
+
+    #[test]
+    fn timestamps_precede_the_rank_prefix() {
+        let buffer = Arc::new(Mutex::new(Vec::<u8>::new()));
+        let writer: SharedWriter = buffer.clone();
+        let (done, finished) = std::sync::mpsc::channel();
+        let input: &'static [u8] = b"hello\n";
+        forward(
+            input,
+            0,
+            Stream::Stdout,
+            RankLabels::new(1),
+            writer,
+            None,
+            true,
+            done,
+        )
+        .unwrap()
+        .join()
+        .unwrap();
+        finished.recv().unwrap();
+        let text = String::from_utf8(buffer.lock().unwrap().clone()).unwrap();
+        let (time, rest) = text.split_once('[').unwrap();
+        assert_eq!(rest, "0]<stdout>:hello\n");
+        // `Wed Nov 25 08:10:00 2026`: weekday, month, day, time, year.
+        let words: Vec<&str> = time.split_whitespace().collect();
+        assert_eq!(words.len(), 5, "{time:?}");
+        assert_eq!(words[3].matches(':').count(), 2, "{time:?}");
+        assert!(words[4].parse::<u32>().unwrap() >= 2024, "{time:?}");
     }
 }

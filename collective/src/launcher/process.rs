@@ -12,12 +12,14 @@ pub struct Launch {
     pub program: String,
     /// Its arguments.
     pub args: Vec<String>,
-    /// Added to the inherited environment (local ranks; remote ranks carry them in the script).
+    /// Removed from the inherited environment (local ranks: the deny-list).
+    pub env_remove: Vec<String>,
+    /// Added to the inherited environment (local ranks; remote ranks get theirs on stdin).
     pub envs: Vec<(String, String)>,
     /// An ssh client: keep its stdin open (closing it stops the remote command).
     pub remote: bool,
-    /// Written to an ssh client's stdin right after it starts (values the remote script reads,
-    /// such as the job secret).
+    /// Written to an ssh client's stdin right after it starts (the environment the remote
+    /// script reads, the job secret among it).
     pub stdin_text: String,
 }
 
@@ -40,6 +42,9 @@ impl RankProcess {
     /// spawning thread dies.
     pub fn spawn(task_index: u32, host: &str, launch: &Launch) -> io::Result<(Self, Pipes)> {
         let mut command = Command::new(&launch.program);
+        for name in &launch.env_remove {
+            command.env_remove(name);
+        }
         command
             .args(&launch.args)
             .envs(launch.envs.iter().map(|(k, v)| (k, v)))
@@ -216,6 +221,7 @@ mod tests {
         let launch = Launch {
             program: "sh".into(),
             args: vec!["-c".into(), "echo $KOLO_T; sleep 30".into()],
+            env_remove: Vec::new(),
             envs: vec![("KOLO_T".into(), "hello".into())],
             remote: false,
             stdin_text: String::new(),

@@ -1,14 +1,22 @@
-//! The ssh command line for a remote rank, and the POSIX shell script it runs there: cd to the
-//! launch directory, export the job's variables, run the command in its own session under a
-//! watchdog that kills it when the ssh connection goes away (stdin reaches EOF).
+//! The ssh command line for a remote rank, and the POSIX shell script it runs there: read the
+//! rank's environment from stdin, cd to the launch directory, run the command in its own
+//! session under a watchdog that kills it when the ssh connection goes away (stdin reaches EOF).
+//!
+//! The environment (the job secret, kolo's variables and the forwarded launching environment)
+//! never appears on a command line, where `ps` on either machine would show it: kolorun writes
+//! it to ssh's stdin as `<byte count>\n` followed by that many bytes of `export NAME='value'`
+//! lines, which the script reads with `head -c` and evaluates.
 
 use std::path::{Path, PathBuf};
 
-/// Variables forwarded to remote ranks (when set here) besides the job's own.
-pub const FORWARDED_VARS: [&str; 4] = ["PATH", "PYTHONPATH", "VIRTUAL_ENV", "LD_LIBRARY_PATH"];
+use crate::error::{Error, Result};
 
 /// Seconds the remote watchdog waits between SIGTERM and SIGKILL.
 const REMOTE_KILL_GRACE_SECONDS: u32 = 3;
+
+/// The most environment kolorun sends to one remote rank (Linux limits a process's arguments
+/// and environment together to a few MiB).
+pub const MAX_REMOTE_ENV_BYTES: usize = 1 << 20;
 
 /// Quotes `text` for a POSIX shell (single quotes; embedded `'` as `'\''`).
 pub fn quote(text: &str) -> String {
@@ -22,30 +30,58 @@ pub fn quote(text: &str) -> String {
     format!("'{}'", text.replace('\'', r"'\''"))
 }
 
-/// The script a remote rank runs (see the module docs). `vars` are exported from the script
-/// text; `stdin_vars` are read, one line each, from the first lines of stdin (so secrets stay
-/// off command lines, where `ps` would show them). The command's exit status becomes the
-/// script's (128+N when it was killed by signal N).
-pub fn remote_script(
-    cwd: &Path,
-    vars: &[(String, String)],
-    stdin_vars: &[&str],
-    command: &[String],
-) -> String {
-    let mut exports: Vec<String> = stdin_vars
+/// True for names a POSIX shell can export (`[A-Za-z_][A-Za-z0-9_]*`).
+pub fn is_shell_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    bytes
+        .next()
+        .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// What kolorun writes to a remote rank's ssh stdin: the length line and the `export` lines of
+/// `vars` (later entries win). A `Config` error when it exceeds [`MAX_REMOTE_ENV_BYTES`],
+/// naming the largest variables.
+pub fn stdin_env(vars: &[(String, String)]) -> Result<String> {
+    let block: String = vars
         .iter()
-        .map(|name| format!("IFS= read -r {name} || exit 1\nexport {name}"))
+        .map(|(name, value)| format!("export {name}={}\n", quote(value)))
         .collect();
-    exports.extend(
-        vars.iter()
-            .map(|(name, value)| format!("export {name}={}", quote(value))),
-    );
+    if block.len() > MAX_REMOTE_ENV_BYTES {
+        let mut sizes: Vec<(usize, &str)> = vars
+            .iter()
+            .map(|(name, value)| (name.len() + value.len(), name.as_str()))
+            .collect();
+        sizes.sort_unstable_by(|a, b| b.cmp(a));
+        let largest: Vec<String> = sizes
+            .iter()
+            .take(3)
+            .map(|(size, name)| format!("{name} ({size} bytes)"))
+            .collect();
+        return Err(Error::Config(format!(
+            "kolorun: the environment for remote ranks is {} bytes, more than the {} kolorun \
+             sends; the largest variables are {}: unset them before launching",
+            block.len(),
+            MAX_REMOTE_ENV_BYTES,
+            largest.join(", ")
+        )));
+    }
+    Ok(format!("{}\n{block}", block.len()))
+}
+
+/// The script a remote rank runs (see the module docs): it first reads its environment from
+/// stdin ([`stdin_env`]). The command's exit status becomes the script's (128+N when it was
+/// killed by signal N).
+pub fn remote_script(cwd: &Path, command: &[String]) -> String {
     let command: Vec<String> = command.iter().map(|arg| quote(arg)).collect();
     let command = command.join(" ");
     let grace = REMOTE_KILL_GRACE_SECONDS;
     format!(
-        "cd {cwd} || exit 1\n\
-         {exports}\n\
+        "IFS= read -r kolo_env_bytes || exit 1\n\
+         kolo_env=$(head -c \"$kolo_env_bytes\") || exit 1\n\
+         eval \"$kolo_env\" || exit 1\n\
+         unset kolo_env kolo_env_bytes\n\
+         cd {cwd} || exit 1\n\
          exec 3<&0\n\
          if command -v setsid >/dev/null 2>&1; then setsid {command} </dev/null 3<&- &\n\
          else {command} </dev/null 3<&- & fi\n\
@@ -60,7 +96,6 @@ pub fn remote_script(
          kill -KILL -$kolo_pid 2>/dev/null\n\
          exit $kolo_status\n",
         cwd = quote(&cwd.to_string_lossy()),
-        exports = exports.join("\n"),
     )
 }
 
@@ -144,9 +179,16 @@ mod tests {
     }
 
     #[test]
-    fn script_runs_in_cwd_with_vars_and_keeps_the_exit_status() {
+    fn script_reads_its_environment_from_stdin_runs_in_cwd_and_keeps_the_exit_status() {
         let dir = std::env::temp_dir();
-        let vars = vec![("KOLO_X".to_owned(), "it's $ok".to_owned())];
+        let vars = vec![
+            ("KOLO_X".to_owned(), "it's $ok\nsecond line".to_owned()),
+            ("KOLO_S".to_owned(), "s3cret value".to_owned()),
+            (
+                "KOLO_X".to_owned(),
+                "later wins: it's $ok\nline 2".to_owned(),
+            ),
+        ];
         let command: Vec<String> = [
             "sh",
             "-c",
@@ -154,25 +196,40 @@ mod tests {
         ]
         .map(String::from)
         .to_vec();
-        let script = remote_script(&dir, &vars, &["KOLO_S"], &command);
-        assert!(!script.contains("s3cret"));
-        let out = sh(&script, "s3cret value\n", None);
+        let script = remote_script(&dir, &command);
+        assert!(!script.contains("s3cret") && !script.contains("later wins"));
+        let out = sh(&script, &stdin_env(&vars).unwrap(), None);
         let text = String::from_utf8_lossy(&out.stdout);
         let cwd = std::fs::canonicalize(&dir).unwrap();
         assert!(
             text.starts_with(&cwd.to_string_lossy().to_string()),
             "{text}"
         );
-        assert!(text.contains("it's $ok\ns3cret value\n"), "{text}");
+        assert!(
+            text.contains("later wins: it's $ok\nline 2\ns3cret value\n"),
+            "{text}"
+        );
         assert_eq!(out.status.code(), Some(7));
+    }
+
+    #[test]
+    fn remote_environment_is_bounded_and_names_the_largest_variable() {
+        let vars = vec![("BIG".to_owned(), "x".repeat(MAX_REMOTE_ENV_BYTES))];
+        let err = stdin_env(&vars).unwrap_err().to_string();
+        assert!(err.contains("BIG (1048579 bytes)"), "{err}");
+        assert!(is_shell_name("_A1") && !is_shell_name("1A") && !is_shell_name("a.b"));
     }
 
     #[test]
     fn closing_stdin_kills_the_command() {
         let started = std::time::Instant::now();
         let command: Vec<String> = ["sleep", "30"].map(String::from).to_vec();
-        let script = remote_script(Path::new("/"), &[], &[], &command);
-        let out = sh(&script, "", Some(std::time::Duration::from_millis(300)));
+        let script = remote_script(Path::new("/"), &command);
+        let out = sh(
+            &script,
+            &stdin_env(&[]).unwrap(),
+            Some(std::time::Duration::from_millis(300)),
+        );
         assert_eq!(out.status.code(), Some(128 + 15));
         assert!(started.elapsed() < std::time::Duration::from_secs(10));
     }

@@ -89,11 +89,14 @@ enum Stopping {
     Killed(Instant),
 }
 
-/// Watches `ranks` until every one has exited, stopping the rest on the first failure.
+/// Watches `ranks` until every one has exited, stopping the rest on the first failure. Once
+/// the driver has assigned ranks, they must be `expected` (by task index: the ranks kolorun put
+/// in the rank variables); otherwise the job is aborted.
 pub(crate) fn supervise(
     ranks: &mut [RankProcess],
     driver: &DriverService,
     labels: &RankLabels,
+    expected: &[u32],
     timing: StopTiming,
     interrupted: &dyn Fn() -> bool,
 ) -> Result<Outcome> {
@@ -108,6 +111,23 @@ pub(crate) fn supervise(
             if let Some(assignment) = driver.assignment() {
                 labels.set(assignment.iter().map(|peer| peer.rank).collect());
                 labelled = true;
+                if let Some(peer) = assignment
+                    .iter()
+                    .find(|peer| expected.get(peer.task_index as usize) != Some(&peer.rank))
+                {
+                    driver.abort(AbortCause {
+                        rank: Some(peer.rank),
+                        host: peer.hostname.clone(),
+                        message: format!(
+                            "the job driver assigned rank {} to task {}, but kolorun set \
+                             HOROVOD_RANK={:?} for it (the host list names one machine under \
+                             two entries?); list each host once",
+                            peer.rank,
+                            peer.task_index,
+                            expected.get(peer.task_index as usize)
+                        ),
+                    });
+                }
                 log::debug!(
                     "kolorun: ranks assigned; task i is rank {:?}",
                     assignment.iter().map(|p| p.rank).collect::<Vec<_>>()

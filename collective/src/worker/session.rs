@@ -55,9 +55,8 @@ impl WorkerSession {
         &self.registration
     }
 
-    /// The rank variables to put in the process environment before user code runs:
-    /// `KOLO_RANK`, `KOLO_SIZE`, `KOLO_LOCAL_RANK`, `KOLO_LOCAL_SIZE`, `KOLO_CROSS_RANK`,
-    /// `KOLO_CROSS_SIZE`, the same with the `HOROVOD_` prefix, and `HOROVOD_HOSTNAME`.
+    /// The rank variables to put in the process environment before user code runs
+    /// ([`crate::control::env::rank_vars`]).
     pub fn rank_env(&self) -> Vec<(String, String)> {
         rank_env(&self.registration)
     }
@@ -112,24 +111,20 @@ impl WorkerSession {
     }
 }
 
-/// The rank variables of `registration` (see [`WorkerSession::rank_env`]).
+/// The rank variables of `registration` ([`crate::control::env::rank_vars`]).
 pub fn rank_env(registration: &Registration) -> Vec<(String, String)> {
-    let values = [
-        ("RANK", registration.rank),
-        ("SIZE", registration.size),
-        ("LOCAL_RANK", registration.local_rank),
-        ("LOCAL_SIZE", registration.local_size),
-        ("CROSS_RANK", registration.cross_rank),
-        ("CROSS_SIZE", registration.cross_size),
-    ];
-    let mut vars = Vec::with_capacity(2 * values.len() + 1);
-    for prefix in ["KOLO_", "HOROVOD_"] {
-        for (name, value) in values {
-            vars.push((format!("{prefix}{name}"), value.to_string()));
-        }
-    }
-    if let Some(me) = registration.peers.get(registration.rank as usize) {
-        vars.push(("HOROVOD_HOSTNAME".to_owned(), me.hostname.clone()));
-    }
-    vars
+    let assignment = crate::control::Assignment {
+        task_index: 0,
+        rank: registration.rank,
+        size: registration.size,
+        local_rank: registration.local_rank,
+        local_size: registration.local_size,
+        cross_rank: registration.cross_rank,
+        cross_size: registration.cross_size,
+    };
+    let hostname = registration
+        .peers
+        .get(registration.rank as usize)
+        .map_or("", |me| me.hostname.as_str());
+    crate::control::env::rank_vars(&assignment, hostname)
 }
