@@ -47,6 +47,7 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     if process_sets == "dynamic":
         os.environ["KOLO_DYNAMIC_PROCESS_SETS"] = "1"
         process_sets = None
+    _mpi_launch.check_comm(comm)
     if _core.is_initialized():
         return
     job_env = _mpi_launch.job_env(comm)

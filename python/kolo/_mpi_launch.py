@@ -128,8 +128,7 @@ def job_env(comm: Any) -> Optional[dict[str, str]]:
         env = job_env(None)  # under `mpirun -np 2`: {"KOLO_DRIVER_ADDR": ..., ...}
     """
     global _job
-    if comm is not None and not isinstance(comm, (list, tuple, range)):
-        _check_comm_type(comm)
+    check_comm(comm)
     ranks = list(comm) if isinstance(comm, (list, tuple, range)) else None
     if ranks == []:  # Horovod: an empty list means COMM_WORLD
         comm = ranks = None
@@ -146,8 +145,18 @@ def job_env(comm: Any) -> Optional[dict[str, str]]:
     return None if _job is None else dict(_job.env)
 
 
-def _check_comm_type(comm: Any) -> None:
-    mpi = _mpi4py()
+def check_comm(comm: Any) -> None:
+    """An :class:`InvalidValueError` (a ``ValueError``, as Horovod raises) unless ``comm`` is
+    None, a list of ranks or an mpi4py communicator.
+
+    Example::
+
+        check_comm(MPI.COMM_WORLD)
+    """
+    if comm is None or isinstance(comm, (list, tuple, range)):
+        return
+    from_mpi4py = type(comm).__module__.split(".")[0] == "mpi4py"  # then it is imported already
+    mpi = _mpi4py() if from_mpi4py else None
     if mpi is None or not isinstance(comm, mpi.Comm):
         raise InvalidValueError(
             "Invalid type of argument comm: expected a list of COMM_WORLD ranks or an "
