@@ -111,7 +111,7 @@ class _Job:
     how: str  # how the ranks met, for messages
     rank: int  # the rank this process must get (the MPI rank)
     env: dict[str, str]  # the KOLO_* variables it joins with (the secret among them)
-    comm: Any = None  # the job's mpi4py communicator (a duplicate), if any
+    comm: Any = None  # the job's mpi4py communicator, if any
     driver: Any = None  # the job driver, on the job's rank 0
 
 
@@ -138,10 +138,13 @@ def job_env(comm: Any) -> Optional[dict[str, str]]:
         return None
     if _job is not None and (comm is None or comm is _job.source):
         return dict(_job.env)
-    launched = launcher_rank()
-    if comm is None and (launched is None or launched.size == 1):
-        return None
-    _job = _start(comm, ranks, launched)
+    if comm is not None:
+        _job = _start_for_comm(comm, ranks)
+    else:
+        launched = launcher_rank()
+        if launched is None or launched.size == 1:
+            return None
+        _job = _start_launched(launched)
     return None if _job is None else dict(_job.env)
 
 
@@ -164,37 +167,39 @@ def check_comm(comm: Any) -> None:
         )
 
 
-def _start(
-    comm: Any, ranks: Optional[list[int]], launched: Optional[LauncherRank]
-) -> Optional[_Job]:
+def _start_launched(launched: LauncherRank) -> Optional[_Job]:
+    """A process ``mpirun``/``srun`` started: over mpi4py's COMM_WORLD when it is the
+    launcher's world, else from the environment."""
     timeout = _start_timeout()
-    if comm is None:
-        mpi = _mpi4py()
-        world = mpi.COMM_WORLD if mpi is not None else None
-        if world is not None and launched is not None and world.Get_size() == launched.size:
-            return _start_over_mpi(None, world, f"{launched.launcher} with mpi4py", timeout)
-        if world is not None and launched is not None:
-            log.warning(
-                "%s started %d ranks, but mpi4py's COMM_WORLD has %d (mpi4py was built for "
-                "another MPI): meeting through MASTER_ADDR/MASTER_PORT instead",
-                launched.launcher,
-                launched.size,
-                world.Get_size(),
-            )
-        assert launched is not None
-        return _start_from_env(launched, timeout)
+    mpi = _mpi4py()
+    if mpi is not None and mpi.COMM_WORLD.Get_size() == launched.size:
+        return _start_over_mpi(None, mpi.COMM_WORLD, f"{launched.launcher} with mpi4py", timeout)
+    if mpi is not None:
+        log.warning(
+            "%s started %d ranks, but mpi4py's COMM_WORLD has %d (mpi4py was built for another "
+            "MPI): meeting through MASTER_ADDR/MASTER_PORT instead",
+            launched.launcher,
+            launched.size,
+            mpi.COMM_WORLD.Get_size(),
+        )
+    return _start_from_env(launched, timeout)
+
+
+def _start_for_comm(comm: Any, ranks: Optional[list[int]]) -> Optional[_Job]:
+    """``init(comm=...)``: the communicator's ranks, or the listed ``COMM_WORLD`` ranks."""
+    timeout = _start_timeout()
     mpi = _mpi4py()
     if mpi is None:
         raise ConfigError(
             f"init(comm={comm!r}) needs mpi4py to reach the other ranks: pip install mpi4py"
         )
     if ranks is None:
-        return _start_over_mpi(comm, comm.Dup(), "init(comm=...)", timeout)
+        return _start_over_mpi(comm, comm, "init(comm=...)", timeout)
     world = mpi.COMM_WORLD
     _check_rank_list(ranks, world.Get_size(), world.Get_rank())
     group = world.Get_group().Incl(ranks)
     try:
-        sub = world.Create_group(group)
+        sub = world.Create_group(group)  # only the listed ranks take part
     finally:
         group.Free()
     return _start_over_mpi(comm, sub, f"init(comm={ranks})", timeout)
@@ -466,11 +471,6 @@ def _mpi4py() -> Any:
     from mpi4py import MPI
 
     return MPI
-
-
-def mpi4py_installed() -> bool:
-    """Whether mpi4py can be imported (without importing it: that would initialize MPI)."""
-    return importlib.util.find_spec("mpi4py") is not None
 
 
 def _start_timeout() -> float:
