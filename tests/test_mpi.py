@@ -104,6 +104,7 @@ def test_init_comm_forms_and_process_set_from_comm() -> None:
     assert "world 3: listed rank 0 of 2" in out and "world 1: listed rank 1 of 2" in out, out
     assert "world 2: process set [0, 2], rank 1 in it" in out, out
     assert "world 1: process set [1, 3], rank 0 in it" in out, out
+    assert "world 3: added process set [2, 3]" in out, out
 
 
 def test_mpich_without_mpi4py_meets_at_master_addr() -> None:

@@ -1,6 +1,7 @@
 """Horovod's ``init(comm=...)`` forms and ``ProcessSet(comm)`` under ``mpirun -np 4``, one after
 the other in one process (shutdown between them): a sub-communicator (two independent jobs), a
-list of COMM_WORLD ranks, and a process set per half of ``COMM_WORLD.Split``."""
+list of COMM_WORLD ranks, a process set per half of ``COMM_WORLD.Split`` at init, and one per
+pair added after init."""
 
 from __future__ import annotations
 
@@ -45,4 +46,12 @@ assert halves.ranks == half and halves.included() and halves.size() == 2
 assert sum_of_world_ranks(halves) == sum(half)
 assert sum_of_world_ranks() == sum(range(world.Get_size()))
 print(f"world {me}: process set {halves.ranks}, rank {halves.rank()} in it", flush=True)
+hvd.shutdown()
+
+# 4. The same, added after init (kolo accepts what Horovod refuses: a communicator there).
+hvd.init(comm=world, process_sets="dynamic")
+pair = hvd.add_process_set(hvd.ProcessSet(world.Split(color=me // 2, key=me)))
+assert pair.ranks == [me - me % 2, me - me % 2 + 1]
+assert sum_of_world_ranks(pair) == sum(pair.ranks)
+print(f"world {me}: added process set {pair.ranks}", flush=True)
 hvd.shutdown()
