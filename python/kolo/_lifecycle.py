@@ -8,16 +8,12 @@ from __future__ import annotations
 
 import atexit
 import os
-import threading
 from typing import Any
 
 from kolo import _core, _mpi_launch
 from kolo import process_sets as _sets
 
 __all__ = ["init", "shutdown"]
-
-_atexit_lock = threading.Lock()
-_shutdown_at_exit = False
 
 
 def init(comm: Any = None, process_sets: Any = None) -> None:
@@ -43,7 +39,6 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         from mpi4py import MPI
         hvd.init(comm=MPI.COMM_WORLD.Split(MPI.COMM_WORLD.rank % 2))  # two independent jobs
     """
-    global _shutdown_at_exit
     if process_sets == "dynamic":
         os.environ["KOLO_DYNAMIC_PROCESS_SETS"] = "1"
         process_sets = None
@@ -61,10 +56,10 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         raise
     finally:
         _mpi_launch.forget_env_vars()
-    with _atexit_lock:
-        if not _shutdown_at_exit:
-            atexit.register(shutdown)
-            _shutdown_at_exit = True
+    # Registered afresh at every init so it runs first at exit: before the exit hook of a job
+    # driver this process hosts for mpirun/srun ranks (it waits for every rank to leave).
+    atexit.unregister(shutdown)
+    atexit.register(shutdown)
     for ps in process_sets or []:
         _sets.register(ps, initializing=True)
 
