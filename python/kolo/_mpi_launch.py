@@ -397,11 +397,11 @@ def check_assignment(rank: int) -> None:
         rows = job.driver.assignment() or []
         moved = [row for row in rows if row["rank"] != row["task_index"]]
         if moved:
-            first = f"MPI rank {moved[0]['task_index']} got rank {moved[0]['rank']}"
-            job.driver.abort(f"{advice} ({first})")
-            raise ConfigError(f"{advice}: {first}")
+            first = f"{advice}: MPI rank {moved[0]['task_index']} got rank {moved[0]['rank']}"
+            job.driver.abort(first)
+            raise ConfigError(first)
     if rank != job.rank:
-        raise ConfigError(f"{advice}: this process is MPI rank {job.rank} but got rank {rank}")
+        raise ConfigError(f"{advice}: MPI rank {job.rank} got rank {rank}")
 
 
 def forget_env_vars() -> None:
