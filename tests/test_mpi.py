@@ -175,7 +175,7 @@ def test_missing_rendezvous_settings_fail_fast_naming_them() -> None:
     assert result.returncode != 0
     assert time.monotonic() - started < 30
     assert "ConfigError" in result.stderr, result.stderr[-3000:]
-    assert "MASTER_ADDR and MASTER_PORT is not set" in result.stderr, result.stderr[-3000:]
+    assert "MASTER_ADDR and MASTER_PORT are not set" in result.stderr, result.stderr[-3000:]
     assert "KOLO_JOB_SECRET" in result.stderr and "pip install mpi4py" in result.stderr
     env = rendezvous_env()
     del env["KOLO_JOB_SECRET"]

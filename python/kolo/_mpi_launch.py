@@ -280,8 +280,9 @@ def _start_from_env(launched: LauncherRank, timeout: float) -> _Job:
     if not secret:
         raise ConfigError(
             f"{launched.launcher} started this process as rank {launched.rank} of "
-            f"{launched.size} and mpi4py is not available, so kolo needs the job secret from "
-            f"the environment: {_SECRET_HINT}; or pip install mpi4py"
+            f"{launched.size} without mpi4py for this MPI (not installed, or built for another), "
+            f"so kolo needs the job secret from the environment: {_SECRET_HINT}; or pip "
+            "install mpi4py"
         )
     try:
         key = bytes.fromhex(secret)
@@ -322,13 +323,13 @@ def _rendezvous_addr(launched: LauncherRank) -> tuple[str, int]:
         port_text = os.environ.get("MASTER_PORT", "").strip()
         name = "MASTER_PORT"
         if not host or not port_text:
-            missing = " and ".join(
-                n for n, v in (("MASTER_ADDR", host), ("MASTER_PORT", port_text)) if not v
-            )
+            missing = [n for n, v in (("MASTER_ADDR", host), ("MASTER_PORT", port_text)) if not v]
+            verb = "is" if len(missing) == 1 else "are"
             raise ConfigError(
                 f"{launched.launcher} started this process as rank {launched.rank} of "
-                f"{launched.size} and mpi4py is not available, so kolo needs a rendezvous "
-                f"address: {missing} is not set. Set MASTER_ADDR (the host of rank 0) and "
+                f"{launched.size} without mpi4py for this MPI (not installed, or built for "
+                f"another), so kolo needs a rendezvous address: {' and '.join(missing)} {verb} "
+                "not set. Set MASTER_ADDR (the host of rank 0) and "
                 "MASTER_PORT (a free port there), or KOLO_RENDEZVOUS_ADDR=host:port, and "
                 f"KOLO_JOB_SECRET ({_SECRET_HINT}); or pip install mpi4py"
             )
