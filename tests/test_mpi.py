@@ -48,7 +48,8 @@ def run_mpirun(
 
 
 def checksums(stdout: str) -> list[str]:
-    return re.findall(r"rank \d+: parameter checksum (\w+)", stdout)
+    # mpirun merges the ranks' unbuffered output: a line may run into the next one.
+    return re.findall(r"rank \d+: parameter checksum ([0-9a-f]{16})", stdout)
 
 
 def rendezvous_env() -> dict[str, str]:
