@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs the system packages kolo's jobs and tests use, when missing (Debian/Ubuntu, apt):
 #   java (a JRE 17+) for PySpark — always;
-#   openssh-server/-client for the kolorun-over-ssh tests — with --tests.
+#   openssh-server/-client for the kolorun-over-ssh tests — with --tests;
+#   Open MPI (mpirun.openmpi, libmpi for mpi4py's binary wheel) and MPICH (mpirun.mpich) for
+#   the mpirun/srun tests (tests/test_mpi.py) — with --tests. Debian keeps `mpirun` on Open MPI.
 set -euo pipefail
 packages=()
 if ! command -v java >/dev/null 2>&1; then
@@ -9,6 +11,12 @@ if ! command -v java >/dev/null 2>&1; then
 fi
 if [ "${1:-}" = "--tests" ] && ! command -v sshd >/dev/null 2>&1 && [ ! -x /usr/sbin/sshd ]; then
   packages+=(openssh-server openssh-client)
+fi
+if [ "${1:-}" = "--tests" ] && ! command -v mpirun.openmpi >/dev/null 2>&1; then
+  packages+=(openmpi-bin)
+fi
+if [ "${1:-}" = "--tests" ] && ! command -v mpirun.mpich >/dev/null 2>&1; then
+  packages+=(mpich)
 fi
 if [ ${#packages[@]} -eq 0 ]; then
   exit 0

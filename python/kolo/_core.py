@@ -8,6 +8,7 @@ gets the same names on every rank.
 from __future__ import annotations
 
 import enum
+import importlib.util
 import itertools
 import os
 import threading
@@ -156,33 +157,77 @@ def stop_timeline() -> None:
 
 
 def mpi_built() -> bool:
-    """False: kolo does not use MPI."""
-    return False
+    """Whether ``init(comm=...)`` and ``ProcessSet(comm)`` work: True when mpi4py is installed
+    (kolo needs no MPI build; ranks started by ``mpirun``/``srun`` join without it too). See
+    docs/mpi.md for why each of these answers is what it is.
+
+    Example::
+
+        if hvd.mpi_built():
+            hvd.init(comm=MPI.COMM_WORLD)
+    """
+    return importlib.util.find_spec("mpi4py") is not None
 
 
 def mpi_enabled() -> bool:
-    """False: kolo does not use MPI."""
+    """False: kolo's collectives never run over MPI (mpi4py only carries the rendezvous), so
+    code paths that need Horovod's MPI operations (Adasum) are skipped, as Horovod skips them.
+
+    Example::
+
+        if not hvd.mpi_enabled():
+            print("collectives run on kolo's own transport")
+    """
     return False
 
 
 def mpi_threads_supported() -> bool:
-    """False: kolo does not use MPI."""
-    return False
+    """True: mixing mpi4py calls with kolo collectives is safe from any thread, because kolo's
+    background thread never calls MPI (what Horovod asks MPI_THREAD_MULTIPLE for).
+
+    Example::
+
+        assert hvd.mpi_threads_supported()
+    """
+    return True
 
 
 def gloo_built() -> bool:
-    """False: kolo's CPU collectives are its own TCP transport, not Gloo."""
-    return False
+    """True: kolo's own TCP/shared-memory transport fills Gloo's role (the controller and
+    CPU collectives that need no MPI), so Gloo-only paths (elastic, Spark/Ray) are taken.
+
+    Example::
+
+        assert hvd.gloo_built()
+    """
+    return True
 
 
 def gloo_enabled() -> bool:
-    """False: kolo's CPU collectives are its own TCP transport, not Gloo."""
-    return False
+    """Whether the Gloo-role transport runs: True between ``init`` and ``shutdown``.
+
+    Example::
+
+        hvd.init()
+        assert hvd.gloo_enabled()
+    """
+    return is_initialized()
 
 
-def nccl_built() -> bool:
-    """Whether this build can run NCCL collectives (it loads libnccl at run time)."""
-    return bool(_native.build_info()["nccl"])
+def nccl_built() -> int:
+    """NCCL's version code (Horovod's ``NCCL_VERSION_CODE``, e.g. 21803 for 2.18.3) when this
+    build can run NCCL collectives (it loads libnccl at run time), else 0.
+
+    Example::
+
+        if hvd.nccl_built() >= 2700:
+            ...
+    """
+    if not _native.build_info()["nccl"]:
+        return 0
+    major, minor, patch = (int(p) for p in str(_native.cuda_probe()["nccl_version"]).split("."))
+    # NCCL's own NCCL_VERSION(X, Y, Z): X*1000 + Y*100 + Z before 2.9, X*10000 + Y*100 + Z since.
+    return major * (1000 if (major, minor) < (2, 9) else 10000) + minor * 100 + patch
 
 
 def cuda_built() -> bool:

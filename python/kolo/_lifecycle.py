@@ -8,17 +8,12 @@ from __future__ import annotations
 
 import atexit
 import os
-import threading
 from typing import Any
 
-from kolo import _core
+from kolo import _core, _mpi_launch
 from kolo import process_sets as _sets
-from kolo.exceptions import InvalidArgumentError
 
 __all__ = ["init", "shutdown"]
-
-_atexit_lock = threading.Lock()
-_shutdown_at_exit = False
 
 
 def init(comm: Any = None, process_sets: Any = None) -> None:
@@ -26,31 +21,45 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
 
     Under ``kolorun`` (or ``kolo.spark.run`` / ``RayExecutor``) the process registers with the
     job's driver service, receives its rank (a host's ranks are consecutive) and connects to its
-    peers. Launched bare (``python train.py``) it becomes rank 0 of 1. Calling it again is a
-    no-op; after :func:`shutdown` it joins the job again (every rank must): a fresh engine and
-    connections, the same rank.
+    peers. Started by ``mpirun`` (Open MPI, MPICH) or ``srun``, the ranks meet by themselves and
+    keep their MPI rank (see docs/mpi.md). Launched bare (``python train.py``) it becomes rank 0
+    of 1. Calling it again is a no-op; after :func:`shutdown` it joins the job again (every rank
+    must): a fresh engine and connections, the same rank.
+
+    ``comm``, as in Horovod: an mpi4py communicator (``MPI.COMM_WORLD`` or a sub-communicator:
+    the job is that communicator's ranks, numbered as in it) or a list of ``COMM_WORLD`` ranks.
+    ``process_sets``: :class:`~kolo.ProcessSet` objects to register, or ``"dynamic"``.
 
     Example::
 
         import kolo.torch as hvd
         hvd.init()
         print(hvd.rank(), hvd.size())
+
+        from mpi4py import MPI
+        hvd.init(comm=MPI.COMM_WORLD.Split(MPI.COMM_WORLD.rank % 2))  # two independent jobs
     """
-    global _shutdown_at_exit
-    if comm is not None:
-        raise InvalidArgumentError(
-            "init(comm=...) selects an MPI communicator, and kolo does not use MPI: launch the "
-            "processes with kolorun (or kolo.spark.run / kolo.ray.RayExecutor) and call init()"
-        )
     if process_sets == "dynamic":
         os.environ["KOLO_DYNAMIC_PROCESS_SETS"] = "1"
         process_sets = None
-    if not _core.start_engine():
+    _mpi_launch.check_comm(comm)
+    if _core.is_initialized():
         return
-    with _atexit_lock:
-        if not _shutdown_at_exit:
-            atexit.register(shutdown)
-            _shutdown_at_exit = True
+    job_env = _mpi_launch.job_env(comm)
+    os.environ.update(job_env or {})
+    try:
+        if not _core.start_engine():
+            return
+        _mpi_launch.check_assignment(_core.rank())
+    except BaseException:
+        _core.stop_engine()
+        raise
+    finally:
+        _mpi_launch.forget_env_vars()
+    # Registered afresh at every init so it runs first at exit: before the exit hook of a job
+    # driver this process hosts for mpirun/srun ranks (it waits for every rank to leave).
+    atexit.unregister(shutdown)
+    atexit.register(shutdown)
     for ps in process_sets or []:
         _sets.register(ps, initializing=True)
 

@@ -16,25 +16,45 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterable
+from numbers import Integral
 from typing import Any, Optional, Union
 
-from kolo import _core, _native
-from kolo.exceptions import InvalidArgumentError
+from kolo import _core, _mpi_launch, _native
+from kolo.exceptions import InvalidArgumentError, InvalidValueError
 
 __all__ = ["ProcessSet", "add_process_set", "global_process_set", "remove_process_set"]
 
 
 class ProcessSet:
-    """A set of global ranks that runs collectives among themselves.
+    """A set of global ranks that runs collectives among themselves: a list of ranks, or an
+    mpi4py communicator (as in Horovod; its ranks are translated to the job's ranks when the
+    set is registered, and every rank must then pass one, e.g. its half of a ``Split``).
 
     Example::
 
         ps = hvd.ProcessSet([0, 1])
+        evens_or_odds = hvd.ProcessSet(MPI.COMM_WORLD.Split(MPI.COMM_WORLD.rank % 2))
     """
 
-    def __init__(self, ranks: Iterable[int]) -> None:
-        self.ranks: list[int] = sorted(int(r) for r in ranks)
+    def __init__(self, ranks_or_comm: Union[Iterable[int], Any]) -> None:
         self.process_set_id: Optional[int] = None
+        self.mpi_comm: Any = None
+        if isinstance(ranks_or_comm, Iterable) and not isinstance(ranks_or_comm, (str, bytes)):
+            ranks = list(ranks_or_comm)
+            if not all(isinstance(r, Integral) and not isinstance(r, bool) for r in ranks):
+                raise InvalidValueError(
+                    "ProcessSet should be initialized with a list of process ranks or an mpi4py "
+                    f"Comm object, got {ranks!r}"
+                )
+            self.ranks: Optional[list[int]] = sorted(int(r) for r in ranks)
+            return
+        if type(ranks_or_comm).__module__.split(".")[0] != "mpi4py":
+            raise InvalidValueError(
+                "ProcessSet should be initialized with a list of process ranks or an mpi4py "
+                f"Comm object, got {type(ranks_or_comm).__name__}"
+            )
+        self.ranks = None  # known once registered
+        self.mpi_comm = ranks_or_comm
 
     def _registered(self) -> bool:
         return self.process_set_id is not None and _core.is_initialized()
@@ -49,22 +69,28 @@ class ProcessSet:
         if not self._registered():
             return None
         me = _core.rank()
-        return self.ranks.index(me) if me in self.ranks else -1
+        ranks = self.ranks or []
+        return ranks.index(me) if me in ranks else -1
 
     def included(self) -> Optional[bool]:
         """Whether this process is a member, or None before the set is registered."""
         if not self._registered():
             return None
-        return _core.rank() in self.ranks
+        return _core.rank() in (self.ranks or [])
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, ProcessSet) and self.ranks == other.ranks
+        if not isinstance(other, ProcessSet):
+            return False
+        if self.ranks is None or other.ranks is None:
+            return self is other
+        return self.ranks == other.ranks
 
     def __hash__(self) -> int:
-        return hash(tuple(self.ranks))
+        return hash(tuple(self.ranks)) if self.ranks is not None else id(self)
 
     def __repr__(self) -> str:
-        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+        comm = "" if self.mpi_comm is None else f", mpi_comm={self.mpi_comm}"
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks}{comm})"
 
 
 class _GlobalProcessSet(ProcessSet):
@@ -99,6 +125,8 @@ def _forget_registrations() -> None:
     ``init`` they can be registered again, e.g. with ``init(process_sets=[...])``."""
     for ps in list(_live_sets.values()):
         ps.process_set_id = None
+        if ps.mpi_comm is not None:
+            ps.ranks = None  # translated afresh at the next registration
     _live_sets.clear()
 
 
@@ -123,11 +151,26 @@ def _as_set(process_set: Union[ProcessSet, Iterable[int]]) -> ProcessSet:
 
 
 def register(process_set: Union[ProcessSet, Iterable[int]], initializing: bool) -> ProcessSet:
-    """Registers a set on every rank (all ranks must call this alike, in the same order)."""
+    """Registers a set on every rank (all ranks must call this alike, in the same order). A set
+    built from a communicator registers every set the ranks' communicators form (in sorted
+    order, the same on every rank) and becomes the one holding this rank."""
     ps = _as_set(process_set)
     if ps.process_set_id is not None:
         raise InvalidArgumentError(f"{ps!r} is already registered")
-    handle = _native.add_process_set(ps.ranks, initializing)
+    if ps.ranks is not None:
+        return _register_ranks(ps, initializing)
+    mine, every_set = _mpi_launch.comm_process_sets(ps.mpi_comm)
+    for ranks in every_set:
+        if ranks == mine:
+            ps.ranks = ranks
+            _register_ranks(ps, initializing)
+        else:
+            _register_ranks(ProcessSet(ranks), initializing)
+    return ps
+
+
+def _register_ranks(ps: ProcessSet, initializing: bool) -> ProcessSet:
+    handle = _native.add_process_set(list(ps.ranks or []), initializing)
     ps.process_set_id = int(_native.wait(handle))
     _live_sets[id(ps)] = ps
     return ps

@@ -6,7 +6,9 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use kolo_collective::control::{DriverEvent, LaunchDriver, LaunchDriverOptions, PeerAssignment};
+use kolo_collective::control::{
+    DriverEvent, JobId, JobSecret, LaunchDriver, LaunchDriverOptions, PeerAssignment,
+};
 use kolo_collective::worker::WorkerSession;
 use kolo_collective::Error;
 use pyo3::prelude::*;
@@ -26,7 +28,8 @@ pub fn seconds(name: &str, value: f64) -> PyResult<Duration> {
     }
 }
 
-/// The job driver of one launch (`kolo.spark.run`, `RayExecutor`).
+/// The job driver of one launch (`kolo.spark.run`, `RayExecutor`, rank 0 of an `mpirun`/`srun`
+/// job). `secret` and `job_id` (hex) give the job an identity its workers already know.
 #[pyclass(name = "LaunchDriver", module = "kolo._native")]
 #[derive(Debug)]
 pub struct PyLaunchDriver {
@@ -36,13 +39,15 @@ pub struct PyLaunchDriver {
 #[pymethods]
 impl PyLaunchDriver {
     #[new]
-    #[pyo3(signature = (num_tasks, bind = "127.0.0.1:0", start_timeout = 30.0, heartbeat_timeout = 30.0))]
+    #[pyo3(signature = (num_tasks, bind = "127.0.0.1:0", start_timeout = 30.0, heartbeat_timeout = 30.0, secret = None, job_id = None))]
     fn new(
         py: Python<'_>,
         num_tasks: usize,
         bind: &str,
         start_timeout: f64,
         heartbeat_timeout: f64,
+        secret: Option<&str>,
+        job_id: Option<&str>,
     ) -> PyResult<Self> {
         let bind: SocketAddr = bind.parse().map_err(|_| {
             to_py(Error::InvalidArgument(format!(
@@ -55,7 +60,27 @@ impl PyLaunchDriver {
             start_timeout: seconds("start_timeout", start_timeout)?,
             heartbeat_timeout: seconds("heartbeat_timeout", heartbeat_timeout)?,
         };
-        let inner = py.detach(|| LaunchDriver::start(&options)).map_err(to_py)?;
+        // A job whose workers already know its secret and id (given both, or neither).
+        let identity = match (secret, job_id) {
+            (None, None) => None,
+            (Some(secret), Some(job_id)) => Some((
+                JobSecret::from_hex(secret, "secret").map_err(to_py)?,
+                JobId::from_hex(job_id, "job_id").map_err(to_py)?,
+            )),
+            _ => {
+                return Err(to_py(Error::InvalidArgument(
+                    "pass secret and job_id together (or neither, for fresh ones)".into(),
+                )))
+            }
+        };
+        let inner = py
+            .detach(|| match identity {
+                Some((secret, job_id)) => {
+                    LaunchDriver::start_with_identity(&options, secret, job_id)
+                }
+                None => LaunchDriver::start(&options),
+            })
+            .map_err(to_py)?;
         Ok(Self {
             inner: Arc::new(inner),
         })
@@ -163,6 +188,11 @@ impl PyLaunchDriver {
     /// `(success, description)` of task `task_index`'s rank process once it ended, or None.
     fn task_exit(&self, task_index: u32) -> Option<(bool, String)> {
         self.inner.task_exit(task_index)
+    }
+
+    /// How many ranks joined and have not left (`shutdown()`) yet; 0 before every task joined.
+    fn active_ranks(&self) -> usize {
+        self.inner.active_ranks()
     }
 
     /// True once every task's rank process ended.

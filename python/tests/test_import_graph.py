@@ -27,6 +27,7 @@ LAYERS: List[List[str]] = [
         "kolo",
         "kolo._core",
         "kolo._lifecycle",
+        "kolo._mpi_launch",
         "kolo._nics",
         "kolo._rank_gpu",
         "kolo._run",

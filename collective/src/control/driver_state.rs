@@ -461,6 +461,11 @@ impl JobState {
         self.abort.borrow().is_some()
     }
 
+    /// How many ranks joined the current round and have not left yet.
+    pub(crate) fn active_ranks(&self) -> usize {
+        lock(&self.inner).last_seen.len()
+    }
+
     /// Stops expecting heartbeats from `rank` (it finished cleanly).
     pub(crate) fn leave(&self, rank: u32) {
         lock(&self.inner).last_seen.remove(&rank);

@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
+use crate::control::ids::{JobId, JobSecret};
 use crate::control::proto::{task_event, TaskEvent};
 use crate::control::{DriverConfig, DriverService, PeerAssignment, WorkerEnv};
 use crate::error::{Error, Result};
@@ -108,8 +109,18 @@ pub struct LaunchDriver {
 }
 
 impl LaunchDriver {
-    /// Starts the job driver service.
+    /// Starts the job driver service with a fresh secret and job id.
     pub fn start(options: &LaunchDriverOptions) -> Result<Self> {
+        Self::start_with_identity(options, JobSecret::generate(), JobId::generate())
+    }
+
+    /// Starts the job driver service for a job whose secret and id the workers already know
+    /// (ranks launched by `mpirun`/`srun` without mpi4py share the secret the user exported).
+    pub fn start_with_identity(
+        options: &LaunchDriverOptions,
+        secret: JobSecret,
+        job_id: JobId,
+    ) -> Result<Self> {
         if options.num_tasks == 0 {
             return Err(Error::InvalidArgument(
                 "a job needs at least 1 task (num_proc, num_workers)".to_owned(),
@@ -119,6 +130,8 @@ impl LaunchDriver {
             bind: options.bind,
             start_timeout: options.start_timeout,
             heartbeat_timeout: options.heartbeat_timeout,
+            secret,
+            job_id,
             ..DriverConfig::new(options.num_tasks)
         };
         let service = DriverService::start(config.clone())?;
@@ -185,6 +198,11 @@ impl LaunchDriver {
             .get(task_index as usize)
             .cloned()
             .flatten()
+    }
+
+    /// How many ranks joined and have not left (`shutdown()`) yet; 0 before every task joined.
+    pub fn active_ranks(&self) -> usize {
+        self.service.active_ranks()
     }
 
     /// True once every task's rank process ended.

@@ -205,6 +205,11 @@ impl DriverService {
         self.state.registered_tasks()
     }
 
+    /// How many ranks joined (in the current registration round) and have not left yet.
+    pub fn active_ranks(&self) -> usize {
+        self.state.active_ranks()
+    }
+
     /// Tells the driver that task `task_index` exited cleanly, so its missing heartbeats are
     /// not a failure (launchers call this when a worker process exits with status 0).
     pub fn task_finished(&self, task_index: u32) {
