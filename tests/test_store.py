@@ -598,6 +598,13 @@ def test_horovod_store_methods_work_on_a_local_store(tmp_path, dbfs_mount):
     with pytest.raises(ValueError, match="recursive=True"):
         store.copy(str(local), store.get_run_path("r"))
 
+    # get_checkpoints: the files directly in the run directory with the suffix (Horovod's ls).
+    run = store.get_run_path("r")
+    for name in ("epoch=1.ckpt", "epoch=0.ckpt", "sub/nested.ckpt", "notes.txt"):
+        store.write_text(f"{run}/{name}", "x")
+    assert store.get_checkpoints("r") == [f"{run}/epoch=0.ckpt", f"{run}/epoch=1.ckpt"]
+    assert store.get_checkpoints("r", suffix=".txt") == [f"{run}/notes.txt"]
+
     metadata = store.get_data_metadata_path(data + "/")
     assert metadata.startswith(data + "_") and metadata.endswith("_cached_metadata.pkl")
 

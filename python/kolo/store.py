@@ -254,11 +254,21 @@ class Store:
         return _join(self.get_run_path(run_id), self.get_checkpoint_filename())
 
     def get_checkpoints(self, run_id: str, suffix: str = ".ckpt") -> list[str]:
-        """The full paths under the checkpoint path that end with ``suffix``, sorted."""
-        path = self.get_checkpoint_path(run_id)
-        if path is None:
+        """The full paths of the files directly in the run directory that end with
+        ``suffix``, sorted (Horovod's); empty when not saving runs.
+
+        Example::
+
+            store.get_checkpoints("run_1")     # ['/tmp/exp/runs/run_1/epoch=2.ckpt']
+        """
+        if not self._save_runs:
             return []
-        return [p for p in self.list(path) if p.endswith(suffix)]
+        run_path = self.get_run_path(run_id)
+        return [
+            p
+            for p in self.list(run_path)
+            if p.endswith(suffix) and "/" not in p[len(run_path) + 1 :]
+        ]
 
     def get_logs_path(self, run_id: str) -> Optional[str]:
         """``<prefix>/runs/<run_id>/logs``, or None when not saving runs."""
