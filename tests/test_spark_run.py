@@ -407,12 +407,16 @@ def system_python_without_kolo() -> str:
     return python
 
 
-def test_executors_python_without_kolo_fails_at_once_at_the_driver(spark):
+def test_executors_python_without_kolo_fails_at_once_at_the_driver(spark, tmp_path):
     """A session whose executors run a Python without kolo (what spark.pyspark.python /
     PYSPARK_PYTHON set: the context's ``pythonExec``) fails in ``run`` at once, with a
     ConfigError naming that Python as the executors report it and the fix."""
+    import torch
+
     from kolo.exceptions import ConfigError
     from kolo.spark.common.backend import SparkBackend
+    from kolo.spark.common.store import Store
+    from kolo.spark.torch import TorchEstimator
 
     python = system_python_without_kolo()
     version = subprocess.run(
@@ -431,6 +435,19 @@ def test_executors_python_without_kolo_fails_at_once_at_the_driver(spark):
         assert time.monotonic() - started < 30
         with pytest.raises(ConfigError):
             SparkBackend(num_proc=2).run(env_fn, args=(1,))
+        # Estimator fit: before any data is written to the store.
+        store = Store.create(str(tmp_path / "store"))
+        with pytest.raises(ConfigError, match="cannot import kolo"):
+            TorchEstimator(
+                num_proc=2,
+                store=store,
+                model=torch.nn.Linear(2, 1),
+                loss=torch.nn.functional.mse_loss,
+                optimizer=torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1),
+                feature_cols=["x"],
+                label_cols=["y"],
+            ).fit(spark.createDataFrame([([1.0, 2.0], 0.0)], ["x", "y"]))
+        assert not os.path.exists(store.get_train_data_path(0))
     finally:
         sc.pythonExec = driver_python
     text = str(raised.value)

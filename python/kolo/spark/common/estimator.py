@@ -64,6 +64,8 @@ from kolo.estimator.dataset import PreparedDataset, get_dataset_metadata
 from kolo.estimator.params import NO_EFFECT, reject_unknown, warn_no_effect
 from kolo.estimator.training import train_on_ranks
 from kolo.exceptions import InvalidArgumentError, InvalidValueError
+from kolo.spark._python_probe import check_executor_python
+from kolo.spark.common.backend import SparkBackend
 from kolo.spark.common.model import HorovodModel
 from kolo.spark.common.serialization import KoloPersistence
 from kolo.spark.common.util import prepare_data
@@ -179,6 +181,9 @@ class KoloEstimator(Estimator, KoloPersistence):
         # Fail on bad or unpicklable parameters before Spark writes anything.
         self._check_all()
         num_proc = self._num_proc()
+        if self._backend() is None or isinstance(self._backend(), SparkBackend):
+            # An executor Python without kolo fails here, before the data is written.
+            check_executor_python(df.sparkSession.sparkContext, num_proc)
         with prepare_data(
             num_proc,
             self.getStore(),
@@ -219,7 +224,6 @@ class KoloEstimator(Estimator, KoloPersistence):
 
         def launch(trainer: Callable[[], Any], on_message: Callable[[int, Any], None]) -> Any:
             from kolo.spark import run
-            from kolo.spark.common.backend import SparkBackend
 
             backend = self._backend()
             if isinstance(backend, SparkBackend):
