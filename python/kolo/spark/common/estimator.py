@@ -69,6 +69,7 @@ from kolo.spark.common.backend import SparkBackend
 from kolo.spark.common.model import HorovodModel
 from kolo.spark.common.serialization import KoloPersistence
 from kolo.spark.common.util import prepare_data
+from kolo.spark.runner import _active_spark_context
 
 __all__ = ["HorovodEstimator", "HorovodModel", "KoloEstimator"]
 
@@ -183,7 +184,7 @@ class KoloEstimator(Estimator, KoloPersistence):
         num_proc = self._num_proc()
         if self._backend() is None or isinstance(self._backend(), SparkBackend):
             # An executor Python without kolo fails here, before the data is written.
-            check_executor_python(df.sparkSession.sparkContext, num_proc)
+            check_executor_python(_active_spark_context(), num_proc)
         with prepare_data(
             num_proc,
             self.getStore(),
