@@ -110,7 +110,12 @@ def _run_probe(sc: Any, num_tasks: int, timeout_s: float) -> Optional[list[tuple
             done.set()
 
     threading.Thread(target=job, name="kolo-spark-python-probe", daemon=True).start()
-    if not done.wait(timeout_s):
+    try:
+        finished = done.wait(timeout_s)
+    except BaseException:  # Ctrl-C: leave no probe job behind
+        sc.cancelJobGroup(group)
+        raise
+    if not finished:
         sc.cancelJobGroup(group)
         log.info(
             "kolo.spark.run: the executors' Python check did not finish in %.0fs; going on",
