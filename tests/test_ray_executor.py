@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -343,3 +344,52 @@ def test_multi_node_ranks_are_consecutive_per_node():
         assert nodes[0] == nodes[1] and nodes[2] == nodes[3] and nodes[0] != nodes[2], name
         assert [info["node_id"] for info in out[name]["info"]] == nodes, name
         assert all(row[6] == 6.0 for row in run), name
+
+
+def test_executor_workers_are_base_horovod_workers(executor):
+    """The handles in ``executor.workers`` answer Horovod's BaseHorovodWorker calls."""
+    from kolo.ray import BaseHorovodWorker
+    from kolo.ray._worker import _RankActor
+    from kolo.ray.worker import BaseHorovodWorker as from_module
+
+    assert from_module is BaseHorovodWorker and issubclass(_RankActor, BaseHorovodWorker)
+    workers = executor.workers
+    envs = ray.get([w.env_vars.remote() for w in workers])
+    assert [env["HOROVOD_RANK"] for env in envs] == ["0", "1", "2"]
+    assert all(env["HOROVOD_SIZE"] == "3" for env in envs)
+    assert ray.get(workers[0].hostname.remote()) == socket.gethostname()
+    assert ray.get(workers[0].get_gpu_ids.remote()) == []
+    ray.get(workers[1].update_env_vars.remote({"KOLO_TEST_FLAG": 7}))
+    assert executor.run(lambda: os.environ.get("KOLO_TEST_FLAG")) == [None, "7", None]
+    # execute(fn) is fn(executable): the Counter built by start(executable_cls=Counter).
+    assert ray.get(workers[2].execute.remote(lambda counter: counter.rank)) == 2
+
+
+def _log_to_queue(_executable):
+    from kolo.ray.worker import log
+
+    log({"a": 1})
+
+
+def test_user_subclass_of_base_horovod_worker(ray_local):
+    from ray.util.queue import Queue
+
+    from kolo.ray import BaseHorovodWorker
+
+    class Tagged(BaseHorovodWorker):
+        def tag(self):
+            return f"{self.hostname()}:{os.environ['HOROVOD_RANK']}/{os.environ['HOROVOD_SIZE']}"
+
+    worker = ray.remote(Tagged).remote(world_rank=1, world_size=4)
+    assert ray.get(worker.tag.remote()) == f"{socket.gethostname()}:1/4"
+    node = ray.get(worker.node_id.remote())
+    assert ray.get(worker.env_vars.remote())["HOROVOD_HOSTNAME"] == node
+    assert ray.get(worker.execute.remote(lambda executable: executable)) is None
+    ray.get(worker.start_executable.remote(dict, None, {"steps": 3}))
+    assert ray.get(worker.execute.remote(lambda d: d["steps"])) == 3
+
+    queue = Queue()
+    ray.get(worker.set_queue.remote(queue))
+    ray.get(worker.execute.remote(_log_to_queue))
+    assert queue.get(timeout=10) == {"a": 1}
+    ray.kill(worker)

@@ -11,6 +11,7 @@ import io
 import json
 import os
 import pickle
+import re
 import subprocess
 import sys
 import threading
@@ -23,6 +24,7 @@ import pytest
 
 import kolo.spark
 from kolo.exceptions import InvalidArgumentError, NotEnoughSlotsError, RankFailedError
+from kolo.spark.common.backend import Backend
 
 pytestmark = pytest.mark.spark
 
@@ -318,3 +320,200 @@ def test_standalone_cluster_two_hosts(standalone_cluster, tmp_path):
     assert [r["local_rank"] for r in results] == [0, 1, 0, 1]
     assert all(r["local_size"] == 2 and r["cross_size"] == 2 for r in results)
     assert [r["cross_rank"] for r in results] == [0, 0, 1, 1]
+
+
+#: ``horovod.spark.run``'s parameters in Horovod 0.28.1's order (horovod/spark/runner.py).
+HOROVOD_RUN_PARAMS = [
+    "fn",
+    "args",
+    "kwargs",
+    "num_proc",
+    "start_timeout",
+    "use_mpi",
+    "use_gloo",
+    "extra_mpi_args",
+    "env",
+    "stdout",
+    "stderr",
+    "verbose",
+    "nics",
+    "prefix_output_with_timestamp",
+    "executable",
+]
+
+
+def test_signature_is_horovods_in_order():
+    import inspect
+
+    params = inspect.signature(kolo.spark.run).parameters
+    positional = [
+        name for name, p in params.items() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    assert positional == HOROVOD_RUN_PARAMS
+
+
+def env_fn(scale):
+    import os
+
+    print("env_fn ran")
+    return scale * int(os.environ["KOLO_RANK"]), os.environ.get(MARKER_VAR)
+
+
+def test_positional_call_in_horovods_order(spark):
+    """Every argument given by position, as a script written against horovod.spark.run
+    passes them: each lands on its parameter (env, stdout, timestamps, ...)."""
+    out, err = io.StringIO(), io.StringIO()
+    marker = uuid.uuid4().hex
+    with pytest.warns(UserWarning) as warned:
+        results = kolo.spark.run(
+            env_fn,  # fn
+            (10,),  # args
+            {},  # kwargs
+            2,  # num_proc
+            60,  # start_timeout
+            True,  # use_mpi
+            None,  # use_gloo
+            "-x NCCL_DEBUG",  # extra_mpi_args
+            {MARKER_VAR: marker},  # env
+            out,  # stdout
+            err,  # stderr
+            1,  # verbose
+            None,  # nics
+            True,  # prefix_output_with_timestamp
+            None,  # executable
+        )
+    assert results == [(0, marker), (10, marker)]
+    messages = " ".join(str(w.message) for w in warned)
+    assert "no MPI controller on Spark" in messages and "extra_mpi_args" in messages
+    stamp = r"\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4}"
+    assert re.search(stamp + r"\[1\]<stdout>:env_fn ran", out.getvalue()), out.getvalue()
+    # use_gloo=True: kolo's own transport is the Gloo path, nothing to say.
+    assert kolo.spark.run(env_fn, (1,), num_proc=2, use_gloo=True)[1][0] == 1
+    with pytest.raises(InvalidArgumentError, match="use_mpi"):
+        kolo.spark.run(env_fn, (1,), num_proc=2, use_mpi="yes")
+
+
+def system_python_without_kolo() -> str:
+    python = "/usr/bin/python3"
+    if not os.path.exists(python):
+        pytest.skip("no /usr/bin/python3 on this machine")
+    probe = subprocess.run(
+        [python, "-c", "import cloudpickle, kolo._native"],
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+        capture_output=True,
+    )
+    if probe.returncode == 0:
+        pytest.skip(f"{python} can import kolo: it cannot play the executor without kolo")
+    return python
+
+
+def test_executors_python_without_kolo_fails_at_once_at_the_driver(spark, tmp_path):
+    """A session whose executors run a Python without kolo (what spark.pyspark.python /
+    PYSPARK_PYTHON set: the context's ``pythonExec``) fails in ``run`` at once, with a
+    ConfigError naming that Python as the executors report it and the fix."""
+    import torch
+
+    from kolo.exceptions import ConfigError
+    from kolo.spark.common.backend import SparkBackend
+    from kolo.spark.common.store import Store
+    from kolo.spark.torch import TorchEstimator
+
+    python = system_python_without_kolo()
+    version = subprocess.run(
+        [python, "-c", "import sys; print('.'.join(map(str, sys.version_info[:3])))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    sc = spark.sparkContext
+    driver_python = sc.pythonExec
+    sc.pythonExec = python
+    try:
+        started = time.monotonic()
+        with pytest.raises(ConfigError) as raised:
+            kolo.spark.run(env_fn, (1,), num_proc=2)
+        assert time.monotonic() - started < 30
+        with pytest.raises(ConfigError):
+            SparkBackend(num_proc=2).run(env_fn, args=(1,))
+        # Estimator fit: before any data is written to the store.
+        store = Store.create(str(tmp_path / "store"))
+        with pytest.raises(ConfigError, match="cannot import kolo"):
+            TorchEstimator(
+                num_proc=2,
+                store=store,
+                model=torch.nn.Linear(2, 1),
+                loss=torch.nn.functional.mse_loss,
+                optimizer=torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1),
+                feature_cols=["x"],
+                label_cols=["y"],
+            ).fit(spark.createDataFrame([([1.0, 2.0], 0.0)], ["x", "y"]))
+        assert not os.path.exists(store.get_train_data_path(0))
+    finally:
+        sc.pythonExec = driver_python
+    text = str(raised.value)
+    assert f"executors run {python} (Python {version})" in text
+    assert "No module named" in text
+    for fix in ("PYSPARK_PYTHON", "spark.pyspark.python", "spark.executorEnv.PYTHONPATH"):
+        assert fix in text
+    # The session's own Python works again (the failure was not remembered as a success).
+    assert kolo.spark.run(env_fn, (1,), num_proc=2)[1][0] == 1
+
+
+def test_executors_python_missing_is_a_config_error(spark):
+    from kolo.exceptions import ConfigError
+
+    sc = spark.sparkContext
+    driver_python = sc.pythonExec
+    sc.pythonExec = "/nonexistent/bin/python3"
+    try:
+        with pytest.raises(ConfigError, match=r"Cannot run program \"/nonexistent/bin/python3\""):
+            kolo.spark.run(env_fn, (1,), num_proc=1)
+    finally:
+        sc.pythonExec = driver_python
+
+
+class RecordingBackend(Backend):
+    """A user's Backend (Horovod's interface): runs through kolo.spark.run on 2 ranks and
+    records the calls the estimator makes."""
+
+    def __init__(self):
+        self.calls = []
+
+    def run(self, fn, args=(), kwargs={}, env=None):  # noqa: B006 - Horovod's signature
+        self.calls.append((args, kwargs, env))
+        return kolo.spark.run(fn, args=args, kwargs=kwargs, num_proc=2, env=env)
+
+    def num_processes(self):
+        return 2
+
+
+def test_estimator_trains_through_a_user_backend(spark, tmp_path):
+    import torch
+
+    from kolo.exceptions import InvalidArgumentError
+    from kolo.spark.common.backend import SparkBackend
+    from kolo.spark.common.store import Store
+    from kolo.spark.torch import TorchEstimator
+
+    backend = RecordingBackend()
+    model = torch.nn.Linear(2, 1)
+    params = dict(
+        store=Store.create(str(tmp_path)),
+        model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        loss=torch.nn.functional.mse_loss,
+        feature_cols=["x"],
+        label_cols=["y"],
+        batch_size=4,
+        verbose=0,
+    )
+    df = spark.createDataFrame([([float(i), 1.0], float(i % 2)) for i in range(32)], ["x", "y"])
+    trained = TorchEstimator(backend=backend, **params).fit(df)
+    assert backend.calls == [((), {}, {})]  # Horovod's call: backend.run(trainer, env={})
+    assert trained.getHistory()["train_loss"]
+    # Horovod: 'At most one of parameters "backend" and "num_proc" may be specified'.
+    with pytest.raises(ValueError, match='"backend" and "num_proc"'):
+        TorchEstimator(backend=backend, num_proc=2, **params).fit(df)
+    with pytest.raises(InvalidArgumentError, match=r"'stdot'.*stdout"):
+        SparkBackend(num_proc=2, stdot=None)
+    assert SparkBackend().num_processes() == spark.sparkContext.defaultParallelism

@@ -462,3 +462,197 @@ def test_native_store_reports_its_url(tmp_path):
     assert str(handle.local_path("a/b")) == str(tmp_path / "a" / "b")
     assert _native.resolve_store_url("s3a://b/p/") == "s3://b/p"
     assert os.fspath(tmp_path)
+
+
+# -- Horovod's store API ------------------------------------------------------------------------
+
+#: Every public method (with its positional parameters) and constant of Horovod 0.28.1's store
+#: classes (horovod/spark/common/store.py), inherited ones included: 169 methods over 6 classes
+#: plus 3 class constants = 172.
+_STORE_BASE = {
+    "create": ["prefix_path"],
+    "exists": ["path"],
+    "get_checkpoint_filename": [],
+    "get_checkpoint_path": ["run_id"],
+    "get_checkpoints": ["run_id", "suffix"],
+    "get_local_output_dir_fn": ["run_id"],
+    "get_logs_path": ["run_id"],
+    "get_logs_subdir": [],
+    "get_parquet_dataset": ["path"],
+    "get_run_path": ["run_id"],
+    "get_runs_path": [],
+    "get_test_data_path": ["idx"],
+    "get_train_data_path": ["idx"],
+    "get_val_data_path": ["idx"],
+    "is_parquet_dataset": ["path"],
+    "read": ["path"],
+    "saving_runs": [],
+    "sync_fn": ["run_id"],
+    "to_remote": ["run_id", "dataset_idx"],
+    "write_text": ["path", "text"],
+}
+_ABSTRACT_FS = {
+    **_STORE_BASE,
+    "__init__": [
+        "prefix_path",
+        "train_path",
+        "val_path",
+        "test_path",
+        "runs_path",
+        "save_runs",
+        "storage_options",
+        "checkpoint_filename",
+    ],
+    "fs": None,  # a property
+    "get_data_metadata_path": ["path"],
+    "get_full_path": ["path"],
+    "get_full_path_fn": [],
+    "get_localized_path": ["path"],
+    "read_serialized_keras_model": ["ckpt_path", "model", "custom_objects"],
+}
+_FILESYSTEM = {
+    **_ABSTRACT_FS,
+    "__init__": ["prefix_path"],
+    "copy": ["lpath", "rpath", "recursive", "callback"],
+    "get_filesystem": [],
+    "matches": ["path"],
+}
+HOROVOD_STORE_API = {
+    "Store": {**_STORE_BASE, "__init__": []},
+    "AbstractFilesystemStore": _ABSTRACT_FS,
+    "FilesystemStore": _FILESYSTEM,
+    "LocalStore": {**_FILESYSTEM, "__init__": []},
+    "HDFSStore": {
+        **_ABSTRACT_FS,
+        "__init__": ["prefix_path", "host", "port", "user", "kerb_ticket", "driver", "extra_conf"],
+        "matches": ["path"],
+        "parse_url": ["url"],
+    },
+    "DBFSLocalStore": {
+        **_FILESYSTEM,
+        "matches_dbfs": ["path"],
+        "normalize_path": ["path"],
+    },
+}
+HOROVOD_STORE_CONSTANTS = {
+    "HDFSStore": ["FS_PREFIX", "URL_PATTERN"],
+    "DBFSLocalStore": ["DBFS_PATH_FORMAT_ERROR"],
+}
+
+
+def test_every_horovod_store_method_with_its_parameters():
+    import inspect
+
+    checked = 0
+    for class_name, methods in HOROVOD_STORE_API.items():
+        cls = getattr(horovod_store, class_name)
+        for name, params in methods.items():
+            checked += 1
+            assert hasattr(cls, name), f"{class_name}.{name} is missing"
+            if params is None:
+                assert isinstance(inspect.getattr_static(cls, name), property), name
+                continue
+            signature = inspect.signature(getattr(cls, name))
+            positional = [
+                p.name
+                for p in signature.parameters.values()
+                if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                and p.name not in ("self", "cls")
+            ]
+            # Horovod's positional parameters, in its order; kolo may add optional ones after.
+            assert positional[: len(params)] == params, f"{class_name}.{name}{signature}"
+        for constant in HOROVOD_STORE_CONSTANTS.get(class_name, []):
+            checked += 1
+            assert isinstance(getattr(cls, constant), str), f"{class_name}.{constant}"
+    assert checked == 172
+
+
+def test_horovod_store_methods_work_on_a_local_store(tmp_path, dbfs_mount):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    store = Store.create(str(tmp_path / "exp"))
+    assert store.protocol is None
+    data = store.get_train_data_path(0)
+    table = pa.table({"x": [1.0, 2.0, 3.0], "y": [0, 1, 0]})
+    os.makedirs(data)
+    pq.write_table(table, os.path.join(data, "part-0.parquet"))
+    assert store.get_parquet_dataset(data).read().equals(table)
+    assert store.get_parquet_dataset("file://" + data).read().num_rows == 3
+
+    # fs: fsspec's interface on the localized paths, as Horovod's store.fs.
+    fs = store.get_filesystem()
+    assert fs is store.fs and fs.exists(store.get_localized_path(data))
+    assert store.get_localized_path("file://" + data) == data
+    with fs.open(os.path.join(data, "part-0.parquet"), "rb") as f:
+        assert f.read(4) == b"PAR1"
+
+    # copy: the contents of a local directory into the run path (atomic writes).
+    local = tmp_path / "out"
+    (local / "logs").mkdir(parents=True)
+    (local / "checkpoint").write_bytes(b"weights")
+    (local / "logs" / "events").write_text("e")
+    store.copy(str(local), store.get_run_path("r"), recursive=True)
+    assert store.read(store.get_run_path("r") + "/checkpoint") == b"weights"
+    assert store.read(store.get_logs_path("r") + "/events") == b"e"
+    with pytest.raises(ValueError, match="recursive=True"):
+        store.copy(str(local), store.get_run_path("r"))
+
+    # get_checkpoints: the files directly in the run directory with the suffix (Horovod's ls).
+    run = store.get_run_path("r")
+    for name in ("epoch=1.ckpt", "epoch=0.ckpt", "sub/nested.ckpt", "notes.txt"):
+        store.write_text(f"{run}/{name}", "x")
+    assert store.get_checkpoints("r") == [f"{run}/epoch=0.ckpt", f"{run}/epoch=1.ckpt"]
+    assert store.get_checkpoints("r", suffix=".txt") == [f"{run}/notes.txt"]
+
+    metadata = store.get_data_metadata_path(data + "/")
+    assert metadata.startswith(data + "_") and metadata.endswith("_cached_metadata.pkl")
+
+    hdfs = HDFSStore("hdfs://nn:8020/user/me/exp")
+    assert hdfs.parse_url("hdfs://nn:8020/user/me") == ("hdfs://", "nn", 8020, "/user/me", 14)
+    assert hdfs.parse_url("/user/me") == (None, None, None, "/user/me", 0)
+    # Horovod's positional order: the 8th argument goes on to train_path.
+    positional = HDFSStore("/user/me/exp", "nn", 8020, "me", None, "libhdfs", None, "/t")
+    assert positional.get_train_data_path() == "hdfs:///t"
+
+    assert DBFSLocalStore.normalize_path("file:/dbfs/a") == "/dbfs/a"
+    with pytest.raises(ValueError, match="not a DBFS path"):
+        DBFSLocalStore.normalize_path("/tmp/a")
+    assert Store.create("dbfs:/ml/x").get_localized_path("dbfs:/ml/x/y") == "/dbfs/ml/x/y"
+
+
+def test_horovod_store_fs_and_parquet_dataset_on_s3(s3_prefix):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    store = Store.create(s3_prefix.url, storage_options=s3_prefix.storage_options)
+    assert store.protocol == "s3"
+    data = store.get_train_data_path(1)
+    buffer = pa.BufferOutputStream()
+    table = pa.table({"v": list(range(10))})
+    pq.write_table(table, buffer)
+    store.write_bytes(data + "/part-0.parquet", buffer.getvalue().to_pybytes())
+    assert store.get_parquet_dataset(data).read().equals(table)
+    localized = store.get_localized_path(data)
+    assert localized == data.removeprefix("s3://")
+    assert [p.rsplit("/", 1)[-1] for p in store.fs.ls(localized)] == ["part-0.parquet"]
+
+
+def test_read_serialized_keras_model(tmp_path):
+    import base64
+
+    keras = pytest.importorskip("keras")
+    import numpy as np
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    saved = tmp_path / "m.keras"
+    model.save(saved)
+    store = Store.create(str(tmp_path / "exp"))
+    checkpoint = store.get_run_path("r") + "/checkpoint.keras"
+    store.write_bytes(checkpoint, saved.read_bytes())
+    encoded = store.read_serialized_keras_model(checkpoint, model, custom_objects={})
+    restored_path = tmp_path / "restored.keras"
+    restored_path.write_bytes(base64.b64decode(encoded))
+    restored = keras.models.load_model(restored_path)
+    x = np.ones((1, 3), dtype="float32")
+    np.testing.assert_allclose(restored.predict(x, verbose=0), model.predict(x, verbose=0))

@@ -35,9 +35,10 @@ import tempfile
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
+from urllib.parse import unquote, urlsplit
 
-from kolo import _native
-from kolo.exceptions import StoreError
+from kolo import _native, _store_filesystem
+from kolo.exceptions import InvalidValueError, StoreError
 
 __all__ = [
     "AbstractFilesystemStore",
@@ -151,6 +152,7 @@ class Store:
         self._save_runs = save_runs
         self.checkpoint_filename = checkpoint_filename or self._default_checkpoint_filename()
         self._handle: Optional[_native.Store] = None
+        self._fs: Any = None
         self._options = _flat_options(storage_options)
         # Resolve now so a bad location fails at construction, not on the first call.
         self._base_url = _native.resolve_store_url(self._native_location(self.prefix_path))
@@ -252,11 +254,21 @@ class Store:
         return _join(self.get_run_path(run_id), self.get_checkpoint_filename())
 
     def get_checkpoints(self, run_id: str, suffix: str = ".ckpt") -> list[str]:
-        """The full paths under the checkpoint path that end with ``suffix``, sorted."""
-        path = self.get_checkpoint_path(run_id)
-        if path is None:
+        """The full paths of the files directly in the run directory that end with
+        ``suffix``, sorted (Horovod's); empty when not saving runs.
+
+        Example::
+
+            store.get_checkpoints("run_1")     # ['/tmp/exp/runs/run_1/epoch=2.ckpt']
+        """
+        if not self._save_runs:
             return []
-        return [p for p in self.list(path) if p.endswith(suffix)]
+        run_path = self.get_run_path(run_id)
+        return [
+            p
+            for p in self.list(run_path)
+            if p.endswith(suffix) and "/" not in p[len(run_path) + 1 :]
+        ]
 
     def get_logs_path(self, run_id: str) -> Optional[str]:
         """``<prefix>/runs/<run_id>/logs``, or None when not saving runs."""
@@ -397,6 +409,105 @@ class Store:
             for key, _size, _etag, _mtime in listed
         )
 
+    def get_parquet_dataset(self, path: str) -> Any:
+        """A ``pyarrow.parquet.ParquetDataset`` of the Parquet data at ``path`` (Horovod's;
+        needs pyarrow).
+
+        Example::
+
+            table = store.get_parquet_dataset(store.get_train_data_path(0)).read()
+        """
+        import pyarrow.parquet as pq
+
+        arrow_fs, arrow_path = self._arrow_location(path)
+        return pq.ParquetDataset(arrow_path, filesystem=arrow_fs)
+
+    def get_data_metadata_path(self, path: str) -> str:
+        """Where Horovod caches a dataset's metadata: ``<localized path>_<host hash>_cached_
+        metadata.pkl``.
+
+        Example::
+
+            store.get_data_metadata_path(store.get_train_data_path(0))
+        """
+        localized = self.get_localized_path(path).rstrip("/")
+        return f"{localized}_{_store_filesystem.host_hash()}_cached_metadata.pkl"
+
+    @property
+    def fs(self) -> Any:
+        """An fsspec filesystem over this store's location (Horovod's ``store.fs``: ``open``,
+        ``exists``, ``ls``, ``put_file``...; paths as :meth:`get_localized_path` gives them;
+        needs pyarrow and fsspec). kolo's own methods do not go through it.
+
+        Example::
+
+            with store.fs.open(store.get_localized_path(path), "rb") as f:
+                data = f.read()
+        """
+        if self._fs is None:
+            self._fs = _store_filesystem.fsspec_filesystem(
+                self._arrow_location(self.prefix_path)[0]
+            )
+        return self._fs
+
+    def get_filesystem(self) -> Any:
+        """:attr:`fs` (Horovod's ``FilesystemStore.get_filesystem``).
+
+        Example::
+
+            fs = store.get_filesystem()
+        """
+        return self.fs
+
+    def _arrow_filesystem_settings(self) -> Optional[dict]:
+        """HDFS connection settings for pyarrow (None for other stores)."""
+        return None
+
+    def _arrow_location(self, path: str) -> tuple[Any, str]:
+        """The pyarrow filesystem and the path within it for a full path or URL."""
+        full = self.get_full_path(str(os.fspath(path)))
+        url = _native.resolve_store_url(self._native_location(full))
+        parts = urlsplit(url)
+        arrow_fs = _store_filesystem.arrow_filesystem(
+            url, self._native_options(), self._arrow_filesystem_settings()
+        )
+        if parts.scheme == "file":
+            return arrow_fs, unquote(parts.path)
+        if parts.scheme == "hdfs":
+            return arrow_fs, unquote(parts.path)
+        return arrow_fs, parts.netloc + unquote(parts.path)
+
+    def read_serialized_keras_model(self, ckpt_path: str, model: Any, custom_objects: Any) -> str:
+        """The Keras model saved at ``ckpt_path``, loaded (within ``custom_objects``) and
+        returned serialized as base64 text, as Horovod's store does (``model`` is used only
+        when the checkpoint holds weights alone).
+
+        Example::
+
+            encoded = store.read_serialized_keras_model(
+                store.get_checkpoint_path(run_id), model, custom_objects={})
+        """
+        import base64
+
+        import keras
+
+        data = self.read(ckpt_path)
+        suffix = os.path.splitext(ckpt_path)[1] or ".keras"
+        with tempfile.TemporaryDirectory() as tmp:
+            source = os.path.join(tmp, "checkpoint" + suffix)
+            with open(source, "wb") as f:
+                f.write(data)
+            with keras.utils.custom_object_scope(custom_objects or {}):
+                if source.endswith(".weights.h5"):
+                    model.load_weights(source)
+                    loaded = model
+                else:
+                    loaded = keras.models.load_model(source)
+            target = os.path.join(tmp, "model.keras")
+            loaded.save(target)
+            with open(target, "rb") as f:
+                return base64.b64encode(f.read()).decode("ascii")
+
     # -- runs ---------------------------------------------------------------------------------
 
     def get_local_output_dir_fn(self, run_id: str) -> Callable[[], Any]:
@@ -493,6 +604,56 @@ class FilesystemStore(AbstractFilesystemStore):
                                 storage_options={"google_service_account": "/path/key.json"})
     """
 
+    def __init__(self, prefix_path: str, *args: Any, **kwargs: Any) -> None:
+        super().__init__(prefix_path, *args, **kwargs)
+        #: The URL scheme of the prefix (``s3``, ``gs``, ``file``...), None for a plain path.
+        self.protocol = prefix_path.split("://", 1)[0] if "://" in str(prefix_path) else None
+
+    def get_localized_path(self, path: str) -> str:
+        """``path`` without its ``scheme://`` (Horovod's: ``s3://bucket/k`` → ``bucket/k``,
+        ``file:///tmp/x`` → ``/tmp/x``), the form :attr:`fs` takes."""
+        return path.split("://", 1)[1] if "://" in path else path
+
+    def copy(
+        self,
+        lpath: str,
+        rpath: str,
+        recursive: bool = False,
+        callback: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        """Copies the local file ``lpath``, or with ``recursive`` the files under the local
+        directory ``lpath``, to ``rpath`` (the directory's contents go into ``rpath``, not a
+        copy of the directory itself, as Horovod's ``copy``). ``callback`` is an fsspec
+        callback (``set_size``/``relative_update``); other keyword arguments are accepted
+        for Horovod compatibility (each file is written atomically).
+
+        Example::
+
+            store.copy("/tmp/run_output", store.get_run_path("run_1"), recursive=True)
+        """
+        lpath = os.fspath(lpath)
+        if os.path.isdir(lpath):
+            if not recursive:
+                raise InvalidValueError(
+                    f"{lpath} is a directory: pass recursive=True to copy what it holds"
+                )
+            pairs = [
+                (os.path.join(root, name), os.path.relpath(os.path.join(root, name), lpath))
+                for root, _dirs, files in os.walk(lpath)
+                for name in sorted(files)
+            ]
+        else:
+            pairs = [(lpath, None)]
+        if callback is not None:
+            callback.set_size(len(pairs))
+        for source, relative in pairs:
+            target = rpath if relative is None else _join(rpath, relative.replace(os.sep, "/"))
+            with open(source, "rb") as f:
+                self.write_bytes(target, f.read())
+            if callback is not None:
+                callback.relative_update(1)
+
 
 class LocalStore(FilesystemStore):
     """Horovod's deprecated name of :class:`FilesystemStore` for local paths."""
@@ -514,6 +675,7 @@ class HDFSStore(AbstractFilesystemStore):
     """
 
     FS_PREFIX = "hdfs://"
+    URL_PATTERN = "^(?:(.+://))?(?:([^/:]+))?(?:[:]([0-9]+))?(?:(.+))?$"
     URL_PREFIX_REGEX = re.compile(r"^(\w+)://([^/:]*)?(?::(\d+))?")
 
     def __init__(
@@ -525,8 +687,8 @@ class HDFSStore(AbstractFilesystemStore):
         kerb_ticket: Optional[str] = None,
         driver: str = "libhdfs",
         extra_conf: Optional[dict] = None,
-        temp_dir: Optional[str] = None,
         *args: Any,
+        temp_dir: Optional[str] = None,
         **kwargs: Any,
     ) -> None:
         prefix_path = str(os.fspath(prefix_path))
@@ -574,6 +736,32 @@ class HDFSStore(AbstractFilesystemStore):
     def matches(cls, path: str) -> bool:
         """``hdfs://`` URLs."""
         return str(path).startswith(cls.FS_PREFIX)
+
+    def parse_url(self, url: str) -> tuple[Optional[str], Optional[str], Optional[int], str, int]:
+        """``(prefix, host, port, path, path_offset)`` of an HDFS URL, as Horovod parses it.
+
+        Example::
+
+            store.parse_url("hdfs://nn:8020/user/me")   # ('hdfs://', 'nn', 8020, '/user/me', 11)
+        """
+        match = re.search(self.URL_PATTERN, url)
+        port = match.group(3)
+        return (
+            match.group(1),
+            match.group(2),
+            int(port) if port is not None else None,
+            match.group(4),
+            match.start(4),
+        )
+
+    def _arrow_filesystem_settings(self) -> Optional[dict]:
+        return {
+            "host": self._host or "default",
+            "port": self._port or 0,
+            "user": self._user,
+            "kerb_ticket": self._kerb_ticket,
+            "extra_conf": self._extra_conf,
+        }
 
     @classmethod
     def filesystem_prefix(cls) -> str:
@@ -623,6 +811,11 @@ class DBFSLocalStore(FilesystemStore):
         store.prefix_path                  # '/dbfs/ml/experiments'
     """
 
+    DBFS_PATH_FORMAT_ERROR = (
+        "The provided path is not a DBFS path: {}, Please provide a path starting with "
+        "`/dbfs/...` or `dbfs:/...` or `file:/dbfs/...` or `file:///dbfs/...`."
+    )
+
     def __init__(self, prefix_path: str, *args: Any, **kwargs: Any) -> None:
         normalized = self.normalize_datbricks_path(str(os.fspath(prefix_path)))
         if not normalized.startswith("/dbfs/"):
@@ -661,8 +854,26 @@ class DBFSLocalStore(FilesystemStore):
             return path[5:]
         return path
 
+    @staticmethod
+    def normalize_path(path: str) -> str:
+        """``dbfs:/x``, ``/dbfs/x``, ``file:///dbfs/x``, ``file:/dbfs/x`` → ``/dbfs/x``; any
+        other path raises ``ValueError`` (:class:`~kolo.exceptions.InvalidValueError`), as
+        Horovod's ``DBFSLocalStore.normalize_path``.
+
+        Example::
+
+            DBFSLocalStore.normalize_path("dbfs:/ml/exp")     # '/dbfs/ml/exp'
+        """
+        if not DBFSLocalStore.matches_dbfs(path):
+            raise InvalidValueError(DBFSLocalStore.DBFS_PATH_FORMAT_ERROR.format(path))
+        return DBFSLocalStore.normalize_datbricks_path(path)
+
     def get_full_path(self, path: str) -> str:
         """``path`` as the local ``/dbfs/...`` path Databricks mounts."""
+        return self.normalize_datbricks_path(path)
+
+    def get_localized_path(self, path: str) -> str:
+        """``path`` as ``/dbfs/...`` (Horovod's)."""
         return self.normalize_datbricks_path(path)
 
     def _default_checkpoint_filename(self) -> str:

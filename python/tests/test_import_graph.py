@@ -31,6 +31,7 @@ LAYERS: List[List[str]] = [
         "kolo._nics",
         "kolo._rank_gpu",
         "kolo._run",
+        "kolo._store_filesystem",
         "kolo.data",
         "kolo.exceptions",
         "kolo.process_sets",

@@ -7,6 +7,9 @@ one placement-group bundle per node), registers them with a kolo job driver exac
 rank that raises or an actor that dies makes the call raise
 :class:`kolo.exceptions.RankFailedError` and stops the other actors.
 
+:class:`BaseHorovodWorker` (also in :mod:`kolo.ray.worker`) is Horovod's worker actor class;
+the executor's actors are instances of it, so ``executor.workers`` answer its calls.
+
 :class:`TorchEstimator` trains a PyTorch model on the executor's ranks from a
 ``ray.data.Dataset`` or Parquet in a store, with the Spark estimator's training loop.
 
@@ -32,5 +35,6 @@ Example::
 
 from kolo.ray.estimator import TorchEstimator, TrainingResult
 from kolo.ray.executor import RayExecutor, RaySettings
+from kolo.ray.worker import BaseHorovodWorker
 
-__all__ = ["RayExecutor", "RaySettings", "TorchEstimator", "TrainingResult"]
+__all__ = ["BaseHorovodWorker", "RayExecutor", "RaySettings", "TorchEstimator", "TrainingResult"]

@@ -3,8 +3,8 @@
 The actor process *is* the rank: :meth:`_RankActor.setup` puts the job's ``KOLO_*`` variables
 into ``os.environ``, registers with the job driver at once (the launcher-neutral session
 ``kolo._native.session_join``, as a Spark rank process does), sets the rank variables, and only
-then builds the user's executable, so ``hvd.init()`` inside it or inside any later function
-adopts that registration (the same rank).
+then builds the user's executable (:meth:`BaseHorovodWorker.start_executable`), so
+``hvd.init()`` inside it or inside any later function adopts that registration (the same rank).
 """
 
 from __future__ import annotations
@@ -14,12 +14,11 @@ import socket
 import traceback
 from typing import Any, Callable, Optional
 
+from kolo.ray.worker import BaseHorovodWorker
 
-class _RankActor:
-    """One rank; wrapped with ``ray.remote`` by the executor."""
 
-    def __init__(self) -> None:
-        self._executable: Any = None
+class _RankActor(BaseHorovodWorker):
+    """One rank (a Horovod ``BaseHorovodWorker``); wrapped with ``ray.remote`` by the executor."""
 
     def location(self) -> dict[str, Any]:
         """Where the actor runs: Ray node id and IP, hostname, pid, assigned GPU ids."""
@@ -50,7 +49,7 @@ class _RankActor:
             os.environ[name] = value
         _native.session_post_started(0, host_label, os.getpid())
         if executable_cls is not None:
-            self._executable = self._call(executable_cls, *executable_args, **executable_kwargs)
+            self._call(self.start_executable, executable_cls, executable_args, executable_kwargs)
         return dict(rank_vars)
 
     def run(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
@@ -59,7 +58,7 @@ class _RankActor:
 
     def execute(self, fn: Callable[[Any], Any]) -> Any:
         """``fn(executable)``; a raise is reported to the driver, then re-raised."""
-        return self._call(fn, self._executable)
+        return self._call(fn, self.executable)
 
     def ping(self) -> bool:
         """True (the executor uses it to see an actor is gone)."""

@@ -258,8 +258,8 @@ class RayExecutor:
                     placement_group_bundle_index=bundle,
                     placement_group_capture_child_tasks=True,
                 ),
-            ).remote()
-            for bundle in bundle_of
+            ).remote(world_rank=index, world_size=len(bundle_of))
+            for index, bundle in enumerate(bundle_of)
         ]
         # Known at once so that teardown can kill them whatever happens next.
         self._ranks = [

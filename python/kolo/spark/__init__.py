@@ -2,7 +2,9 @@
 
 - :func:`run` runs a function on ``num_proc`` ranks of a Spark barrier stage
   (``horovod.spark.run``); :mod:`kolo.spark.task` has the helpers for inside that function.
-- ``kolo.spark.common.store`` holds the stores (``Store.create``).
+- ``kolo.spark.common.store`` holds the stores (``Store.create``);
+  ``kolo.spark.common.backend`` Horovod's ``Backend``/``SparkBackend``, through which the
+  estimators can launch.
 
 Importing this package imports neither PySpark nor torch.
 

@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 import uuid
+import warnings
 from datetime import datetime
 from typing import Any, Callable, Optional, TextIO
 
@@ -21,6 +22,7 @@ from kolo.exceptions import (
     NotEnoughSlotsError,
     RankFailedError,
 )
+from kolo.spark._python_probe import PROBE_TIMEOUT_S, check_executor_python
 
 __all__ = ["run", "task_slots"]
 
@@ -46,6 +48,9 @@ def run(
     kwargs: Optional[dict] = None,
     num_proc: Optional[int] = None,
     start_timeout: Optional[float] = None,
+    use_mpi: Optional[bool] = None,
+    use_gloo: Optional[bool] = None,
+    extra_mpi_args: Optional[str] = None,
     env: Optional[dict[str, str]] = None,
     stdout: Optional[TextIO] = None,
     stderr: Optional[TextIO] = None,
@@ -67,6 +72,10 @@ def run(
     ``sys.stdout``/``sys.stderr``) prefixed ``[rank]<stdout>:``; results come back through the
     driver service, not Spark's ``collect`` (no ``spark.driver.maxResultSize`` limit).
 
+    Before the stage starts, one tiny job checks that the executors' Python imports kolo;
+    when it does not, ``run`` raises :class:`~kolo.exceptions.ConfigError` naming that Python
+    (path and version) and how to point the executors at one with kolo.
+
     A rank that raises or dies stops every other rank, and ``run`` raises
     :class:`~kolo.exceptions.RankFailedError` with its rank, host, task attempt and traceback.
     Ctrl-C cancels the stage and stops every rank process.
@@ -79,6 +88,13 @@ def run(
             cluster must have that many task slots.
         start_timeout: seconds for every task to start and register; default 600
             (``KOLO_SPARK_START_TIMEOUT`` / ``HOROVOD_SPARK_START_TIMEOUT``).
+        use_mpi: Horovod's choice of its MPI controller. kolo has none on Spark: with
+            ``use_mpi=True`` (or ``extra_mpi_args``) the ranks start from the barrier tasks
+            and talk over kolo's own transport, and a warning says so once.
+        use_gloo: Horovod's choice of its Gloo controller; accepted (kolo's transport is
+            what Gloo is in Horovod: the ranks' own TCP/shared-memory links).
+        extra_mpi_args: extra ``mpirun`` arguments in Horovod; no ``mpirun`` runs here, so
+            they are ignored with a warning.
         env: variables added to every rank process's environment.
         stdout: where the ranks' standard output goes.
         stderr: where the ranks' standard error goes.
@@ -103,6 +119,7 @@ def run(
         # [(42, 0, 2), (42, 1, 2)]
     """
     kwargs = {} if kwargs is None else kwargs
+    _notice_mpi(use_mpi, use_gloo, extra_mpi_args)
     sc = _active_spark_context()
     num_proc = _check_num_proc(sc.defaultParallelism if num_proc is None else num_proc)
     start_timeout_s = _start_timeout(start_timeout)
@@ -120,6 +137,7 @@ def run(
         raise InvalidArgumentError("executable must be the path of a Python interpreter (a str)")
     payload = _pickle_payload(fn, tuple(args), kwargs)
     _check_slots(sc, num_proc)
+    check_executor_python(sc, num_proc, min(start_timeout_s, PROBE_TIMEOUT_S))
     out = stdout if stdout is not None else sys.stdout
     err = stderr if stderr is not None else sys.stderr
     bind_ip = _bind_ip(sc, nics)
@@ -156,6 +174,31 @@ def run(
         raise
     finally:
         job.close()
+
+
+def _notice_mpi(use_mpi: Any, use_gloo: Any, extra_mpi_args: Any) -> None:
+    """Says (once per call site) what kolo does instead of Horovod's MPI controller."""
+    for name, value in (("use_mpi", use_mpi), ("use_gloo", use_gloo)):
+        if value is not None and not isinstance(value, bool):
+            raise InvalidArgumentError(f"{name}={value!r} must be True, False or None")
+    if extra_mpi_args is not None and not isinstance(extra_mpi_args, str):
+        raise InvalidArgumentError(
+            f"extra_mpi_args={extra_mpi_args!r} must be a string of mpirun arguments or None"
+        )
+    if use_mpi and not use_gloo:
+        warnings.warn(
+            "kolo.spark.run(use_mpi=True): kolo has no MPI controller on Spark; the ranks start "
+            "from Spark's barrier tasks and use kolo's own transport (Horovod's Gloo path)",
+            UserWarning,
+            stacklevel=3,
+        )
+    if extra_mpi_args:
+        warnings.warn(
+            f"kolo.spark.run(extra_mpi_args={extra_mpi_args!r}) is ignored: no mpirun runs on "
+            "Spark under kolo; set the ranks' environment with env= instead",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 def _task_entry() -> Callable[..., Any]:

@@ -63,10 +63,13 @@ from kolo.estimator.checks import check_store_writable, training_columns
 from kolo.estimator.dataset import PreparedDataset, get_dataset_metadata
 from kolo.estimator.params import NO_EFFECT, reject_unknown, warn_no_effect
 from kolo.estimator.training import train_on_ranks
-from kolo.exceptions import InvalidArgumentError
+from kolo.exceptions import InvalidArgumentError, InvalidValueError
+from kolo.spark._python_probe import check_executor_python
+from kolo.spark.common.backend import SparkBackend
 from kolo.spark.common.model import HorovodModel
 from kolo.spark.common.serialization import KoloPersistence
 from kolo.spark.common.util import prepare_data
+from kolo.spark.runner import _active_spark_context
 
 __all__ = ["HorovodEstimator", "HorovodModel", "KoloEstimator"]
 
@@ -141,7 +144,20 @@ class KoloEstimator(Estimator, KoloPersistence):
             self.getFeatureCols(), self.getLabelCols(), self.getSampleWeightCol()
         )
 
+    def _backend(self) -> Any:
+        """The ``backend`` given (Horovod's: then ``num_proc`` must not be), or None."""
+        backend = self.getOrDefault(self.backend)
+        if backend is not None and self.getNumProc() is not None:
+            raise InvalidValueError(
+                'At most one of parameters "backend" and "num_proc" may be specified: the '
+                "backend says how many ranks (SparkBackend(num_proc=...))"
+            )
+        return backend
+
     def _num_proc(self) -> int:
+        backend = self._backend()
+        if backend is not None:
+            return int(backend.num_processes())
         num_proc = self.getNumProc()
         if num_proc is None:
             from pyspark import SparkContext
@@ -166,6 +182,9 @@ class KoloEstimator(Estimator, KoloPersistence):
         # Fail on bad or unpicklable parameters before Spark writes anything.
         self._check_all()
         num_proc = self._num_proc()
+        if self._backend() is None or isinstance(self._backend(), SparkBackend):
+            # An executor Python without kolo fails here, before the data is written.
+            check_executor_python(_active_spark_context(), num_proc)
         with prepare_data(
             num_proc,
             self.getStore(),
@@ -207,6 +226,11 @@ class KoloEstimator(Estimator, KoloPersistence):
         def launch(trainer: Callable[[], Any], on_message: Callable[[int, Any], None]) -> Any:
             from kolo.spark import run
 
+            backend = self._backend()
+            if isinstance(backend, SparkBackend):
+                return backend.run(trainer, env={}, _on_message=on_message)
+            if backend is not None:  # a user's Backend: Horovod's call
+                return backend.run(trainer, args=(), kwargs={}, env={})
             return run(
                 trainer, num_proc=num_proc, verbose=self.getVerbose(), _on_message=on_message
             )

@@ -126,7 +126,7 @@ _SPARK_ESTIMATOR_PARAMS: List[ParamSpec] = [
     ),
     (
         "backend",
-        "accepted for Horovod compatibility; kolo always trains through kolo.spark.run",
+        "the kolo.spark.common.backend.Backend that starts the ranks (default kolo.spark.run)",
         None,
         None,
     ),
