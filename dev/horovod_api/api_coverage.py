@@ -238,7 +238,7 @@ def _sample_files(folder: str) -> Dict[str, str]:
     files = {
         "hostfile": ("localhost slots=2\n", 0o600),
         "host_discovery_script": ("#!/bin/sh\necho localhost:2\n", 0o700),
-        "config_file": ("verbose: false\n", 0o600),
+        "config_file": ("params:\n  fusion_threshold_mb: 32\n", 0o600),
         "ssh_identity_file": ("", 0o600),
     }
     paths = {}
@@ -259,6 +259,7 @@ _SAMPLE_VALUES = {
     "nics": ["lo"],
     "log_level": ["INFO"],
     "cooldown_range": ["1", "10"],
+    "autotune_gaussian_process_noise": ["0.8"],
 }
 
 

@@ -14,6 +14,7 @@ from typing import Dict, List, Optional, Tuple
 IN_SCOPE = "issue19"
 TENSORFLOW = "issue 22 (TensorFlow)"
 ELASTIC = "issue 21 (elastic)"
+AUTOTUNE = "issue 24 (performance: autotune)"
 NOT_PLANNED = "not planned"
 INTERNAL = "internal"
 

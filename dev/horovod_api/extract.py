@@ -22,6 +22,7 @@ from typing import Any, Dict, List
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from api_scope import (
+    AUTOTUNE,
     ELASTIC,
     ESTIMATOR_CLASSES,
     EXAMPLE_IMPORTS,
@@ -33,7 +34,7 @@ from api_scope import (
     name_scope,
 )
 from horovod_source import HorovodSource
-from launcher_flags import ELASTIC_GROUP, launcher_flags
+from launcher_flags import AUTOTUNE_GROUP, ELASTIC_GROUP, launcher_flags
 
 TAG = "v0.28.1"
 REPO = Path(__file__).resolve().parents[2]
@@ -99,12 +100,15 @@ def public_names(src: HorovodSource) -> List[Dict]:
 
 
 def flags(src: HorovodSource) -> List[Dict]:
-    """Horovodrun's flags; elastic ones are in scope for acceptance, their effect is elastic."""
+    """Horovodrun's flags, all in scope for acceptance; the effect of the elastic ones is
+    elastic training's (issue 21), of the autotune ones the performance issue's (24)."""
     rows = launcher_flags(src.read("horovod/runner/launch.py"))
     for row in rows:
         row["scope"] = {"owner": module_scope("horovod.runner.launch")["owner"]}
         if row["group"] == ELASTIC_GROUP or row["dest"] == "host_discovery_script":
             row["effect_owner"] = ELASTIC
+        elif row["group"] == AUTOTUNE_GROUP:
+            row["effect_owner"] = AUTOTUNE
     return rows
 
 

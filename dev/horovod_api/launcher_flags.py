@@ -25,6 +25,8 @@ _FLAG_ACTIONS = (
 
 #: Argument groups whose flags configure elastic training (their effect belongs to issue 21).
 ELASTIC_GROUP = "elastic arguments"
+#: The group of the autotune flags (their effect, Horovod's autotune, belongs to issue 24).
+AUTOTUNE_GROUP = "autotune arguments"
 
 
 def launcher_flags(source: str) -> List[Dict[str, Any]]:
