@@ -99,7 +99,7 @@ class MissingArgumentError(InvalidArgumentError, TypeError):
         try:
             Store()
         except TypeError as err:
-            print(err)  # Store needs a prefix_path: Store.create("/tmp/exp") ...
+            print(err)  # Store needs a prefix_path: kolo's stores are concrete, ...
     """
 
 
@@ -113,7 +113,7 @@ class FrameworkVersionError(ConfigError, RuntimeError):
         try:
             TorchEstimator(model=model, store=store)
         except RuntimeError as err:
-            print(err)  # lightning 1.5.0 is too old: kolo.spark.lightning needs >= 2.0 ...
+            print(err)  # kolo's Lightning estimator needs lightning>=2.0.0, found ...
     """
 
 
