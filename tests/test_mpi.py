@@ -183,3 +183,28 @@ def test_missing_rendezvous_settings_fail_fast_naming_them() -> None:
     results = spawn_srun_ranks(2, env)
     assert all(code != 0 for code, _, _ in results)
     assert all("needs the job secret" in err for _, _, err in results), results
+
+
+LIGHTNING_RANK = """
+from kolo.lightning.environment import KoloEnvironment
+env = KoloEnvironment()
+print(f"detect {env.detect()}: rank {env.global_rank()} of {env.world_size()}", flush=True)
+"""
+
+
+def test_lightning_environment_detects_an_mpirun_launch() -> None:
+    # mpirun sets neither KOLO_RANK nor HOROVOD_RANK: detection goes by its own variables, as
+    # hvd.init() finds them.
+    result = run_mpirun(need(OPEN_MPI, "Open MPI"), 2, ["python", "-c", LIGHTNING_RANK])
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    for rank in (0, 1):
+        assert f"detect True: rank {rank} of 2" in result.stdout, result.stdout
+    bare = subprocess.run(
+        [sys.executable, "-c", LIGHTNING_RANK],
+        cwd=REPO,
+        env=worker_env({}),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "detect False: rank 0 of 1" in bare.stdout, bare.stdout + bare.stderr[-2000:]

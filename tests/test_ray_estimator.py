@@ -116,7 +116,7 @@ def test_fit_on_a_ray_dataset(fitted, digits):
     assert result.metadata["train_rows"] == len(digits[0]) and result.metadata["val_rows"] == 0
     assert result.metadata["columns"]["features"]["shape"] == (64,)
     # Rank 0's checkpoint of the last epoch and TensorBoard events under the run.
-    assert result.checkpoint_path == store.get_checkpoint_path("digits")
+    assert result.checkpoint_path == f"{store.get_checkpoint_path('digits')}/checkpoint"
     ckpt = load_checkpoint(store, "digits")
     assert ckpt["epoch"] == EPOCHS - 1 and ckpt["history"] == history
     assert any("tfevents" in path for path in store.list(result.logs_path))

@@ -371,6 +371,38 @@ def _log_to_queue(_executable):
     log({"a": 1})
 
 
+def _log_twice(tag):
+    from kolo.ray.worker import log
+
+    rank = int(os.environ["KOLO_RANK"])
+    for step in range(2):
+        log({"tag": tag, "rank": rank, "step": step})
+    return rank
+
+
+def test_run_and_execute_hand_logged_values_to_callbacks(executor):
+    # Horovod's RayExecutor.run/execute(..., callbacks=[...]): each callback gets every value
+    # the workers log with ray_logger.log (kolo.ray.worker.log) through the queue.
+    seen, counted = [], []
+    assert executor.run(_log_twice, args=["run"], callbacks=[seen.append, counted.append]) == [
+        0,
+        1,
+        2,
+    ]
+    assert sorted((v["rank"], v["step"]) for v in seen) == [
+        (r, s) for r in range(3) for s in (0, 1)
+    ]
+    assert counted == seen and {v["tag"] for v in seen} == {"run"}
+    for rank in range(3):  # a worker's values arrive in the order it logged them
+        assert [v["step"] for v in seen if v["rank"] == rank] == [0, 1]
+    executed = []
+    executor.execute(lambda counter: _log_twice("execute"), callbacks=[executed.append])
+    assert len(executed) == 6 and {v["tag"] for v in executed} == {"execute"}
+    # Without callbacks the workers' queue is unset again: log() only warns.
+    assert executor.run(_log_twice, args=["none"]) == [0, 1, 2]
+    assert len(seen) == 6 and len(executed) == 6
+
+
 def test_user_subclass_of_base_horovod_worker(ray_local):
     from ray.util.queue import Queue
 

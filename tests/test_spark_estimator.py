@@ -342,6 +342,26 @@ def small_estimator(tmp_path, **overrides):
     return TorchEstimator(**params)
 
 
+def test_fit_and_transform_take_horovods_df_keyword(fitted, digits, small_df, tmp_path):
+    # Horovod: HorovodEstimator.fit(self, df, params=None), HorovodModel.transform(self, df,
+    # params=None); PySpark's dataset= keeps working.
+    with pytest.raises(DataError, match=r"feature column 'nope'"):
+        small_estimator(tmp_path, feature_cols=["nope"]).fit(df=small_df)
+    with pytest.raises(DataError, match=r"feature column 'nope'"):
+        small_estimator(tmp_path, feature_cols=["nope"]).fit(dataset=small_df)
+    with pytest.raises(TypeError, match=r"fit\(\) needs a DataFrame"):
+        small_estimator(tmp_path).fit()
+    with pytest.raises(InvalidArgumentError, match="twice"):
+        small_estimator(tmp_path).fit(df=small_df, dataset=small_df)
+    model = fitted[2]
+    test = digits[1].limit(20)
+    by_df = model.transform(df=test, params={model.output_cols: ["out"]})
+    by_dataset = model.transform(dataset=test)
+    assert by_df.columns == ["features", "label", "out"]
+    assert by_dataset.columns == ["features", "label", "label__output"]
+    assert [r.out for r in by_df.collect()] == [r.label__output for r in by_dataset.collect()]
+
+
 def test_unknown_feature_and_label_columns(small_df, tmp_path):
     with pytest.raises(DataError, match=r"feature column 'nope'.*x, y, name"):
         small_estimator(tmp_path, feature_cols=["nope"]).fit(small_df)

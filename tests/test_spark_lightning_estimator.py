@@ -95,7 +95,7 @@ def test_fit_records_the_logged_metrics_and_transform_predicts(fitted, digits):
     assert history["val_acc"][-1] > 0.85, history
     assert isinstance(model.getModel(), DigitsNet)
     assert digit_accuracy(model.transform(digits[1])) > 0.85
-    assert store.exists(store.get_checkpoint_path("lit"))
+    assert store.exists(f"{store.get_checkpoint_path('lit')}/{store.get_checkpoint_filename()}")
     # TensorBoard event logs synced into the run's logs/, and nothing else beside them.
     run = Path(store.prefix_path.removeprefix("file://")) / "runs" / "lit"
     assert list((run / store.get_logs_subdir()).rglob("events.out.tfevents.*")), list(

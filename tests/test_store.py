@@ -20,6 +20,7 @@ import pytest
 
 import kolo.spark.common.store as horovod_store
 from kolo import _native
+from kolo.estimator.spec import checkpoint_file
 from kolo.exceptions import KoloError, StoreError
 from kolo.store import (
     DBFSLocalStore,
@@ -58,7 +59,7 @@ def test_round_trip_on_every_backend(location, tmp_path):
     url, options = location
     store = Store.create(url, storage_options=options)
     run = "run_1"
-    checkpoint = store.get_checkpoint_path(run)
+    checkpoint = checkpoint_file(store, run)
     assert checkpoint == f"{store.prefix_path}/runs/{run}/{store.get_checkpoint_filename()}"
     assert not store.exists(checkpoint)
 
@@ -117,13 +118,16 @@ def test_layout_matches_horovod(tmp_path):
     assert store.get_test_data_path(1) == f"{prefix}/intermediate_test_data.1"
     assert store.get_runs_path() == f"{prefix}/runs"
     assert store.get_run_path("r") == f"{prefix}/runs/r"
-    assert store.get_checkpoint_path("r") == f"{prefix}/runs/r/checkpoint"
+    # Horovod's meaning: the run directory; the file name is joined by the caller.
+    assert store.get_checkpoint_path("r") == f"{prefix}/runs/r"
+    assert store.get_checkpoint_filename() == "checkpoint"
     assert store.get_logs_path("r") == f"{prefix}/runs/r/logs"
     assert store.get_logs_subdir() == "logs"
     assert store.saving_runs()
     remote = store.to_remote("r", 3)
     assert remote.train_data_path == f"{prefix}/intermediate_train_data.3"
-    assert remote.checkpoint_path == f"{prefix}/runs/r/checkpoint"
+    assert remote.checkpoint_path == f"{prefix}/runs/r"
+    assert remote.checkpoint_filename == "checkpoint"
 
     custom = FilesystemStore(
         "s3://bucket/exp",
@@ -151,7 +155,7 @@ def test_create_dispatches_like_horovod(dbfs_mount):
 
 def test_dbfs_forms_all_reach_the_mount(dbfs_mount):
     store = Store.create("dbfs:/ml/exp")
-    checkpoint = store.get_checkpoint_path("r")
+    checkpoint = checkpoint_file(store, "r")
     assert checkpoint == "/dbfs/ml/exp/runs/r/checkpoint.tf"
     store.write_bytes("dbfs:/ml/exp/runs/r/checkpoint.tf", b"saved")
     on_disk = dbfs_mount / "ml" / "exp" / "runs" / "r" / "checkpoint.tf"
@@ -234,14 +238,13 @@ def test_hdfs_store_from_path_and_namenode_arguments(hdfs_server):
     base = "/" + hdfs_server.bucket
     store = HDFSStore(base + "/by-args", host=host, port=int(port), driver="libhdfs")
     assert store.prefix_path == f"hdfs://{base}/by-args"
-    store.write_text(store.get_checkpoint_path("r"), "hdfs!")
+    store.write_text(checkpoint_file(store, "r"), "hdfs!")
     # Horovod's localized form (no scheme) maps to the same object.
     assert store.read(f"{base}/by-args/runs/r/checkpoint") == b"hdfs!"
     full = HDFSStore(f"{namenode}{base}/by-args")
-    assert full.read(full.get_checkpoint_path("r")) == b"hdfs!"
+    assert full.read(checkpoint_file(full, "r")) == b"hdfs!"
     assert (
-        full.get_localized_path(full.get_checkpoint_path("r"))
-        == f"{base}/by-args/runs/r/checkpoint"
+        full.get_localized_path(checkpoint_file(full, "r")) == f"{base}/by-args/runs/r/checkpoint"
     )
 
 
@@ -290,7 +293,7 @@ def kill_mid_write(store: Store, path: str, ready=None, delay: float = 0.0) -> N
 
 def test_sigkill_mid_write_keeps_the_previous_local_checkpoint(tmp_path):
     store = FilesystemStore(str(tmp_path / "store"))
-    checkpoint = store.get_checkpoint_path("r")
+    checkpoint = checkpoint_file(store, "r")
     store.write_bytes(checkpoint, b"previous checkpoint")
     run_dir = Path(checkpoint).parent
 
@@ -346,7 +349,7 @@ class SlowRelay:
 
 def test_sigkill_mid_write_keeps_the_previous_s3_checkpoint(s3_prefix):
     store = FilesystemStore(s3_prefix.url, storage_options=s3_prefix.storage_options)
-    checkpoint = store.get_checkpoint_path("r")
+    checkpoint = checkpoint_file(store, "r")
     store.write_bytes(checkpoint, b"previous checkpoint")
     # The killed writer goes through a relay at 40 MB/s: 200 MiB take 5 s, so the kill lands
     # while the body is on its way (S3 replaces an object only when a whole PUT arrived).
@@ -395,7 +398,7 @@ def test_bad_options_raise_store_error(tmp_path):
 
 def test_missing_object_names_the_path(tmp_path):
     store = FilesystemStore(str(tmp_path))
-    missing = store.get_checkpoint_path("nope")
+    missing = checkpoint_file(store, "nope")
     with pytest.raises(StoreError, match="no object at") as info:
         store.read(missing)
     assert "runs/nope/checkpoint" in str(info.value)
@@ -404,7 +407,7 @@ def test_missing_object_names_the_path(tmp_path):
 def test_missing_s3_bucket_says_so(s3_server):
     store = FilesystemStore("s3://kolo-no-such-bucket/x", storage_options=s3_server.storage_options)
     with pytest.raises(StoreError, match="bucket/container does not exist") as info:
-        store.write_text(store.get_checkpoint_path("r"), "x")
+        store.write_text(checkpoint_file(store, "r"), "x")
     assert "s3://kolo-no-such-bucket/x/runs/r/checkpoint" in str(info.value)
 
 
@@ -414,7 +417,7 @@ def test_wrong_azure_key_is_refused(azure_prefix):
     options["azure_storage_account_key"] = "d3Jvbmcta2V5LXdyb25nLWtleS13cm9uZy1rZXk="
     store = FilesystemStore(azure_prefix.url, storage_options=options)
     with pytest.raises(StoreError, match="credentials") as info:
-        store.write_text(store.get_checkpoint_path("r"), "x")
+        store.write_text(checkpoint_file(store, "r"), "x")
     assert azure_prefix.url in str(info.value)
 
 
@@ -429,7 +432,7 @@ def test_unreachable_endpoint_fails_fast():
     store = FilesystemStore("s3://bucket/x", storage_options=options)
     started = time.monotonic()
     with pytest.raises(StoreError, match="endpoint"):
-        store.read(store.get_checkpoint_path("r"))
+        store.read(checkpoint_file(store, "r"))
     assert time.monotonic() - started < 30
 
 
@@ -447,7 +450,7 @@ def test_native_calls_release_the_gil(s3_prefix):
     thread.start()
     try:
         started = time.monotonic()
-        store.write_bytes(store.get_checkpoint_path("r"), b"x" * (32 * 1024 * 1024))
+        store.write_bytes(checkpoint_file(store, "r"), b"x" * (32 * 1024 * 1024))
         elapsed = time.monotonic() - started
     finally:
         stop.set()
@@ -656,3 +659,20 @@ def test_read_serialized_keras_model(tmp_path):
     restored = keras.models.load_model(restored_path)
     x = np.ones((1, 3), dtype="float32")
     np.testing.assert_allclose(restored.predict(x, verbose=0), model.predict(x, verbose=0))
+
+
+def test_checkpoint_path_is_the_run_directory_as_in_horovod(tmp_path):
+    # Horovod's estimators join the file name themselves:
+    # os.path.join(store.get_checkpoint_path(run_id), store.get_checkpoint_filename()).
+    store = Store.create(str(tmp_path), checkpoint_filename="model.ckpt")
+    joined = os.path.join(store.get_checkpoint_path("r"), store.get_checkpoint_filename())
+    assert joined == checkpoint_file(store, "r") == f"{tmp_path}/runs/r/model.ckpt"
+    store.write_bytes(joined, b"weights")
+    assert store.get_checkpoints("r", suffix=".ckpt") == [joined]
+
+
+def test_bare_store_says_it_needs_a_prefix_path():
+    # Horovod's Store() is abstract; kolo's is concrete and says what to give.
+    with pytest.raises(TypeError, match=r"Store needs a prefix_path.*Store\.create") as info:
+        Store()
+    assert isinstance(info.value, KoloError)

@@ -2,26 +2,22 @@
 started by the native kolorun launcher (locally or over ssh) and return the results by rank.
 
 The pickled function travels to the ranks, and each result back, through the job's
-authenticated driver service (never a file or a command line). ``_rank_main`` is what every
-rank process runs.
+authenticated driver service (never a file or a command line); every rank process runs
+:func:`kolo._rank_process.rank_main`.
 """
 
 from __future__ import annotations
 
-import os
 import sys
-import traceback
 import warnings
 from typing import Any, Callable, Optional, Sequence
 
 from kolo import _native
+from kolo._rank_process import rank_code
 from kolo.exceptions import InvalidArgumentError, InvalidValueError, RankFailedError
 
 #: What each rank process runs (``executable -c RANK_CODE``).
-RANK_CODE = "from kolo._run import _rank_main; _rank_main()"
-
-#: How long a rank waits for its function (it is published before any rank starts).
-_PAYLOAD_TIMEOUT_S = 120.0
+RANK_CODE = rank_code("kolo.run")
 
 
 def run(
@@ -199,34 +195,3 @@ def _rank_failed(code: int, failure: Optional[tuple]) -> RankFailedError:
         host=host,
         remote_traceback=message,
     )
-
-
-def _rank_main() -> None:
-    """A rank process of ``kolo.run``: join the job (the rank variables go into
-    ``os.environ`` before the function is unpickled), run the function, return its result or
-    report its failure."""
-    try:
-        for name, value in _native.session_join():
-            os.environ[name] = value
-    except BaseException as err:
-        print(f"kolo.run: the rank process could not join its job: {err}", file=sys.stderr)
-        sys.stderr.flush()
-        os._exit(1)
-    try:
-        import cloudpickle
-
-        func, args, kwargs = cloudpickle.loads(_native.session_payload(_PAYLOAD_TIMEOUT_S))
-        data = cloudpickle.dumps(func(*args, **kwargs))
-    except BaseException:
-        text = traceback.format_exc()
-        sys.stderr.write(text)
-        sys.stderr.flush()
-        try:
-            _native.session_fail(text)
-        finally:
-            sys.stdout.flush()
-            sys.exit(1)
-    _native.session_put_result(data)
-    _native.session_finish()
-    sys.stdout.flush()
-    sys.stderr.flush()

@@ -90,6 +90,33 @@ class NotEnoughSlotsError(LaunchError):
     together); the message says how many slots there are and how to get more."""
 
 
+class MissingArgumentError(InvalidArgumentError, TypeError):
+    """A required argument was not given (a ``TypeError`` too, as Python raises for a missing
+    argument); the message names it and how to give it.
+
+    Example::
+
+        try:
+            Store()
+        except TypeError as err:
+            print(err)  # Store needs a prefix_path: kolo's stores are concrete, ...
+    """
+
+
+class FrameworkVersionError(ConfigError, RuntimeError):
+    """An installed framework is older than kolo supports (a ``RuntimeError`` too, as Horovod
+    raises for, e.g., a Lightning older than ``MIN_PL_VERSION``); the message names the version
+    found, the one needed and the install command.
+
+    Example::
+
+        try:
+            TorchEstimator(model=model, store=store)
+        except RuntimeError as err:
+            print(err)  # kolo's Lightning estimator needs lightning>=2.0.0, found ...
+    """
+
+
 class RankFailedError(LaunchError):
     """A rank of ``kolo.spark.run`` or of a ``RayExecutor`` raised or died; the others were
     stopped.
@@ -143,6 +170,7 @@ HorovodInternalError = InternalError
 __all__ = [
     "ConfigError",
     "DataError",
+    "FrameworkVersionError",
     "HorovodInternalError",
     "InternalError",
     "InvalidArgumentError",
@@ -151,6 +179,7 @@ __all__ = [
     "KoloError",
     "LaunchError",
     "MismatchError",
+    "MissingArgumentError",
     "NotEnoughSlotsError",
     "NotInitializedError",
     "PeerConnectionError",

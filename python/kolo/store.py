@@ -6,7 +6,8 @@ The classes carry Horovod's names and constructor arguments (``Store.create``,
 
     <prefix>/intermediate_train_data.<idx>   prepared training data
     <prefix>/intermediate_val_data.<idx>     prepared validation data
-    <prefix>/runs/<run_id>/checkpoint        the run's checkpoint
+    <prefix>/runs/<run_id>/                  the run (get_checkpoint_path, as Horovod's)
+    <prefix>/runs/<run_id>/checkpoint        its checkpoint file (get_checkpoint_filename)
     <prefix>/runs/<run_id>/logs/             the run's logs
 
 Methods take full paths as the ``get_*_path`` methods return them. The work is done by the Rust
@@ -21,7 +22,7 @@ Example::
 
     store = Store.create("s3://bucket/experiments", storage_options={
         "aws_endpoint": "http://127.0.0.1:9000", "aws_allow_http": "true"})
-    store.write_text(store.get_checkpoint_path("run_1") + ".json", '{"epoch": 3}')
+    store.write_text(store.get_run_path("run_1") + "/state.json", '{"epoch": 3}')
     print(store.exists(store.get_run_path("run_1")))        # True
 """
 
@@ -38,7 +39,7 @@ from typing import Any, Callable, Iterator, Optional
 from urllib.parse import unquote, urlsplit
 
 from kolo import _native, _store_filesystem
-from kolo.exceptions import InvalidValueError, StoreError
+from kolo.exceptions import InvalidValueError, MissingArgumentError, StoreError
 
 __all__ = [
     "AbstractFilesystemStore",
@@ -118,7 +119,7 @@ class Store:
 
     def __init__(
         self,
-        prefix_path: str,
+        prefix_path: Optional[str] = None,
         train_path: Optional[str] = None,
         val_path: Optional[str] = None,
         test_path: Optional[str] = None,
@@ -128,6 +129,14 @@ class Store:
         checkpoint_filename: Optional[str] = None,
         **kwargs: Any,
     ) -> None:
+        if prefix_path is None:
+            # Horovod's Store() is an abstract base whose methods all raise; kolo's is a
+            # working store, so it needs its location.
+            raise MissingArgumentError(
+                f"{type(self).__name__} needs a prefix_path: kolo's stores are concrete, e.g. "
+                f"Store.create('/tmp/exp') or {type(self).__name__}('s3://bucket/exp') "
+                "(Horovod's abstract Store() has no kolo counterpart: see docs/store.md)"
+            )
         self._init_args = (prefix_path,)
         self._init_kwargs = dict(
             train_path=train_path,
@@ -248,10 +257,17 @@ class Store:
         return _join(self.get_runs_path(), run_id)
 
     def get_checkpoint_path(self, run_id: str) -> Optional[str]:
-        """``<prefix>/runs/<run_id>/<checkpoint_filename>``, or None when not saving runs."""
+        """Where the run's checkpoint file(s) go: the run directory ``<prefix>/runs/<run_id>``,
+        as Horovod's; None when not saving runs. The checkpoint file is this joined with
+        :meth:`get_checkpoint_filename`.
+
+        Example::
+
+            ckpt = store.get_checkpoint_path("run_1") + "/" + store.get_checkpoint_filename()
+        """
         if not self._save_runs:
             return None
-        return _join(self.get_run_path(run_id), self.get_checkpoint_filename())
+        return self.get_run_path(run_id)
 
     def get_checkpoints(self, run_id: str, suffix: str = ".ckpt") -> list[str]:
         """The full paths of the files directly in the run directory that end with
@@ -331,7 +347,7 @@ class Store:
 
         Example::
 
-            store.exists(store.get_checkpoint_path("run_1"))
+            store.exists(store.get_run_path("run_1") + "/checkpoint")
         """
         handle, rel = self._locate(path)
         return handle.exists(rel)
@@ -341,7 +357,7 @@ class Store:
 
         Example::
 
-            state = store.read(store.get_checkpoint_path("run_1"))
+            state = store.read(store.get_run_path("run_1") + "/checkpoint")
         """
         handle, rel = self._locate(path)
         return handle.get(rel)
@@ -355,7 +371,7 @@ class Store:
 
         Example::
 
-            store.write_bytes(store.get_checkpoint_path("run_1"), torch_bytes)
+            store.write_bytes(store.get_run_path("run_1") + "/checkpoint", torch_bytes)
         """
         handle, rel = self._locate(path)
         handle.put(rel, bytes(data) if not isinstance(data, (bytes, bytearray)) else data)
@@ -485,7 +501,7 @@ class Store:
         Example::
 
             encoded = store.read_serialized_keras_model(
-                store.get_checkpoint_path(run_id), model, custom_objects={})
+                store.get_run_path(run_id) + "/checkpoint.keras", model, custom_objects={})
         """
         import base64
 

@@ -9,9 +9,9 @@ sets ``backend_env``, joins the job (``kolo.keras.init()``), rebuilds the model,
 with a ``kolo.keras.DistributedOptimizer`` (learning rate multiplied by the number of ranks, as
 Horovod does) and runs Keras's own ``model.fit`` on its equal share of the prepared Parquet
 data (:class:`kolo.data.ParquetLoader` with ``to="numpy"``), with the broadcast and
-metric-average callbacks. Rank 0 checkpoints after every epoch into
-``store.get_checkpoint_path(run_id)`` (a run restarted with the same ``run_id`` resumes from
-it), reports progress to the driver and returns the trained model and the history.
+metric-average callbacks. Rank 0 checkpoints after every epoch into the run's checkpoint file
+(:func:`~kolo.estimator.spec.checkpoint_file`; a run restarted with the same ``run_id`` resumes
+from it), reports progress to the driver and returns the trained model and the history.
 
 A model travels as a ``.keras`` archive (architecture, weights and optimizer state; the same
 on every Keras backend), loaded with the estimator's ``custom_objects``. The other user objects
@@ -43,7 +43,7 @@ from kolo.estimator.progress import (
     resume_position,
     send_progress,
 )
-from kolo.estimator.spec import TrainingSpec, checkpoint_bytes
+from kolo.estimator.spec import TrainingSpec, checkpoint_bytes, checkpoint_file
 from kolo.exceptions import DataError
 
 __all__ = ["KerasSpec", "KerasTrainer", "load_checkpoint", "model_from_bytes", "model_to_bytes"]
@@ -388,7 +388,7 @@ class KerasTrainer:
         """Rank 0 writes the run's checkpoint (model with optimizer state, epoch, history, the
         loader's position and the checkpoint callback's best model)."""
         spec = self.spec
-        path = spec.store.get_checkpoint_path(spec.run_id)
+        path = checkpoint_file(spec.store, spec.run_id)
         if hvd.rank() != 0 or path is None:
             return
         best = None

@@ -7,10 +7,11 @@ by the launcher and called once in every rank. Each rank joins the job,
 rebuilds the LightningModule and runs ``lightning.pytorch.Trainer(strategy=KoloStrategy())``
 on its equal share of the prepared Parquet data: batches are dicts ``{column: tensor}`` (as in
 Horovod), features and labels reshaped by ``input_shapes``/``label_shapes`` and float64 given
-as float32. After every epoch the ranks write a Lightning checkpoint (rank 0 uploads it to
-``store.get_checkpoint_path(run_id)``; a later fit with the same ``run_id`` resumes from it),
-record the epoch's logged metrics (``trainer.callback_metrics``) as the history and rank 0
-reports progress to the driver. Rank 0 returns the trained weights and the history.
+as float32. After every epoch the ranks write a Lightning checkpoint (rank 0 uploads it to the
+run's checkpoint file, :func:`~kolo.estimator.spec.checkpoint_file`; a later fit with the same
+``run_id`` resumes from it), record the epoch's logged metrics (``trainer.callback_metrics``)
+as the history and rank 0 reports progress to the driver. Rank 0 returns the trained weights
+and the history.
 
 Example (one rank, in-process)::
 
@@ -32,7 +33,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 import cloudpickle
 
 from kolo.estimator.progress import ProgressReporter, rank_result, send_progress
-from kolo.estimator.spec import TrainingSpec, checkpoint_bytes
+from kolo.estimator.spec import TrainingSpec, checkpoint_bytes, checkpoint_file
 from kolo.estimator.torch_trainer import state_bytes
 
 __all__ = ["LightningSpec", "LightningTrainer"]
@@ -200,7 +201,7 @@ def _history_callback(
             path = os.path.join(local_dir, "epoch.ckpt")
             trainer.save_checkpoint(path, weights_only=False)
             if trainer.global_rank == 0:
-                target = spec.store.get_checkpoint_path(spec.run_id)
+                target = checkpoint_file(spec.store, spec.run_id)
                 if target is not None:
                     with open(path, "rb") as f:
                         spec.store.write_bytes(target, f.read())

@@ -23,7 +23,14 @@ import cloudpickle
 
 from kolo.estimator.checks import FIX_FN, check_shapes, pickled
 
-__all__ = ["READER_POOL_TYPES", "ParamGetter", "TrainingSpec", "checkpoint_bytes", "spec_fields"]
+__all__ = [
+    "READER_POOL_TYPES",
+    "ParamGetter",
+    "TrainingSpec",
+    "checkpoint_bytes",
+    "checkpoint_file",
+    "spec_fields",
+]
 
 log = logging.getLogger(__name__)
 
@@ -291,15 +298,31 @@ def _cast(value: Any, dtype: Any, shape: Any) -> Any:
     return value
 
 
+def checkpoint_file(store: Any, run_id: str) -> Optional[str]:
+    """The path of run ``run_id``'s checkpoint file in ``store``: the checkpoint directory
+    joined with the file name, as Horovod's estimators join them
+    (``store.get_checkpoint_path(run_id)`` + ``store.get_checkpoint_filename()``); ``None``
+    when the store keeps no runs.
+
+    Example::
+
+        checkpoint_file(store, "run_1")     # '/tmp/exp/runs/run_1/checkpoint'
+    """
+    directory = store.get_checkpoint_path(run_id)
+    if directory is None:
+        return None
+    return f"{directory.rstrip('/')}/{store.get_checkpoint_filename()}"
+
+
 def checkpoint_bytes(store: Any, run_id: str) -> Optional[bytes]:
-    """The bytes of run ``run_id``'s checkpoint in ``store``
-    (``store.get_checkpoint_path(run_id)``), or ``None`` when there is none.
+    """The bytes of run ``run_id``'s checkpoint file in ``store`` (:func:`checkpoint_file`),
+    or ``None`` when there is none.
 
     Example::
 
         data = checkpoint_bytes(store, "run_1")
     """
-    path = store.get_checkpoint_path(run_id)
+    path = checkpoint_file(store, run_id)
     if path is None or not store.exists(path):
         return None
     return store.read(path)

@@ -8,9 +8,9 @@ bytes), shipped by the launcher and called once in every rank. Each rank joins t
 (``hvd.init()``), rebuilds the model and optimizer, takes rank 0's weights and optimizer state
 (or the run's checkpoint), and trains on its equal share of the prepared Parquet data with
 :class:`kolo.data.ParquetLoader`. Loss and metrics are averaged over the ranks with one fused
-allreduce per step; rank 0 checkpoints after every epoch (atomically, into
-``store.get_checkpoint_path(run_id)``), writes TensorBoard logs under the run's ``logs/`` and
-returns the trained weights and the history.
+allreduce per step; rank 0 checkpoints after every epoch (atomically, into the run's checkpoint
+file, :func:`~kolo.estimator.spec.checkpoint_file`), writes TensorBoard logs under the run's
+``logs/`` and returns the trained weights and the history.
 
 Example (one rank, in-process)::
 
@@ -38,7 +38,7 @@ from kolo.estimator.progress import (
     resume_position,
     send_progress,
 )
-from kolo.estimator.spec import checkpoint_bytes
+from kolo.estimator.spec import checkpoint_bytes, checkpoint_file
 from kolo.estimator.torch_spec import TorchSpec
 
 __all__ = ["TorchTrainer", "load_checkpoint", "state_bytes"]
@@ -352,7 +352,8 @@ class TorchTrainer:
 
     def _checkpoint(self, hvd: Any, epoch: int, history: Dict[str, List[float]]) -> None:
         spec = self.spec
-        if hvd.rank() != 0 or spec.store.get_checkpoint_path(spec.run_id) is None:
+        path = checkpoint_file(spec.store, spec.run_id)
+        if hvd.rank() != 0 or path is None:
             return
         state = {
             "model": self.model.state_dict(),
@@ -362,9 +363,7 @@ class TorchTrainer:
             "loader": self.train_loader.state_dict(),
             "size": hvd.size(),
         }
-        spec.store.write_bytes(
-            spec.store.get_checkpoint_path(spec.run_id), _serialize_checkpoint(state)
-        )
+        spec.store.write_bytes(path, _serialize_checkpoint(state))
 
     # -- the rank's function ------------------------------------------------------------------
 

@@ -1,9 +1,10 @@
 """``KoloEnvironment``: Lightning's view of a kolo job (a ``ClusterEnvironment``).
 
 The processes are started by a kolo launcher (``kolorun -np N``, :func:`kolo.spark.run`,
-:class:`kolo.ray.RayExecutor`) and the ranks come from kolo's runtime (``hvd.rank()``,
-``hvd.size()``, ``hvd.local_rank()``, ``hvd.cross_rank()``) after ``hvd.init()``, which the
-first query here calls. Lightning never starts processes or a ``torch.distributed`` group for it.
+:class:`kolo.ray.RayExecutor`), ``mpirun`` or ``srun``, and the ranks come from kolo's runtime
+(``hvd.rank()``, ``hvd.size()``, ``hvd.local_rank()``, ``hvd.cross_rank()``) after
+``hvd.init()``, which the first query here calls. Lightning never starts processes or a
+``torch.distributed`` group for it.
 
 Example::
 
@@ -59,16 +60,22 @@ class KoloEnvironment(ClusterEnvironment):
 
     @staticmethod
     def detect() -> bool:
-        """``True`` when this process was started by a kolo launcher (``KOLO_RANK`` is set).
+        """``True`` when a launcher started this process as a rank: a kolo launcher
+        (``KOLO_RANK``, or ``HOROVOD_RANK`` as horovodrun sets it), or ``mpirun`` (Open MPI,
+        MPICH) / ``srun``, recognized as ``hvd.init()`` recognizes them (see docs/mpi.md).
 
         Example::
 
             if KoloEnvironment.detect():
-                print("under kolorun")
+                print("started as a rank")
         """
         import os
 
-        return "KOLO_RANK" in os.environ or "HOROVOD_RANK" in os.environ
+        from kolo._mpi_launch import launcher_rank
+
+        if "KOLO_RANK" in os.environ or "HOROVOD_RANK" in os.environ:
+            return True
+        return launcher_rank() is not None
 
     def world_size(self) -> int:
         """``hvd.size()``."""

@@ -46,6 +46,7 @@ from typing import Any, Callable, Dict, List, Optional, Union
 
 from kolo.estimator.checks import check_store_writable, training_columns
 from kolo.estimator.params import reject_unknown, training_defaults, warn_no_effect
+from kolo.estimator.spec import checkpoint_file
 from kolo.estimator.torch_spec import build_torch_spec, check_model_and_loss, trained_model
 from kolo.estimator.torch_trainer import TorchTrainer
 from kolo.estimator.training import train_on_ranks
@@ -87,7 +88,8 @@ class TrainingResult:
     #: the ``val_`` ones with validation.
     history: Dict[str, List[float]]
     run_id: str
-    #: Where rank 0 wrote the run's checkpoint (``store.get_checkpoint_path(run_id)``; load it
+    #: Where rank 0 wrote the run's checkpoint file (in ``store.get_checkpoint_path(run_id)``,
+    #: named ``store.get_checkpoint_filename()``; load it
     #: with :func:`kolo.estimator.torch_trainer.load_checkpoint`); ``None`` for a store without
     #: one.
     checkpoint_path: Optional[str]
@@ -397,7 +399,7 @@ class TorchEstimator:
             model=trained_model(params["model"], rank0["model"]),
             history=rank0["history"],
             run_id=run.run_id,
-            checkpoint_path=store.get_checkpoint_path(run.run_id),
+            checkpoint_path=checkpoint_file(store, run.run_id),
             logs_path=store.get_logs_path(run.run_id),
             metadata={
                 **meta.metadata(),

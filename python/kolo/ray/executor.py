@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
 import uuid
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from kolo._nics import nics_ip
 from kolo.exceptions import (
@@ -426,23 +427,39 @@ class RayExecutor:
     # -- calls -------------------------------------------------------------------------------
 
     def run(
-        self, fn: Callable[..., Any], args: Optional[list] = None, kwargs: Optional[dict] = None
+        self,
+        fn: Callable[..., Any],
+        args: Optional[list] = None,
+        kwargs: Optional[dict] = None,
+        callbacks: Optional[list[Callable[[Any], Any]]] = None,
     ) -> list[Any]:
         """Runs ``fn(*args, **kwargs)`` on every rank; returns the results by rank. A rank
         that raises or dies raises :class:`~kolo.exceptions.RankFailedError` here (rank, node,
         remote traceback) and the other actors are stopped.
 
+        ``callbacks`` (Horovod's): each callable is called on the driver with every value a
+        worker logs with :func:`kolo.ray.worker.log` during this call, in the order logged
+        (Horovod's ``ray_logger.log``; it reaches the callbacks through a Ray queue given to
+        every worker with ``set_queue``). A callback that raises stops the job as a failed
+        rank does.
+
         Example::
 
             def fn(x):
                 import kolo.torch as hvd
+                from kolo.ray.worker import log
                 hvd.init()
+                log({"rank": hvd.rank(), "loss": 0.5})
                 return x + hvd.rank()
 
-            executor.run(fn, args=[10])  # [10, 11]
+            executor.run(fn, args=[10], callbacks=[print])  # [10, 11]
         """
-        refs = self.run_remote(fn, args, kwargs)
-        return self._gather(refs, [r.task_index for r in self._ranks])
+        self._check_started()
+        args_t = tuple(args or ())
+        kwargs_d = dict(kwargs or {})
+        with self._logged_values(callbacks) as on_poll:
+            refs = [entry.actor.run.remote(fn, args_t, kwargs_d) for entry in self._ranks]
+            return self._gather(refs, [r.task_index for r in self._ranks], on_poll)
 
     def run_remote(
         self, fn: Callable[..., Any], args: Optional[list] = None, kwargs: Optional[dict] = None
@@ -460,17 +477,23 @@ class RayExecutor:
         kwargs_d = dict(kwargs or {})
         return [entry.actor.run.remote(fn, args_t, kwargs_d) for entry in self._ranks]
 
-    def execute(self, fn: Callable[[Any], Any]) -> list[Any]:
+    def execute(
+        self,
+        fn: Callable[[Any], Any],
+        callbacks: Optional[list[Callable[[Any], Any]]] = None,
+    ) -> list[Any]:
         """Runs ``fn(executable)`` on every rank (the object ``start(executable_cls=...)``
-        built, kept across calls); returns the results by rank, with fail-fast as :meth:`run`.
+        built, kept across calls); returns the results by rank, with fail-fast and
+        ``callbacks`` as :meth:`run`.
 
         Example::
 
-            executor.execute(lambda model: model.train())
+            executor.execute(lambda model: model.train(), callbacks=[print])
         """
         self._check_started()
-        refs = [entry.actor.execute.remote(fn) for entry in self._ranks]
-        return self._gather(refs, [r.task_index for r in self._ranks])
+        with self._logged_values(callbacks) as on_poll:
+            refs = [entry.actor.execute.remote(fn) for entry in self._ranks]
+            return self._gather(refs, [r.task_index for r in self._ranks], on_poll)
 
     def execute_single(self, fn: Callable[[Any], Any]) -> Any:
         """Runs ``fn(executable)`` on rank 0 only; returns its result.
@@ -510,6 +533,38 @@ class RayExecutor:
             for r in self._ranks
         ]
 
+    @contextlib.contextmanager
+    def _logged_values(
+        self, callbacks: Optional[list[Callable[[Any], Any]]]
+    ) -> Iterator[Optional[Callable[[], None]]]:
+        """While the block runs, the workers' :func:`kolo.ray.worker.log` values go to a Ray
+        queue; yields the function that hands the queued values to ``callbacks`` (None
+        without callbacks). Values still queued when the block ends are handed over, then the
+        workers' queue is unset and the queue's actor removed."""
+        if not callbacks:
+            yield None
+            return
+        import ray
+        from ray.util.queue import Queue
+
+        # A zero-CPU actor: the placement group may hold every CPU of the cluster.
+        queue = Queue(actor_options={"num_cpus": 0})
+        ray.get([entry.actor.set_queue.remote(queue) for entry in self._ranks])
+
+        def deliver() -> None:
+            while not queue.empty():
+                value = queue.get_nowait()
+                for callback in callbacks:
+                    callback(value)
+
+        try:
+            yield deliver
+            deliver()
+        finally:
+            if self._driver is not None:
+                ray.get([entry.actor.set_queue.remote(None) for entry in self._ranks])
+            queue.shutdown()
+
     def _check_started(self) -> None:
         if not self._ranks or self._driver is None:
             raise LaunchError(
@@ -519,7 +574,12 @@ class RayExecutor:
 
     # -- waiting with fail-fast --------------------------------------------------------------
 
-    def _gather(self, refs: list[Any], task_indices: list[int]) -> list[Any]:
+    def _gather(
+        self,
+        refs: list[Any],
+        task_indices: list[int],
+        on_poll: Optional[Callable[[], None]] = None,
+    ) -> list[Any]:
         import ray
 
         results: list[Any] = [None] * len(refs)
@@ -528,6 +588,12 @@ class RayExecutor:
             cause = self._driver.failure() if self._driver is not None else None
             if cause is not None:
                 self._fail(cause)
+            if on_poll is not None:
+                try:
+                    on_poll()
+                except BaseException:
+                    self._teardown("a callback raised")
+                    raise
             ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=_POLL_S)
             for ref in ready:
                 position = pending.pop(ref)

@@ -18,7 +18,8 @@ Example::
     kolo.spark.run(fn, num_proc=2, _on_message=lambda rank, msg: print(rank, msg))
 
 The rest of the module is internal: ``_run_barrier_task`` is what each barrier task runs (it
-starts the rank process and waits for it), ``_child_main`` is the rank process.
+starts the rank process and waits for it); the rank process is
+:func:`kolo._rank_process.rank_main`, shared with ``kolo.run``.
 """
 
 from __future__ import annotations
@@ -26,18 +27,15 @@ from __future__ import annotations
 import os
 import socket
 import sys
-import traceback
 from typing import Any, Iterable, Iterator, Optional
 
 from kolo._rank_gpu import GPU_ADDRESSES_VAR, assigned_gpus
+from kolo._rank_process import rank_code
 
 __all__ = ["get_available_devices", "send_to_driver"]
 
 #: How the task runner starts the rank process (``executable -c CHILD_CODE``).
-CHILD_CODE = "from kolo.spark.task import _child_main; _child_main()"
-
-#: How long a rank process waits for its function after every rank registered.
-_PAYLOAD_TIMEOUT_S = 120.0
+CHILD_CODE = rank_code("kolo.spark.run")
 
 
 def get_available_devices() -> list[str]:
@@ -123,36 +121,3 @@ def _run_barrier_task(
         envs, program, ["-c", CHILD_CODE], attempt, hostname, term_grace
     )
     yield (index, bool(success), str(description))
-
-
-def _child_main() -> None:
-    """The rank process: register (the rank variables go into ``os.environ`` before the
-    function is unpickled), run the function, return its result or report its failure."""
-    from kolo import _native
-
-    try:
-        for name, value in _native.session_join():
-            os.environ[name] = value
-    except BaseException as err:
-        print(f"kolo.spark.run: the rank process could not join its job: {err}", file=sys.stderr)
-        sys.stderr.flush()
-        os._exit(1)
-    try:
-        import cloudpickle
-
-        fn, args, kwargs = cloudpickle.loads(_native.session_payload(_PAYLOAD_TIMEOUT_S))
-        result = fn(*args, **kwargs)
-        data = cloudpickle.dumps(result)
-    except BaseException:
-        text = traceback.format_exc()
-        sys.stderr.write(text)
-        sys.stderr.flush()
-        try:
-            _native.session_fail(text)
-        finally:
-            sys.stdout.flush()
-            sys.exit(1)
-    _native.session_put_result(data)
-    _native.session_finish()
-    sys.stdout.flush()
-    sys.stderr.flush()

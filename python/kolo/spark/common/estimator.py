@@ -13,14 +13,14 @@ three hooks:
 - :meth:`KoloEstimator._check_params` — framework checks (model set and picklable, parameters
   that do not apply, ...); raise :class:`~kolo.exceptions.InvalidArgumentError`.
 - :meth:`KoloEstimator._remote_trainer` — the picklable callable every rank runs (one of the
-  estimator core's trainers). It calls ``hvd.init()``, trains on its share of
-  ``meta.train_path`` (:class:`kolo.data.ParquetLoader` with ``rank``/``size``), checkpoints
-  into ``store.get_checkpoint_path(run_id)`` (and resumes from it), sends progress with
-  :func:`~kolo.estimator.progress.send_progress`, and returns on
-  rank 0 a dict with ``"history"`` (``{metric: [value per epoch]}``), ``"model"`` (the trained
-  weights in the framework's format), optionally ``"start_epoch"`` (first epoch run, when
-  resumed) and ``"timings"`` (``first_step_unix``, ``train_s``, ``checkpoint_s``,
-  ``returned_unix``); ``None`` on the other ranks.
+  estimator core's trainers). It calls ``hvd.init()``, trains on its share of ``meta.train_path``
+  (:class:`kolo.data.ParquetLoader` with ``rank``/``size``), checkpoints into the checkpoint file in
+  ``store.get_checkpoint_path(run_id)`` (and resumes from it), sends progress with
+  :func:`~kolo.estimator.progress.send_progress`, and returns on rank 0 a dict with ``"history"``
+  (``{metric: [value per epoch]}``), ``"model"`` (the trained weights in the framework's format),
+  optionally ``"start_epoch"`` (first epoch run, when resumed) and ``"timings"``
+  (``first_step_unix``, ``train_s``, ``checkpoint_s``, ``returned_unix``); ``None`` on the other
+  ranks.
 - :meth:`KoloEstimator._make_model` — the Transformer (e.g. a
   :class:`~kolo.spark.torch.TorchModel`) from rank 0's result.
 
@@ -65,6 +65,7 @@ from kolo.estimator.params import NO_EFFECT, reject_unknown, warn_no_effect
 from kolo.estimator.training import train_on_ranks
 from kolo.exceptions import InvalidArgumentError, InvalidValueError
 from kolo.spark._python_probe import check_executor_python
+from kolo.spark.common._df_argument import dataframe_argument
 from kolo.spark.common.backend import SparkBackend
 from kolo.spark.common.model import HorovodModel
 from kolo.spark.common.serialization import KoloPersistence
@@ -176,6 +177,18 @@ class KoloEstimator(Estimator, KoloPersistence):
         self._check_params()
 
     # -- fitting ---------------------------------------------------------------------------------
+
+    def fit(self, df: Any = None, params: Any = None, *, dataset: Any = None) -> Any:
+        """Trains on the DataFrame ``df`` and returns the trained model (Horovod's
+        ``fit(df, params=None)``; PySpark's keyword ``dataset=`` works too). ``params``
+        overrides embedded parameters, as in Spark ML (a list of maps gives a list of models).
+
+        Example::
+
+            model = est.fit(df)
+            model = est.fit(df=train_df, params={est.epochs: 3})
+        """
+        return super().fit(dataframe_argument(df, dataset, "fit"), params)
 
     def _fit(self, df: Any) -> Model:
         started = time.monotonic()

@@ -30,6 +30,7 @@ from pyspark.ml import Model
 
 from kolo.estimator.params import reject_unknown
 from kolo.exceptions import InvalidArgumentError
+from kolo.spark.common._df_argument import dataframe_argument
 from kolo.spark.common._inference import predict_columns
 from kolo.spark.common.serialization import KoloPersistence
 
@@ -152,6 +153,17 @@ class KoloModel(Model, KoloPersistence):
                 per_row *= int(dim)
             sizes.append(None if per_row == 1 else per_row)
         return sizes
+
+    def transform(self, df: Any = None, params: Any = None, *, dataset: Any = None) -> Any:
+        """The DataFrame ``df`` with the prediction columns added (Horovod's
+        ``transform(df, params=None)``; PySpark's keyword ``dataset=`` works too). ``params``
+        overrides embedded parameters, as in Spark ML.
+
+        Example::
+
+            predictions = model.transform(df=test_df)
+        """
+        return super().transform(dataframe_argument(df, dataset, "transform"), params)
 
     def _transform(self, df: Any) -> Any:
         model = self.getModel()

@@ -5,7 +5,7 @@ Example::
     from kolo.spark.common.store import Store
 
     store = Store.create("s3://bucket/experiments")
-    store.get_checkpoint_path("run_1")     # 's3://bucket/experiments/runs/run_1/checkpoint'
+    store.get_checkpoint_path("run_1")     # 's3://bucket/experiments/runs/run_1'
 """
 
 from kolo.store import *  # noqa: F403 - the same names, under Horovod's module path
