@@ -4,14 +4,26 @@ Every error kolo raises derives from :class:`KoloError`; each names what went wr
 fix it. The classes are declared by the native module (so Rust errors map onto them once, at
 the edge) and re-exported here; they pickle by reference to this module.
 
+They are also the Python builtins Horovod raises, so code written for Horovod catches them:
+
+- a collective that fails raises :class:`InternalError`, a ``RuntimeError`` and the very class
+  :data:`HorovodInternalError` names (``kolo.common.exceptions.HorovodInternalError`` too). In
+  Horovod every op failure surfaces from ``synchronize`` as ``HorovodInternalError``, so kolo's
+  finer classes are its subclasses: :class:`MismatchError` (the ranks disagreed),
+  :class:`JobAbortedError` (another rank failed), :class:`PeerConnectionError` (a peer's
+  connection broke);
+- a bad argument raises :class:`InvalidArgumentError`, a ``ValueError`` (Horovod's argument
+  checks raise ``ValueError``), as does :class:`NotInitializedError`;
+- :class:`HostsUpdatedInterrupt` is Horovod's elastic interrupt (a ``RuntimeError``).
+
 Example::
 
     import kolo.torch as hvd
-    from kolo.exceptions import MismatchError
+    from kolo.exceptions import HorovodInternalError, MismatchError
 
     try:
         hvd.allreduce(tensor)
-    except MismatchError as err:
+    except MismatchError as err:       # or RuntimeError, or HorovodInternalError
         print("ranks disagreed:", err)
 """
 
@@ -39,7 +51,8 @@ class NotInitializedError(KoloError, ValueError):
 
 class InvalidValueError(InvalidArgumentError, ValueError):
     """An argument has an invalid value where Horovod raises ``ValueError`` (e.g.
-    ``RayExecutor(settings, num_workers=2, num_hosts=2)``); a ``ValueError`` too.
+    ``RayExecutor(settings, num_workers=2, num_hosts=2)``); a ``ValueError``, like every
+    :class:`InvalidArgumentError`.
 
     Example::
 
@@ -137,13 +150,35 @@ class RankFailedError(LaunchError):
         )
 
 
-#: Horovod's name for a failure inside a collective (elastic training catches it).
+class HostsUpdatedInterrupt(KoloError, RuntimeError):
+    """Horovod's elastic interrupt: the set of hosts in the job changed, so the training loop
+    resets without restoring the last committed state (a ``RuntimeError``, as in
+    ``horovod/common/exceptions.py``). ``skip_sync`` says whether the state sync after the reset
+    can be skipped.
+
+    Example::
+
+        try:
+            train(state)
+        except HostsUpdatedInterrupt as interrupt:
+            reset(sync=not interrupt.skip_sync)
+    """
+
+    def __init__(self, skip_sync: bool) -> None:
+        super().__init__(skip_sync)
+        self.skip_sync = skip_sync
+
+
+#: Horovod's name for a failed collective: the same class as :class:`InternalError`, so
+#: ``except HorovodInternalError`` catches every collective failure (mismatches, a dead peer,
+#: an aborted job), as Horovod's ``synchronize`` raises it for all of them.
 HorovodInternalError = InternalError
 
 __all__ = [
     "ConfigError",
     "DataError",
     "HorovodInternalError",
+    "HostsUpdatedInterrupt",
     "InternalError",
     "InvalidArgumentError",
     "InvalidValueError",

@@ -29,6 +29,7 @@ LAYERS: List[List[str]] = [
         "kolo._lifecycle",
         "kolo._nics",
         "kolo._rank_gpu",
+        "kolo.common",
         "kolo.data",
         "kolo.exceptions",
         "kolo.process_sets",
