@@ -151,7 +151,13 @@ def test_exception_classes_are_horovods_builtins_and_pickle() -> None:
     from kolo.common import exceptions as common
 
     assert common.HorovodInternalError is exc.InternalError is exc.HorovodInternalError
-    for cls in (exc.InternalError, exc.MismatchError, exc.JobAbortedError, exc.PeerConnectionError):
+    for cls in (
+        exc.InternalError,
+        exc.MismatchError,
+        exc.JobAbortedError,
+        exc.PeerConnectionError,
+        exc.TimeoutError,
+    ):
         assert issubclass(cls, RuntimeError) and issubclass(cls, common.HorovodInternalError)
         assert issubclass(cls, exc.KoloError)
     assert issubclass(exc.InvalidArgumentError, ValueError)

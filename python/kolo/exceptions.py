@@ -11,7 +11,8 @@ They are also the Python builtins Horovod raises, so code written for Horovod ca
   Horovod every op failure surfaces from ``synchronize`` as ``HorovodInternalError``, so kolo's
   finer classes are its subclasses: :class:`MismatchError` (the ranks disagreed),
   :class:`JobAbortedError` (another rank failed), :class:`PeerConnectionError` (a peer's
-  connection broke);
+  connection broke), and :class:`TimeoutError` (a bounded wait ran out, e.g. a stalled
+  collective, for which Horovod raises ``HorovodInternalError`` too);
 - a bad argument raises :class:`InvalidArgumentError`, a ``ValueError`` (Horovod's argument
   checks raise ``ValueError``), as does :class:`NotInitializedError`;
 - :class:`HostsUpdatedInterrupt` is Horovod's elastic interrupt (a ``RuntimeError``).

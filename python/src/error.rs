@@ -4,7 +4,8 @@
 //! mismatched collective is an [`InternalError`], which is a `RuntimeError` and *is* Horovod's
 //! `HorovodInternalError` (every op failure surfaces as one in `horovod/torch/mpi_ops.py`'s
 //! `synchronize`, mismatches included); a bad argument is an [`InvalidArgumentError`], which is
-//! a `ValueError` (Horovod's argument checks raise `ValueError`). Every class also derives from
+//! a `ValueError` (Horovod's argument checks raise `ValueError`); a bounded wait that ran out is a
+//! [`TimeoutError`], an `InternalError` too. Every class also derives from
 //! [`KoloError`], so `except KoloError` still catches everything kolo raises.
 
 use std::ffi::CStr;
@@ -102,17 +103,18 @@ create_exception!(
     KoloError,
     "Joining the job failed: the driver refused the worker, or not every rank arrived in time."
 );
-create_exception!(
-    kolo.exceptions,
-    TimeoutError,
-    KoloError,
-    "A bounded wait ran out."
-);
 create_exception_with_bases!(
     InternalError,
     [KoloError, PyRuntimeError],
     "A collective failed: the job broke, or the ranks disagreed. A RuntimeError, and Horovod's \
      HorovodInternalError (kolo.common.exceptions.HorovodInternalError is this class)."
+);
+create_exception!(
+    kolo.exceptions,
+    TimeoutError,
+    InternalError,
+    "A bounded wait ran out (for a collective that stalled, for the other ranks, for the driver); \
+     an InternalError, as Horovod raises HorovodInternalError for a stalled collective."
 );
 create_exception!(
     kolo.exceptions,
