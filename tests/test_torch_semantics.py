@@ -10,6 +10,7 @@ exception class."""
 from __future__ import annotations
 
 import inspect
+import os
 import pickle
 import re
 
@@ -178,3 +179,19 @@ def test_exception_classes_are_horovods_builtins_and_pickle() -> None:
     assert interrupt.skip_sync is True
     mismatch = pickle.loads(pickle.dumps(common.HorovodVersionMismatchError("torch", "2.1", "2.0")))
     assert (mismatch.name, mismatch.version, mismatch.installed_version) == ("torch", "2.1", "2.0")
+
+
+def test_horovod_common_util_helpers(monkeypatch) -> None:
+    import kolo.torch as hvd
+    from kolo.common import util
+
+    for name in ("mpi_built", "gloo_built", "nccl_built", "ddl_built", "ccl_built"):
+        assert getattr(util, name)(verbose=True) == getattr(hvd, name)(), name
+    monkeypatch.setenv("KOLO_TEST_KEPT", "before")
+    monkeypatch.delenv("KOLO_TEST_NEW", raising=False)
+    with util.env(KOLO_TEST_KEPT="during", KOLO_TEST_NEW="new", KOLO_TEST_NONE=None):
+        assert os.environ["KOLO_TEST_KEPT"] == "during"
+        assert os.environ["KOLO_TEST_NEW"] == "new"
+        assert "KOLO_TEST_NONE" not in os.environ
+    assert os.environ["KOLO_TEST_KEPT"] == "before"
+    assert "KOLO_TEST_NEW" not in os.environ

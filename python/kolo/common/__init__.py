@@ -1,8 +1,10 @@
 """Horovod's ``horovod.common`` paths on kolo: ``from kolo.common.exceptions import
-HorovodInternalError`` works where a script wrote ``from horovod.common.exceptions import ...``.
+HorovodInternalError`` works where a script wrote ``from horovod.common.exceptions import ...``,
+and ``kolo.common.util`` has the ``horovod.common.util`` helpers scripts and test suites import
+(``gloo_built``, ``mpi_built``, ``env``, ...).
 
-The classes themselves live in :mod:`kolo.exceptions`; these modules only re-export them under
-Horovod's names.
+The exception classes themselves live in :mod:`kolo.exceptions`; ``kolo.common.exceptions``
+only re-exports them under Horovod's names.
 
 Example::
 
