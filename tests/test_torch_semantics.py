@@ -161,6 +161,14 @@ def test_exception_classes_are_horovods_builtins_and_pickle() -> None:
     assert issubclass(exc.InvalidArgumentError, ValueError)
     assert issubclass(exc.InvalidValueError, ValueError)
     assert issubclass(exc.NotInitializedError, ValueError)
+    # Horovod raises NotImplementedError (a RuntimeError) where it cannot run Adasum; its
+    # reducescatter test expects a RuntimeError.
+    assert issubclass(exc.NotSupportedError, NotImplementedError)
+    assert issubclass(exc.NotSupportedError, exc.InvalidArgumentError)
+    from kolo._core import Adasum, resolve_op
+
+    with pytest.raises(RuntimeError, match="Adasum is not supported by kolo"):
+        resolve_op(Adasum, None)
     assert issubclass(common.HostsUpdatedInterrupt, RuntimeError)
     assert not issubclass(common.HostsUpdatedInterrupt, common.HorovodInternalError)
     assert issubclass(common.HorovodVersionMismatchError, ImportError)

@@ -14,7 +14,8 @@ They are also the Python builtins Horovod raises, so code written for Horovod ca
   connection broke), and :class:`TimeoutError` (a bounded wait ran out, e.g. a stalled
   collective, for which Horovod raises ``HorovodInternalError`` too);
 - a bad argument raises :class:`InvalidArgumentError`, a ``ValueError`` (Horovod's argument
-  checks raise ``ValueError``), as does :class:`NotInitializedError`;
+  checks raise ``ValueError``), as does :class:`NotInitializedError`; a Horovod feature kolo
+  lacks (Adasum) raises :class:`NotSupportedError`, a ``NotImplementedError`` too;
 - :class:`HostsUpdatedInterrupt` is Horovod's elastic interrupt (a ``RuntimeError``).
 
 Example::
@@ -61,6 +62,20 @@ class InvalidValueError(InvalidArgumentError, ValueError):
             RayExecutor(settings)
         except ValueError as err:
             print(err)  # Either `num_workers` or `num_hosts` must be set.
+    """
+
+
+class NotSupportedError(InvalidArgumentError, NotImplementedError):
+    """A Horovod feature kolo does not implement was asked for (``op=hvd.Adasum``); the message
+    says what to use instead. A ``NotImplementedError`` (so a ``RuntimeError``), as Horovod raises
+    where it cannot run Adasum, and an :class:`InvalidArgumentError` (a ``ValueError``).
+
+    Example::
+
+        try:
+            hvd.allreduce(grad, op=hvd.Adasum)
+        except NotImplementedError as err:
+            print(err)  # op=hvd.Adasum is not supported by kolo; use hvd.Average or hvd.Sum
     """
 
 
@@ -189,6 +204,7 @@ __all__ = [
     "MismatchError",
     "NotEnoughSlotsError",
     "NotInitializedError",
+    "NotSupportedError",
     "PeerConnectionError",
     "PlacementGroupTimeoutError",
     "RankFailedError",

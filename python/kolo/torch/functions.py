@@ -68,7 +68,8 @@ def broadcast_optimizer_state(
 
     An optimizer that has not stepped yet gets its state created first by a step with zero
     gradients (as Horovod does), also for parameters that have no gradient yet; the parameters
-    and gradients are restored afterwards, so only the state changes. ``model`` names the
+    and the gradients they had are restored afterwards, and a trainable parameter that had no
+    gradient keeps a zero one (as in Horovod). ``model`` names the
     parameters of sparse ``torch.nn.Embedding`` layers, whose zero gradients are then sparse
     for ``torch.optim.SGD`` (as ``torch.optim.SparseAdam`` always gets). Works for plain
     optimizers and for :func:`DistributedOptimizer` (that step does not communicate).
@@ -161,15 +162,20 @@ def _sparse_parameters(model: Optional[torch.nn.Module]) -> set[int]:
 
 def _create_state(optimizer: torch.optim.Optimizer, sparse_params: set[int]) -> None:
     """Runs one step with zero gradients so the optimizer creates its per-parameter state,
-    then restores the parameters and gradients it had. Gradients are sparse for SparseAdam,
-    and for SGD on ``sparse_params``."""
+    then restores the parameters, and the gradients they had. A parameter that had no gradient
+    keeps a zero one, as Horovod leaves it (its tests broadcast that gradient afterwards).
+    Gradients are sparse for SparseAdam, and for SGD on ``sparse_params``."""
     params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
     saved = [(p, p.detach().clone(), p.grad) for p in params]
     sparse_adam = isinstance(optimizer, torch.optim.SparseAdam)
     sgd = isinstance(optimizer, torch.optim.SGD)
-    for p in params:
+
+    def zero_grad(p: torch.Tensor) -> torch.Tensor:
         zeros = torch.zeros_like(p)
-        p.grad = zeros.to_sparse() if sparse_adam or (sgd and id(p) in sparse_params) else zeros
+        return zeros.to_sparse() if sparse_adam or (sgd and id(p) in sparse_params) else zeros
+
+    for p in params:
+        p.grad = zero_grad(p)
     try:
         if isinstance(optimizer, _DistributedOptimizerMixin):
             with optimizer.skip_synchronize():
@@ -180,4 +186,4 @@ def _create_state(optimizer: torch.optim.Optimizer, sparse_params: set[int]) -> 
         with torch.no_grad():
             for p, value, grad in saved:
                 p.copy_(value)
-                p.grad = grad
+                p.grad = zero_grad(p) if grad is None else grad
