@@ -406,6 +406,17 @@ def check_exceptions(rank: int) -> None:
         else:
             raise AssertionError("no error for a dtype mismatch")
 
+    def float_splits_are_a_value_error() -> None:
+        # Horovod's test_horovod_alltoall_splits_type_error: uninitialized float splits must
+        # raise on every rank, whatever their values.
+        try:
+            hvd.alltoall(torch.empty(2), torch.zeros(2, dtype=torch.float32))
+        except ValueError as err:
+            print(f"float splits raised {type(err).__name__} (a ValueError)", flush=True)
+        else:
+            raise AssertionError("no error for float splits")
+
+    check("exceptions/alltoall-float-splits", float_splits_are_a_value_error)
     check("exceptions/mismatch-runtime-error", mismatch_is_runtime_error)
     check("exceptions/mismatch-horovod-internal-error", mismatch_is_horovod_internal_error)
 
