@@ -2,8 +2,10 @@
 //!
 //! Semantics follow Horovod and torch: integer sums and products wrap; float16 and bfloat16
 //! compute in float32 and round back (to nearest, ties to even); bool `Sum`/`Max` are logical
-//! or and `Min`/`Product` logical and. Scaling multiplies in float64 and converts back: floats
-//! round, integers truncate toward zero and wrap into the type like an integer overflow.
+//! or and `Min`/`Product` logical and. Scaling is Horovod's `ScaleBufferCPUImpl`, bit for bit:
+//! integers multiply in float64 and truncate toward zero (wrapping into the type like an
+//! integer overflow), float64 multiplies in float64, and float32, float16 and bfloat16 multiply
+//! by the factor rounded to float32, in float32 (float16/bfloat16 then round to nearest even).
 //!
 //! Speed: every kernel is one elementwise loop over typed slices (bfloat16 converts, reduces and
 //! rounds back in the same loop) that the compiler vectorizes. On x86-64 the whole kernel tree
@@ -303,9 +305,11 @@ macro_rules! float_num {
             #[inline(always)]
             fn max(a: Self, b: Self) -> Self { if b > a { b } else { a } }
             #[inline(always)]
-            // Scale in float64 and round once into the type.
+            // Horovod's rule: the factor in the type's own precision, one multiplication in it
+            // (`(float)scale_factor * input[i]` for float32, `scale_factor * input[i]` for
+            // float64).
             #[allow(trivial_numeric_casts, clippy::unnecessary_cast, reason = "the f64 instance casts to itself")]
-            fn scaled(a: Self, factor: f64) -> Self { (f64::from(a) * factor) as Self }
+            fn scaled(a: Self, factor: f64) -> Self { (factor as Self) * a }
         }
     )*};
 }
@@ -805,7 +809,7 @@ mod tests {
         // `y` compares smaller/larger.
         let float32 = |x: f32, y: f32| -> f32 {
             match (factor, op) {
-                (Some(f), _) => (f64::from(x) * f) as f32,
+                (Some(f), _) => (f as f32) * x,
                 (None, ReduceOp::Sum | ReduceOp::Average) => x + y,
                 (None, ReduceOp::Product) => x * y,
                 (None, ReduceOp::Min) => {

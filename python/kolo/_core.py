@@ -16,7 +16,7 @@ import warnings
 from typing import Any, Optional
 
 from kolo import _native
-from kolo.exceptions import InvalidArgumentError, NotInitializedError
+from kolo.exceptions import InvalidArgumentError, NotInitializedError, NotSupportedError
 
 _lock = threading.Lock()
 _info: Optional[dict[str, Any]] = None
@@ -265,7 +265,7 @@ class ReduceOp(enum.IntEnum):
 Average = ReduceOp.Average
 #: Reduce by summing over the ranks.
 Sum = ReduceOp.Sum
-#: Horovod's Adasum reduction: named for compatibility; kolo refuses it (InvalidArgumentError).
+#: Horovod's Adasum reduction: named for compatibility; kolo refuses it (NotSupportedError).
 Adasum = ReduceOp.Adasum
 #: Reduce by the element-wise minimum over the ranks.
 Min = ReduceOp.Min
@@ -301,7 +301,7 @@ def resolve_op(op: Any, average: Optional[bool]) -> ReduceOp:
             "hvd.Product"
         ) from None
     if resolved is Adasum:
-        raise InvalidArgumentError(
+        raise NotSupportedError(
             "op=hvd.Adasum is not supported by kolo; use hvd.Average or hvd.Sum"
         )
     return resolved

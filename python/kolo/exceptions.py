@@ -4,14 +4,28 @@ Every error kolo raises derives from :class:`KoloError`; each names what went wr
 fix it. The classes are declared by the native module (so Rust errors map onto them once, at
 the edge) and re-exported here; they pickle by reference to this module.
 
+They are also the Python builtins Horovod raises, so code written for Horovod catches them:
+
+- a collective that fails raises :class:`InternalError`, a ``RuntimeError`` and the very class
+  :data:`HorovodInternalError` names (``kolo.common.exceptions.HorovodInternalError`` too). In
+  Horovod every op failure surfaces from ``synchronize`` as ``HorovodInternalError``, so kolo's
+  finer classes are its subclasses: :class:`MismatchError` (the ranks disagreed),
+  :class:`JobAbortedError` (another rank failed), :class:`PeerConnectionError` (a peer's
+  connection broke), and :class:`TimeoutError` (a bounded wait ran out, e.g. a stalled
+  collective, for which Horovod raises ``HorovodInternalError`` too);
+- a bad argument raises :class:`InvalidArgumentError`, a ``ValueError`` (Horovod's argument
+  checks raise ``ValueError``), as does :class:`NotInitializedError`; a Horovod feature kolo
+  lacks (Adasum) raises :class:`NotSupportedError`, a ``NotImplementedError`` too;
+- :class:`HostsUpdatedInterrupt` is Horovod's elastic interrupt (a ``RuntimeError``).
+
 Example::
 
     import kolo.torch as hvd
-    from kolo.exceptions import MismatchError
+    from kolo.exceptions import HorovodInternalError, MismatchError
 
     try:
         hvd.allreduce(tensor)
-    except MismatchError as err:
+    except MismatchError as err:       # or RuntimeError, or HorovodInternalError
         print("ranks disagreed:", err)
 """
 
@@ -39,7 +53,8 @@ class NotInitializedError(KoloError, ValueError):
 
 class InvalidValueError(InvalidArgumentError, ValueError):
     """An argument has an invalid value where Horovod raises ``ValueError`` (e.g.
-    ``RayExecutor(settings, num_workers=2, num_hosts=2)``); a ``ValueError`` too.
+    ``RayExecutor(settings, num_workers=2, num_hosts=2)``); a ``ValueError``, like every
+    :class:`InvalidArgumentError`.
 
     Example::
 
@@ -47,6 +62,20 @@ class InvalidValueError(InvalidArgumentError, ValueError):
             RayExecutor(settings)
         except ValueError as err:
             print(err)  # Either `num_workers` or `num_hosts` must be set.
+    """
+
+
+class NotSupportedError(InvalidArgumentError, NotImplementedError):
+    """A Horovod feature kolo does not implement was asked for (``op=hvd.Adasum``); the message
+    says what to use instead. A ``NotImplementedError`` (so a ``RuntimeError``), as Horovod raises
+    where it cannot run Adasum, and an :class:`InvalidArgumentError` (a ``ValueError``).
+
+    Example::
+
+        try:
+            hvd.allreduce(grad, op=hvd.Adasum)
+        except NotImplementedError as err:
+            print(err)  # op=hvd.Adasum is not supported by kolo; use hvd.Average or hvd.Sum
     """
 
 
@@ -164,7 +193,28 @@ class RankFailedError(LaunchError):
         )
 
 
-#: Horovod's name for a failure inside a collective (elastic training catches it).
+class HostsUpdatedInterrupt(KoloError, RuntimeError):
+    """Horovod's elastic interrupt: the set of hosts in the job changed, so the training loop
+    resets without restoring the last committed state (a ``RuntimeError``, as in
+    ``horovod/common/exceptions.py``). ``skip_sync`` says whether the state sync after the reset
+    can be skipped.
+
+    Example::
+
+        try:
+            train(state)
+        except HostsUpdatedInterrupt as interrupt:
+            reset(sync=not interrupt.skip_sync)
+    """
+
+    def __init__(self, skip_sync: bool) -> None:
+        super().__init__(skip_sync)
+        self.skip_sync = skip_sync
+
+
+#: Horovod's name for a failed collective: the same class as :class:`InternalError`, so
+#: ``except HorovodInternalError`` catches every collective failure (mismatches, a dead peer,
+#: an aborted job), as Horovod's ``synchronize`` raises it for all of them.
 HorovodInternalError = InternalError
 
 __all__ = [
@@ -172,6 +222,7 @@ __all__ = [
     "DataError",
     "FrameworkVersionError",
     "HorovodInternalError",
+    "HostsUpdatedInterrupt",
     "InternalError",
     "InvalidArgumentError",
     "InvalidValueError",
@@ -182,6 +233,7 @@ __all__ = [
     "MissingArgumentError",
     "NotEnoughSlotsError",
     "NotInitializedError",
+    "NotSupportedError",
     "PeerConnectionError",
     "PlacementGroupTimeoutError",
     "RankFailedError",

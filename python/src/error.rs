@@ -1,9 +1,83 @@
 //! The `kolo.exceptions` hierarchy, and the one mapping from kolo's Rust errors onto it.
+//!
+//! Horovod's classes are Python builtins' subclasses, and kolo's keep that: a failed or
+//! mismatched collective is an [`InternalError`], which is a `RuntimeError` and *is* Horovod's
+//! `HorovodInternalError` (every op failure surfaces as one in `horovod/torch/mpi_ops.py`'s
+//! `synchronize`, mismatches included); a bad argument is an [`InvalidArgumentError`], which is
+//! a `ValueError` (Horovod's argument checks raise `ValueError`); a bounded wait that ran out is a
+//! [`TimeoutError`], an `InternalError` too. Every class also derives from
+//! [`KoloError`], so `except KoloError` still catches everything kolo raises.
+
+use std::ffi::CStr;
 
 use kolo_collective::Error;
 use pyo3::create_exception;
-use pyo3::exceptions::PyException;
+use pyo3::exceptions::{PyException, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::{PyTuple, PyType};
+
+/// Declares `kolo.exceptions.$name` deriving from every class in `[$bases]` (in that order:
+/// kolo's own base first, then Python's builtin, e.g. `[KoloError, PyRuntimeError]`).
+/// `create_exception!` takes one base only; this is the same declaration with several.
+macro_rules! create_exception_with_bases {
+    ($name:ident, [$($base:ty),+], $doc:expr) => {
+        #[repr(transparent)]
+        #[doc = $doc]
+        pub struct $name(pyo3::PyAny);
+
+        pyo3::impl_exception_boilerplate!($name);
+        pyo3::pyobject_native_type_named!($name);
+
+        // SAFETY: the type object is created once, under the GIL, as a subclass of
+        // BaseException (every base is an exception class), and lives for the process.
+        unsafe impl pyo3::type_object::PyTypeInfo for $name {
+            const NAME: &'static str = stringify!($name);
+            const MODULE: Option<&'static str> = Some("kolo.exceptions");
+
+            fn type_object_raw(py: Python<'_>) -> *mut pyo3::ffi::PyTypeObject {
+                static TYPE_OBJECT: pyo3::sync::PyOnceLock<Py<PyType>> =
+                    pyo3::sync::PyOnceLock::new();
+                TYPE_OBJECT
+                    .get_or_init(py, || {
+                        new_exception_type(
+                            py,
+                            pyo3::ffi::c_str!(concat!("kolo.exceptions.", stringify!($name))),
+                            pyo3::ffi::c_str!($doc),
+                            &[$(py.get_type::<$base>()),+],
+                        )
+                    })
+                    .as_ptr()
+                    .cast()
+            }
+        }
+    };
+}
+
+/// A new exception class `name` (`module.Class`) with docstring `doc` and base classes `bases`.
+fn new_exception_type(
+    py: Python<'_>,
+    name: &CStr,
+    doc: &CStr,
+    bases: &[Bound<'_, PyType>],
+) -> Py<PyType> {
+    let bases = PyTuple::new(py, bases).expect("a tuple of the base classes");
+    // SAFETY: a correct call of the C API (it accepts a tuple of bases); the result is a new
+    // reference to the class, or null with the Python error set.
+    let class = unsafe {
+        Bound::from_owned_ptr_or_err(
+            py,
+            pyo3::ffi::PyErr_NewExceptionWithDoc(
+                name.as_ptr(),
+                doc.as_ptr(),
+                bases.as_ptr(),
+                std::ptr::null_mut(),
+            ),
+        )
+    };
+    class
+        .and_then(|class| Ok(class.cast_into::<PyType>()?.unbind()))
+        .expect("kolo.exceptions classes can be created")
+}
 
 create_exception!(
     kolo.exceptions,
@@ -17,11 +91,11 @@ create_exception!(
     KoloError,
     "A setting (environment variable, launcher flag, argument) is invalid."
 );
-create_exception!(
-    kolo.exceptions,
+create_exception_with_bases!(
     InvalidArgumentError,
-    KoloError,
-    "An argument of a kolo call is invalid (dtype, shape, op, rank, splits, ...)."
+    [KoloError, PyValueError],
+    "An argument of a kolo call is invalid (dtype, shape, op, rank, splits, ...); a ValueError, \
+     as Horovod's argument checks raise."
 );
 create_exception!(
     kolo.exceptions,
@@ -29,23 +103,24 @@ create_exception!(
     KoloError,
     "Joining the job failed: the driver refused the worker, or not every rank arrived in time."
 );
+create_exception_with_bases!(
+    InternalError,
+    [KoloError, PyRuntimeError],
+    "A collective failed: the job broke, or the ranks disagreed. A RuntimeError, and Horovod's \
+     HorovodInternalError (kolo.common.exceptions.HorovodInternalError is this class)."
+);
 create_exception!(
     kolo.exceptions,
     TimeoutError,
-    KoloError,
-    "A bounded wait ran out."
+    InternalError,
+    "A bounded wait ran out (for a collective that stalled, for the other ranks, for the driver); \
+     an InternalError, as Horovod raises HorovodInternalError for a stalled collective."
 );
 create_exception!(
     kolo.exceptions,
     MismatchError,
-    KoloError,
-    "Ranks called different collectives (name, shape, dtype, op, root) at the same point."
-);
-create_exception!(
-    kolo.exceptions,
     InternalError,
-    KoloError,
-    "A collective failed because the job broke (Horovod's HorovodInternalError)."
+    "Ranks called different collectives (name, shape, dtype, op, root) at the same point."
 );
 create_exception!(
     kolo.exceptions,
@@ -111,11 +186,12 @@ pub fn to_py(err: Error) -> PyErr {
         Error::Mismatch(_) => MismatchError::new_err(message),
         Error::Aborted(_) => JobAbortedError::new_err(message),
         Error::Peer { .. } => PeerConnectionError::new_err(message),
-        Error::Closed(_) => InternalError::new_err(message),
+        Error::Closed(_) | Error::Cuda(_) | Error::Io(_) | Error::Internal(_) => {
+            InternalError::new_err(message)
+        }
         Error::Launch(_) => LaunchError::new_err(message),
         Error::Transport(_) | Error::Status(_) => RendezvousError::new_err(message),
         Error::Runtime(inner) => runtime_to_py(inner),
-        _ => KoloError::new_err(message),
     }
 }
 

@@ -416,7 +416,8 @@ def scenario_broadcast() -> str:
         before = [p.detach().clone() for p in model.parameters()]
     hvd.broadcast_optimizer_state(adam, root_rank=0)
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters())), "weights moved"
-    assert all(p.grad is None for p in model.parameters()) or rank == 0
+    # Parameters that had no gradient keep the zero one the step used, as in Horovod.
+    assert rank == 0 or all(not p.grad.any() for p in model.parameters())
     # Rank 0 never had state for the unused layer; afterwards no rank has.
     assert not adam.state.get(model.unused.weight), adam.state.get(model.unused.weight)
     trained = [*model.fc1.parameters(), *model.fc2.parameters()]

@@ -5,8 +5,9 @@
 //! ([`super::plan::Segment`]) in turn; with `factor == 1` a segment is copied with 16-byte
 //! vectors when source, destination and length allow it (else 4-byte words, else bytes);
 //! otherwise every element is scaled on the way, exactly like the CPU path
-//! (`reduce::scale`): floats in float64 then rounded once into the type (float16/bfloat16
-//! through float32 first), integers truncated toward zero into int64 and wrapped. `dtype` is
+//! (`reduce::scale`, Horovod's CPU rule): float64 in float64; float32, float16 and bfloat16
+//! multiplied by the factor rounded to float32, in float32 (then rounded to the 16-bit type);
+//! integers multiplied in float64, truncated toward zero into int64 and wrapped. `dtype` is
 //! kolo's dtype code ([`crate::DType`]). Source and destination may be the same (in-place
 //! scaling); other overlaps are not allowed.
 //!
@@ -79,7 +80,7 @@ __device__ void kolo_scale(const char* src, char* dst, kolo_u64 bytes, int dtype
         const kolo_u16* s = (const kolo_u16*)src;
         kolo_u16* d = (kolo_u16*)dst;
         for (kolo_u64 i = threadIdx.x; i < bytes / 2; i += blockDim.x) {
-            d[i] = kolo_f2h((float)((double)kolo_h2f(s[i]) * factor));
+            d[i] = kolo_f2h(__fmul_rn((float)factor, kolo_h2f(s[i])));
         }
         break;
     }
@@ -87,7 +88,7 @@ __device__ void kolo_scale(const char* src, char* dst, kolo_u64 bytes, int dtype
         const kolo_u16* s = (const kolo_u16*)src;
         kolo_u16* d = (kolo_u16*)dst;
         for (kolo_u64 i = threadIdx.x; i < bytes / 2; i += blockDim.x) {
-            d[i] = kolo_f2bf((float)((double)kolo_bf2f(s[i]) * factor));
+            d[i] = kolo_f2bf(__fmul_rn((float)factor, kolo_bf2f(s[i])));
         }
         break;
     }
@@ -95,7 +96,7 @@ __device__ void kolo_scale(const char* src, char* dst, kolo_u64 bytes, int dtype
         const float* s = (const float*)src;
         float* d = (float*)dst;
         for (kolo_u64 i = threadIdx.x; i < bytes / 4; i += blockDim.x) {
-            d[i] = (float)((double)s[i] * factor);
+            d[i] = __fmul_rn((float)factor, s[i]);
         }
         break;
     }

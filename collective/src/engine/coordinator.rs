@@ -229,43 +229,27 @@ impl Coordinator {
         let joined: Vec<usize> = (0..self.size)
             .filter(|&r| descs[r].is_none() && self.joined[r])
             .collect();
-        if !joined.is_empty() {
-            let allowed = matches!(
-                reference.kind,
-                OpKind::Allreduce | OpKind::Allgather | OpKind::Broadcast | OpKind::Barrier
-            );
-            if !allowed {
-                return Response::Fail {
-                    name,
-                    message: format!(
-                        "{what} cannot run while ranks {joined:?} have joined (hvd.join()); only allreduce, \
-                         allgather, broadcast and barrier can"
-                    ),
-                };
-            }
-            if reference.kind == OpKind::Broadcast && joined.contains(&(reference.root as usize)) {
-                return Response::Fail {
-                    name,
-                    message: format!(
-                        "{what}: its root rank {} has joined (hvd.join()) and has no data to broadcast",
-                        reference.root
-                    ),
-                };
-            }
+        // As in Horovod 0.28.1 (`Controller::ConstructResponse`): only allreduce (joined ranks
+        // stand in with zeros) and barrier run while some ranks have joined; anything else
+        // fails on the ranks that called it, which then join too.
+        if !joined.is_empty() && !matches!(reference.kind, OpKind::Allreduce | OpKind::Barrier) {
+            let hint = if reference.kind == OpKind::Allgather {
+                " (a DistributedOptimizer with sparse gradients allgathers them: pass \
+                 sparse_as_dense=True)"
+            } else {
+                ""
+            };
+            return Response::Fail {
+                name,
+                message: format!(
+                    "{what} is not supported while ranks {joined:?} have joined (hvd.join()), as in \
+                     Horovod; only allreduce and barrier are{hint}"
+                ),
+            };
         }
         let all: Vec<OpDescriptor> = descs
             .into_iter()
-            .map(|d| {
-                d.unwrap_or_else(|| {
-                    let mut stand_in = reference.clone();
-                    if stand_in.kind == OpKind::Allgather {
-                        if let Some(rows) = stand_in.shape.first_mut() {
-                            *rows = 0;
-                        }
-                    }
-                    stand_in
-                })
-            })
+            .map(|d| d.unwrap_or_else(|| reference.clone()))
             .collect();
         match bit {
             Some(bit) => self.cache.touch(bit),
@@ -397,7 +381,7 @@ mod tests {
     }
 
     #[test]
-    fn joined_ranks_count_as_ready_and_join_completes_when_all_joined() {
+    fn joined_ranks_count_as_ready_for_allreduce_only_and_join_completes_when_all_joined() {
         let mut c = Coordinator::new(3, 0);
         let now = Instant::now();
         let joined = CycleMessage {
@@ -422,7 +406,9 @@ mod tests {
             now,
         );
         match &d.responses[..] {
-            [Response::Run { descs, .. }] => assert_eq!(descs[1].shape, vec![0, 2]),
+            [Response::Fail { message, .. }] => {
+                assert!(message.contains("not supported while ranks [1, 2] have joined"))
+            }
             other => panic!("{other:?}"),
         }
         let scatter = OpDescriptor {

@@ -134,14 +134,15 @@ fn round(dtype: DType, x: f64) -> f64 {
     decode(dtype, &encode(dtype, x))
 }
 
-/// Horovod's scaling: multiply in float64, convert back (truncating integers).
+/// Horovod's scaling: integers multiply in float64 and truncate; float32 (and float16,
+/// bfloat16 widened to it) multiply by the factor rounded to float32, in float32.
 fn scaled(dtype: DType, x: f64, factor: f64) -> f64 {
     if factor == 1.0 {
         return x;
     }
     match dtype {
         DType::F16 | DType::BF16 | DType::F32 => {
-            round(dtype, f64::from(((x as f32) as f64 * factor) as f32))
+            round(dtype, f64::from((x as f32) * (factor as f32)))
         }
         DType::F64 => x * factor,
         _ => round(dtype, (x * factor).trunc()),

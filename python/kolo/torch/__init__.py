@@ -49,6 +49,7 @@ from kolo.process_sets import (
     global_process_set,
     remove_process_set,
 )
+from kolo.torch import mpi_ops
 from kolo.torch._objects import allgather_object, broadcast_object
 from kolo.torch.compression import Compression
 from kolo.torch.functions import broadcast_optimizer_state, broadcast_parameters
@@ -78,6 +79,7 @@ from kolo.torch.ops import (
     poll,
     reducescatter,
     reducescatter_async,
+    sparse_allreduce_async,
     synchronize,
 )
 from kolo.torch.optimizer import DistributedOptimizer
@@ -139,6 +141,7 @@ __all__ = [
     "local_size",
     "mpi_built",
     "mpi_enabled",
+    "mpi_ops",
     "mpi_threads_supported",
     "nccl_built",
     "poll",
@@ -149,6 +152,7 @@ __all__ = [
     "rocm_built",
     "shutdown",
     "size",
+    "sparse_allreduce_async",
     "start_timeline",
     "stop_timeline",
     "synchronize",

@@ -271,6 +271,12 @@ def _normalize_splits(splits: Any, world: int) -> Optional[list[int]]:
     if splits is None:
         return None
     if isinstance(splits, torch.Tensor):
+        if splits.dtype.is_floating_point or splits.dtype.is_complex or splits.dtype == torch.bool:
+            # Horovod refuses splits that are not integers (a ValueError), on every rank
+            # alike, before anything is sent.
+            raise InvalidArgumentError(
+                f"alltoall splits must be a tensor of integers (torch.int32), got {splits.dtype}"
+            )
         splits = splits.tolist()
     values = [int(s) for s in splits]
     if len(values) != world:

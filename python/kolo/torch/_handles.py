@@ -176,15 +176,18 @@ def poll(handle: int) -> bool:
     return all(_native.poll(n) for n in pending.natives)
 
 
-def synchronize(handle: int) -> Any:
+def synchronize(handle: Any) -> Any:
     """Waits for the op behind ``handle`` and returns its result (a tensor; a list for grouped
-    ops; ``(output, received_splits)`` for alltoall).
+    ops; ``(output, received_splits)`` for alltoall). The handle of
+    :func:`~kolo.torch.sparse_allreduce_async` is a function: it is called.
 
     Example::
 
         h = hvd.allreduce_async_(grad)
         hvd.synchronize(h)  # grad now holds the average
     """
+    if callable(handle):
+        return handle()
     with _pending_lock:
         pending = _pending.pop(handle, None)
     if pending is None:

@@ -5,7 +5,7 @@ Horovod also keeps in its ``functions`` module)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -57,14 +57,22 @@ def broadcast_parameters(params: Any, root_rank: int, process_set: Any = None) -
 
 
 def broadcast_optimizer_state(
-    optimizer: torch.optim.Optimizer, root_rank: int, process_set: Any = None
+    optimizer: torch.optim.Optimizer,
+    root_rank: int,
+    model: Optional[torch.nn.Module] = None,
+    process_set: Any = None,
 ) -> None:
     """Makes every rank's optimizer state (hyperparameters and per-parameter state such as
-    momentum buffers) equal to ``root_rank``'s, in place.
+    momentum buffers) equal to ``root_rank``'s, in place. Horovod's signature:
+    ``(optimizer, root_rank, model=None)``; ``process_set`` is kolo's addition.
 
     An optimizer that has not stepped yet gets its state created first by a step with zero
-    gradients (as Horovod does); the parameters and gradients are restored afterwards. Works
-    for plain optimizers and for :func:`DistributedOptimizer` (that step does not communicate).
+    gradients (as Horovod does), also for parameters that have no gradient yet; the parameters
+    and the gradients they had are restored afterwards, and a trainable parameter that had no
+    gradient keeps a zero one (as in Horovod). ``model`` names the
+    parameters of sparse ``torch.nn.Embedding`` layers, whose zero gradients are then sparse
+    for ``torch.optim.SGD`` (as ``torch.optim.SparseAdam`` always gets). Works for plain
+    optimizers and for :func:`DistributedOptimizer` (that step does not communicate).
 
     Example::
 
@@ -75,7 +83,7 @@ def broadcast_optimizer_state(
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state (its state is deeply nested)")
     if not optimizer.state:
-        _create_state(optimizer)
+        _create_state(optimizer, _sparse_parameters(model))
 
     # The root describes its state: plain values travel in this object, tensors are then
     # broadcast in place into the matching tensors (created where a rank lacks them).
@@ -140,15 +148,34 @@ def broadcast_optimizer_state(
         group.update(options)
 
 
-def _create_state(optimizer: torch.optim.Optimizer) -> None:
+def _sparse_parameters(model: Optional[torch.nn.Module]) -> set[int]:
+    """The ids of the parameters of ``model``'s sparse embeddings (none without a model)."""
+    if model is None:
+        return set()
+    return {
+        id(p)
+        for m in model.modules()
+        if isinstance(m, torch.nn.Embedding) and m.sparse
+        for p in m.parameters()
+    }
+
+
+def _create_state(optimizer: torch.optim.Optimizer, sparse_params: set[int]) -> None:
     """Runs one step with zero gradients so the optimizer creates its per-parameter state,
-    then restores the parameters and gradients it had."""
+    then restores the parameters, and the gradients they had. A parameter that had no gradient
+    keeps a zero one, as Horovod leaves it (its tests broadcast that gradient afterwards).
+    Gradients are sparse for SparseAdam, and for SGD on ``sparse_params``."""
     params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
     saved = [(p, p.detach().clone(), p.grad) for p in params]
-    sparse = isinstance(optimizer, torch.optim.SparseAdam)
-    for p in params:
+    sparse_adam = isinstance(optimizer, torch.optim.SparseAdam)
+    sgd = isinstance(optimizer, torch.optim.SGD)
+
+    def zero_grad(p: torch.Tensor) -> torch.Tensor:
         zeros = torch.zeros_like(p)
-        p.grad = zeros.to_sparse() if sparse else zeros
+        return zeros.to_sparse() if sparse_adam or (sgd and id(p) in sparse_params) else zeros
+
+    for p in params:
+        p.grad = zero_grad(p)
     try:
         if isinstance(optimizer, _DistributedOptimizerMixin):
             with optimizer.skip_synchronize():
@@ -159,4 +186,4 @@ def _create_state(optimizer: torch.optim.Optimizer) -> None:
         with torch.no_grad():
             for p, value, grad in saved:
                 p.copy_(value)
-                p.grad = grad
+                p.grad = zero_grad(p) if grad is None else grad

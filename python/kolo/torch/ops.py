@@ -21,7 +21,7 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Optional, Union
 
 import torch
@@ -30,7 +30,6 @@ from kolo import _core, _native
 from kolo._core import resolve_op
 from kolo.process_sets import global_process_set, resolve
 from kolo.torch._async_ops import (
-    _normalize_splits,
     allgather_async,
     allreduce_async,
     allreduce_async_,
@@ -44,14 +43,17 @@ from kolo.torch._async_ops import (
     reducescatter_async,
 )
 from kolo.torch._autograd import (
-    _AllgatherFn,
+    HorovodAllgather,
+    HorovodAllreduce,
+    HorovodAlltoall,
+    HorovodBroadcast,
+    HorovodGroupedAllgather,
+    HorovodGroupedAllreduce,
+    HorovodGroupedReducescatter,
+    HorovodReducescatter,
     _allreduce,
-    _AllreduceFn,
-    _AlltoallFn,
-    _BroadcastFn,
-    _ReducescatterFn,
 )
-from kolo.torch._buffers import _plain_cpu, _require_dim
+from kolo.torch._buffers import _plain_cpu
 from kolo.torch._handles import (
     _allreduce_now,
     _submit,
@@ -88,6 +90,7 @@ __all__ = [
     "poll",
     "reducescatter",
     "reducescatter_async",
+    "sparse_allreduce_async",
     "synchronize",
 ]
 
@@ -112,14 +115,20 @@ def allreduce(
         total = hvd.allreduce(torch.ones(3), op=hvd.Sum)         # == hvd.size() * ones
     """
     _core.require_initialized()
-    ps = resolve(process_set)
-    reduce_op = resolve_op(op, average)
     compressed, ctx = compression.compress(tensor)
-    args = (_core.op_name("allreduce", name), reduce_op, prescale_factor, postscale_factor, ps)
-    if compressed.requires_grad and torch.is_grad_enabled():
-        result = _AllreduceFn.apply(compressed, *args)
+    if _tracks_grad(compressed):
+        result = HorovodAllreduce.apply(
+            compressed, average, name, op, prescale_factor, postscale_factor, process_set
+        )
     else:
-        result = _allreduce(compressed, *args)
+        result = _allreduce(
+            compressed,
+            _core.op_name("allreduce", name),
+            resolve_op(op, average),
+            prescale_factor,
+            postscale_factor,
+            resolve(process_set),
+        )
     return compression.decompress(result, ctx)
 
 
@@ -167,21 +176,26 @@ def grouped_allreduce(
 ) -> list[torch.Tensor]:
     """Allreduces several tensors as one fused operation; returns the results in order.
 
+    Differentiable like :func:`allreduce`: each gradient is allreduced the same way.
+
     Example::
 
         w_avg, b_avg = hvd.grouped_allreduce([w_grad, b_grad])
     """
     compressed = [compression.compress(t) for t in tensors]
-    handle = grouped_allreduce_async(
-        [c for c, _ in compressed],
-        average,
-        name,
-        op,
-        prescale_factor,
-        postscale_factor,
-        process_set,
-    )
-    return [compression.decompress(r, ctx) for r, (_, ctx) in zip(synchronize(handle), compressed)]
+    sent = [c for c, _ in compressed]
+    if any(_tracks_grad(t) for t in sent):
+        _core.require_initialized()
+        results = HorovodGroupedAllreduce.apply(
+            average, name, op, prescale_factor, postscale_factor, process_set, *sent
+        )
+    else:
+        results = synchronize(
+            grouped_allreduce_async(
+                sent, average, name, op, prescale_factor, postscale_factor, process_set
+            )
+        )
+    return [compression.decompress(r, ctx) for r, (_, ctx) in zip(results, compressed)]
 
 
 @_waited_at_once
@@ -207,19 +221,57 @@ def grouped_allreduce_(
     )
 
 
+def sparse_allreduce_async(
+    tensor: torch.Tensor, name: str, op: Any, process_set: Any = global_process_set
+) -> Callable[[], torch.Tensor]:
+    """Starts the reduction of the sparse COO ``tensor`` as Horovod does: every rank's indices
+    and values are allgathered (``<name>.indices``, ``<name>.values``), so the result holds
+    every rank's entries (uncoalesced: entries at the same index add up). With ``op=hvd.Average``
+    the values are divided by the process set's size.
+
+    Returns a handle that is a function, as in Horovod: call it (or pass it to
+    :func:`synchronize`) to wait for the result, a sparse tensor of ``tensor``'s size.
+
+    Example::
+
+        grad = torch.sparse_coo_tensor([[hvd.rank()]], [1.0], (4,))
+        handle = hvd.sparse_allreduce_async(grad, name="emb.grad", op=hvd.Sum)
+        total = handle()  # entries of every rank; total.to_dense()[:size] == 1
+    """
+    _core.require_initialized()
+    ps = resolve(process_set)
+    reduce_op = resolve_op(op, None)
+    # Allgather concatenates along the first dimension: the indices travel as (nnz, sparse_dim).
+    indices_handle = allgather_async(
+        tensor._indices().transpose(0, 1).contiguous(), name=f"{name}.indices", process_set=ps
+    )
+    values_handle = allgather_async(tensor._values(), name=f"{name}.values", process_set=ps)
+
+    def handle() -> torch.Tensor:
+        values = synchronize(values_handle)
+        indices = synchronize(indices_handle)
+        if reduce_op == _core.Average:
+            values = values / len(ps.ranks)
+        return torch.sparse_coo_tensor(indices.transpose(0, 1), values, tensor.size())
+
+    return handle
+
+
 def allgather(
     tensor: torch.Tensor, name: Optional[str] = None, process_set: Any = global_process_set
 ) -> torch.Tensor:
     """Concatenates every rank's ``tensor`` along the first dimension, in rank order.
 
     Ranks may have different first dimensions (even 0); the other dimensions must agree.
+    Differentiable as in Horovod: the gradient is this rank's rows of the gradient averaged
+    over the ranks.
 
     Example::
 
         rows = hvd.allgather(torch.full((hvd.rank() + 1, 2), hvd.rank()))
     """
     _core.require_initialized()
-    return _AllgatherFn.apply(tensor, _core.op_name("allgather", name), resolve(process_set))
+    return HorovodAllgather.apply(tensor, name, process_set)
 
 
 @_waited_at_once
@@ -230,10 +282,15 @@ def grouped_allgather(
 ) -> list[torch.Tensor]:
     """Allgathers several tensors; returns the results in order.
 
+    Differentiable like :func:`allgather`.
+
     Example::
 
         a, b = hvd.grouped_allgather([x, y])
     """
+    if any(_tracks_grad(t) for t in tensors):
+        _core.require_initialized()
+        return list(HorovodGroupedAllgather.apply(name, process_set, *tensors))
     return synchronize(grouped_allgather_async(tensors, name, process_set))
 
 
@@ -245,14 +302,15 @@ def broadcast(
 ) -> torch.Tensor:
     """Returns ``root_rank``'s ``tensor`` on every rank; the input is not modified.
 
+    Differentiable as in Horovod: on ``root_rank`` the gradient is the gradient averaged over
+    the ranks, on the other ranks zeros.
+
     Example::
 
         weights = hvd.broadcast(weights, root_rank=0)
     """
     _core.require_initialized()
-    return _BroadcastFn.apply(
-        tensor, int(root_rank), _core.op_name("broadcast", name), resolve(process_set)
-    )
+    return HorovodBroadcast.apply(tensor, root_rank, name, process_set)
 
 
 @_waited_at_once
@@ -263,6 +321,9 @@ def broadcast_(
     process_set: Any = global_process_set,
 ) -> torch.Tensor:
     """In-place :func:`broadcast`: every rank's ``tensor`` receives ``root_rank``'s values.
+
+    Not differentiable (as in Horovod, where it writes into the tensor outside autograd); use
+    :func:`broadcast` for a gradient.
 
     Example::
 
@@ -287,11 +348,7 @@ def alltoall(
         out, received = hvd.alltoall(torch.arange(4.0), splits=[1, 3])  # on 2 ranks
     """
     _core.require_initialized()
-    ps = resolve(process_set)
-    _require_dim(tensor, "alltoall")
-    normalized = _normalize_splits(splits, len(ps.ranks))
-    output, received = _AlltoallFn.apply(tensor, normalized, _core.op_name("alltoall", name), ps)
-    return output if splits is None else (output, received)
+    return HorovodAlltoall.apply(tensor, splits, name, process_set)
 
 
 def reducescatter(
@@ -307,21 +364,17 @@ def reducescatter(
     the first dimension: rank ``r`` gets ``rows // size`` rows, plus one if
     ``r < rows % size``.
 
+    Differentiable as in Horovod: the gradient is every rank's gradient gathered, times
+    ``size`` for Sum (times 1 for Average), times ``prescale_factor * postscale_factor``.
+
     Example::
 
         part = hvd.reducescatter(torch.ones(4, 2), op=hvd.Sum)  # 2 rows each on 2 ranks
     """
     _core.require_initialized()
-    ps = resolve(process_set)
-    reduce_op = resolve_op(op, None)
     compressed, ctx = compression.compress(tensor)
-    result = _ReducescatterFn.apply(
-        compressed,
-        _core.op_name("reducescatter", name),
-        reduce_op,
-        prescale_factor,
-        postscale_factor,
-        ps,
+    result = HorovodReducescatter.apply(
+        compressed, name, op, process_set, prescale_factor, postscale_factor
     )
     return compression.decompress(result, ctx)
 
@@ -338,22 +391,42 @@ def grouped_reducescatter(
 ) -> list[torch.Tensor]:
     """Reducescatters several tensors; returns this rank's part of each.
 
+    Differentiable like :func:`reducescatter`.
+
     Example::
 
         a, b = hvd.grouped_reducescatter([x, y], op=hvd.Sum)
     """
     compressed = [compression.compress(t) for t in tensors]
-    handle = grouped_reducescatter_async(
-        [c for c, _ in compressed], name, op, process_set, prescale_factor, postscale_factor
-    )
-    return [compression.decompress(r, ctx) for r, (_, ctx) in zip(synchronize(handle), compressed)]
+    sent = [c for c, _ in compressed]
+    if any(_tracks_grad(t) for t in sent):
+        _core.require_initialized()
+        results = HorovodGroupedReducescatter.apply(
+            name, op, process_set, prescale_factor, postscale_factor, *sent
+        )
+    else:
+        results = synchronize(
+            grouped_reducescatter_async(
+                sent, name, op, process_set, prescale_factor, postscale_factor
+            )
+        )
+    return [compression.decompress(r, ctx) for r, (_, ctx) in zip(results, compressed)]
+
+
+def _tracks_grad(tensor: Any) -> bool:
+    """Whether an op on ``tensor`` must record a gradient (else the autograd node is skipped)."""
+    return isinstance(tensor, torch.Tensor) and tensor.requires_grad and torch.is_grad_enabled()
 
 
 def join(device: int = -1) -> int:
     """Declares that this rank has no more data: until every rank joined, its engine takes part
-    in the other ranks' allreduces with zeros (the identity), so ranks with fewer batches do not
-    hang the others. Returns the last rank to join. ``device`` is accepted for Horovod
-    compatibility.
+    in the other ranks' allreduces with zeros (the identity) and in their barriers, so ranks
+    with fewer batches do not hang the others. Returns the last rank to join (the same on every
+    rank). ``device`` is accepted for Horovod compatibility.
+
+    As in Horovod 0.28.1, the other collectives (allgather, broadcast, alltoall,
+    reducescatter) cannot run while a rank has joined: the ranks that call one get a
+    :class:`~kolo.exceptions.MismatchError` (a ``RuntimeError``), and then join too.
 
     Example::
 

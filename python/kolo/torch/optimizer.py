@@ -22,7 +22,12 @@ from kolo._core import Average, resolve_op
 from kolo.torch._objects import broadcast_object
 from kolo.torch._process_set_args import _process_set_included, _process_set_kwargs
 from kolo.torch.compression import Compression
-from kolo.torch.ops import allgather_async, allreduce_async_, grouped_allreduce_async_, synchronize
+from kolo.torch.ops import (
+    allreduce_async_,
+    grouped_allreduce_async_,
+    sparse_allreduce_async,
+    synchronize,
+)
 
 __all__ = ["DistributedOptimizer"]
 
@@ -187,7 +192,8 @@ class _DistributedOptimizerMixin:
             p = group[0]
             name = f"allreduce.{self._parameter_names[p]}"
             if sparse[0] and not self.sparse_as_dense:
-                self._pending[group] = _Pending(self._sparse_allreduce(p, name), [None], sparse)
+                handle = sparse_allreduce_async(p.grad, name=name, op=self.op, **ps_kwargs)
+                self._pending[group] = _Pending(handle, [None], sparse)
                 return
             tensor = p.grad.to_dense() if sparse[0] else p.grad
             compressed, context = self._compression.compress(tensor)
@@ -218,31 +224,6 @@ class _DistributedOptimizerMixin:
             **ps_kwargs,
         )
         self._pending[group] = _Pending(handle, contexts, sparse)
-
-    def _sparse_allreduce(self, p: torch.Tensor, name: str) -> Callable[[], torch.Tensor]:
-        """Reduces a sparse gradient by gathering every rank's (index, value) pairs."""
-        grad = p.grad.coalesce()
-        ps_kwargs = _process_set_kwargs(self.process_set)
-        # Gather along the nonzero dimension: indices as (nnz, sparse_dim), values as (nnz, ...).
-        indices_handle = allgather_async(
-            grad.indices().t().contiguous(), name=f"{name}.indices", **ps_kwargs
-        )
-        values_handle = allgather_async(
-            grad.values().contiguous(), name=f"{name}.values", **ps_kwargs
-        )
-        op = self.op
-        members = _core.size() if self.process_set is None else self.process_set.size()
-
-        def finish() -> torch.Tensor:
-            indices = synchronize(indices_handle)
-            values = synchronize(values_handle)
-            if op == Average:
-                values = values / members
-            return torch.sparse_coo_tensor(
-                indices.t(), values, grad.size(), check_invariants=True
-            ).coalesce()
-
-        return finish
 
     # --- public methods ------------------------------------------------------------------------
 
