@@ -404,6 +404,7 @@ def test_kolo_run_returns_results_by_rank_and_raises_a_failing_ranks_error() -> 
     assert caught.value.rank == 1
     assert "rank one refuses" in caught.value.remote_traceback
     assert "ValueError" in str(caught.value)
+    assert isinstance(caught.value, RuntimeError)  # what horovod.run raises
 
 
 def test_host_discovery_script_gives_a_fixed_size_job_with_a_notice(tmp_path) -> None:

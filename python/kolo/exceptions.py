@@ -146,9 +146,10 @@ class FrameworkVersionError(ConfigError, RuntimeError):
     """
 
 
-class RankFailedError(LaunchError):
-    """A rank of ``kolo.spark.run`` or of a ``RayExecutor`` raised or died; the others were
-    stopped.
+class RankFailedError(LaunchError, RuntimeError):
+    """A rank of ``kolo.run``, ``kolo.spark.run`` or a ``RayExecutor`` raised or died; the others
+    were stopped. A ``RuntimeError`` too, as ``horovod.run`` raises ("Horovod detected that one or
+    more processes exited with non-zero status").
 
     Attributes: ``rank`` (None when it failed before ranks were assigned), ``host`` (on Ray the
     node: IP and node id), ``task_index`` (the Spark partition, the Ray actor's index),
