@@ -21,6 +21,20 @@ Example::
 from kolo.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
 
+def get_version_mismatch_message(name: str, version: str, installed_version: str) -> str:
+    """Horovod's message for a framework whose version differs from the one it was built
+    against (the text of :class:`HorovodVersionMismatchError`).
+
+    Example::
+
+        get_version_mismatch_message("torch", "2.5.0", "2.4.0")
+    """
+    return (
+        f"Framework {name} installed with version {installed_version} but found version "
+        f"{version}.\nThis can result in unexpected behavior including runtime errors."
+    )
+
+
 class HorovodVersionMismatchError(ImportError):
     """Horovod's error for a framework whose version differs from the one Horovod was built
     against. kolo builds against no framework, so it never raises this; the class exists so
@@ -35,10 +49,7 @@ class HorovodVersionMismatchError(ImportError):
     """
 
     def __init__(self, name: str, version: str, installed_version: str) -> None:
-        super().__init__(
-            f"Framework {name} installed with version {installed_version} but found version "
-            f"{version}."
-        )
+        super().__init__(get_version_mismatch_message(name, version, installed_version))
         self.name = name
         self.version = version
         self.installed_version = installed_version
@@ -47,4 +58,9 @@ class HorovodVersionMismatchError(ImportError):
         return (type(self), (self.name, self.version, self.installed_version))
 
 
-__all__ = ["HorovodInternalError", "HorovodVersionMismatchError", "HostsUpdatedInterrupt"]
+__all__ = [
+    "HorovodInternalError",
+    "HorovodVersionMismatchError",
+    "HostsUpdatedInterrupt",
+    "get_version_mismatch_message",
+]

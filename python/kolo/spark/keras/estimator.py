@@ -32,7 +32,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any, Dict, List, Tuple
 
 from kolo.estimator.checks import FIX_FN, check_shapes, pickled
 from kolo.estimator.dataset import PreparedDataset
@@ -144,6 +144,30 @@ class KerasEstimator(KoloEstimator, KerasEstimatorParams):
                 "or a list with one per label column)"
             )
         return loss
+
+    def get_model_class(self) -> type:
+        """The Transformer class ``fit`` returns (Horovod's ``get_model_class``).
+
+        Example::
+
+            assert KerasEstimator().get_model_class() is KerasModel
+        """
+        return KerasModel
+
+    def get_model_shapes(self) -> Tuple[List[List[int]], List[List[int]]]:
+        """The model's input and output shapes, ``-1`` for an unknown dimension (Horovod's
+        ``get_model_shapes``).
+
+        Example::
+
+            inputs, outputs = est.get_model_shapes()   # ([[-1, 8]], [[-1, 1]])
+        """
+        model = self.getModel()
+
+        def shape(tensor: Any) -> List[int]:
+            return [-1 if dim is None else int(dim) for dim in tensor.shape]
+
+        return [shape(x) for x in model.inputs], [shape(y) for y in model.outputs]
 
     def _check_params(self) -> None:
         import keras

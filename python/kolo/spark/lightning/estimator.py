@@ -131,6 +131,15 @@ class TorchEstimator(KoloEstimator, LightningEstimatorParams):
         check_horovod_constructor(kwargs)
         super().__init__(**kwargs)
 
+    def get_model_class(self) -> type:
+        """The Transformer class ``fit`` returns (Horovod's ``get_model_class``).
+
+        Example::
+
+            assert TorchEstimator().get_model_class() is TorchModel
+        """
+        return TorchModel
+
     def _check_params(self) -> None:
         import lightning.pytorch as pl
 

@@ -101,6 +101,15 @@ class TorchEstimator(KoloEstimator, TorchEstimatorParams):
     def _check_params(self) -> None:
         check_model_and_loss(self._param)
 
+    def get_model_class(self) -> type:
+        """The Transformer class ``fit`` returns (Horovod's ``get_model_class``).
+
+        Example::
+
+            assert TorchEstimator().get_model_class() is TorchModel
+        """
+        return TorchModel
+
     def _remote_trainer(self, store: Any, meta: PreparedDataset, run_id: str) -> TorchTrainer:
         return TorchTrainer(build_torch_spec(self._param, store, run_id, meta))
 

@@ -120,6 +120,30 @@ class TorchModel(KoloModel, TorchModelParams):
         rebuilt.load_state_dict(optimizer.state_dict())
         return rebuilt
 
+    def get_prediction_fn(self) -> Any:
+        """A function ``predict_fn(model, row)`` that runs ``model`` on one Spark ``Row``: each
+        feature column reshaped to its input shape (Horovod's Lightning
+        ``TorchModel.get_prediction_fn``).
+
+        Example::
+
+            predict = fitted.get_prediction_fn()
+            output = predict(fitted.getModel(), df.first())
+        """
+        import torch
+
+        input_shapes, feature_cols = self.getInputShapes(), self.getFeatureColumns()
+
+        def predict_fn(model: Any, row: Any) -> Any:
+            data = [
+                torch.tensor([row[col]]).reshape(shape)
+                for col, shape in zip(feature_cols, input_shapes)
+            ]
+            with torch.no_grad():
+                return model(*data)
+
+        return predict_fn
+
     def _payload(self, model: Any) -> bytes:
         return cloudpickle.dumps(
             {"model": model, "input_shapes": self.getInputShapes(), "use_gpu": self.getUseGpu()}
