@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -149,7 +150,13 @@ def test_check_build_reports_this_build() -> None:
     assert "[X] PyTorch" in result.stdout
     assert "[X] TCP" in result.stdout
     assert "[ ] NCCL" in result.stdout
-    assert "[ ] MPI" in result.stdout
+    # Collectives never run over MPI; kolo's transport plays Gloo's role; mpirun launches work.
+    controllers, operations = result.stdout.split("Available Controllers:")[1].split(
+        "Available Tensor Operations:"
+    )
+    assert "[ ] MPI\n" in operations and "[X] Gloo" in operations, operations
+    assert "[X] Gloo" in controllers and "[X] mpirun/srun launches" in controllers, controllers
+    assert "mpirun: OpenMPI" in controllers or shutil.which("mpirun") is None, controllers
 
 
 def test_ctrl_c_stops_every_rank(tmp_path) -> None:
@@ -428,3 +435,60 @@ def test_network_interfaces_list_reaches_the_driver_data_plane_and_nccl() -> Non
         assert info["env"]["HOROVOD_GLOO_IFACE"] == "lo"
         assert info["env"]["KOLO_DATA_ADDR"] == "lo"
         assert info["env"]["KOLO_DRIVER_ADDR"].startswith("127.0.0.1:")
+
+
+ENGINE_CORES = """
+import glob, time, torch, kolo.torch as hvd
+hvd.init()
+
+def engine_cores():
+    for path in glob.glob('/proc/self/task/*/status'):
+        try:
+            text = open(path).read()
+        except FileNotFoundError:  # a thread that ended meanwhile
+            continue
+        fields = dict(line.split(':\\t', 1) for line in text.splitlines())
+        if fields['Name'] == 'kolo-engine':
+            return fields['Cpus_allowed_list']
+
+deadline = time.monotonic() + 20  # the engine thread may not have run yet
+while engine_cores() is None and time.monotonic() < deadline:
+    time.sleep(0.05)
+time.sleep(0.2)  # named before it pins itself
+print(f"engine of local rank {hvd.local_rank()} on {engine_cores()}")
+hvd.allreduce(torch.zeros(1))  # no rank leaves (stopping the others' engines) before all read
+"""
+
+
+def test_thread_affinity_pins_each_engine_thread_to_its_core() -> None:
+    """Horovod's HOROVOD_THREAD_AFFINITY: one core per local rank, read by the real engine."""
+    result = run_kolorun(["-np", "1", "--thread-affinity", "1", "python", "-c", ENGINE_CORES])
+    assert result.returncode == 0, result.stderr
+    assert "engine of local rank 0 on 1\n" in result.stdout, result.stdout
+    result = run_kolorun(
+        ["-np", "2", "python", "-c", ENGINE_CORES], env={"HOROVOD_THREAD_AFFINITY": "1,0"}
+    )
+    assert result.returncode == 0, result.stderr
+    assert "[0]<stdout>:engine of local rank 0 on 1" in result.stdout, result.stdout
+    assert "[1]<stdout>:engine of local rank 1 on 0" in result.stdout, result.stdout
+    # One core for two local ranks: Horovod logs an error and pins nothing.
+    result = run_kolorun(["-np", "2", "--thread-affinity", "1", "python", "-c", ENGINE_CORES])
+    assert result.returncode == 0, result.stderr
+    assert "expected 2 core ids" in result.stderr, result.stderr
+    assert "engine of local rank 0 on 0-" in result.stdout, result.stdout
+
+
+def test_log_lines_show_the_time_unless_hidden() -> None:
+    joined = "import kolo.torch as hvd; hvd.init()"
+    stamp = r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6}: kolo INFO pid \d+\] joined job"
+    for flags, shown in (
+        ([], True),
+        (["--log-with-timestamp"], True),
+        (["--log-without-timestamp"], False),
+        (["--log-hide-timestamp", "--no-log-hide-timestamp"], True),
+    ):
+        result = run_kolorun(["-np", "1", "--log-level", "info", *flags, "python", "-c", joined])
+        assert result.returncode == 0, result.stderr
+        assert "kolorun: note" not in result.stderr, result.stderr
+        assert bool(re.search(stamp, result.stderr)) == shown, (flags, result.stderr)
+        assert "[0]<stderr>:[kolo INFO pid" in result.stderr or shown, result.stderr

@@ -23,6 +23,11 @@ pub const STALL_CHECK_TIME_SECONDS: &str = "KOLO_STALL_CHECK_TIME_SECONDS";
 pub const STALL_SHUTDOWN_TIME_SECONDS: &str = "KOLO_STALL_SHUTDOWN_TIME_SECONDS";
 /// `KOLO_LOG_LEVEL`, set by `--log-level`.
 pub const LOG_LEVEL: &str = "KOLO_LOG_LEVEL";
+/// `KOLO_LOG_HIDE_TIME`, set by `--log-without-timestamp` / `--log-with-timestamp`.
+pub const LOG_HIDE_TIME: &str = "KOLO_LOG_HIDE_TIME";
+/// `KOLO_THREAD_AFFINITY` (cores of the engine thread, one per local rank), set by
+/// `--thread-affinity`.
+pub const THREAD_AFFINITY: &str = "KOLO_THREAD_AFFINITY";
 /// `KOLO_COLLECTIVE_TIMEOUT_SECONDS`, set by `--gloo-timeout-seconds`.
 pub const COLLECTIVE_TIMEOUT: &str = crate::worker::COLLECTIVE_TIMEOUT;
 
@@ -93,9 +98,11 @@ pub(crate) fn switch_vars(flag: &str) -> Option<Vec<(&'static str, String)>> {
         "--no-mpi-threads-disable" => one(&["HOROVOD_MPI_THREADS_DISABLE"], false),
         "--tcp" => one(&["NCCL_IB_DISABLE"], true),
         "--log-with-timestamp" | "--no-log-hide-timestamp" => {
-            one(&["HOROVOD_LOG_HIDE_TIME"], false)
+            one(&[LOG_HIDE_TIME, "HOROVOD_LOG_HIDE_TIME"], false)
         }
-        "--log-without-timestamp" | "--log-hide-timestamp" => one(&["HOROVOD_LOG_HIDE_TIME"], true),
+        "--log-without-timestamp" | "--log-hide-timestamp" => {
+            one(&[LOG_HIDE_TIME, "HOROVOD_LOG_HIDE_TIME"], true)
+        }
         _ => return None,
     })
 }
@@ -191,7 +198,7 @@ pub(crate) fn setting_vars(flag: &str, text: &str) -> Result<Vec<(&'static str, 
         }
         "--thread-affinity" => {
             let n = whole("is not a CPU core: give a whole number, e.g. 0")?;
-            vec![("HOROVOD_THREAD_AFFINITY", n.to_string())]
+            both(THREAD_AFFINITY, "HOROVOD_THREAD_AFFINITY", n.to_string())
         }
         "--gloo-timeout-seconds" => {
             let s = trimmed
