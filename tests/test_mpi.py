@@ -242,3 +242,17 @@ def test_kolorun_mpi_without_mpirun_says_what_to_install() -> None:
     result = run_kolorun(["--mpi", "-np", "2", "python", "-c", "pass"], env={"PATH": str(BIN)})
     assert result.returncode == 2, result.stderr
     assert "no mpirun on PATH" in result.stderr and "openmpi-bin" in result.stderr, result.stderr
+
+
+def test_kolorun_mpi_threads_disable_initializes_mpi_without_threads() -> None:
+    """Horovod's HOROVOD_MPI_THREADS_DISABLE: MPI_Init instead of MPI_Init_thread(MULTIPLE)."""
+    need(OPEN_MPI, "Open MPI")
+    code = (
+        "import kolo.torch as hvd; hvd.init(); from mpi4py import MPI; "
+        "print('single' if MPI.Query_thread() == MPI.THREAD_SINGLE else 'threads')"
+    )
+    result = run_kolorun(
+        ["--mpi", "--mpi-threads-disable", "-np", "2", "python", "-c", code], timeout=120
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert result.stdout.count("<stdout>:single") == 2, result.stdout

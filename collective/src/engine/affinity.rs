@@ -96,6 +96,7 @@ mod tests {
                 set
             };
             let pinned: Vec<usize> = (0..64)
+                // SAFETY: reads a bit of `set`; 64 is within the set's size.
                 .filter(|core| unsafe { libc::CPU_ISSET(*core, &set) })
                 .collect();
             assert_eq!(pinned, [0]);
