@@ -357,9 +357,9 @@ def test_horovodrun_flags_kolo_lacks_print_one_notice_each_and_still_run() -> No
         timeout=60,
     )
     assert result.returncode == 0, result.stderr
+    # --gloo selects kolo's own controller: Horovod's effect, no notice.
     notes = [line for line in result.stderr.splitlines() if line.startswith("kolorun: note:")]
     assert [line.split(":")[2].strip() for line in notes] == [
-        "--gloo",
         "--hierarchical-allreduce",
         "--autotune",
     ], result.stderr
@@ -376,8 +376,10 @@ def test_parse_args_contract() -> None:
     parsed = parse_args(["-np", "2", "--mpi", "-i", "/k", "--network-interfaces", "a,b", "x"])
     assert parsed["num_proc"] == 2 and parsed["ssh_identity_file"] == "/k"
     assert parsed["network_interfaces"] == ["a", "b"]
-    assert [flag for flag, _ in parsed["notices"]] == ["--mpi"]
-    assert "mpirun" in parsed["notices"][0][1]
+    assert parsed["controller"] == "mpi" and parsed["notices"] == []
+    parsed = parse_args(["-np", "2", "--jsrun", "x"])
+    assert [flag for flag, _ in parsed["notices"]] == ["--jsrun"]
+    assert "jsrun" in parsed["notices"][0][1]
     for bad in (["-np", "2", "--bogus", "x"], ["-np", "2", "--cache-capacity", "-1", "x"]):
         with pytest.raises(ConfigError):
             parse_args(bad)

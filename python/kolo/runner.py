@@ -258,9 +258,9 @@ def parse_args(argv: list[str]) -> dict[str, Any]:
 
         from kolo.runner import parse_args
 
-        parsed = parse_args(["-np", "2", "--gloo", "python", "train.py"])
+        parsed = parse_args(["-np", "2", "--jsrun", "python", "train.py"])
         assert parsed["num_proc"] == 2
-        assert parsed["notices"][0][0] == "--gloo"
+        assert parsed["notices"][0][0] == "--jsrun"
     """
     argv = [str(arg) for arg in argv]
     parsed = _native.kolorun_parse(argv)
