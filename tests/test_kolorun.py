@@ -353,14 +353,15 @@ def test_prefix_output_with_timestamp() -> None:
 
 def test_horovodrun_flags_kolo_lacks_print_one_notice_each_and_still_run() -> None:
     result = run_kolorun(
-        ["-np", "1", "--gloo", "--hierarchical-allreduce", "--autotune", "python", "-c", "pass"],
+        "-np 1 --gloo --hierarchical-allreduce --torus-allreduce --autotune python -c pass".split(),
         timeout=60,
     )
     assert result.returncode == 0, result.stderr
-    # --gloo selects kolo's own controller: Horovod's effect, no notice.
+    # --gloo selects kolo's own controller and --hierarchical-allreduce its hierarchical
+    # path: Horovod's effects, no notice.
     notes = [line for line in result.stderr.splitlines() if line.startswith("kolorun: note:")]
     assert [line.split(":")[2].strip() for line in notes] == [
-        "--hierarchical-allreduce",
+        "--torus-allreduce",
         "--autotune",
     ], result.stderr
     version = run_kolorun(["-v"], timeout=30)
@@ -494,3 +495,31 @@ def test_log_lines_show_the_time_unless_hidden() -> None:
         assert "kolorun: note" not in result.stderr, result.stderr
         assert bool(re.search(stamp, result.stderr)) == shown, (flags, result.stderr)
         assert "[0]<stderr>:[kolo INFO pid" in result.stderr or shown, result.stderr
+
+
+SIMULATED_HOSTS = (
+    "import os; index = int(os.environ['KOLO_TASK_INDEX']); "
+    "os.environ['KOLO_HOSTNAME'] = f'simhost{index // 2}'; "
+    "import torch, kolo.torch as hvd; hvd.init(); "
+    "s = hvd.allreduce(torch.ones(3) * (hvd.rank() + 1), op=hvd.Sum).tolist(); "
+    "g = hvd.allgather(torch.tensor([hvd.rank()])).tolist(); "
+    "print(f'rank {hvd.rank()} local {hvd.local_rank()} of {hvd.local_size()}: {s} {g}')"
+)
+
+
+def test_hierarchical_flags_choose_each_collectives_path() -> None:
+    """Two simulated hosts of two ranks: --no-hierarchical-allreduce runs allreduce as a flat
+    TCP ring while allgather keeps the hierarchical path (--hierarchical-allgather)."""
+    result = run_kolorun(
+        ["-np", "4", "--log-level", "debug", "--no-hierarchical-allreduce",
+         "--hierarchical-allgather", "python", "-c", SIMULATED_HOSTS],
+        timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "kolorun: note" not in result.stderr, result.stderr
+    for rank in range(4):
+        line = f"rank {rank} local {rank % 2} of 2: [10.0, 10.0, 10.0] [0, 1, 2, 3]"
+        assert line in result.stdout, result.stdout
+    assert result.stderr.count("layout hierarchical") == 4, result.stderr
+    assert result.stderr.count("allreduce across hosts: a flat TCP ring") == 4, result.stderr
+    assert result.stderr.count("allgather across hosts: hierarchical") == 4, result.stderr

@@ -62,6 +62,12 @@ engine options (each sets the variables in brackets on every rank):
   --log-with-timestamp, --log-without-timestamp (--no-log-hide-timestamp, --log-hide-timestamp)
                                show/hide the time in kolo's log lines (shown by default)
                                [KOLO_/HOROVOD_LOG_HIDE_TIME]
+  --hierarchical-allreduce, --no-hierarchical-allreduce, --hierarchical-allgather,
+  --no-hierarchical-allgather
+                               ranks on several hosts (several on one): allreduce/allgather
+                               through shared memory within hosts and TCP among them, or a
+                               flat TCP ring over every rank [KOLO_/HOROVOD_HIERARCHICAL_*;
+                               kolo's default: hierarchical]
 
 controllers:
   --gloo                       kolo's own controller and transport (the default; it plays
@@ -78,8 +84,7 @@ controllers:
                                [HOROVOD_MPI_THREADS_DISABLE]
 
 accepted with a notice (kolo has no such mechanism; the HOROVOD_* variable is still set):
-  --jsrun, --hierarchical-allreduce, --no-hierarchical-allreduce,
-  --hierarchical-allgather, --no-hierarchical-allgather, --torus-allreduce, --autotune,
+  --jsrun, --torus-allreduce, --autotune,
   --autotune-log-file, --autotune-warmup-samples, --autotune-steps-per-sample,
   --autotune-bayes-opt-max-samples, --autotune-gaussian-process-noise, --num-nccl-streams;
   and the elastic options --min-np, --max-np (--min-num-proc, --max-num-proc),
@@ -273,14 +278,6 @@ pub fn notice_for(option: &str) -> Option<&'static str> {
         "--jsrun" => {
             "kolorun starts ranks itself (or through mpirun with --mpi) and never runs jsrun: \
              run `jsrun ... python train.py` directly (docs/mpi.md)"
-        }
-        "--hierarchical-allreduce" | "--hierarchical-allgather" => {
-            "kolo picks its hierarchical path (shared memory within a host, TCP among hosts) \
-             by itself whenever several hosts run several ranks (KOLO_TRANSPORT=auto)"
-        }
-        "--no-hierarchical-allreduce" | "--no-hierarchical-allgather" => {
-            "kolo still takes its hierarchical path when several hosts run several ranks; \
-             KOLO_TRANSPORT=tcp gives a flat TCP mesh"
         }
         "--torus-allreduce" => {
             "kolo has no NCCL torus allreduce; GPU tensors use kolo's NCCL allreduce"
@@ -563,12 +560,8 @@ mod tests {
     }
 
     /// The options horovodrun 0.28.1 has that kolo accepts without Horovod's effect.
-    const NOTICE_OPTIONS: [&str; 22] = [
+    const NOTICE_OPTIONS: [&str; 18] = [
         "--jsrun",
-        "--hierarchical-allreduce",
-        "--no-hierarchical-allreduce",
-        "--hierarchical-allgather",
-        "--no-hierarchical-allgather",
         "--torus-allreduce",
         "--autotune",
         "--autotune-log-file",
@@ -825,19 +818,31 @@ mod tests {
             ),
             (
                 "--hierarchical-allreduce",
-                &[("HOROVOD_HIERARCHICAL_ALLREDUCE", "1")],
+                &[
+                    ("KOLO_HIERARCHICAL_ALLREDUCE", "1"),
+                    ("HOROVOD_HIERARCHICAL_ALLREDUCE", "1"),
+                ],
             ),
             (
                 "--no-hierarchical-allreduce",
-                &[("HOROVOD_HIERARCHICAL_ALLREDUCE", "0")],
+                &[
+                    ("KOLO_HIERARCHICAL_ALLREDUCE", "0"),
+                    ("HOROVOD_HIERARCHICAL_ALLREDUCE", "0"),
+                ],
             ),
             (
                 "--hierarchical-allgather",
-                &[("HOROVOD_HIERARCHICAL_ALLGATHER", "1")],
+                &[
+                    ("KOLO_HIERARCHICAL_ALLGATHER", "1"),
+                    ("HOROVOD_HIERARCHICAL_ALLGATHER", "1"),
+                ],
             ),
             (
                 "--no-hierarchical-allgather",
-                &[("HOROVOD_HIERARCHICAL_ALLGATHER", "0")],
+                &[
+                    ("KOLO_HIERARCHICAL_ALLGATHER", "0"),
+                    ("HOROVOD_HIERARCHICAL_ALLGATHER", "0"),
+                ],
             ),
             ("--torus-allreduce", &[("HOROVOD_TORUS_ALLREDUCE", "1")]),
             ("--no-torus-allreduce", &[("HOROVOD_TORUS_ALLREDUCE", "0")]),

@@ -23,6 +23,16 @@ pub const STALL_CHECK_TIME_SECONDS: &str = "KOLO_STALL_CHECK_TIME_SECONDS";
 pub const STALL_SHUTDOWN_TIME_SECONDS: &str = "KOLO_STALL_SHUTDOWN_TIME_SECONDS";
 /// `KOLO_LOG_LEVEL`, set by `--log-level`.
 pub const LOG_LEVEL: &str = "KOLO_LOG_LEVEL";
+/// Set by `--[no-]hierarchical-allreduce`: read by the collectives (`collectives/hier.rs`).
+pub const HIERARCHICAL_ALLREDUCE: [&str; 2] = [
+    "KOLO_HIERARCHICAL_ALLREDUCE",
+    "HOROVOD_HIERARCHICAL_ALLREDUCE",
+];
+/// Set by `--[no-]hierarchical-allgather`.
+pub const HIERARCHICAL_ALLGATHER: [&str; 2] = [
+    "KOLO_HIERARCHICAL_ALLGATHER",
+    "HOROVOD_HIERARCHICAL_ALLGATHER",
+];
 /// `KOLO_LOG_HIDE_TIME`, set by `--log-without-timestamp` / `--log-with-timestamp`.
 pub const LOG_HIDE_TIME: &str = "KOLO_LOG_HIDE_TIME";
 /// `KOLO_THREAD_AFFINITY` (cores of the engine thread, one per local rank), set by
@@ -75,10 +85,10 @@ pub(crate) fn switch_vars(flag: &str) -> Option<Vec<(&'static str, String)>> {
         names.iter().map(|name| (*name, value.to_owned())).collect()
     };
     Some(match flag {
-        "--hierarchical-allreduce" => one(&["HOROVOD_HIERARCHICAL_ALLREDUCE"], true),
-        "--no-hierarchical-allreduce" => one(&["HOROVOD_HIERARCHICAL_ALLREDUCE"], false),
-        "--hierarchical-allgather" => one(&["HOROVOD_HIERARCHICAL_ALLGATHER"], true),
-        "--no-hierarchical-allgather" => one(&["HOROVOD_HIERARCHICAL_ALLGATHER"], false),
+        "--hierarchical-allreduce" => one(&HIERARCHICAL_ALLREDUCE, true),
+        "--no-hierarchical-allreduce" => one(&HIERARCHICAL_ALLREDUCE, false),
+        "--hierarchical-allgather" => one(&HIERARCHICAL_ALLGATHER, true),
+        "--no-hierarchical-allgather" => one(&HIERARCHICAL_ALLGATHER, false),
         "--torus-allreduce" => one(&["HOROVOD_TORUS_ALLREDUCE"], true),
         "--no-torus-allreduce" => one(&["HOROVOD_TORUS_ALLREDUCE"], false),
         "--autotune" => one(&["HOROVOD_AUTOTUNE"], true),
