@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -149,7 +150,13 @@ def test_check_build_reports_this_build() -> None:
     assert "[X] PyTorch" in result.stdout
     assert "[X] TCP" in result.stdout
     assert "[ ] NCCL" in result.stdout
-    assert "[ ] MPI" in result.stdout
+    # Collectives never run over MPI; kolo's transport plays Gloo's role; mpirun launches work.
+    controllers, operations = result.stdout.split("Available Controllers:")[1].split(
+        "Available Tensor Operations:"
+    )
+    assert "[ ] MPI\n" in operations and "[X] Gloo" in operations, operations
+    assert "[X] Gloo" in controllers and "[X] mpirun/srun launches" in controllers, controllers
+    assert "mpirun: OpenMPI" in controllers or shutil.which("mpirun") is None, controllers
 
 
 def test_ctrl_c_stops_every_rank(tmp_path) -> None:
@@ -346,14 +353,15 @@ def test_prefix_output_with_timestamp() -> None:
 
 def test_horovodrun_flags_kolo_lacks_print_one_notice_each_and_still_run() -> None:
     result = run_kolorun(
-        ["-np", "1", "--gloo", "--hierarchical-allreduce", "--autotune", "python", "-c", "pass"],
+        "-np 1 --gloo --hierarchical-allreduce --torus-allreduce --autotune python -c pass".split(),
         timeout=60,
     )
     assert result.returncode == 0, result.stderr
+    # --gloo selects kolo's own controller and --hierarchical-allreduce its hierarchical
+    # path: Horovod's effects, no notice.
     notes = [line for line in result.stderr.splitlines() if line.startswith("kolorun: note:")]
     assert [line.split(":")[2].strip() for line in notes] == [
-        "--gloo",
-        "--hierarchical-allreduce",
+        "--torus-allreduce",
         "--autotune",
     ], result.stderr
     version = run_kolorun(["-v"], timeout=30)
@@ -369,8 +377,10 @@ def test_parse_args_contract() -> None:
     parsed = parse_args(["-np", "2", "--mpi", "-i", "/k", "--network-interfaces", "a,b", "x"])
     assert parsed["num_proc"] == 2 and parsed["ssh_identity_file"] == "/k"
     assert parsed["network_interfaces"] == ["a", "b"]
-    assert [flag for flag, _ in parsed["notices"]] == ["--mpi"]
-    assert "mpirun" in parsed["notices"][0][1]
+    assert parsed["controller"] == "mpi" and parsed["notices"] == []
+    parsed = parse_args(["-np", "2", "--jsrun", "x"])
+    assert [flag for flag, _ in parsed["notices"]] == ["--jsrun"]
+    assert "jsrun" in parsed["notices"][0][1]
     for bad in (["-np", "2", "--bogus", "x"], ["-np", "2", "--cache-capacity", "-1", "x"]):
         with pytest.raises(ConfigError):
             parse_args(bad)
@@ -429,3 +439,88 @@ def test_network_interfaces_list_reaches_the_driver_data_plane_and_nccl() -> Non
         assert info["env"]["HOROVOD_GLOO_IFACE"] == "lo"
         assert info["env"]["KOLO_DATA_ADDR"] == "lo"
         assert info["env"]["KOLO_DRIVER_ADDR"].startswith("127.0.0.1:")
+
+
+ENGINE_CORES = """
+import glob, time, torch, kolo.torch as hvd
+hvd.init()
+
+def engine_cores():
+    for path in glob.glob('/proc/self/task/*/status'):
+        try:
+            text = open(path).read()
+        except FileNotFoundError:  # a thread that ended meanwhile
+            continue
+        fields = dict(line.split(':\\t', 1) for line in text.splitlines())
+        if fields['Name'] == 'kolo-engine':
+            return fields['Cpus_allowed_list']
+
+deadline = time.monotonic() + 20  # the engine thread may not have run yet
+while engine_cores() is None and time.monotonic() < deadline:
+    time.sleep(0.05)
+time.sleep(0.2)  # named before it pins itself
+print(f"engine of local rank {hvd.local_rank()} on {engine_cores()}")
+hvd.allreduce(torch.zeros(1))  # no rank leaves (stopping the others' engines) before all read
+"""
+
+
+def test_thread_affinity_pins_each_engine_thread_to_its_core() -> None:
+    """Horovod's HOROVOD_THREAD_AFFINITY: one core per local rank, read by the real engine."""
+    result = run_kolorun(["-np", "1", "--thread-affinity", "1", "python", "-c", ENGINE_CORES])
+    assert result.returncode == 0, result.stderr
+    assert "engine of local rank 0 on 1\n" in result.stdout, result.stdout
+    result = run_kolorun(
+        ["-np", "2", "python", "-c", ENGINE_CORES], env={"HOROVOD_THREAD_AFFINITY": "1,0"}
+    )
+    assert result.returncode == 0, result.stderr
+    assert "[0]<stdout>:engine of local rank 0 on 1" in result.stdout, result.stdout
+    assert "[1]<stdout>:engine of local rank 1 on 0" in result.stdout, result.stdout
+    # One core for two local ranks: Horovod logs an error and pins nothing.
+    result = run_kolorun(["-np", "2", "--thread-affinity", "1", "python", "-c", ENGINE_CORES])
+    assert result.returncode == 0, result.stderr
+    assert "expected 2 core ids" in result.stderr, result.stderr
+    assert "engine of local rank 0 on 0-" in result.stdout, result.stdout
+
+
+def test_log_lines_show_the_time_unless_hidden() -> None:
+    joined = "import kolo.torch as hvd; hvd.init()"
+    stamp = r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6}: kolo INFO pid \d+\] joined job"
+    for flags, shown in (
+        ([], True),
+        (["--log-with-timestamp"], True),
+        (["--log-without-timestamp"], False),
+        (["--log-hide-timestamp", "--no-log-hide-timestamp"], True),
+    ):
+        result = run_kolorun(["-np", "1", "--log-level", "info", *flags, "python", "-c", joined])
+        assert result.returncode == 0, result.stderr
+        assert "kolorun: note" not in result.stderr, result.stderr
+        assert bool(re.search(stamp, result.stderr)) == shown, (flags, result.stderr)
+        assert "[0]<stderr>:[kolo INFO pid" in result.stderr or shown, result.stderr
+
+
+SIMULATED_HOSTS = (
+    "import os; index = int(os.environ['KOLO_TASK_INDEX']); "
+    "os.environ['KOLO_HOSTNAME'] = f'simhost{index // 2}'; "
+    "import torch, kolo.torch as hvd; hvd.init(); "
+    "s = hvd.allreduce(torch.ones(3) * (hvd.rank() + 1), op=hvd.Sum).tolist(); "
+    "g = hvd.allgather(torch.tensor([hvd.rank()])).tolist(); "
+    "print(f'rank {hvd.rank()} local {hvd.local_rank()} of {hvd.local_size()}: {s} {g}')"
+)
+
+
+def test_hierarchical_flags_choose_each_collectives_path() -> None:
+    """Two simulated hosts of two ranks: --no-hierarchical-allreduce runs allreduce as a flat
+    TCP ring while allgather keeps the hierarchical path (--hierarchical-allgather)."""
+    result = run_kolorun(
+        ["-np", "4", "--log-level", "debug", "--no-hierarchical-allreduce",
+         "--hierarchical-allgather", "python", "-c", SIMULATED_HOSTS],
+        timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "kolorun: note" not in result.stderr, result.stderr
+    for rank in range(4):
+        line = f"rank {rank} local {rank % 2} of 2: [10.0, 10.0, 10.0] [0, 1, 2, 3]"
+        assert line in result.stdout, result.stdout
+    assert result.stderr.count("layout hierarchical") == 4, result.stderr
+    assert result.stderr.count("allreduce across hosts: a flat TCP ring") == 4, result.stderr
+    assert result.stderr.count("allgather across hosts: hierarchical") == 4, result.stderr

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import REPO, run_kolorun, worker, worker_env
+from conftest import BIN, REPO, run_kolorun, worker, worker_env
 
 OPEN_MPI = shutil.which("mpirun.openmpi")
 MPICH = shutil.which("mpirun.mpich")
@@ -208,3 +208,76 @@ def test_lightning_environment_detects_an_mpirun_launch() -> None:
         timeout=120,
     )
     assert "detect False: rank 0 of 1" in bare.stdout, bare.stdout + bare.stderr[-2000:]
+
+
+KOLORUN_MPI_RANK = (
+    "import os, torch, kolo.torch as hvd; hvd.init(); "
+    "total = int(hvd.allreduce(torch.tensor([hvd.rank() + 1]), op=hvd.Sum).item()); "
+    "print(f'rank {hvd.rank()} of {hvd.size()}, launcher rank "
+    '{os.environ["OMPI_COMM_WORLD_RANK"]}, sum {total}, probe {os.environ.get("PROBE")}\')'
+)
+
+
+def test_kolorun_mpi_launches_through_open_mpi_with_mpi_args() -> None:
+    """``kolorun --mpi``: Horovod's mpirun command (``--tag-output`` prefixes, ``-x`` of the
+    environment), ``--mpi-args`` on it, the ranks meeting over mpi4py."""
+    need(OPEN_MPI, "Open MPI")
+    result = run_kolorun(
+        ["--mpi", "--verbose", "-np", "2", "--mpi-args=-x PROBE=from-mpi-args", "python", "-c",
+         KOLORUN_MPI_RANK],
+        timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    for rank in (0, 1):
+        line = f"[1,{rank}]<stdout>:rank {rank} of 2, launcher rank {rank}, sum 3, probe "
+        assert line + "from-mpi-args" in result.stdout, result.stdout
+    command = result.stderr.splitlines()[0]
+    assert command.startswith("kolorun: OpenMPI: mpirun --allow-run-as-root --tag-output"), command
+    assert "-x KOLO_JOB_SECRET" in command and "-x PROBE=from-mpi-args" in command, command
+    assert "kolorun: note" not in result.stderr, result.stderr
+    failing = run_kolorun(
+        ["--mpi", "-np", "2", "python", "-c",
+         "import sys, kolo.torch as hvd; hvd.init(); sys.exit(3 if hvd.rank() == 1 else 0)"],
+        timeout=120,
+    )  # fmt: skip
+    assert failing.returncode == 3, failing.stderr[-2000:]
+
+
+def test_kolorun_mpi_without_mpi4py_meets_at_its_rendezvous_address(tmp_path) -> None:
+    """MPICH's mpirun (mpi4py here is Open MPI's, so it sees a world of one): the ranks meet at
+    the address and secret kolorun put in their environment, not on the command line."""
+    mpirun = tmp_path / "mpirun"
+    mpirun.write_text(f'#!/bin/sh\nexec {need(MPICH, "MPICH")} "$@"\n')
+    mpirun.chmod(0o755)
+    path = f"{tmp_path}:{worker_env()['PATH']}"
+    result = run_kolorun(
+        ["--mpi", "--verbose", "-np", "2", "python", worker("mpi_env_worker.py")],
+        timeout=120,
+        env={"PATH": path},
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert result.stderr.startswith("kolorun: MPICH: mpirun -l -np 2 -hosts localhost -ppn 2")
+    assert "KOLO_JOB_SECRET" not in result.stderr.splitlines()[0], result.stderr
+    for rank in (0, 1):
+        line = f"launcher rank {rank}: rank {rank} of 2, local {rank} of 2, sum 3"
+        assert f"{line}, job vars left False" in result.stdout, result.stdout
+
+
+def test_kolorun_mpi_without_mpirun_says_what_to_install() -> None:
+    result = run_kolorun(["--mpi", "-np", "2", "python", "-c", "pass"], env={"PATH": str(BIN)})
+    assert result.returncode == 2, result.stderr
+    assert "no mpirun on PATH" in result.stderr and "openmpi-bin" in result.stderr, result.stderr
+
+
+def test_kolorun_mpi_threads_disable_initializes_mpi_without_threads() -> None:
+    """Horovod's HOROVOD_MPI_THREADS_DISABLE: MPI_Init instead of MPI_Init_thread(MULTIPLE)."""
+    need(OPEN_MPI, "Open MPI")
+    code = (
+        "import kolo.torch as hvd; hvd.init(); from mpi4py import MPI; "
+        "print('single' if MPI.Query_thread() == MPI.THREAD_SINGLE else 'threads')"
+    )
+    result = run_kolorun(
+        ["--mpi", "--mpi-threads-disable", "-np", "2", "python", "-c", code], timeout=120
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert result.stdout.count("<stdout>:single") == 2, result.stdout

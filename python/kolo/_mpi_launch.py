@@ -469,6 +469,13 @@ def _mpi4py() -> Any:
     """mpi4py's ``MPI`` module (importing it initializes MPI), or None when not installed."""
     if importlib.util.find_spec("mpi4py") is None:
         return None
+    import mpi4py
+
+    # Horovod's HOROVOD_MPI_THREADS_DISABLE (kolorun --mpi-threads-disable): MPI_Init without
+    # thread support.
+    threads_off = os.environ.get("HOROVOD_MPI_THREADS_DISABLE", "").strip().lower()
+    if threads_off in ("1", "true", "yes", "on"):
+        mpi4py.rc.threads = False
     from mpi4py import MPI
 
     return MPI

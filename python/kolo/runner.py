@@ -13,10 +13,11 @@ point: it reads ``--config-file`` (Horovod's YAML) and answers ``--check-build``
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import sys
 from typing import Any, Optional
 
-from kolo import _native
+from kolo import _core, _mpirun, _native
 from kolo.exceptions import ConfigError, KoloError
 
 __all__ = ["check_build", "main", "parse_args"]
@@ -91,12 +92,17 @@ def check_build() -> str:
     lines = [f"kolo v{info['version']}:", "", "Available Frameworks:"]
     for label, module in _FRAMEWORKS:
         lines.append(f"    {_mark(importlib.util.find_spec(module) is not None)} {label}")
+    mpi4py = _core.mpi_built()
+    mpirun = _mpirun.mpi_implementation() if shutil.which("mpirun") else _mpirun.MISSING
+    mpirun_text = "no mpirun on PATH" if mpirun == _mpirun.MISSING else f"mpirun: {mpirun}"
     lines += [
         "",
         "Available Controllers:",
         f"    {_mark(True)} kolo driver service (gRPC)",
-        f"    {_mark(False)} MPI",
-        f"    {_mark(False)} Gloo",
+        f"    {_mark(mpi4py)} MPI (mpi4py {'found' if mpi4py else 'not installed'}: "
+        "init(comm=...), ProcessSet(comm))",
+        f"    {_mark(_core.gloo_built())} Gloo (kolo's own controller plays its role)",
+        f"    {_mark(True)} mpirun/srun launches (kolorun --mpi: {mpirun_text})",
         "",
         "Available Tensor Operations:",
         f"    {_mark(info['tcp'])} TCP",
@@ -104,8 +110,8 @@ def check_build() -> str:
         f"    {_mark(info['nccl'])} NCCL",
         f"    {_mark(False)} DDL",
         f"    {_mark(False)} CCL",
-        f"    {_mark(False)} MPI",
-        f"    {_mark(False)} Gloo",
+        f"    {_mark(_core.mpi_enabled())} MPI",
+        f"    {_mark(_core.gloo_built())} Gloo (kolo's TCP and shared memory play its role)",
         "",
         "GPU support (found at run time):",
         *_gpu_lines(),
@@ -252,9 +258,9 @@ def parse_args(argv: list[str]) -> dict[str, Any]:
 
         from kolo.runner import parse_args
 
-        parsed = parse_args(["-np", "2", "--gloo", "python", "train.py"])
+        parsed = parse_args(["-np", "2", "--jsrun", "python", "train.py"])
         assert parsed["num_proc"] == 2
-        assert parsed["notices"][0][0] == "--gloo"
+        assert parsed["notices"][0][0] == "--jsrun"
     """
     argv = [str(arg) for arg in argv]
     parsed = _native.kolorun_parse(argv)
@@ -275,6 +281,9 @@ def main(argv: Optional[list[str]] = None) -> None:
             sys.exit(0)
         if parsed["action"] == "launch" and parsed["config_file"]:
             args = _expand_config_file(args, parsed)
+            parsed = _native.kolorun_parse(args)
+        if parsed["action"] == "launch" and parsed["controller"] == "mpi":
+            _mpirun.exec_mpirun(parsed)
         code = _native.kolorun(args)
     except ConfigError as err:
         print(f"kolorun: error: {err}", file=sys.stderr)

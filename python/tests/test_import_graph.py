@@ -28,6 +28,7 @@ LAYERS: List[List[str]] = [
         "kolo._core",
         "kolo._lifecycle",
         "kolo._mpi_launch",
+        "kolo._mpirun",
         "kolo._nics",
         "kolo._rank_gpu",
         "kolo._rank_process",

@@ -57,7 +57,9 @@ pub(crate) fn allgather<'a>(
     }
     match session.shm_layout() {
         Some(Layout::Flat) => session.on_node(&what, |node| node.allgather(output, &segs))?,
-        Some(Layout::Hierarchical(hosts)) if hosts.ranges.is_some() => {
+        Some(Layout::Hierarchical(hosts))
+            if hosts.ranges.is_some() && super::hier::chosen(OpKind::Allgather) =>
+        {
             super::hier::allgather(session, &hosts, &what, tag, output, &segs)?
         }
         _ => with_member_ring(session, tag, &what, |ring, mesh, _| {

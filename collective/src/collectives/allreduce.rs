@@ -96,7 +96,7 @@ pub(crate) fn allreduce(
         Some(Layout::Flat) => session.on_node(&what, |node| {
             node.allreduce(buf, dtype, reduction.op, factor)
         }),
-        Some(Layout::Hierarchical(hosts)) => super::hier::allreduce(
+        Some(Layout::Hierarchical(hosts)) if super::hier::chosen(kind) => super::hier::allreduce(
             session,
             &hosts,
             &what,
@@ -106,7 +106,7 @@ pub(crate) fn allreduce(
             reduction.op,
             factor,
         ),
-        None => with_member_ring(session, tag, &what, |ring, mesh, scratch| {
+        _ => with_member_ring(session, tag, &what, |ring, mesh, scratch| {
             ring.allreduce(mesh, scratch, buf, dtype, reduction.op, factor)
         }),
     }

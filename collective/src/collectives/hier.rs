@@ -9,16 +9,61 @@
 //!   host, shm broadcast from the leader on the other hosts.
 //!
 //! alltoall and allgather over non-contiguous hosts stay on the TCP mesh.
+//!
+//! Horovod's `HOROVOD_HIERARCHICAL_ALLREDUCE` / `HOROVOD_HIERARCHICAL_ALLGATHER` (or the
+//! `KOLO_` names; `kolorun --[no-]hierarchical-allreduce/allgather`) choose per operation:
+//! `0` runs allreduce (allgather) as a flat TCP ring over every rank even on this layout;
+//! unset or `1`, the hierarchical path.
 
 use std::ops::Range;
+use std::sync::OnceLock;
 
 use super::allreduce::on_ring;
 use super::Session;
 use crate::dtype::{DType, ReduceOp};
 use crate::error::Result;
 use crate::transport::Hosts;
+use crate::wire::OpKind;
 
 /// This rank's host and whether it leads it.
+/// Whether `kind` (allreduce or allgather) takes the hierarchical path on a hierarchical
+/// layout, from its variable (read once per process; logged at debug level then).
+pub(crate) fn chosen(kind: OpKind) -> bool {
+    static CHOICES: OnceLock<(bool, bool)> = OnceLock::new();
+    let (allreduce, allgather) = *CHOICES.get_or_init(|| {
+        let read = |suffix: &str| {
+            let name = ["KOLO_", "HOROVOD_"]
+                .map(|prefix| format!("{prefix}HIERARCHICAL_{suffix}"))
+                .into_iter()
+                .find(|name| std::env::var(name).is_ok_and(|v| !v.trim().is_empty()));
+            let off = name.as_ref().is_some_and(|name| {
+                let value = std::env::var(name).unwrap_or_default();
+                matches!(
+                    value.trim().to_ascii_lowercase().as_str(),
+                    "0" | "false" | "no" | "off"
+                )
+            });
+            let path = if off {
+                "a flat TCP ring"
+            } else {
+                "hierarchical"
+            };
+            let why = name.unwrap_or_else(|| "the default".to_owned());
+            log::debug!(
+                "{} across hosts: {path} ({why})",
+                suffix.to_ascii_lowercase()
+            );
+            !off
+        };
+        (read("ALLREDUCE"), read("ALLGATHER"))
+    });
+    if kind == OpKind::Allgather {
+        allgather
+    } else {
+        allreduce
+    }
+}
+
 fn place(session: &Session, hosts: &Hosts) -> (usize, bool) {
     let host = hosts.host_of[session.rank];
     (host, hosts.ranks[host][0] == session.rank)

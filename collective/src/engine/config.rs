@@ -36,6 +36,9 @@ pub struct EngineConfig {
     pub timeline_mark_cycles: bool,
     /// Allow adding and removing process sets after `init` (`KOLO_DYNAMIC_PROCESS_SETS=1`).
     pub dynamic_process_sets: bool,
+    /// Cores to pin the background thread to, one per local rank
+    /// (`KOLO_THREAD_AFFINITY`/`HOROVOD_THREAD_AFFINITY`, e.g. `2,3`; see [`super::affinity`]).
+    pub thread_affinity: Option<String>,
 }
 
 impl Default for EngineConfig {
@@ -50,6 +53,7 @@ impl Default for EngineConfig {
             timeline: None,
             timeline_mark_cycles: false,
             dynamic_process_sets: false,
+            thread_affinity: None,
         }
     }
 }
@@ -131,6 +135,7 @@ impl EngineConfig {
         if let Some((name, text)) = knob("DYNAMIC_PROCESS_SETS") {
             config.dynamic_process_sets = parse_flag(&name, &text)?;
         }
+        config.thread_affinity = knob("THREAD_AFFINITY").map(|(_, text)| text);
         Ok(config)
     }
 }

@@ -15,6 +15,7 @@
 //! threshold and run; handles complete. Group rank 0 also runs the stall inspector and, on
 //! global rank 0, the [`timeline::Timeline`].
 
+pub mod affinity;
 mod cache;
 pub mod config;
 mod coordinator;
@@ -158,9 +159,16 @@ impl Engine {
             last_cycle: Mutex::new(Instant::now()),
         });
         let worker = Arc::clone(&shared);
+        let affinity = shared.config.thread_affinity.clone();
+        let (local_size, local_rank) = (info.local_size, info.local_rank);
         let thread = std::thread::Builder::new()
             .name("kolo-engine".into())
-            .spawn(move || worker.run())
+            .spawn(move || {
+                if let Some(text) = affinity {
+                    affinity::apply(&text, local_size, local_rank);
+                }
+                worker.run()
+            })
             .map_err(Error::Io)?;
         Ok(Engine {
             shared,

@@ -57,19 +57,41 @@ engine options (each sets the variables in brackets on every rank):
   --gloo-timeout-seconds S     a collective fails after S seconds without progress
                                [KOLO_COLLECTIVE_TIMEOUT_SECONDS, HOROVOD_GLOO_TIMEOUT_SECONDS]
   --tcp                        NCCL_IB_DISABLE=1, as horovodrun
+  --thread-affinity CORE       pin each rank's engine thread to CORE
+                               [KOLO_/HOROVOD_THREAD_AFFINITY: a comma list, one per local rank]
+  --log-with-timestamp, --log-without-timestamp (--no-log-hide-timestamp, --log-hide-timestamp)
+                               show/hide the time in kolo's log lines (shown by default)
+                               [KOLO_/HOROVOD_LOG_HIDE_TIME]
+  --hierarchical-allreduce, --no-hierarchical-allreduce, --hierarchical-allgather,
+  --no-hierarchical-allgather
+                               ranks on several hosts (several on one): allreduce/allgather
+                               through shared memory within hosts and TCP among them, or a
+                               flat TCP ring over every rank [KOLO_/HOROVOD_HIERARCHICAL_*;
+                               kolo's default: hierarchical]
+
+controllers:
+  --gloo                       kolo's own controller and transport (the default; it plays
+                               Gloo's role)
+  --mpi                        start the ranks with mpirun (Open MPI or MPICH), as horovodrun
+                               --mpi does: --allow-run-as-root --tag-output -np N -H HOSTS
+                               -bind-to none -map-by slot and -x for each forwarded variable;
+                               the ranks meet through mpi4py, else through a rendezvous address
+                               and job secret kolorun passes in their environment
+  --mpi-args ARGS              extra mpirun arguments (given without --gloo, selects --mpi)
+  --binding-args ARGS          mpirun's binding arguments instead of -bind-to none -map-by slot
+  --mpi-threads-disable, --no-mpi-threads-disable
+                               initialize MPI without thread support in ranks that use mpi4py
+                               [HOROVOD_MPI_THREADS_DISABLE]
 
 accepted with a notice (kolo has no such mechanism; the HOROVOD_* variable is still set):
-  --gloo, --mpi, --jsrun, --mpi-args, --mpi-threads-disable, --no-mpi-threads-disable,
-  --binding-args, --hierarchical-allreduce, --no-hierarchical-allreduce,
-  --hierarchical-allgather, --no-hierarchical-allgather, --torus-allreduce, --autotune,
+  --jsrun, --torus-allreduce, --autotune,
   --autotune-log-file, --autotune-warmup-samples, --autotune-steps-per-sample,
-  --autotune-bayes-opt-max-samples, --autotune-gaussian-process-noise, --num-nccl-streams,
-  --thread-affinity, --log-with-timestamp, --no-log-hide-timestamp; and the elastic options
-  --min-np, --max-np (--min-num-proc, --max-num-proc), --slots-per-host, --elastic-timeout,
-  --reset-limit, --blacklist-cooldown-range MIN MAX, --host-discovery-script SCRIPT: the job
-  runs with a fixed size (-np, else --min-np) on the hosts the script lists at the start.
-  --no-autotune, --no-torus-allreduce, --log-without-timestamp and --log-hide-timestamp are
-  what kolo does anyway.
+  --autotune-bayes-opt-max-samples, --autotune-gaussian-process-noise, --num-nccl-streams;
+  and the elastic options --min-np, --max-np (--min-num-proc, --max-num-proc),
+  --slots-per-host, --elastic-timeout, --reset-limit, --blacklist-cooldown-range MIN MAX,
+  --host-discovery-script SCRIPT: the job runs with a fixed size (-np, else --min-np) on the
+  hosts the script lists at the start. --no-autotune and --no-torus-allreduce are what kolo
+  does anyway.
 
 environment: every rank gets the launching environment except the variables docs/kolorun.md
 lists (HOSTNAME, PWD, SSH_*, ...); ssh ranks receive it on ssh's stdin, never on a command
@@ -252,34 +274,10 @@ pub fn notice_for(option: &str) -> Option<&'static str> {
     const AUTOTUNE: &str = "kolo has no autotuner: set --fusion-threshold-mb and \
                             --cycle-time-ms directly (the HOROVOD_AUTOTUNE* variables are still \
                             set)";
-    const MPI_LAUNCH: &str = "kolorun starts ranks itself and never runs mpirun: to launch \
-                              through MPI run `mpirun ... python train.py` directly \
-                              (docs/mpi.md)";
     Some(match option {
-        "--gloo" => {
-            "kolo's own transport (TCP and shared memory, NCCL for GPU tensors) already plays \
-             Gloo's role; nothing to switch"
-        }
-        "--mpi" | "--mpi-args" => MPI_LAUNCH,
         "--jsrun" => {
-            "kolorun starts ranks itself and never runs jsrun: run `jsrun ... python train.py` \
-             directly (docs/mpi.md)"
-        }
-        "--binding-args" => {
-            "kolorun binds no processes (binding is mpirun's): run `mpirun --bind-to ... python \
-             train.py` directly (docs/mpi.md)"
-        }
-        "--mpi-threads-disable" | "--no-mpi-threads-disable" => {
-            "kolo does not use MPI in kolorun jobs (HOROVOD_MPI_THREADS_DISABLE is still set \
-             for ranks that use mpi4py)"
-        }
-        "--hierarchical-allreduce" | "--hierarchical-allgather" => {
-            "kolo picks its hierarchical path (shared memory within a host, TCP among hosts) \
-             by itself whenever several hosts run several ranks (KOLO_TRANSPORT=auto)"
-        }
-        "--no-hierarchical-allreduce" | "--no-hierarchical-allgather" => {
-            "kolo still takes its hierarchical path when several hosts run several ranks; \
-             KOLO_TRANSPORT=tcp gives a flat TCP mesh"
+            "kolorun starts ranks itself (or through mpirun with --mpi) and never runs jsrun: \
+             run `jsrun ... python train.py` directly (docs/mpi.md)"
         }
         "--torus-allreduce" => {
             "kolo has no NCCL torus allreduce; GPU tensors use kolo's NCCL allreduce"
@@ -293,14 +291,6 @@ pub fn notice_for(option: &str) -> Option<&'static str> {
         "--num-nccl-streams" => {
             "kolo runs one NCCL stream per process set; HOROVOD_NUM_NCCL_STREAMS is set but \
              not read"
-        }
-        "--thread-affinity" => {
-            "kolo does not pin its background thread; HOROVOD_THREAD_AFFINITY is set but not \
-             read (pin the rank with taskset/numactl in the command)"
-        }
-        "--log-with-timestamp" | "--no-log-hide-timestamp" => {
-            "kolo's log lines carry no timestamp; --prefix-output-with-timestamp timestamps \
-             every output line"
         }
         "--min-np"
         | "--min-num-proc"
@@ -472,6 +462,11 @@ pub fn parse_args(args: &[String]) -> Result<Invocation> {
             set_env(&mut parsed.engine_env, &variable, setting);
         }
     }
+    // horovodrun built with MPI runs mpirun unless --gloo is given: arguments for mpirun
+    // select it.
+    if parsed.controller.is_none() && (parsed.mpi_args.is_some() || parsed.binding_args.is_some()) {
+        parsed.controller = Some("mpi".into());
+    }
     parsed.options_end = position;
     parsed.command = args[position..].to_vec();
     if parsed.command.is_empty() {
@@ -542,8 +537,9 @@ fn set_env(env: &mut Vec<(String, String)>, variable: &str, value: String) {
 mod tests {
     use super::*;
     use crate::launcher::knobs::{
-        CACHE_CAPACITY, CYCLE_TIME, FUSION_THRESHOLD, LOG_LEVEL, STALL_CHECK_DISABLE,
-        STALL_CHECK_TIME_SECONDS, STALL_SHUTDOWN_TIME_SECONDS, TIMELINE, TIMELINE_MARK_CYCLES,
+        CACHE_CAPACITY, CYCLE_TIME, FUSION_THRESHOLD, LOG_HIDE_TIME, LOG_LEVEL,
+        STALL_CHECK_DISABLE, STALL_CHECK_TIME_SECONDS, STALL_SHUTDOWN_TIME_SECONDS,
+        THREAD_AFFINITY, TIMELINE, TIMELINE_MARK_CYCLES,
     };
 
     fn args(text: &str) -> Vec<String> {
@@ -564,18 +560,8 @@ mod tests {
     }
 
     /// The options horovodrun 0.28.1 has that kolo accepts without Horovod's effect.
-    const NOTICE_OPTIONS: [&str; 31] = [
-        "--gloo",
-        "--mpi",
+    const NOTICE_OPTIONS: [&str; 18] = [
         "--jsrun",
-        "--mpi-args",
-        "--binding-args",
-        "--mpi-threads-disable",
-        "--no-mpi-threads-disable",
-        "--hierarchical-allreduce",
-        "--no-hierarchical-allreduce",
-        "--hierarchical-allgather",
-        "--no-hierarchical-allgather",
         "--torus-allreduce",
         "--autotune",
         "--autotune-log-file",
@@ -584,9 +570,6 @@ mod tests {
         "--autotune-bayes-opt-max-samples",
         "--autotune-gaussian-process-noise",
         "--num-nccl-streams",
-        "--thread-affinity",
-        "--log-with-timestamp",
-        "--no-log-hide-timestamp",
         "--min-np",
         "--min-num-proc",
         "--max-np",
@@ -758,13 +741,20 @@ mod tests {
     }
 
     #[test]
-    fn controllers_are_exclusive_and_noticed() {
+    fn controllers_are_exclusive_and_mpirun_arguments_select_mpi() {
         let parsed = launch("-np 2 --gloo x");
         assert_eq!(parsed.controller.as_deref(), Some("gloo"));
-        assert!(parsed.notices[0].1.contains("Gloo's role"));
+        assert!(parsed.notices.is_empty());
         let parsed = launch("-np 2 --mpi --mpi-args=--oversubscribe x");
+        assert_eq!(parsed.controller.as_deref(), Some("mpi"));
         assert_eq!(parsed.mpi_args.as_deref(), Some("--oversubscribe"));
-        assert!(parsed.notices[0].1.contains("mpirun ... python train.py"));
+        assert!(parsed.notices.is_empty());
+        // horovodrun built with MPI runs mpirun unless told --gloo.
+        let parsed = launch("-np 2 --binding-args=--bind-to=core x");
+        assert_eq!(parsed.controller.as_deref(), Some("mpi"));
+        let parsed = launch("-np 2 --gloo --mpi-args=--oversubscribe x");
+        assert_eq!(parsed.controller.as_deref(), Some("gloo"));
+        assert_eq!(launch("-np 2 x").controller, None);
         assert!(error("-np 2 --gloo --mpi x").contains("at most one"));
     }
 
@@ -828,19 +818,31 @@ mod tests {
             ),
             (
                 "--hierarchical-allreduce",
-                &[("HOROVOD_HIERARCHICAL_ALLREDUCE", "1")],
+                &[
+                    ("KOLO_HIERARCHICAL_ALLREDUCE", "1"),
+                    ("HOROVOD_HIERARCHICAL_ALLREDUCE", "1"),
+                ],
             ),
             (
                 "--no-hierarchical-allreduce",
-                &[("HOROVOD_HIERARCHICAL_ALLREDUCE", "0")],
+                &[
+                    ("KOLO_HIERARCHICAL_ALLREDUCE", "0"),
+                    ("HOROVOD_HIERARCHICAL_ALLREDUCE", "0"),
+                ],
             ),
             (
                 "--hierarchical-allgather",
-                &[("HOROVOD_HIERARCHICAL_ALLGATHER", "1")],
+                &[
+                    ("KOLO_HIERARCHICAL_ALLGATHER", "1"),
+                    ("HOROVOD_HIERARCHICAL_ALLGATHER", "1"),
+                ],
             ),
             (
                 "--no-hierarchical-allgather",
-                &[("HOROVOD_HIERARCHICAL_ALLGATHER", "0")],
+                &[
+                    ("KOLO_HIERARCHICAL_ALLGATHER", "0"),
+                    ("HOROVOD_HIERARCHICAL_ALLGATHER", "0"),
+                ],
             ),
             ("--torus-allreduce", &[("HOROVOD_TORUS_ALLREDUCE", "1")]),
             ("--no-torus-allreduce", &[("HOROVOD_TORUS_ALLREDUCE", "0")]),
@@ -899,7 +901,10 @@ mod tests {
             ),
             ("--tcp", &[("NCCL_IB_DISABLE", "1")]),
             ("--num-nccl-streams 2", &[("HOROVOD_NUM_NCCL_STREAMS", "2")]),
-            ("--thread-affinity 3", &[("HOROVOD_THREAD_AFFINITY", "3")]),
+            (
+                "--thread-affinity 3",
+                &[(THREAD_AFFINITY, "3"), ("HOROVOD_THREAD_AFFINITY", "3")],
+            ),
             (
                 "--gloo-timeout-seconds 45",
                 &[
@@ -912,12 +917,13 @@ mod tests {
                 &[
                     (LOG_LEVEL, "debug"),
                     ("HOROVOD_LOG_LEVEL", "DEBUG"),
+                    (LOG_HIDE_TIME, "1"),
                     ("HOROVOD_LOG_HIDE_TIME", "1"),
                 ],
             ),
             (
                 "--log-hide-timestamp --no-log-hide-timestamp",
-                &[("HOROVOD_LOG_HIDE_TIME", "0")],
+                &[(LOG_HIDE_TIME, "0"), ("HOROVOD_LOG_HIDE_TIME", "0")],
             ),
         ];
         for (flags, expected) in cases {

@@ -23,6 +23,21 @@ pub const STALL_CHECK_TIME_SECONDS: &str = "KOLO_STALL_CHECK_TIME_SECONDS";
 pub const STALL_SHUTDOWN_TIME_SECONDS: &str = "KOLO_STALL_SHUTDOWN_TIME_SECONDS";
 /// `KOLO_LOG_LEVEL`, set by `--log-level`.
 pub const LOG_LEVEL: &str = "KOLO_LOG_LEVEL";
+/// Set by `--[no-]hierarchical-allreduce`: read by the collectives (`collectives/hier.rs`).
+pub const HIERARCHICAL_ALLREDUCE: [&str; 2] = [
+    "KOLO_HIERARCHICAL_ALLREDUCE",
+    "HOROVOD_HIERARCHICAL_ALLREDUCE",
+];
+/// Set by `--[no-]hierarchical-allgather`.
+pub const HIERARCHICAL_ALLGATHER: [&str; 2] = [
+    "KOLO_HIERARCHICAL_ALLGATHER",
+    "HOROVOD_HIERARCHICAL_ALLGATHER",
+];
+/// `KOLO_LOG_HIDE_TIME`, set by `--log-without-timestamp` / `--log-with-timestamp`.
+pub const LOG_HIDE_TIME: &str = "KOLO_LOG_HIDE_TIME";
+/// `KOLO_THREAD_AFFINITY` (cores of the engine thread, one per local rank), set by
+/// `--thread-affinity`.
+pub const THREAD_AFFINITY: &str = "KOLO_THREAD_AFFINITY";
 /// `KOLO_COLLECTIVE_TIMEOUT_SECONDS`, set by `--gloo-timeout-seconds`.
 pub const COLLECTIVE_TIMEOUT: &str = crate::worker::COLLECTIVE_TIMEOUT;
 
@@ -70,10 +85,10 @@ pub(crate) fn switch_vars(flag: &str) -> Option<Vec<(&'static str, String)>> {
         names.iter().map(|name| (*name, value.to_owned())).collect()
     };
     Some(match flag {
-        "--hierarchical-allreduce" => one(&["HOROVOD_HIERARCHICAL_ALLREDUCE"], true),
-        "--no-hierarchical-allreduce" => one(&["HOROVOD_HIERARCHICAL_ALLREDUCE"], false),
-        "--hierarchical-allgather" => one(&["HOROVOD_HIERARCHICAL_ALLGATHER"], true),
-        "--no-hierarchical-allgather" => one(&["HOROVOD_HIERARCHICAL_ALLGATHER"], false),
+        "--hierarchical-allreduce" => one(&HIERARCHICAL_ALLREDUCE, true),
+        "--no-hierarchical-allreduce" => one(&HIERARCHICAL_ALLREDUCE, false),
+        "--hierarchical-allgather" => one(&HIERARCHICAL_ALLGATHER, true),
+        "--no-hierarchical-allgather" => one(&HIERARCHICAL_ALLGATHER, false),
         "--torus-allreduce" => one(&["HOROVOD_TORUS_ALLREDUCE"], true),
         "--no-torus-allreduce" => one(&["HOROVOD_TORUS_ALLREDUCE"], false),
         "--autotune" => one(&["HOROVOD_AUTOTUNE"], true),
@@ -93,9 +108,11 @@ pub(crate) fn switch_vars(flag: &str) -> Option<Vec<(&'static str, String)>> {
         "--no-mpi-threads-disable" => one(&["HOROVOD_MPI_THREADS_DISABLE"], false),
         "--tcp" => one(&["NCCL_IB_DISABLE"], true),
         "--log-with-timestamp" | "--no-log-hide-timestamp" => {
-            one(&["HOROVOD_LOG_HIDE_TIME"], false)
+            one(&[LOG_HIDE_TIME, "HOROVOD_LOG_HIDE_TIME"], false)
         }
-        "--log-without-timestamp" | "--log-hide-timestamp" => one(&["HOROVOD_LOG_HIDE_TIME"], true),
+        "--log-without-timestamp" | "--log-hide-timestamp" => {
+            one(&[LOG_HIDE_TIME, "HOROVOD_LOG_HIDE_TIME"], true)
+        }
         _ => return None,
     })
 }
@@ -191,7 +208,7 @@ pub(crate) fn setting_vars(flag: &str, text: &str) -> Result<Vec<(&'static str, 
         }
         "--thread-affinity" => {
             let n = whole("is not a CPU core: give a whole number, e.g. 0")?;
-            vec![("HOROVOD_THREAD_AFFINITY", n.to_string())]
+            both(THREAD_AFFINITY, "HOROVOD_THREAD_AFFINITY", n.to_string())
         }
         "--gloo-timeout-seconds" => {
             let s = trimmed

@@ -116,6 +116,13 @@ pub fn run_with_output(
                 .into(),
         ));
     }
+    if parsed.controller.as_deref() == Some("mpi") {
+        return Err(Error::Config(
+            "kolorun: --mpi (and --mpi-args/--binding-args) hand the launch to mpirun through \
+             the Python `kolorun` script; run the installed kolorun command"
+                .into(),
+        ));
+    }
     Ok(Job::plan(parsed, output)?
         .run(interrupted, output, None)?
         .exit_code)
@@ -132,6 +139,13 @@ pub fn run_function(
     let output = Output::process();
     match parse_args(args)? {
         Invocation::Launch(parsed) => {
+            if parsed.controller.as_deref() == Some("mpi") {
+                output.message(
+                    "kolo.run: note: use_mpi/mpi_args: kolo.run starts the ranks itself (its \
+                     function travels through kolo's job driver); `kolorun --mpi` launches a \
+                     command through mpirun",
+                );
+            }
             Job::plan(*parsed, &output)?.run(interrupted, &output, Some(payload))
         }
         other => Err(Error::Config(format!(
