@@ -223,9 +223,10 @@ def nccl_built() -> int:
         if hvd.nccl_built() >= 2700:
             ...
     """
-    if not _native.build_info()["nccl"]:
+    version = _native.cuda_probe().get("nccl_version")
+    if not _native.build_info()["nccl"] or not version:
         return 0
-    major, minor, patch = (int(p) for p in str(_native.cuda_probe()["nccl_version"]).split("."))
+    major, minor, patch = (int(p) for p in str(version).split(".")[:3])
     # NCCL's own NCCL_VERSION(X, Y, Z): X*1000 + Y*100 + Z before 2.9, X*10000 + Y*100 + Z since.
     return major * (1000 if (major, minor) < (2, 9) else 10000) + minor * 100 + patch
 
