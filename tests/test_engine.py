@@ -361,8 +361,17 @@ def test_disjoint_process_sets_may_reuse_a_tensor_name(sets_job: Job) -> None:
     assert_clean_exit(sets_job)
 
 
-def test_dynamic_process_sets_add_use_and_remove() -> None:
-    job = launch(3, ["sets_dynamic"], env={"KOLO_DYNAMIC_PROCESS_SETS": "1"}, timeout=90)
+SET_TIMEOUT = 4
+
+
+@pytest.fixture(scope="module")
+def dynamic_sets_job() -> Job:
+    env = {"KOLO_DYNAMIC_PROCESS_SETS": "1", "KOLO_PROCESS_SET_TIMEOUT": str(SET_TIMEOUT)}
+    return launch(3, ["sets_dynamic"], env=env, timeout=90)
+
+
+def test_dynamic_process_sets_add_use_and_remove(dynamic_sets_job: Job) -> None:
+    job = dynamic_sets_job
     job.require("dyn_init")
     job.require("dyn_add")
     for rank in range(3):
@@ -378,6 +387,20 @@ def test_dynamic_process_sets_add_use_and_remove() -> None:
         assert even["id"] not in (None, 0) and tail["id"] not in (None, 0, even["id"]), info
     job.require("dyn_use")
     job.require("dyn_remove")
+
+
+def test_adding_the_sets_just_removed_again_and_again_never_hangs(dynamic_sets_job: Job) -> None:
+    dynamic_sets_job.require("dyn_churn")
+
+
+def test_add_process_set_called_by_one_rank_only_times_out(dynamic_sets_job: Job) -> None:
+    job = dynamic_sets_job
+    job.require("dyn_lone_add")
+    assert SET_TIMEOUT <= job.one(2, "dyn_lone_add")["seconds"] < SET_TIMEOUT + 5, job.tail()
+    error = job.one(2, "dyn_lone_add_error")
+    assert error["error"] == "TimeoutError", error
+    assert "add_process_set([0, 1])" in error["message"], error
+    assert "KOLO_PROCESS_SET_TIMEOUT" in error["message"], error
     assert_clean_exit(job)
 
 

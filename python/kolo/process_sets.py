@@ -14,13 +14,14 @@ Example::
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections.abc import Iterable
 from numbers import Integral
 from typing import Any, Optional, Union
 
 from kolo import _core, _mpi_launch, _native
-from kolo.exceptions import InvalidArgumentError, InvalidValueError
+from kolo.exceptions import ConfigError, InvalidArgumentError, InvalidValueError, TimeoutError
 
 __all__ = ["ProcessSet", "add_process_set", "global_process_set", "remove_process_set"]
 
@@ -171,14 +172,43 @@ def register(process_set: Union[ProcessSet, Iterable[int]], initializing: bool) 
 
 def _register_ranks(ps: ProcessSet, initializing: bool) -> ProcessSet:
     handle = _native.add_process_set(list(ps.ranks or []), initializing)
-    ps.process_set_id = int(_native.wait(handle))
+    ps.process_set_id = int(_wait_for_every_rank(handle, f"add_process_set({ps.ranks})"))
     _live_sets[id(ps)] = ps
     return ps
 
 
+def _wait_for_every_rank(handle: int, call: str) -> Any:
+    """Waits for a registration or removal, which completes once every rank made the same
+    call; raises :class:`~kolo.exceptions.TimeoutError` after ``KOLO_PROCESS_SET_TIMEOUT``
+    seconds (default 300) instead of hanging when some rank never does."""
+    seconds = _timeout()
+    try:
+        return _native.wait(handle, seconds)
+    except TimeoutError:
+        raise TimeoutError(
+            f"{call} waited {seconds:g} s for the other ranks to make the same call: every rank "
+            "must add and remove the same process sets in the same order (set "
+            "KOLO_PROCESS_SET_TIMEOUT to wait longer). The ranks' process sets may now "
+            "differ; call shutdown() and init() again"
+        ) from None
+
+
+def _timeout() -> float:
+    text = os.environ.get("KOLO_PROCESS_SET_TIMEOUT", "").strip() or "300"
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds < 1e9:
+        raise ConfigError(f"KOLO_PROCESS_SET_TIMEOUT={text!r} must be a positive number of seconds")
+    return seconds
+
+
 def add_process_set(process_set: Union[ProcessSet, Iterable[int]]) -> ProcessSet:
     """Registers a new process set on every rank after ``init`` (needs
-    ``KOLO_DYNAMIC_PROCESS_SETS=1``); every rank must call it with the same ranks.
+    ``KOLO_DYNAMIC_PROCESS_SETS=1``); every rank must call it with the same ranks. Waits at most
+    ``KOLO_PROCESS_SET_TIMEOUT`` seconds (default 300) for them, then raises
+    :class:`~kolo.exceptions.TimeoutError`.
 
     Example::
 
@@ -198,7 +228,8 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     ps = resolve(process_set)
     if ps.process_set_id == 0:
         raise InvalidArgumentError("the global process set cannot be removed")
-    _native.wait(_native.remove_process_set(int(ps.process_set_id)))
+    handle = _native.remove_process_set(int(ps.process_set_id))
+    _wait_for_every_rank(handle, f"remove_process_set({ps!r})")
     ps.process_set_id = None
     _live_sets.pop(id(ps), None)
     return True

@@ -118,12 +118,23 @@ pub fn poll(py: Python<'_>, handle: u64) -> PyResult<bool> {
 /// Waits for `handle` without the GIL (Ctrl-C raises KeyboardInterrupt; the op keeps running).
 /// Returns None, `(capsule, rows)` for ops with a new output (a DLPack capsule of a 1-D uint8
 /// CPU tensor that owns the engine's buffer: `torch.from_dlpack` takes it without a copy), or an int (join: last rank;
-/// add_process_set: the id).
+/// add_process_set: the id). With `timeout` (seconds), raises kolo's TimeoutError once it ran
+/// out (the op stays pending).
 #[pyfunction]
-pub fn wait(py: Python<'_>, handle: u64) -> PyResult<Py<PyAny>> {
+#[pyo3(signature = (handle, timeout=None))]
+pub fn wait(py: Python<'_>, handle: u64, timeout: Option<f64>) -> PyResult<Py<PyAny>> {
     let worker = session::current(py)?;
     let engine = worker.engine();
+    let limit = timeout.map(Duration::from_secs_f64);
+    let started = std::time::Instant::now();
     loop {
+        if let Some(after) = limit.filter(|&limit| started.elapsed() >= limit) {
+            return Err(Error::Timeout {
+                what: format!("waiting for op {handle}"),
+                after,
+            })
+            .py_err();
+        }
         if let Some(result) = py.detach(|| engine.wait(handle, Duration::from_millis(100))) {
             return match result.py_err()? {
                 Output::Done => Ok(py.None()),

@@ -38,6 +38,7 @@ from kolo.exceptions import (
     KoloError,
     MismatchError,
 )
+from kolo.exceptions import TimeoutError as KoloTimeoutError
 
 failed: list[str] = []
 problems: list[str] = []
@@ -857,6 +858,10 @@ def sets_static_checks() -> None:
     run_check("ps_same_name", same_name)
 
 
+CHURN_ROUNDS = 150
+CHURN_TIMEOUT = 20.0
+
+
 def sets_dynamic_checks() -> None:
     run_check("dyn_init", hvd.init)
     if failed:
@@ -897,9 +902,38 @@ def sets_dynamic_checks() -> None:
             expect_equal("dyn.tail.after", out, torch.full((2,), 2.0))
         check_after("dyn")
 
+    def churn() -> None:
+        # Horovod's suite adds and removes the same sets test after test: a removal must be
+        # done on this rank once remove_process_set returns, whichever thread ran its cycle,
+        # or the next add of those ranks fails here while the other ranks wait for it.
+        jitter = random.Random(rank)
+        for i in range(CHURN_ROUNDS):
+            even, odd = hvd.add_process_set([0, 2]), hvd.add_process_set([1])
+            mine = even if rank in (0, 2) else odd
+            out = hvd.allreduce(torch.ones(2), name=f"dyn.churn.{i}", op=hvd.Sum, process_set=mine)
+            expect_equal(f"dyn.churn.{i}", out, torch.full((2,), float(mine.size())))
+            if jitter.random() < 0.5:
+                time.sleep(jitter.random() * 0.002)
+            hvd.remove_process_set(odd)
+            hvd.remove_process_set(even)
+        check_after("dyn.churn")
+
     run_check("dyn_add", add)
     run_check("dyn_use", use)
     run_check("dyn_remove", remove)
+
+    def lone_add() -> None:
+        # Only rank 2 adds a set: it raises after KOLO_PROCESS_SET_TIMEOUT instead of hanging,
+        # and the job's collectives go on.
+        if rank == 2:
+            started = time.monotonic()
+            err = expect_error("lone add", lambda: hvd.add_process_set([0, 1]), KoloTimeoutError)
+            emit("dyn_lone_add", {"seconds": time.monotonic() - started})
+            report("dyn_lone_add_error", err)
+        check_after("dyn.lone")
+
+    run_check("dyn_churn", churn, timeout=CHURN_TIMEOUT)
+    run_check("dyn_lone_add", lone_add)
 
 
 SUBCOMMANDS: dict[str, Callable[..., None]] = {

@@ -108,8 +108,8 @@ pub(crate) enum SetAction {
         members: Vec<usize>,
         handle: Option<u64>,
     },
-    /// Remove set `id`.
-    Remove { id: u32 },
+    /// Remove set `id`; complete `handle` (if this rank submitted it) once it is gone.
+    Remove { id: u32, handle: Option<u64> },
 }
 
 /// What executing needs besides the session.
@@ -380,7 +380,10 @@ impl Executor<'_> {
                 Ok(Output::Done)
             }
             OpKind::RemoveProcessSet => {
-                action = Some(SetAction::Remove { id: desc.root });
+                action = Some(SetAction::Remove {
+                    id: desc.root,
+                    handle,
+                });
                 Ok(Output::Done)
             }
         };
@@ -393,10 +396,11 @@ impl Executor<'_> {
         }
         match result {
             Ok(output) => {
-                // add_process_set completes once the engine registered the set.
-                if let (Some(handle), false) =
-                    (handle, matches!(action, Some(SetAction::Add { .. })))
-                {
+                // add/remove_process_set complete once the engine applied them (after the
+                // cycle): completing a removal earlier let its caller's next
+                // add_process_set of the same ranks see the old set on this rank only, fail
+                // here and leave the other ranks waiting for it.
+                if let (Some(handle), None) = (handle, &action) {
                     self.handles.complete(handle, Ok(output));
                 }
                 Ok(action)

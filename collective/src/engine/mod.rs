@@ -726,7 +726,7 @@ impl Shared {
                     self.handles.complete(handle, Ok(Output::ProcessSet(id)));
                 }
             }
-            SetAction::Remove { id } => {
+            SetAction::Remove { id, handle } => {
                 lock(&self.sets).remove(&id);
                 if let Some(set) = sets.remove(&id) {
                     for (name, local) in set.pending {
@@ -737,6 +737,9 @@ impl Shared {
                             ))),
                         );
                     }
+                }
+                if let Some(handle) = handle {
+                    self.handles.complete(handle, Ok(Output::Done));
                 }
             }
         }
