@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from kolo import _native
+from kolo._env import seconds_from_env
 from kolo._nics import interface_ip
 from kolo.exceptions import ConfigError, InvalidValueError, RendezvousError, TimeoutError
 
@@ -482,14 +483,7 @@ def _mpi4py() -> Any:
 
 
 def _start_timeout() -> float:
-    text = os.environ.get("KOLO_START_TIMEOUT", "").strip() or "30"
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = -1.0
-    if not 0 < seconds < 1e9:
-        raise ConfigError(f"KOLO_START_TIMEOUT={text!r} must be a positive number of seconds")
-    return seconds
+    return seconds_from_env("KOLO_START_TIMEOUT", 30.0)
 
 
 def _interface_setting() -> Optional[str]:

@@ -14,14 +14,14 @@ Example::
 
 from __future__ import annotations
 
-import os
 import weakref
 from collections.abc import Iterable
 from numbers import Integral
 from typing import Any, Optional, Union
 
 from kolo import _core, _mpi_launch, _native
-from kolo.exceptions import ConfigError, InvalidArgumentError, InvalidValueError, TimeoutError
+from kolo._env import seconds_from_env
+from kolo.exceptions import InvalidArgumentError, InvalidValueError, TimeoutError
 
 __all__ = ["ProcessSet", "add_process_set", "global_process_set", "remove_process_set"]
 
@@ -194,14 +194,7 @@ def _wait_for_every_rank(handle: int, call: str) -> Any:
 
 
 def _timeout() -> float:
-    text = os.environ.get("KOLO_PROCESS_SET_TIMEOUT", "").strip() or "300"
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = -1.0
-    if not 0 < seconds < 1e9:
-        raise ConfigError(f"KOLO_PROCESS_SET_TIMEOUT={text!r} must be a positive number of seconds")
-    return seconds
+    return seconds_from_env("KOLO_PROCESS_SET_TIMEOUT", 300.0)
 
 
 def add_process_set(process_set: Union[ProcessSet, Iterable[int]]) -> ProcessSet:

@@ -26,6 +26,7 @@ LAYERS: List[List[str]] = [
     [
         "kolo",
         "kolo._core",
+        "kolo._env",
         "kolo._lifecycle",
         "kolo._mpi_launch",
         "kolo._mpirun",
