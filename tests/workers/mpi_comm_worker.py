@@ -54,4 +54,7 @@ pair = hvd.add_process_set(hvd.ProcessSet(world.Split(color=me // 2, key=me)))
 assert pair.ranks == [me - me % 2, me - me % 2 + 1]
 assert sum_of_world_ranks(pair) == sum(pair.ranks)
 print(f"world {me}: added process set {pair.ranks}", flush=True)
+# As in Horovod, one rank's shutdown stops every rank's engine: the other pair may still be in
+# its allreduce, so every rank gets here before any shuts down.
+world.Barrier()
 hvd.shutdown()
