@@ -44,6 +44,8 @@ from typing import Callable, Iterator, Optional
 
 import pytest
 
+from kolo.common.util import env as env_set
+
 REPO = Path(__file__).resolve().parents[2]
 TOOLS = REPO / ".tools"
 PROVISION = "dev/emulators.sh"
@@ -202,21 +204,6 @@ def _require(path: Path, what: str) -> Path:
     if not path.exists():
         pytest.skip(f"{what} is not provisioned ({path} missing); run `{PROVISION}`")
     return path
-
-
-@contextlib.contextmanager
-def _session_env(env: dict[str, str]) -> Iterator[None]:
-    """Sets ``env`` in os.environ (so in-process clients and children see it), then restores."""
-    saved = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 # ---------------------------------------------------------------------------------------------
@@ -428,7 +415,7 @@ def azure_server(tmp_path_factory) -> Iterator[Emulator]:
         if status != 201:
             pytest.fail(f"Azurite: creating container {container} gave {status}: {body!r}")
         env = {"AZURITE_BLOB_STORAGE_URL": blob_url}
-        with _session_env(env):
+        with env_set(**env):  # in os.environ, so in-process clients and children see it
             yield Emulator(
                 url=f"az://{container}",
                 storage_options={
