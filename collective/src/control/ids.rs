@@ -50,6 +50,11 @@ impl JobSecret {
         hex::encode(self.0)
     }
 
+    /// The raw secret, for deriving keys ([`crate::control::mac::MacKey`]); never send it.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+
     /// Compares `candidate` with this secret in constant time (for equal lengths).
     pub fn matches(&self, candidate: &[u8]) -> bool {
         candidate.len() == Self::LEN && bool::from(self.0.ct_eq(candidate))

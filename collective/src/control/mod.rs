@@ -48,6 +48,7 @@ pub mod host_hash;
 pub mod ids;
 mod join;
 pub mod launch;
+pub mod mac;
 pub mod net;
 pub mod proto;
 pub mod service;
