@@ -78,6 +78,7 @@ pub(crate) struct JobState {
     job_id: JobId,
     start_timeout: Duration,
     heartbeat_timeout: Duration,
+    abort_if_nobody_registers: bool,
     inner: Mutex<Inner>,
     /// Changed under the `inner` lock (its `tasks` belong to this round).
     round: watch::Sender<Round>,
@@ -102,6 +103,7 @@ impl JobState {
             job_id: config.job_id,
             start_timeout: config.start_timeout,
             heartbeat_timeout: config.heartbeat_timeout,
+            abort_if_nobody_registers: config.abort_if_nobody_registers,
             inner: Mutex::new(Inner::default()),
             round: watch::channel(Round {
                 generation: 0,
@@ -385,7 +387,7 @@ impl JobState {
         self.round
             .send_modify(|round| round.phase = Phase::TimedOut(message.clone()));
         drop(inner);
-        if registered > 0 {
+        if registered > 0 || self.abort_if_nobody_registers {
             self.abort(AbortCause {
                 rank: None,
                 host: String::new(),

@@ -276,14 +276,14 @@ impl Job {
             job_id,
             start_timeout: self.start_timeout,
             heartbeat_timeout: self.heartbeat_timeout,
+            abort_if_nobody_registers: false,
         })?;
         if let Some(payload) = payload {
             driver.kv_put(keys::PAYLOAD, payload);
         }
         let driver_addr = SocketAddr::new(self.advertise, driver.addr().port()).to_string();
         say(format!(
-            "kolorun: job {job_id}: {np} rank(s) on {:?}; driver listening on {} (workers use \
-             {driver_addr})",
+            "kolorun: {np} rank(s) on {:?}; driver listening on {} (workers use {driver_addr})",
             self.task_hosts,
             driver.addr()
         ));
@@ -399,7 +399,7 @@ impl Job {
             output.message(&summary);
         }
         say(format!(
-            "kolorun: job {job_id} finished with exit code {}",
+            "kolorun: job finished with exit code {}",
             outcome.exit_code
         ));
         Ok(FunctionRun {

@@ -2,4 +2,5 @@
 
 mod collectives;
 mod driver;
+mod driver_auth;
 mod launcher;
