@@ -1,7 +1,7 @@
 """One measurement process of bench/security_overhead.py (run under one build's PYTHONPATH).
 
-    python bench/_security_probe.py driver OUT.json
-    kolorun -np 2 python bench/_security_probe.py ranks OUT.json
+python bench/_security_probe.py driver OUT.json
+kolorun -np 2 python bench/_security_probe.py ranks OUT.json
 """
 
 from __future__ import annotations
@@ -48,7 +48,10 @@ def rank_figures() -> dict[str, float]:
         hvd.init()
         inits.append(time.perf_counter() - start)
     figures = {"mesh_setup_ms": statistics.median(inits) * 1e3}
-    for label, nbytes, calls in (("allreduce_4KiB_us", 4 << 10, 2000), ("allreduce_64MiB_us", 64 << 20, 10)):
+    for label, nbytes, calls in (
+        ("allreduce_4KiB_us", 4 << 10, 2000),
+        ("allreduce_64MiB_us", 64 << 20, 10),
+    ):
         tensor = torch.ones(nbytes // 4)
         for _ in range(3):
             hvd.allreduce_(tensor, op=hvd.Sum, name="probe")
