@@ -14,8 +14,8 @@ from pathlib import Path
 
 import cloudpickle
 import hpack
-from conftest import REPO, worker_env
 
+from conftest import REPO, worker_env
 from kolo._native import LaunchDriver
 from kolo._rank_process import rank_code
 
@@ -29,7 +29,7 @@ class Recorder:
         self.from_driver = bytearray()
         self.lock = threading.Lock()
         self.listener = socket.create_server(("127.0.0.1", 0))
-        self.addr = "127.0.0.1:%d" % self.listener.getsockname()[1]
+        self.addr = f"127.0.0.1:{self.listener.getsockname()[1]}"
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
