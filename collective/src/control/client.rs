@@ -188,7 +188,9 @@ impl DriverClient {
                 Ok(channel) => break channel,
                 Err(err) if is_unproven_driver(&err) => {
                     return Err(Error::Rendezvous(format!(
-                        "the process at {addr} could not prove it knows this job's secret, so this                          worker sent it nothing: it is not this job's driver (another job's, or an                          impostor), or {JOB_SECRET} in this process belongs to another job"
+                        "the process at {addr} could not prove it knows this job's secret, so this \
+                         worker sent it nothing: it is not this job's driver (another job's, or an \
+                         impostor), or {JOB_SECRET} in this process belongs to another job"
                     )));
                 }
                 Err(err) if Instant::now() + pause >= deadline => {
@@ -465,14 +467,11 @@ impl DriverClient {
             CallError::Status(status) => status,
         };
         match status.code() {
-            Code::Unauthenticated => Error::Rendezvous(format!(
-                "the job driver at {addr} refused this worker: wrong job secret ({JOB_SECRET} does \
-                 not match the driver's; was this process started by another kolorun or job?)"
-            )),
             Code::DeadlineExceeded
             | Code::Aborted
             | Code::FailedPrecondition
-            | Code::InvalidArgument => Error::Rendezvous(status.message().to_owned()),
+            | Code::InvalidArgument
+            | Code::ResourceExhausted => Error::Rendezvous(status.message().to_owned()),
             Code::Unavailable => Error::Rendezvous(format!(
                 "the job driver at {addr} is unavailable while {during}: {}",
                 status.message()

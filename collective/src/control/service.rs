@@ -231,13 +231,16 @@ impl DriverService {
         self.state.task_finished(task_index);
     }
 
-    /// Stores a value in the job's key-value space (as a worker's `KvPut` would).
-    pub fn kv_put(&self, key: impl Into<String>, value: Vec<u8>) {
-        self.state.kv_put(key.into(), value);
+    /// Stores a value in the job's key-value space (as a worker's `KvPut` would). Errors:
+    /// `InvalidArgument` naming the cap of [`crate::control::kv_space`] the value would pass.
+    pub fn kv_put(&self, key: impl Into<String>, value: Vec<u8>) -> Result<()> {
+        self.state
+            .kv_put(key.into(), value.into())
+            .map_err(Error::InvalidArgument)
     }
 
-    /// The value of `key` in the job's key-value space, if set.
-    pub fn kv_value(&self, key: &str) -> Option<Vec<u8>> {
+    /// The value of `key` in the job's key-value space, if set (shared, not copied).
+    pub fn kv_value(&self, key: &str) -> Option<crate::control::kv_space::KvValue> {
         self.state.kv_value(key)
     }
 

@@ -279,7 +279,7 @@ impl Job {
             abort_if_nobody_registers: false,
         })?;
         if let Some(payload) = payload {
-            driver.kv_put(keys::PAYLOAD, payload);
+            driver.kv_put(keys::PAYLOAD, payload)?;
         }
         let driver_addr = SocketAddr::new(self.advertise, driver.addr().port()).to_string();
         say(format!(
@@ -389,7 +389,9 @@ impl Job {
         let mut results = vec![None; np];
         for peer in driver.assignment().unwrap_or_default() {
             if let Some(slot) = results.get_mut(peer.rank as usize) {
-                *slot = driver.kv_value(&keys::result(peer.task_index));
+                *slot = driver
+                    .kv_value(&keys::result(peer.task_index))
+                    .map(|value| value.to_vec());
             }
         }
         let failure = driver.abort_cause();

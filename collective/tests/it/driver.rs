@@ -381,7 +381,7 @@ fn kv_put_get_and_get_timeout() {
         block_on(reader.kv_get("later", Duration::from_secs(10))).unwrap()
     });
     std::thread::sleep(Duration::from_millis(200));
-    driver.kv_put("later", b"here".to_vec());
+    driver.kv_put("later", b"here".to_vec()).unwrap();
     assert_eq!(waiting.join().unwrap().unwrap(), b"here");
 }
 

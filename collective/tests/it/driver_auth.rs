@@ -282,7 +282,7 @@ fn captured_traffic_holds_no_secret_and_replaying_it_is_refused() {
     }
 
     // Replay the worker's bytes verbatim: the driver's fresh nonce makes the old proof wrong.
-    driver.kv_put("replayed", b"original".to_vec());
+    driver.kv_put("replayed", b"original".to_vec()).unwrap();
     let captured = relay.to_driver.lock().unwrap().clone();
     let mut replay = TcpStream::connect(driver.addr()).unwrap();
     let _ = replay.write_all(&captured);
@@ -381,7 +381,9 @@ fn a_worker_refuses_a_driver_that_cannot_prove_the_secret() {
     // The impostor is a real driver with its own secret: the worker's first connection fails
     // its proof, so the worker never sends a request, let alone reads a payload.
     let (impostor, _) = start(1);
-    impostor.kv_put("payload", b"crafted pickle".to_vec());
+    impostor
+        .kv_put("payload", b"crafted pickle".to_vec())
+        .unwrap();
     let err = block_on(DriverClient::connect(
         &impostor.addr().to_string(),
         &JobSecret::generate(),
