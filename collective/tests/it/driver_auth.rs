@@ -358,9 +358,23 @@ fn five_thousand_idle_connections_do_not_keep_four_ranks_out() {
     let secret = config.secret.clone();
     let driver = DriverService::start(config).unwrap();
     let flood = Instant::now();
-    let idle: Vec<TcpStream> = (0..5_000)
-        .map_while(|_| TcpStream::connect(driver.addr()).ok())
-        .collect();
+    // Opened from 10 threads: a loopback connect costs milliseconds here, one at a time.
+    let addr = driver.addr();
+    let idle: Vec<TcpStream> = thread::scope(|scope| {
+        let openers: Vec<_> = (0..10)
+            .map(|_| {
+                scope.spawn(move || {
+                    (0..500)
+                        .map_while(|_| TcpStream::connect(addr).ok())
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        openers
+            .into_iter()
+            .flat_map(|opener| opener.join().unwrap())
+            .collect()
+    });
     assert_eq!(idle.len(), 5_000, "could not open the idle connections");
     eprintln!("5,000 idle connections opened in {:?}", flood.elapsed());
     let started = Instant::now();
