@@ -41,7 +41,10 @@ pub use args::{
 };
 pub use hosts::{is_local, parse_hostfile, parse_hosts_flag, plan_slots, HostSlots};
 pub use output::{Output, SharedWriter};
-pub use remote::{quote, remote_script, ssh_args, stdin_env, SshOptions};
+pub use remote::{
+    quote, remote_script, ssh_args, stdin_env, HostKeyChecking, SshOptions, KNOWN_HOSTS_ENV,
+    STRICT_HOST_KEY_CHECKING_ENV,
+};
 
 use crate::abort::AbortCause;
 use crate::control::env::{self, parse_seconds, WorkerEnv};
@@ -472,10 +475,7 @@ impl Job {
         // Everything, the job secret included, travels on ssh's stdin, never on a command line.
         let mut exported = forward_env::remote_forwarded();
         exported.extend(vars);
-        let ssh = SshOptions {
-            port: self.args.ssh_port,
-            identity_file: self.args.ssh_identity_file.clone(),
-        };
+        let ssh = SshOptions::from_env(self.args.ssh_port, self.args.ssh_identity_file.clone())?;
         let script = remote_script(cwd, &self.args.command);
         Ok(Launch {
             program: "ssh".into(),
