@@ -285,6 +285,8 @@ impl Job {
             driver.kv_put(keys::PAYLOAD, payload);
         }
         let driver_addr = SocketAddr::new(self.advertise, driver.addr().port()).to_string();
+        // The job id stays out of messages and logs, as the secret does: the data plane's
+        // handshake names the job with it.
         say(format!(
             "kolorun: {np} rank(s) on {:?}; driver listening on {} (workers use {driver_addr})",
             self.task_hosts,
@@ -315,7 +317,7 @@ impl Job {
                 .and_then(|launch| {
                     say(format!(
                         "kolorun: task {task} on {host}: {}",
-                        redact(&launch, &secret)
+                        redact(&launch, &secret, &job_id)
                     ));
                     let files = match &self.args.output_dir {
                         Some(dir) => Some(open_rank_files(dir, assignment.rank, np)?),
@@ -546,12 +548,15 @@ fn stop_all(ranks: &mut [RankProcess]) {
     }
 }
 
-/// The launch as a command line for logs, without the job secret.
-fn redact(launch: &Launch, secret: &JobSecret) -> String {
-    let hex = secret.to_hex();
+/// The launch as a command line for logs, without the job secret or the job id (neither is on
+/// it: both travel in the environment, for ssh ranks on its stdin).
+fn redact(launch: &Launch, secret: &JobSecret, job_id: &JobId) -> String {
     let mut words = vec![quote(&launch.program)];
     words.extend(launch.args.iter().map(|arg| quote(arg)));
-    let line = words.join(" ").replace(&hex, "<secret>");
+    let line = words
+        .join(" ")
+        .replace(&secret.to_hex(), "<secret>")
+        .replace(&job_id.to_hex(), "<job id>");
     let names: Vec<&str> = launch.envs.iter().map(|(k, _)| k.as_str()).collect();
     if names.is_empty() {
         line
