@@ -102,7 +102,7 @@ mod tests {
         let data = make("checkpoint", hour_ago);
         let not_staging = make("notes#draft", hour_ago);
         let removed = reclaim_in(dir.path(), STALE_AFTER, now);
-        assert_eq!(removed, [dead.clone()]);
+        assert_eq!(removed, std::slice::from_ref(&dead));
         assert!(!dead.exists() && live.exists() && data.exists() && not_staging.exists());
         assert!(
             is_staging_name("a.parquet#12") && !is_staging_name("#1") && !is_staging_name("a#")
