@@ -589,3 +589,21 @@ def test_a_rank_writing_1_gib_without_a_newline_keeps_kolorun_memory_bounded() -
     assert total == gib + pieces * (len(prefix) + 1), total
     # A Python interpreter with kolo loaded is ~100 MiB; a held 1 GiB line would show.
     assert 0 < peak_kib < 300 * 1024, f"kolorun peaked at {peak_kib} KiB"
+
+
+def test_mpirun_path_refuses_option_like_hosts_too(tmp_path) -> None:
+    from kolo._mpirun import OPEN_MPI, mpirun_argv
+    from kolo.exceptions import ConfigError
+    from kolo.runner import parse_args
+
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("-oProxyCommand=touch${IFS}/tmp/x slots=1\n")
+    for args in (
+        ["--mpi", "-H", "-oProxyCommand=x:1", "true"],
+        ["--mpi", "-H", "me@-oProxyCommand=x", "true"],
+        ["--mpi", "--hostfile", str(hostfile), "true"],
+    ):
+        with pytest.raises(ConfigError, match="refused"):
+            mpirun_argv(parse_args(args), OPEN_MPI, [])
+    ok = mpirun_argv(parse_args(["--mpi", "-H", "node1:2,me@node2:2", "true"]), OPEN_MPI, [])
+    assert "node1:2,me@node2:2" in ok
