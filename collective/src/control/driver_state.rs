@@ -176,9 +176,8 @@ impl JobState {
                 round.opened = Instant::now();
             });
             log::info!(
-                "job {}: task {index} joins again (init after shutdown); registration round {generation} \
-                 opened, waiting for all {} task(s)",
-                self.job_id,
+                "job driver: task {index} joins again (init after shutdown); registration round \
+                 {generation} opened, waiting for all {} task(s)",
                 self.num_tasks
             );
         } else if generation != current {
@@ -219,8 +218,7 @@ impl JobState {
                 }
             }
             log::info!(
-                "job {}: all {} task(s) registered on {} host(s); ranks assigned (round {})",
-                self.job_id,
+                "job driver: all {} task(s) registered on {} host(s); ranks assigned (round {})",
                 self.num_tasks,
                 peers.iter().filter(|p| p.local_rank == 0).count(),
                 generation
@@ -408,7 +406,7 @@ impl JobState {
             }
         });
         if first {
-            log::warn!("job {}: {cause}", self.job_id);
+            log::warn!("job driver: job aborted: {cause}");
         }
         first
     }
