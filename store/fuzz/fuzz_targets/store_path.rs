@@ -29,14 +29,27 @@ fn parse_location(location: &str) -> Option<String> {
 
 /// A relative path inside the store: its client key, URL and local path.
 fn resolve_relative(store: &Store, rel: &str) {
-    let key = store.path(rel);
-    assert!(
-        key.as_ref().starts_with(&ROOT[1..]),
-        "key {key} left the prefix"
-    );
+    // Every key the store accepts stays under its prefix (`..`, absolute and NUL are refused).
+    if let Ok(key) = store.path(rel) {
+        assert!(
+            key.as_ref().starts_with(&ROOT[1..]),
+            "key {key} left the prefix"
+        );
+    }
     let url = store.url_of(rel);
     assert!(url.starts_with(store.url()), "{url} left {}", store.url());
-    let _ = store.local_path(rel);
+    if let Ok(Some(path)) = store.local_path(rel) {
+        assert!(path.starts_with(ROOT), "{} left {ROOT}", path.display());
+    }
+    // The key parser itself: whatever it accepts has no `..`, empty or absolute component.
+    if let Ok(key) = kolo_store::parse_key(rel) {
+        let text = key.as_str();
+        assert!(!text.starts_with('/'), "{rel:?} parsed to absolute {text:?}");
+        assert!(
+            text.is_empty() || text.split('/').all(|part| !part.is_empty() && part != ".."),
+            "{rel:?} parsed to {text:?}"
+        );
+    }
 }
 
 fuzz_target!(|data: &[u8]| {
