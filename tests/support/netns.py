@@ -172,6 +172,8 @@ ip link set lo up
 mount --bind "$KOLO_NS_DIR/hosts" /etc/hosts
 mkdir -p /root/.ssh
 mount --bind "$KOLO_NS_DIR/dotssh" /root/.ssh
+mkdir -p "$KOLO_NS_DIR/ray" /tmp/ray
+mount --bind "$KOLO_NS_DIR/ray" /tmp/ray
 echo ready
 exec sleep infinity
 """
@@ -371,8 +373,11 @@ class Cluster:
         self._ip(str(self.switch.pid), f"link set {self.port_of(name)} down")
 
     def mend(self, name: str) -> None:
-        """Brings ``name``'s link back up."""
+        """Brings ``name``'s link back up, and forgets the neighbours every host failed to
+        reach meanwhile (else connecting fails with "no route to host" until they expire)."""
         self._ip(str(self.switch.pid), f"link set {self.port_of(name)} up")
+        for host in self.hosts.values():
+            self._ip(str(host.pid), "neigh flush all")
 
     def shape(self, name: str, qdisc: str) -> None:
         """Replaces the root queueing discipline of ``name``'s ``eth0`` (e.g. ``netem delay

@@ -26,7 +26,8 @@ STEPS = 10
 torch.set_default_dtype(torch.float64)
 
 
-def train() -> None:
+def fit() -> tuple[list, dict]:
+    """Trains on this rank's rows; returns (the weights, where this rank ran)."""
     hvd.init()
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
@@ -44,24 +45,24 @@ def train() -> None:
         loss = torch.nn.functional.mse_loss(model(x[step, rows]), y[step, rows])
         loss.backward()
         opt.step()
-    print(
-        "PLACE "
-        + json.dumps(
-            dict(
-                rank=hvd.rank(),
-                size=hvd.size(),
-                hostname=socket.gethostname(),
-                kolo_hostname=os.environ.get("KOLO_HOSTNAME"),
-                cross_rank=hvd.cross_rank(),
-                cross_size=hvd.cross_size(),
-            )
-        ),
-        flush=True,
+    place = dict(
+        rank=hvd.rank(),
+        size=hvd.size(),
+        hostname=socket.gethostname(),
+        kolo_hostname=os.environ.get("KOLO_HOSTNAME"),
+        cross_rank=hvd.cross_rank(),
+        cross_size=hvd.cross_size(),
     )
-    if hvd.rank() == 0:
-        weights = [p.detach().flatten().tolist() for p in model.parameters()]
-        print("WEIGHTS " + json.dumps(weights), flush=True)
+    weights = [p.detach().flatten().tolist() for p in model.parameters()]
     hvd.shutdown()
+    return weights, place
+
+
+def train() -> None:
+    weights, place = fit()
+    print("PLACE " + json.dumps(place), flush=True)
+    if place["rank"] == 0:
+        print("WEIGHTS " + json.dumps(weights), flush=True)
 
 
 def loop() -> None:
