@@ -105,8 +105,9 @@ def one_host_weights(cluster) -> list:
 
 
 def test_hosts_really_differ(cluster) -> None:
-    """Hostnames, host hashes and addresses differ per namespace, and each host's address is
-    what kolo picks toward the others."""
+    """Each host has its own hostname, network namespace and address, and its route toward
+    hosta leaves from its own veth address (kolo's host hashes differing is checked by the runs
+    below: three hosts give cross_size 3; its data-plane addresses by the link-cut trials)."""
     probe = (
         "import json,socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); "
         "s.connect(('10.231.0.1', 9)); print(json.dumps([socket.gethostname(), s.getsockname()[0],"
