@@ -22,6 +22,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -149,20 +150,6 @@ def _cmdline(pid: int) -> str:
             return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
     except OSError:
         return "?"
-
-
-def _ancestor_in(pid: int, pids: set[int]) -> bool:
-    seen = 0
-    while pid > 1 and seen < 64:
-        try:
-            with open(f"/proc/{pid}/stat") as stat:
-                pid = int(stat.read().split(") ", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            return False
-        if pid in pids:
-            return True
-        seen += 1
-    return False
 
 
 _HOLDER = """
@@ -307,8 +294,6 @@ class Cluster:
             "    if time.time()>end: sys.exit(1)\n"
             "    time.sleep(0.1)\n"
         )
-        import sys
-
         result = host.run([sys.executable, "-c", probe, ip, str(timeout)], timeout=timeout + 5)
         if result.returncode != 0:
             raise RuntimeError(f"{host.name} cannot reach {ip}")
