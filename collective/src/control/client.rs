@@ -25,6 +25,10 @@ use crate::error::{Error, Result};
 
 /// The bound on short calls (put, failure report, heartbeat, leave).
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a rank's goodbye (`Leave`) waits: a tiny call that a live driver answers at once, so
+/// a driver silent this long is gone or partitioned, and the rank exits without it.
+const LEAVE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Extra time a client allows on top of the server-side bound of a waiting call.
 const CALL_SLACK: Duration = Duration::from_secs(15);
 /// Pause between attempts to re-open a broken abort stream.
@@ -399,9 +403,9 @@ impl DriverClient {
         self.stop_background();
         let request = LeaveRequest { rank };
         self.call(
-            CALL_TIMEOUT,
+            LEAVE_TIMEOUT,
             "leaving the job",
-            self.raw.clone().leave(timed(request, CALL_TIMEOUT)),
+            self.raw.clone().leave(timed(request, LEAVE_TIMEOUT)),
         )
         .await?;
         Ok(())
