@@ -33,7 +33,11 @@ impl Drop for Dir {
     }
 }
 
-const JOB: JobId = *b"shm-unit-test-id";
+/// The tests' data-plane key (one per test process).
+fn key() -> &'static MacKey {
+    static KEY: std::sync::OnceLock<MacKey> = std::sync::OnceLock::new();
+    KEY.get_or_init(|| MacKey::derive(&crate::control::JobSecret::generate(), "data plane"))
+}
 
 /// Runs `body(node)` on `n` threads, each with its own node over segments in `dir`.
 fn run<T: Send + 'static>(
@@ -70,7 +74,7 @@ fn run<T: Send + 'static>(
 fn names(dir: &std::path::Path) -> SegmentNames<'_> {
     SegmentNames {
         dir,
-        job_id: &JOB,
+        key: key(),
         set: 0,
     }
 }
@@ -117,17 +121,19 @@ fn segments_are_unlinked_once_every_rank_mapped_them() {
         "every rank's segment exists while they map"
     );
     assert!(dir.entries().is_empty(), "left behind: {:?}", dir.entries());
+    let name = key().name(b"shared-memory segments", 32);
+    assert_eq!(name.len(), 32);
     assert!(names(&dir.0)
         .path(7)
         .to_string_lossy()
-        .ends_with("kolo-73686d2d756e69742d746573742d6964-7"));
+        .ends_with(&format!("kolo-{name}-7")));
     assert!(SegmentNames {
         set: 3,
         ..names(&dir.0)
     }
     .path(7)
     .to_string_lossy()
-    .ends_with("kolo-73686d2d756e69742d746573742d6964-set3-7"));
+    .ends_with(&format!("kolo-{name}-set3-7")));
 }
 
 #[test]
