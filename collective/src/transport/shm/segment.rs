@@ -218,8 +218,9 @@ pub(crate) fn free_bytes(dir: &Path) -> io::Result<u64> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(dir.as_os_str().as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path holds a NUL byte"))?;
-    // SAFETY: statvfs fills the zeroed struct for a valid C string.
+    // SAFETY: statvfs is plain old data; all-zero bytes are a valid value.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: statvfs fills the struct for a valid NUL-terminated path.
     if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
         return Err(io::Error::last_os_error());
     }
