@@ -4,3 +4,4 @@ mod collectives;
 mod driver;
 mod driver_auth;
 mod launcher;
+mod mesh_auth;
