@@ -7,7 +7,7 @@
 
 use kolo_collective::wire::{
     decode_fail, decode_frame, encode_fail, encode_frame, job_check, FrameKind, Header, Hello,
-    JobId, HEADER_LEN, HELLO_LEN, MAX_FAIL_LEN,
+    JobId, HEADER_LEN, HELLO_LEN, MAX_FAIL_LEN, PROOF_LEN,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -36,6 +36,7 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(header.len, payload.len() as u64);
         let max = match header.kind {
             FrameKind::Hello => HELLO_LEN,
+            FrameKind::Proof => PROOF_LEN,
             FrameKind::Fail => MAX_FAIL_LEN,
             FrameKind::Descriptor | FrameKind::Data => cap,
         };
@@ -59,7 +60,7 @@ fuzz_target!(|data: &[u8]| {
                     assert_eq!(decode_fail(&again), reason);
                 }
             }
-            FrameKind::Descriptor | FrameKind::Data => {}
+            FrameKind::Descriptor | FrameKind::Data | FrameKind::Proof => {}
         }
     }
 
