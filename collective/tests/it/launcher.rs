@@ -202,7 +202,15 @@ fn output_filename_writes_per_rank_files() {
 
 #[test]
 fn a_failed_rank_exit_code_is_returned() {
-    let r = run(&["-np", "2", "sh", "-c", "exit $((KOLO_TASK_INDEX * 3))"]);
+    // Rank 1 fails a second after rank 0 succeeded, so no other rank is left to stop even on a
+    // loaded machine.
+    let r = run(&[
+        "-np",
+        "2",
+        "sh",
+        "-c",
+        "[ $KOLO_TASK_INDEX = 1 ] && sleep 1; exit $((KOLO_TASK_INDEX * 3))",
+    ]);
     assert_eq!(r.result.unwrap(), 3);
     assert!(
         r.stderr.contains(
