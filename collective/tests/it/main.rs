@@ -2,4 +2,5 @@
 
 mod collectives;
 mod driver;
+mod hostile;
 mod launcher;
