@@ -20,7 +20,7 @@ BAD_TIMEOUTS = [math.inf, -math.inf, math.nan, 1e300, -1.0]
 
 @pytest.mark.parametrize("timeout", BAD_TIMEOUTS)
 def test_wait_refuses_a_timeout_that_is_no_number_of_seconds(timeout: float) -> None:
-    with pytest.raises(InvalidArgumentError, match="timeout=.* must be a number of seconds"):
+    with pytest.raises(InvalidArgumentError, match=r"timeout=.* must be a number of seconds"):
         _native.wait(1, timeout=timeout)
 
 
