@@ -4,6 +4,8 @@
 #   openssh-server/-client for the kolorun-over-ssh tests — with --tests;
 #   Open MPI (mpirun.openmpi, libmpi for mpi4py's binary wheel) and MPICH (mpirun.mpich) for
 #   the mpirun/srun tests (tests/test_mpi.py) — with --tests. Debian keeps `mpirun` on Open MPI.
+#   iproute2 (ip, tc, ss) for the namespace hosts of tests/test_multihost.py — with --tests
+#   (unshare and nsenter come with util-linux; the tests need root and skip without it).
 set -euo pipefail
 packages=()
 if ! command -v java >/dev/null 2>&1; then
@@ -11,6 +13,9 @@ if ! command -v java >/dev/null 2>&1; then
 fi
 if [ "${1:-}" = "--tests" ] && ! command -v sshd >/dev/null 2>&1 && [ ! -x /usr/sbin/sshd ]; then
   packages+=(openssh-server openssh-client)
+fi
+if [ "${1:-}" = "--tests" ] && ! { command -v ip && command -v tc && command -v ss; } >/dev/null 2>&1; then
+  packages+=(iproute2)
 fi
 if [ "${1:-}" = "--tests" ] && ! command -v mpirun.openmpi >/dev/null 2>&1; then
   packages+=(openmpi-bin)

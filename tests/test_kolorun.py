@@ -524,3 +524,86 @@ def test_hierarchical_flags_choose_each_collectives_path() -> None:
     assert result.stderr.count("layout hierarchical") == 4, result.stderr
     assert result.stderr.count("allreduce across hosts: a flat TCP ring") == 4, result.stderr
     assert result.stderr.count("allgather across hosts: hierarchical") == 4, result.stderr
+
+
+def test_a_hostfile_entry_that_looks_like_an_ssh_option_is_refused_and_runs_nothing(
+    tmp_path,
+) -> None:
+    # ssh would read `-oProxyCommand=...` as an option and run it through the local shell.
+    marker = tmp_path / "proxy-command-ran"
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text(f"-oProxyCommand=touch${{IFS}}{marker} slots=1\n")
+    result = run_kolorun(["--hostfile", str(hostfile), "-np", "1", "true"], timeout=60)
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert f"{hostfile} line 1" in result.stderr, result.stderr
+    assert "-oProxyCommand" in result.stderr and "option" in result.stderr, result.stderr
+    assert not marker.exists()
+    result = run_kolorun(["-H", f"-oProxyCommand=touch {marker}", "true"], timeout=60)
+    assert result.returncode == 2 and "-H entry" in result.stderr, result.stderr
+    assert not marker.exists()
+
+
+def _peak_rss_kib(pid: int) -> int:
+    """VmHWM (the peak resident set) of a live process, in KiB; 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return 0
+
+
+def test_a_rank_writing_1_gib_without_a_newline_keeps_kolorun_memory_bounded() -> None:
+    # The rank writes 1 GiB of 'a' and no newline; kolorun forwards it in 64 KiB pieces, each
+    # with the rank prefix, holding one piece at a time.
+    gib = 1 << 30
+    process = subprocess.Popen(
+        [str(BIN / "kolorun"), "-np", "1", "sh", "-c", "head -c 1G /dev/zero | tr '\\0' a"],
+        cwd=REPO,
+        env=worker_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    peak_kib = 0
+    total = newlines = 0
+    first = b""
+    deadline = time.monotonic() + 60
+    while True:
+        chunk = process.stdout.read1(1 << 20)
+        if not chunk:
+            break
+        if len(first) < 64:
+            first += chunk[: 64 - len(first)]
+        total += len(chunk)
+        newlines += chunk.count(b"\n")
+        peak_kib = max(peak_kib, _peak_rss_kib(process.pid))
+        assert time.monotonic() < deadline, "kolorun did not finish forwarding within 60 s"
+    peak_kib = max(peak_kib, _peak_rss_kib(process.pid))
+    assert process.wait(timeout=30) == 0, process.stderr.read()[-3000:]
+    prefix = b"[0]<stdout>:"
+    pieces = gib // (64 << 10)
+    assert first.startswith(prefix + b"aaaa"), first
+    assert newlines == pieces, newlines
+    assert total == gib + pieces * (len(prefix) + 1), total
+    # A Python interpreter with kolo loaded is ~100 MiB; a held 1 GiB line would show.
+    assert 0 < peak_kib < 300 * 1024, f"kolorun peaked at {peak_kib} KiB"
+
+
+def test_mpirun_path_refuses_option_like_hosts_too(tmp_path) -> None:
+    from kolo._mpirun import OPEN_MPI, mpirun_argv
+    from kolo.exceptions import ConfigError
+    from kolo.runner import parse_args
+
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("-oProxyCommand=touch${IFS}/tmp/x slots=1\n")
+    for args in (
+        ["--mpi", "-H", "-oProxyCommand=x:1", "true"],
+        ["--mpi", "-H", "me@-oProxyCommand=x", "true"],
+        ["--mpi", "--hostfile", str(hostfile), "true"],
+    ):
+        with pytest.raises(ConfigError, match="refused"):
+            mpirun_argv(parse_args(args), OPEN_MPI, [])
+    ok = mpirun_argv(parse_args(["--mpi", "-H", "node1:2,me@node2:2", "true"]), OPEN_MPI, [])
+    assert "node1:2,me@node2:2" in ok

@@ -676,3 +676,161 @@ def test_bare_store_says_it_needs_a_prefix_path():
     with pytest.raises(TypeError, match=r"Store needs a prefix_path.*Store\.create") as info:
         Store()
     assert isinstance(info.value, KoloError)
+
+
+BAD_RUN_IDS = ["..", "../x", "a/../../b", "/abs", "a\0b", ""]
+
+
+def test_run_ids_that_could_leave_the_runs_directory_are_refused(tmp_path):
+    from kolo.estimator.training import train_on_ranks
+
+    root = tmp_path / "store"
+    store = FilesystemStore(str(root))
+    store.write_text(store.get_run_path("keep") + "/checkpoint", "mine")
+    sentinel = tmp_path / "x"
+    sentinel.write_text("outside the store")
+    (root / "x").mkdir()
+    (root / "x" / "keep").write_text("runs/../x")
+    for run_id in BAD_RUN_IDS:
+        for method in (
+            store.get_run_path,
+            store.get_checkpoint_path,
+            store.get_logs_path,
+            store.get_checkpoints,
+            store.sync_fn,
+            store.get_local_output_dir_fn,
+            store.to_remote,
+        ):
+            with pytest.raises(StoreError, match="run_id") as caught:
+                method(run_id)
+            named = 'run_id "' + run_id.replace("\0", "\\0") + '"'
+            assert named in str(caught.value), (method, str(caught.value))
+        # What a run's clean-up would do with that id: nothing, the id never becomes a path.
+        with pytest.raises(StoreError):
+            store.delete(store.get_run_path(run_id))
+        with pytest.raises(StoreError, match="run_id"):
+            train_on_ranks(
+                None,
+                lambda _: None,
+                lambda *_: [],
+                ranks=1,
+                ranks_param="num_proc",
+                batch_size=1,
+                run_id=run_id,
+                verbose=0,
+                epochs=1,
+            )
+    assert sentinel.read_text() == "outside the store"
+    assert (root / "x" / "keep").read_text() == "runs/../x"
+    assert store.read_text(store.get_run_path("keep") + "/checkpoint") == "mine"
+
+
+def test_store_paths_with_dot_dot_nul_or_nothing_are_refused(tmp_path):
+    root = tmp_path / "a" / "store"
+    store = FilesystemStore(str(root))
+    store.write_text(store.get_run_path("r1") + "/checkpoint", "c")
+    (tmp_path / "a" / "outside").mkdir()
+    sentinel = tmp_path / "a" / "outside" / "keep"
+    sentinel.write_text("sentinel")
+    escaping = [
+        store.get_runs_path() + "/../../outside",
+        str(root) + "/../outside",
+        f"file://{root}/runs/r1/../../../outside",
+        str(root) + "/runs/r1\0/x",
+        "",
+    ]
+    for path in escaping:
+        for call in (
+            store.delete,
+            store.exists,
+            store.read,
+            store.list,
+            store.is_parquet_dataset,
+            lambda p: store.write_bytes(p, b"x"),
+        ):
+            with pytest.raises(StoreError, match="refused") as caught:
+                call(path)
+            assert "is refused" in str(caught.value)
+    assert sentinel.read_text() == "sentinel"
+    assert store.read_text(store.get_run_path("r1") + "/checkpoint") == "c"
+    # The native store refuses the same keys itself.
+    handle = _native.Store(str(root))
+    for key in ["..", "../outside", "runs/../../outside", "/abs", "a\0b"]:
+        with pytest.raises(StoreError, match="refused"):
+            handle.delete(key)
+        with pytest.raises(StoreError, match="refused"):
+            handle.local_path(key)
+    assert sentinel.read_text() == "sentinel"
+
+
+KILLED_WRITER = """
+import sys
+from kolo.store import FilesystemStore
+FilesystemStore(sys.argv[1]).write_bytes(sys.argv[1] + "/runs/r1/checkpoint", bytes(1 << 30))
+"""
+
+
+def _staging_files(directory: Path) -> list[Path]:
+    return [p for p in directory.glob("*#*") if p.name.rsplit("#", 1)[1].isdigit()]
+
+
+def test_a_killed_writers_temporary_file_is_reclaimed_by_the_next_write(tmp_path):
+    root = tmp_path / "store"
+    run_dir = root / "runs" / "r1"
+    leftover: list[Path] = []
+    for _attempt in range(3):
+        writer = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(root)])
+        deadline = time.monotonic() + 60
+        try:
+            while time.monotonic() < deadline and writer.poll() is None:
+                staged = _staging_files(run_dir) if run_dir.exists() else []
+                if staged and staged[0].stat().st_size > 0:
+                    writer.send_signal(signal.SIGKILL)
+                    break
+                time.sleep(0.001)
+        finally:
+            writer.kill()
+            writer.wait(timeout=30)
+        leftover = _staging_files(run_dir)
+        if leftover and not (run_dir / "checkpoint").exists():
+            break
+    assert leftover, "the writer finished before it could be killed three times"
+    assert not (run_dir / "checkpoint").exists()
+    store = FilesystemStore(str(root))
+    # Listings never show it; a write soon after leaves it (its writer might still be alive).
+    assert store.list(store.get_run_path("r1")) == []
+    store.write_text(store.get_run_path("r1") + "/other", "x")
+    assert all(path.exists() for path in leftover)
+    # Untouched for longer than the 15 minutes a live writer never pauses: reclaimed by the
+    # next write into the same directory.
+    hour_ago = time.time() - 3600
+    for path in leftover:
+        os.utime(path, (hour_ago, hour_ago))
+    store.write_text(store.get_run_path("r1") + "/checkpoint", "complete")
+    assert _staging_files(run_dir) == []
+    assert store.read_text(store.get_run_path("r1") + "/checkpoint") == "complete"
+
+
+def test_a_prepared_dataset_without_its_success_marker_is_refused(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from kolo.estimator.dataset import get_dataset_metadata
+    from kolo.exceptions import DataError
+
+    store = FilesystemStore(str(tmp_path))
+    train = Path(store.get_train_data_path(0))
+    train.mkdir(parents=True)
+    table = pa.table({"x": [float(i) for i in range(64)], "y": list(range(64))})
+    pq.write_table(table, train / "part-00000.parquet")
+    with pytest.raises(DataError, match="_SUCCESS") as caught:
+        get_dataset_metadata(store, 0, ["x", "y"])
+    assert "did not finish" in str(caught.value) and "re-run" in str(caught.value)
+    (train / "_SUCCESS").write_bytes(b"")
+    assert get_dataset_metadata(store, 0, ["x", "y"]).train_rows == 64
+    # A validation side without its marker is refused the same way.
+    val = Path(store.get_val_data_path(0))
+    val.mkdir(parents=True)
+    pq.write_table(table, val / "part-00000.parquet")
+    with pytest.raises(DataError, match="_SUCCESS"):
+        get_dataset_metadata(store, 0, ["x", "y"])

@@ -83,6 +83,12 @@ pub enum Error {
     #[error("{0}")]
     Cuda(String),
 
+    /// A shared-memory segment cannot be used safely: its directory lacks the space it needs,
+    /// or a file already at its path is not this job's (another user's, a symlink, wrong
+    /// mode). The message names the path or the sizes and how to fix it.
+    #[error("{0}")]
+    SharedMemory(String),
+
     /// This is a bug in kolo; please report it.
     #[error("internal error (this is a bug in kolo, please report it): {0}")]
     Internal(String),
@@ -127,6 +133,7 @@ impl Error {
             Error::Transport(e) => Error::Rendezvous(format!("driver connection failed: {e}")),
             Error::Status(status) => Error::Status(status.clone()),
             Error::Cuda(m) => Error::Cuda(m.clone()),
+            Error::SharedMemory(m) => Error::SharedMemory(m.clone()),
             Error::Internal(m) => Error::Internal(m.clone()),
         }
     }

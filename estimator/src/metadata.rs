@@ -58,7 +58,7 @@ impl Dataset {
     /// path or store URL).
     pub fn open(location: &str, options: &StoreOptions) -> Result<Dataset> {
         let store = Store::open(location, options)?;
-        if let Some(path) = store.local_path("") {
+        if let Some(path) = store.local_path("")? {
             return match std::fs::metadata(&path) {
                 Ok(meta) if meta.is_file() => {
                     let parent = path.parent().unwrap_or(std::path::Path::new("/"));
@@ -78,7 +78,7 @@ impl Dataset {
         if !listed.is_empty() {
             return Self::from_listing(store, listed, METADATA_FILE.to_string());
         }
-        let head = kolo_runtime::block_on(store.object_store().head(&store.path("")))?;
+        let head = kolo_runtime::block_on(store.object_store().head(&store.path("")?))?;
         match head {
             Ok(_) => {
                 let url = store.url().to_string();

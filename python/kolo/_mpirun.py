@@ -101,10 +101,30 @@ def hosts_arg(parsed: dict[str, Any]) -> str:
     return f"localhost:{parsed['num_proc']}"
 
 
+def _check_host(name: str, entry: str) -> None:
+    """A :class:`ConfigError` for a host mpirun's ssh would misread, as kolorun's own launcher
+    refuses them: empty, starting with ``-`` (``-oProxyCommand=...`` is an ssh option), or
+    holding whitespace or control characters."""
+    user, _, host = name.rpartition("@")
+    if (
+        not host
+        or ("@" in name and not user)
+        or name.startswith("-")
+        or host.startswith("-")
+        or any(c.isspace() or not c.isprintable() for c in name)
+    ):
+        raise ConfigError(
+            f"kolorun: host entry {entry!r} is refused: it is empty, starts with `-` (ssh would "
+            "read it as an option) or holds whitespace or a control character; give a host "
+            "name, an IP address or user@host"
+        )
+
+
 def _slots(hosts: str) -> list[tuple[str, int]]:
     pairs = []
     for entry in hosts.split(","):
         name, _, count = entry.partition(":")
+        _check_host(name, entry)
         try:
             pairs.append((name, int(count) if count else 1))
         except ValueError:

@@ -49,6 +49,7 @@ __all__ = [
     "LocalStore",
     "Store",
     "SyncReport",
+    "check_run_id",
 ]
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:")
@@ -84,6 +85,41 @@ def _join(base: str, *names: str) -> str:
     for name in names:
         out = f"{out}/{name.strip('/')}"
     return out
+
+
+def _check_path(path: str) -> str:
+    """``path`` when no store operation on it can reach another place than it names: not
+    empty, no NUL byte, no ``..`` component (``/data/store/runs/../../etc`` would leave the
+    store). :class:`~kolo.exceptions.StoreError` naming the path and the rule otherwise."""
+    rule = None
+    if not path:
+        rule = "it is empty"
+    elif "\0" in path:
+        rule = "it contains a NUL byte"
+    elif ".." in path.split("/"):
+        rule = "it has a `..` component, which would leave the directory it names"
+    if rule is not None:
+        raise StoreError(
+            f"store path {path!r} is refused: {rule}; give the full path without `..` "
+            "(e.g. store.get_run_path(run_id) + '/checkpoint')"
+        )
+    return path
+
+
+def check_run_id(run_id: str) -> str:
+    """``run_id`` when it is one plain name (``runs/<run_id>`` names its directory): not
+    empty, not ``.``/``..``, no ``/``, NUL or control characters, at most 255 bytes;
+    :class:`~kolo.exceptions.StoreError` naming the id and the rule otherwise.
+
+    Example::
+
+        check_run_id("run_1")       # 'run_1'
+        check_run_id("../x")        # raises StoreError
+    """
+    if not isinstance(run_id, str):
+        raise StoreError(f"run_id must be a string, not {type(run_id).__name__} ({run_id!r})")
+    _native.check_run_id(run_id)
+    return run_id
 
 
 def _rebuild(cls: type, args: tuple, kwargs: dict) -> Store:
@@ -253,8 +289,9 @@ class Store:
         return self._runs_path
 
     def get_run_path(self, run_id: str) -> str:
-        """``<prefix>/runs/<run_id>``."""
-        return _join(self.get_runs_path(), run_id)
+        """``<prefix>/runs/<run_id>``; :class:`~kolo.exceptions.StoreError` unless ``run_id``
+        is one plain name (:func:`check_run_id`)."""
+        return _join(self.get_runs_path(), check_run_id(run_id))
 
     def get_checkpoint_path(self, run_id: str) -> Optional[str]:
         """Where the run's checkpoint file(s) go: the run directory ``<prefix>/runs/<run_id>``,
@@ -325,8 +362,9 @@ class Store:
         return _FullPath(self.path_prefix())
 
     def _locate(self, path: str) -> tuple[_native.Store, str]:
-        """The native store and store-relative key for a full path or URL."""
-        path = self.get_full_path(str(os.fspath(path)))
+        """The native store and store-relative key for a full path or URL (refused as
+        :func:`_check_path` says)."""
+        path = self.get_full_path(_check_path(str(os.fspath(path))))
         prefix = self.prefix_path.rstrip("/")
         if path.rstrip("/") == prefix:
             return self._native, ""
@@ -481,7 +519,7 @@ class Store:
 
     def _arrow_location(self, path: str) -> tuple[Any, str]:
         """The pyarrow filesystem and the path within it for a full path or URL."""
-        full = self.get_full_path(str(os.fspath(path)))
+        full = self.get_full_path(_check_path(str(os.fspath(path))))
         url = _native.resolve_store_url(self._native_location(full))
         parts = urlsplit(url)
         arrow_fs = _store_filesystem.arrow_filesystem(
@@ -528,6 +566,7 @@ class Store:
 
     def get_local_output_dir_fn(self, run_id: str) -> Callable[[], Any]:
         """A context manager factory yielding a temporary local directory for a run's output."""
+        check_run_id(run_id)
         return _TempDir(None)
 
     def sync_fn(self, run_id: str) -> Callable[[str], SyncReport]:
@@ -811,6 +850,7 @@ class HDFSStore(AbstractFilesystemStore):
 
     def get_local_output_dir_fn(self, run_id: str) -> Callable[[], Any]:
         """A context manager factory yielding a temporary directory under ``temp_dir``."""
+        check_run_id(run_id)
         return _TempDir(self._temp_dir)
 
 

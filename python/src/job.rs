@@ -133,8 +133,8 @@ impl PyLaunchDriver {
     }
 
     /// Publishes the pickled `(fn, args, kwargs)`.
-    fn put_payload(&self, py: Python<'_>, payload: Vec<u8>) {
-        py.detach(|| self.inner.put_payload(payload));
+    fn put_payload(&self, py: Python<'_>, payload: Vec<u8>) -> PyResult<()> {
+        py.detach(|| self.inner.put_payload(payload)).map_err(to_py)
     }
 
     /// What the tasks sent since the last call, waiting up to `timeout` seconds for something:

@@ -81,9 +81,10 @@ impl PyStore {
         self.store.url_of(rel)
     }
 
-    /// The local path of `rel` for local and DBFS stores, else None.
-    fn local_path(&self, rel: &str) -> Option<PathBuf> {
-        self.store.local_path(rel)
+    /// The local path of `rel` for local and DBFS stores, else None; StoreError when `rel`
+    /// could leave the store root.
+    fn local_path(&self, rel: &str) -> PyResult<Option<PathBuf>> {
+        self.store.local_path(rel).map_err(store_to_py)
     }
 
     /// Writes `data` at `rel` atomically.
@@ -154,9 +155,18 @@ fn resolve_store_url(location: &str, dbfs_mount: Option<PathBuf>) -> PyResult<St
     Store::resolve_url(location, &store_options(None, dbfs_mount)).map_err(store_to_py)
 }
 
+/// Checks a run id (one plain path component); StoreError naming the id and the rule.
+#[pyfunction]
+fn check_run_id(run_id: &str) -> PyResult<()> {
+    kolo_store::check_run_id(run_id)
+        .map(|_| ())
+        .map_err(store_to_py)
+}
+
 /// Adds this module's functions and classes to the native module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyStore>()?;
+    m.add_function(wrap_pyfunction!(check_run_id, m)?)?;
     m.add_function(wrap_pyfunction!(resolve_store_url, m)?)?;
     Ok(())
 }

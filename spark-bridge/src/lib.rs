@@ -25,7 +25,7 @@
 //!     heartbeat_timeout: Duration::from_secs(30),
 //! })
 //! .unwrap();
-//! driver.put_payload(b"pickled (fn, args, kwargs)".to_vec());
+//! driver.put_payload(b"pickled (fn, args, kwargs)".to_vec()).unwrap();
 //! assert_eq!(driver.worker_env(1).task_index, 1);
 //! assert!(driver.poll(Duration::from_millis(10)).unwrap().is_empty());
 //! assert!(!driver.all_exited());

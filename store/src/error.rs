@@ -131,6 +131,31 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    /// A store-relative key could reach outside the store root (a `..` component, a leading
+    /// `/`, a NUL or control character); nothing was read, written or deleted.
+    #[error(
+        "store key {key:?} is refused: {rule}; give a /-separated path relative to the store \
+         root, without `..`, NUL or control characters"
+    )]
+    UnsafeKey {
+        /// The key as given.
+        key: String,
+        /// The rule it broke.
+        rule: crate::key::KeyRule,
+    },
+
+    /// A run id is not one plain path component (`runs/<run_id>` names its directory).
+    #[error(
+        "run_id {run_id:?} is refused: {rule}; use one plain name such as run_1 (no `/`, \
+         `.`/`..`, NUL or control characters, at most 255 bytes)"
+    )]
+    InvalidRunId {
+        /// The run id as given.
+        run_id: String,
+        /// The rule it broke.
+        rule: crate::key::KeyRule,
+    },
+
     /// A bug in kolo-store.
     #[error("internal error in kolo-store (this is a bug): {0}")]
     Internal(String),

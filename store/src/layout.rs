@@ -4,9 +4,13 @@
 //! ```
 //! use kolo_store::layout;
 //! assert_eq!(layout::train_data(Some(0)), "intermediate_train_data.0");
-//! assert_eq!(layout::checkpoint("run_1"), "runs/run_1/checkpoint");
-//! assert_eq!(layout::logs("run_1"), "runs/run_1/logs");
+//! assert_eq!(layout::checkpoint("run_1").unwrap(), "runs/run_1/checkpoint");
+//! assert_eq!(layout::logs("run_1").unwrap(), "runs/run_1/logs");
+//! assert!(layout::run("../other").is_err());
 //! ```
+
+use crate::error::Result;
+use crate::key::check_run_id;
 
 /// Directory of the prepared training data.
 pub const TRAIN_DATA: &str = "intermediate_train_data";
@@ -36,19 +40,19 @@ pub fn test_data(idx: Option<usize>) -> String {
     indexed(TEST_DATA, idx)
 }
 
-/// `runs/<run_id>`.
-pub fn run(run_id: &str) -> String {
-    format!("{RUNS}/{run_id}")
+/// `runs/<run_id>`; [`crate::Error::InvalidRunId`] unless `run_id` passes [`check_run_id`].
+pub fn run(run_id: &str) -> Result<String> {
+    Ok(format!("{RUNS}/{}", check_run_id(run_id)?))
 }
 
-/// `runs/<run_id>/checkpoint`.
-pub fn checkpoint(run_id: &str) -> String {
-    format!("{RUNS}/{run_id}/{CHECKPOINT}")
+/// `runs/<run_id>/checkpoint` (`run_id` checked as by [`run`]).
+pub fn checkpoint(run_id: &str) -> Result<String> {
+    Ok(format!("{}/{CHECKPOINT}", run(run_id)?))
 }
 
-/// `runs/<run_id>/logs`.
-pub fn logs(run_id: &str) -> String {
-    format!("{RUNS}/{run_id}/{LOGS}")
+/// `runs/<run_id>/logs` (`run_id` checked as by [`run`]).
+pub fn logs(run_id: &str) -> Result<String> {
+    Ok(format!("{}/{LOGS}", run(run_id)?))
 }
 
 fn indexed(base: &str, idx: Option<usize>) -> String {
@@ -67,6 +71,12 @@ mod tests {
         assert_eq!(train_data(None), "intermediate_train_data");
         assert_eq!(val_data(Some(3)), "intermediate_val_data.3");
         assert_eq!(test_data(Some(1)), "intermediate_test_data.1");
-        assert_eq!(run("r"), "runs/r");
+        assert_eq!(run("r").unwrap(), "runs/r");
+        for bad in ["..", "../x", "a/../../b", "/abs", "a\0b", ""] {
+            assert!(
+                matches!(checkpoint(bad), Err(crate::Error::InvalidRunId { .. })),
+                "{bad:?}"
+            );
+        }
     }
 }

@@ -3,7 +3,9 @@
 //!
 //! [`Store::open`] resolves the location (credentials and endpoints from `storage_options` or
 //! the usual environment variables), [`layout`] names Horovod's run layout under it, and the
-//! async methods read, write (atomically), list, delete and sync directories up.
+//! async methods read, write (atomically), list, delete and sync directories up. Every key
+//! goes through [`parse_key`] first, so no operation reaches outside the store root; run ids
+//! go through [`check_run_id`].
 //!
 //! ```
 //! use bytes::Bytes;
@@ -14,10 +16,10 @@
 //! let store = Store::open(dir.to_str().unwrap(), &StoreOptions::default())?;
 //! let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
 //! runtime.block_on(async {
-//!     let key = layout::checkpoint("run_1");
+//!     let key = layout::checkpoint("run_1")?;
 //!     store.put_atomic(&key, Bytes::from_static(b"weights")).await?;
 //!     assert_eq!(store.get(&key).await?, Bytes::from_static(b"weights"));
-//!     assert!(store.exists(&layout::run("run_1")).await?);
+//!     assert!(store.exists(&layout::run("run_1")?).await?);
 //!     store.delete("").await
 //! })?;
 //! # Ok(())
@@ -27,13 +29,16 @@
 
 mod backend;
 mod error;
+mod key;
 pub mod layout;
 mod location;
 mod options;
+mod staging;
 mod store;
 mod sync;
 
 pub use error::{Error, Result};
+pub use key::{check_run_id, parse_key, KeyRule, StoreKey, MAX_RUN_ID_BYTES};
 pub use options::{StoreOptions, DBFS_MOUNT_ENV};
 pub use store::{ObjectInfo, Store};
 pub use sync::SyncReport;

@@ -121,9 +121,19 @@ impl Location {
             },
             Location::Remote { base, prefix, .. } => {
                 if prefix.as_ref().is_empty() {
-                    base.clone()
-                } else {
-                    format!("{base}/{prefix}")
+                    return base.clone();
+                }
+                // The prefix's parts are raw (decoded) text: percent-encode each as a URL path
+                // segment, so that `?`, `#`, `%` or a trailing space in a key name cannot make
+                // the URL name another prefix.
+                match Url::parse(base) {
+                    Ok(mut url) if !url.cannot_be_a_base() => {
+                        if let Ok(mut segments) = url.path_segments_mut() {
+                            segments.clear().extend(prefix.parts());
+                        }
+                        url.to_string()
+                    }
+                    _ => format!("{base}/{prefix}"),
                 }
             }
         }
@@ -436,6 +446,28 @@ mod tests {
             err.contains("s3://"),
             "the message lists the accepted forms: {err}"
         );
+    }
+
+    /// Found by the `store_path` fuzz target (store/fuzz): a remote prefix holding a character
+    /// that means something in a URL (`?`, `#`, `%`, a trailing space) was reported raw in the
+    /// canonical URL, which then resolved to another prefix (`s3://b/a?b` is `s3://b/a`).
+    #[test]
+    fn canonical_remote_urls_resolve_to_themselves() {
+        for location in [
+            "hdfs:/020/us%3Fmer:/p/a/:/p/a/.o",
+            "s3://b/a%3Fb/c",
+            "gs://b/x%23frag",
+            "az://c/100%2541",
+            "s3://b/dir/trailing%20",
+            "hdfs://nn:8020/user/a%20b",
+        ] {
+            let first = parse(location).unwrap();
+            let url = first.url();
+            assert_eq!(parse(&url).unwrap(), first, "{location} -> {url}");
+            assert_eq!(parse(&url).unwrap().url(), url, "{location} -> {url}");
+        }
+        assert_eq!(parse("s3://b/a%3Fb").unwrap().url(), "s3://b/a%3Fb");
+        assert_eq!(parse("s3://b/a b").unwrap().url(), "s3://b/a%20b");
     }
 
     #[test]

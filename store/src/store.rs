@@ -13,6 +13,7 @@ use object_store::path::{Path, PathPart};
 use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt, PutPayload, PutResult};
 
 use crate::error::{Error, Result};
+use crate::key::{parse_key, StoreKey};
 use crate::location::{Backend, Location};
 use crate::options::StoreOptions;
 use crate::sync::Synced;
@@ -44,7 +45,8 @@ pub struct ObjectInfo {
 /// let dir = std::env::temp_dir().join(format!("kolo-store-doc-{}", std::process::id()));
 /// let store = kolo_store::Store::open(dir.to_str().unwrap(), &Default::default())?;
 /// assert!(store.url().starts_with("file:///"));
-/// assert_eq!(store.local_path("runs/r1"), Some(dir.join("runs/r1")));
+/// assert_eq!(store.local_path("runs/r1")?, Some(dir.join("runs/r1")));
+/// assert!(store.local_path("runs/../../etc").is_err());
 /// # Ok(())
 /// # }
 /// ```
@@ -159,32 +161,47 @@ impl Store {
         Arc::clone(&self.inner.store)
     }
 
-    /// The client key of `rel` (`/`-separated, relative to the prefix; `""` is the prefix).
-    pub fn path(&self, rel: &str) -> Path {
+    /// The client key of `rel` (`/`-separated, relative to the prefix; `""` is the prefix);
+    /// [`Error::UnsafeKey`] when `rel` could leave the prefix ([`parse_key`]).
+    pub fn path(&self, rel: &str) -> Result<Path> {
+        Ok(self.key_path(&parse_key(rel)?))
+    }
+
+    fn key_path(&self, key: &StoreKey) -> Path {
         let mut parts: Vec<PathPart<'static>> = self
             .inner
             .prefix
             .parts()
             .map(|part| PathPart::from(part.as_ref().to_string()))
             .collect();
-        parts.extend(segments(rel).map(|segment| PathPart::from(segment.to_string())));
+        parts.extend(key.names().map(|name| PathPart::from(name.to_string())));
         Path::from_iter(parts)
     }
 
-    /// The full URL of `rel`, for messages and for Python (`s3://bucket/pre/runs/r1`).
+    /// The full URL of `rel`, for messages and for Python (`s3://bucket/pre/runs/r1`). A key
+    /// [`parse_key`] refuses is shown as given (this names, it does not resolve).
     pub fn url_of(&self, rel: &str) -> String {
-        let rel: Vec<&str> = segments(rel).collect();
+        let rel = match parse_key(rel) {
+            Ok(key) => key.as_str(),
+            Err(_) => rel.to_string(),
+        };
         if rel.is_empty() {
             self.inner.url.clone()
         } else {
-            format!("{}/{}", self.inner.url, rel.join("/"))
+            format!("{}/{rel}", self.inner.url)
         }
     }
 
-    /// The local filesystem path of `rel` for local and DBFS stores; `None` for remote stores.
-    pub fn local_path(&self, rel: &str) -> Option<PathBuf> {
+    /// The local filesystem path of `rel` for local and DBFS stores; `None` for remote stores;
+    /// [`Error::UnsafeKey`] when `rel` could leave the store root ([`parse_key`]).
+    pub fn local_path(&self, rel: &str) -> Result<Option<PathBuf>> {
+        let key = parse_key(rel)?;
+        Ok(self.key_local_path(&key))
+    }
+
+    fn key_local_path(&self, key: &StoreKey) -> Option<PathBuf> {
         let root = self.inner.local_root.as_ref()?;
-        Some(segments(rel).fold(root.clone(), |path, segment| path.join(segment)))
+        Some(key.names().fold(root.clone(), |path, name| path.join(name)))
     }
 
     /// Writes `data` at `rel` so that a reader sees the previous object or the whole new one,
@@ -194,7 +211,18 @@ impl Store {
     }
 
     pub(crate) async fn put_inner(&self, rel: &str, data: Bytes) -> Result<PutResult> {
-        let path = self.path(rel);
+        let key = parse_key(rel)?;
+        let result = self.put_key(&key, rel, data).await;
+        if result.is_ok() {
+            if let Some(target) = self.key_local_path(&key) {
+                crate::staging::reclaim_beside(target, crate::staging::STALE_AFTER).await;
+            }
+        }
+        result
+    }
+
+    async fn put_key(&self, key: &StoreKey, rel: &str, data: Bytes) -> Result<PutResult> {
+        let path = self.key_path(key);
         let store = &self.inner.store;
         let result = if data.len() <= MULTIPART_THRESHOLD {
             store.put(&path, PutPayload::from(data)).await
@@ -231,7 +259,7 @@ impl Store {
 
     /// Reads the whole object at `rel`; [`Error::NotFound`] when there is none.
     pub async fn get(&self, rel: &str) -> Result<Bytes> {
-        let path = self.path(rel);
+        let path = self.path(rel)?;
         let result = self
             .inner
             .store
@@ -244,7 +272,8 @@ impl Store {
     /// Whether `rel` is an object or a non-empty "directory" (for local stores: any existing
     /// file or directory, empty ones included).
     pub async fn exists(&self, rel: &str) -> Result<bool> {
-        if let Some(path) = self.local_path(rel) {
+        let key = parse_key(rel)?;
+        if let Some(path) = self.key_local_path(&key) {
             return match tokio::fs::metadata(&path).await {
                 Ok(_) => Ok(true),
                 Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(false),
@@ -255,7 +284,7 @@ impl Store {
                 }),
             };
         }
-        let path = self.path(rel);
+        let path = self.key_path(&key);
         match self.inner.store.head(&path).await {
             Ok(_) => return Ok(true),
             Err(object_store::Error::NotFound { .. }) => {}
@@ -274,7 +303,7 @@ impl Store {
         let metas: Vec<ObjectMeta> = self
             .inner
             .store
-            .list(Some(&self.path(rel)))
+            .list(Some(&self.path(rel)?))
             .try_collect()
             .await
             .map_err(|e| self.error("list", rel, e))?;
@@ -302,7 +331,8 @@ impl Store {
     /// Deletes the object at `rel` and everything under it. Deleting what is not there is not
     /// an error.
     pub async fn delete(&self, rel: &str) -> Result<()> {
-        if let Some(path) = self.local_path(rel) {
+        let key = parse_key(rel)?;
+        if let Some(path) = self.key_local_path(&key) {
             let io = |operation, path: &FsPath, source| Error::Io {
                 operation,
                 path: path.to_path_buf(),
@@ -319,7 +349,7 @@ impl Store {
                 Err(err) => Err(io("stat", &path, err)),
             };
         }
-        let path = self.path(rel);
+        let path = self.key_path(&key);
         let store = &self.inner.store;
         let mut doomed: Vec<Path> = store
             .list(Some(&path))
@@ -346,6 +376,7 @@ impl Store {
     /// Uploads the files under `local_dir` to `rel`, skipping those that are unchanged (rule in
     /// docs/store.md). Remote files missing locally are kept.
     pub async fn sync_dir(&self, local_dir: &FsPath, rel: &str) -> Result<crate::SyncReport> {
+        parse_key(rel)?;
         crate::sync::sync_dir(self, local_dir, rel).await
     }
 
@@ -391,12 +422,6 @@ impl Store {
     }
 }
 
-/// The non-empty, non-`.` segments of a relative key.
-fn segments(rel: &str) -> impl Iterator<Item = &str> {
-    rel.split('/')
-        .filter(|segment| !segment.is_empty() && *segment != ".")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -405,19 +430,29 @@ mod tests {
     fn keys_join_the_prefix() {
         let options = StoreOptions::default();
         let store = Store::open("/tmp/kolo-unit/base", &options).unwrap();
-        assert_eq!(store.path("").as_ref(), "tmp/kolo-unit/base");
+        assert_eq!(store.path("").unwrap().as_ref(), "tmp/kolo-unit/base");
         assert_eq!(
-            store.path("runs/r1/").as_ref(),
+            store.path("runs/r1/").unwrap().as_ref(),
             "tmp/kolo-unit/base/runs/r1"
         );
-        assert_eq!(store.path("/a//b/./c").as_ref(), "tmp/kolo-unit/base/a/b/c");
+        assert_eq!(
+            store.path("a//b/./c").unwrap().as_ref(),
+            "tmp/kolo-unit/base/a/b/c"
+        );
+        for escaping in ["/a", "..", "runs/../../x", "a\0b"] {
+            assert!(
+                matches!(store.path(escaping), Err(Error::UnsafeKey { .. })),
+                "{escaping:?}"
+            );
+            assert!(store.local_path(escaping).is_err(), "{escaping:?}");
+        }
         assert_eq!(
             store.url_of("runs/r1"),
             "file:///tmp/kolo-unit/base/runs/r1"
         );
         assert_eq!(store.url_of(""), "file:///tmp/kolo-unit/base");
         assert_eq!(
-            store.local_path("a/b"),
+            store.local_path("a/b").unwrap(),
             Some(PathBuf::from("/tmp/kolo-unit/base/a/b"))
         );
     }
@@ -431,8 +466,8 @@ mod tests {
             .insert("aws_region".into(), "us-east-1".into());
         let store = Store::open("s3://bucket/pre", &options).unwrap();
         assert_eq!(store.url(), "s3://bucket/pre");
-        assert_eq!(store.local_path("x"), None);
-        assert_eq!(store.path("runs/r1").as_ref(), "pre/runs/r1");
+        assert_eq!(store.local_path("x").unwrap(), None);
+        assert_eq!(store.path("runs/r1").unwrap().as_ref(), "pre/runs/r1");
         assert_eq!(store.url_of("runs/r1"), "s3://bucket/pre/runs/r1");
     }
 

@@ -56,9 +56,9 @@ pub(crate) async fn sync_dir(store: &Store, local_dir: &FsPath, rel: &str) -> Re
         .into_iter()
         .map(|info| (info.rel.clone(), info))
         .collect();
-    let skip = store.path("").parts().count();
+    let skip = store.path("")?.parts().count();
     let rel_prefix: Vec<String> = store
-        .path(rel)
+        .path(rel)?
         .parts()
         .skip(skip)
         .map(|p| p.as_ref().to_string())

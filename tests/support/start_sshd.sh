@@ -4,11 +4,13 @@
 #   tests/support/start_sshd.sh DIR PORT
 #
 # Creates DIR (host key, client key DIR/id_ed25519 authorised for the current user, config,
-# log DIR/sshd.log), starts sshd in the background listening on 127.0.0.1:PORT only, writes
-# its pid to DIR/sshd.pid, and returns once a key login works. Prints nothing on success; on
-# failure prints the reason (and the sshd log) to stderr and exits non-zero.
+# log DIR/sshd.log, and DIR/known_hosts pinning the host key for [127.0.0.1]:PORT), starts sshd
+# in the background listening on 127.0.0.1:PORT only, writes its pid to DIR/sshd.pid, and
+# returns once a key login with host key checking works. Prints nothing on success; on failure
+# prints the reason (and the sshd log) to stderr and exits non-zero.
 #
-# Use:  kolorun -H 127.0.0.1:2 -p PORT --ssh-identity-file DIR/id_ed25519 CMD...
+# Use:  KOLO_SSH_KNOWN_HOSTS=DIR/known_hosts \
+#         kolorun -H 127.0.0.1:2 -p PORT --ssh-identity-file DIR/id_ed25519 CMD...
 #       KOLO_TEST_SSH_PORT=PORT KOLO_TEST_SSH_KEY=DIR/id_ed25519 cargo test --release -p kolo-collective
 # Stop: kill "$(cat DIR/sshd.pid)"
 # Needs openssh-server and openssh-client (Debian: apt-get install openssh-server openssh-client).
@@ -37,6 +39,8 @@ mkdir -p /run/sshd 2>/dev/null || true
 [ -f "$dir/host_ed25519" ] || ssh-keygen -q -t ed25519 -N '' -C kolo-test-host -f "$dir/host_ed25519"
 [ -f "$dir/id_ed25519" ] || ssh-keygen -q -t ed25519 -N '' -C kolo-test-client -f "$dir/id_ed25519"
 cp "$dir/id_ed25519.pub" "$dir/authorized_keys"
+# The client checks the server's key against this file (kolorun: KOLO_SSH_KNOWN_HOSTS).
+printf '[127.0.0.1]:%s %s\n' "$port" "$(cut -d' ' -f1,2 "$dir/host_ed25519.pub")" > "$dir/known_hosts"
 chmod 600 "$dir/authorized_keys" "$dir/host_ed25519" "$dir/id_ed25519"
 
 cat > "$dir/sshd_config" <<CONFIG
@@ -64,7 +68,7 @@ fi
 echo $! > "$dir/sshd.pid"
 
 tries=0
-until ssh -o BatchMode=yes -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null \
+until ssh -o BatchMode=yes -o StrictHostKeyChecking=yes -o UserKnownHostsFile="$dir/known_hosts" \
         -o LogLevel=ERROR -o ConnectTimeout=2 -p "$port" -i "$dir/id_ed25519" 127.0.0.1 true \
         </dev/null >/dev/null 2>&1; do
     tries=$((tries + 1))

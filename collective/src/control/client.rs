@@ -8,14 +8,14 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::time::Instant;
-use tonic::codegen::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request, Status};
 
 use crate::abort::{AbortCause, AbortSignal};
-use crate::control::auth::AddSecret;
 use crate::control::env::{DRIVER_ADDR, JOB_SECRET};
+use crate::control::handshake::{control_key, prove_to_driver, DriverNotProven};
 use crate::control::ids::{JobId, JobSecret};
+use crate::control::mac::MacKey;
 use crate::control::proto::driver_client::DriverClient as RawClient;
 use crate::control::proto::{
     AbortEvent, FailureReport, HeartbeatRequest, KvChunk, KvGetRequest, KvPutRequest, LeaveRequest,
@@ -25,6 +25,10 @@ use crate::error::{Error, Result};
 
 /// The bound on short calls (put, failure report, heartbeat, leave).
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a rank's goodbye (`Leave`) waits: a tiny call that a live driver answers at once, so
+/// a driver silent this long is gone or partitioned, and the rank exits without it.
+const LEAVE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Extra time a client allows on top of the server-side bound of a waiting call.
 const CALL_SLACK: Duration = Duration::from_secs(15);
 /// Pause between attempts to re-open a broken abort stream.
@@ -151,9 +155,10 @@ impl Registration {
     }
 }
 
-type Raw = RawClient<InterceptedService<Channel, AddSecret>>;
+type Raw = RawClient<Channel>;
 
-/// A connection to the job driver; every call carries the job secret. Cheap to clone (clones
+/// A connection to the job driver; every connection proves the job secret (without sending
+/// it) and checks the driver's proof before any call. Cheap to clone (clones
 /// share the connection and the background tasks' stop switch).
 #[derive(Debug, Clone)]
 pub struct DriverClient {
@@ -181,9 +186,17 @@ impl DriverClient {
             .keep_alive_while_idle(true);
         let deadline = Instant::now() + options.connect_timeout;
         let mut pause = Duration::from_millis(50);
+        let connector = ProvingConnector::new(addr, control_key(secret));
         let channel = loop {
-            match endpoint.connect().await {
+            match endpoint.connect_with_connector(connector.clone()).await {
                 Ok(channel) => break channel,
+                Err(err) if is_unproven_driver(&err) => {
+                    return Err(Error::Rendezvous(format!(
+                        "the process at {addr} could not prove it knows this job's secret, so this \
+                         worker sent it nothing: it is not this job's driver (another job's, or an \
+                         impostor), or {JOB_SECRET} in this process belongs to another job"
+                    )));
+                }
                 Err(err) if Instant::now() + pause >= deadline => {
                     return Err(Error::Rendezvous(format!(
                         "could not reach the job driver at {addr} within {:?}: {}. Check that the \
@@ -201,7 +214,7 @@ impl DriverClient {
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_secs(1));
         };
-        let raw = RawClient::with_interceptor(channel, AddSecret::new(secret)?);
+        let raw = RawClient::new(channel);
         Ok(Self {
             addr: addr.to_owned(),
             raw,
@@ -390,9 +403,9 @@ impl DriverClient {
         self.stop_background();
         let request = LeaveRequest { rank };
         self.call(
-            CALL_TIMEOUT,
+            LEAVE_TIMEOUT,
             "leaving the job",
-            self.raw.clone().leave(timed(request, CALL_TIMEOUT)),
+            self.raw.clone().leave(timed(request, LEAVE_TIMEOUT)),
         )
         .await?;
         Ok(())
@@ -458,14 +471,11 @@ impl DriverClient {
             CallError::Status(status) => status,
         };
         match status.code() {
-            Code::Unauthenticated => Error::Rendezvous(format!(
-                "the job driver at {addr} refused this worker: wrong job secret ({JOB_SECRET} does \
-                 not match the driver's; was this process started by another kolorun or job?)"
-            )),
             Code::DeadlineExceeded
             | Code::Aborted
             | Code::FailedPrecondition
-            | Code::InvalidArgument => Error::Rendezvous(status.message().to_owned()),
+            | Code::InvalidArgument
+            | Code::ResourceExhausted => Error::Rendezvous(status.message().to_owned()),
             Code::Unavailable => Error::Rendezvous(format!(
                 "the job driver at {addr} is unavailable while {during}: {}",
                 status.message()
@@ -500,6 +510,68 @@ fn cause_from(event: AbortEvent) -> AbortCause {
         host: event.host,
         message: event.message,
     }
+}
+
+/// Dials the driver over TCP and runs the mutual handshake ([`prove_to_driver`]) before tonic
+/// speaks HTTP/2 on the connection; used for the first connection and every reconnection.
+#[derive(Clone)]
+struct ProvingConnector {
+    addr: Arc<str>,
+    key: Arc<MacKey>,
+}
+
+impl ProvingConnector {
+    fn new(addr: &str, key: MacKey) -> Self {
+        Self {
+            addr: addr.into(),
+            key: Arc::new(key),
+        }
+    }
+}
+
+impl tower_service::Service<tonic::transport::Uri> for ProvingConnector {
+    type Response = hyper_util::rt::TokioIo<tokio::net::TcpStream>;
+    type Error = std::io::Error;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = std::io::Result<Self::Response>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: tonic::transport::Uri) -> Self::Future {
+        let (addr, key) = (Arc::clone(&self.addr), Arc::clone(&self.key));
+        Box::pin(async move {
+            let mut stream = tokio::net::TcpStream::connect(&*addr).await?;
+            stream.set_nodelay(true)?;
+            prove_to_driver(&mut stream, &key).await?;
+            Ok(hyper_util::rt::TokioIo::new(stream))
+        })
+    }
+}
+
+/// True when `err` (from connecting) says the driver could not prove the key.
+fn is_unproven_driver(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(err);
+    while let Some(err) = source {
+        if err.is::<DriverNotProven>() {
+            return true;
+        }
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            if io
+                .get_ref()
+                .is_some_and(|inner| inner.is::<DriverNotProven>())
+            {
+                return true;
+            }
+        }
+        source = err.source();
+    }
+    false
 }
 
 /// An error with its sources, for messages (`transport error: ...: connection refused`).

@@ -7,18 +7,20 @@
 //! first such registration opens the round, with its own start deadline. Ranks stay the same
 //! (the assignment depends only on the task indices and hosts); data addresses are new.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use tokio::sync::{watch, Notify};
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tonic::Status;
 
 use crate::abort::AbortCause;
 use crate::control::assign::assign_ranks;
+use crate::control::event_queue::EventQueue;
 use crate::control::ids::JobId;
+use crate::control::kv_space::{KvSpace, KvValue};
 use crate::control::proto::{Peer, RegisterReply, RegisterRequest, TaskEvent};
 use crate::control::service::{DriverConfig, PeerAssignment};
 
@@ -68,7 +70,6 @@ struct Inner {
     last_seen: HashMap<u32, Instant>,
     /// Tasks known to have finished cleanly (their heartbeats are not expected).
     finished_tasks: BTreeSet<u32>,
-    kv: HashMap<String, Vec<u8>>,
 }
 
 /// Everything the driver knows about one job.
@@ -78,16 +79,17 @@ pub(crate) struct JobState {
     job_id: JobId,
     start_timeout: Duration,
     heartbeat_timeout: Duration,
+    abort_if_nobody_registers: bool,
     inner: Mutex<Inner>,
     /// Changed under the `inner` lock (its `tasks` belong to this round).
     round: watch::Sender<Round>,
     abort: watch::Sender<Option<AbortCause>>,
     kv_version: watch::Sender<u64>,
     shutdown: watch::Sender<bool>,
+    /// The key-value space, under its own lock (not `inner`'s, which heartbeats take).
+    kv: Mutex<KvSpace>,
     /// Driver-bound task events (`Post`), oldest first, until the launcher drains them.
-    events: Mutex<VecDeque<(u32, TaskEvent)>>,
-    /// Woken when events arrive.
-    events_ready: Notify,
+    events: EventQueue,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -102,6 +104,7 @@ impl JobState {
             job_id: config.job_id,
             start_timeout: config.start_timeout,
             heartbeat_timeout: config.heartbeat_timeout,
+            abort_if_nobody_registers: config.abort_if_nobody_registers,
             inner: Mutex::new(Inner::default()),
             round: watch::channel(Round {
                 generation: 0,
@@ -113,8 +116,8 @@ impl JobState {
             abort: watch::channel(None).0,
             kv_version: watch::channel(0).0,
             shutdown: watch::channel(false).0,
-            events: Mutex::new(VecDeque::new()),
-            events_ready: Notify::new(),
+            kv: Mutex::new(KvSpace::default()),
+            events: EventQueue::default(),
         }
     }
 
@@ -173,9 +176,8 @@ impl JobState {
                 round.opened = Instant::now();
             });
             log::info!(
-                "job {}: task {index} joins again (init after shutdown); registration round {generation} \
-                 opened, waiting for all {} task(s)",
-                self.job_id,
+                "job driver: task {index} joins again (init after shutdown); registration round \
+                 {generation} opened, waiting for all {} task(s)",
                 self.num_tasks
             );
         } else if generation != current {
@@ -216,8 +218,7 @@ impl JobState {
                 }
             }
             log::info!(
-                "job {}: all {} task(s) registered on {} host(s); ranks assigned (round {})",
-                self.job_id,
+                "job driver: all {} task(s) registered on {} host(s); ranks assigned (round {})",
                 self.num_tasks,
                 peers.iter().filter(|p| p.local_rank == 0).count(),
                 generation
@@ -385,7 +386,7 @@ impl JobState {
         self.round
             .send_modify(|round| round.phase = Phase::TimedOut(message.clone()));
         drop(inner);
-        if registered > 0 {
+        if registered > 0 || self.abort_if_nobody_registers {
             self.abort(AbortCause {
                 rank: None,
                 host: String::new(),
@@ -405,7 +406,7 @@ impl JobState {
             }
         });
         if first {
-            log::warn!("job {}: {cause}", self.job_id);
+            log::warn!("job driver: job aborted: {cause}");
         }
         first
     }
@@ -542,43 +543,33 @@ impl JobState {
         });
     }
 
-    /// Queues driver-bound events from task `task_index` (kept in arrival order).
-    pub(crate) fn post(&self, task_index: u32, events: Vec<TaskEvent>) {
-        if events.is_empty() {
-            return;
-        }
-        lock(&self.events).extend(events.into_iter().map(|event| (task_index, event)));
-        self.events_ready.notify_one();
+    /// Queues driver-bound events from task `task_index` (kept in arrival order; bounded, see
+    /// [`EventQueue`]).
+    pub(crate) async fn post(&self, task_index: u32, events: Vec<TaskEvent>) -> Result<(), Status> {
+        self.events
+            .post(task_index, events)
+            .await
+            .map_err(Status::resource_exhausted)
     }
 
     /// Takes every queued event, waiting up to `timeout` for the first one.
     pub(crate) async fn take_events(&self, timeout: Duration) -> Vec<(u32, TaskEvent)> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let notified = self.events_ready.notified();
-            {
-                let mut events = lock(&self.events);
-                if !events.is_empty() {
-                    return events.drain(..).collect();
-                }
-            }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                return Vec::new();
-            }
-        }
+        self.events.take(timeout).await
     }
 
-    pub(crate) fn kv_put(&self, key: String, value: Vec<u8>) {
-        lock(&self.inner).kv.insert(key, value);
+    /// Stores `value` under `key`; `Err` names the cap it would pass (see [`KvSpace`]).
+    pub(crate) fn kv_put(&self, key: String, value: KvValue) -> Result<(), String> {
+        lock(&self.kv).put(key, value)?;
         self.kv_version.send_modify(|version| *version += 1);
+        Ok(())
     }
 
-    pub(crate) fn kv_value(&self, key: &str) -> Option<Vec<u8>> {
-        lock(&self.inner).kv.get(key).cloned()
+    pub(crate) fn kv_value(&self, key: &str) -> Option<KvValue> {
+        lock(&self.kv).get(key)
     }
 
     /// Waits up to `timeout` (at most [`MAX_KV_WAIT`]) for `key`.
-    pub(crate) async fn kv_get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>, Status> {
+    pub(crate) async fn kv_get(&self, key: &str, timeout: Duration) -> Result<KvValue, Status> {
         let timeout = timeout.min(MAX_KV_WAIT);
         let deadline = Instant::now() + timeout;
         let mut version = self.kv_version.subscribe();

@@ -62,7 +62,9 @@ impl Driver for Handlers {
 
     async fn kv_put(&self, request: Request<KvPutRequest>) -> Result<Response<KvPutReply>, Status> {
         let request = request.into_inner();
-        self.state.kv_put(request.key, request.value);
+        self.state
+            .kv_put(request.key, request.value.into())
+            .map_err(Status::resource_exhausted)?;
         Ok(Response::new(KvPutReply {}))
     }
 
@@ -72,7 +74,9 @@ impl Driver for Handlers {
             .state
             .kv_get(&request.key, Duration::from_millis(request.timeout_ms))
             .await?;
-        Ok(Response::new(KvGetReply { value }))
+        Ok(Response::new(KvGetReply {
+            value: value.to_vec(),
+        }))
     }
 
     async fn heartbeat(
@@ -118,7 +122,7 @@ impl Driver for Handlers {
 
     async fn post(&self, request: Request<PostRequest>) -> Result<Response<PostReply>, Status> {
         let request = request.into_inner();
-        self.state.post(request.task_index, request.events);
+        self.state.post(request.task_index, request.events).await?;
         Ok(Response::new(PostReply {
             aborted: self.state.abort_cause().is_some(),
         }))
@@ -148,7 +152,9 @@ impl Driver for Handlers {
             value.extend_from_slice(&chunk.data);
         }
         let key = key.ok_or_else(|| Status::invalid_argument("a streamed put sent no chunk"))?;
-        self.state.kv_put(key, value);
+        self.state
+            .kv_put(key, value.into())
+            .map_err(Status::resource_exhausted)?;
         Ok(Response::new(KvPutReply {}))
     }
 

@@ -8,9 +8,10 @@ use subtle::ConstantTimeEq;
 
 use crate::error::{Error, Result};
 
-/// The per-job secret (32 random bytes). Travels to workers as hex in `KOLO_JOB_SECRET` and
-/// with every call in the `kolo-secret` metadata header. `Debug` never prints it, and there is
-/// deliberately no `Display`.
+/// The per-job secret (32 random bytes). Reaches workers once, as hex in `KOLO_JOB_SECRET`,
+/// through the launcher's own channel (ssh stdin, the Spark task, the Ray actor, the MPI
+/// broadcast); kolo's network only ever carries proofs of it ([`crate::control::mac`]). `Debug`
+/// never prints it, and there is deliberately no `Display`.
 #[derive(Clone, PartialEq, Eq)]
 pub struct JobSecret([u8; JobSecret::LEN]);
 

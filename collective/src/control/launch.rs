@@ -167,14 +167,17 @@ impl LaunchDriver {
         }
     }
 
-    /// Publishes the pickled `(fn, args, kwargs)` for the workers.
-    pub fn put_payload(&self, payload: Vec<u8>) {
-        self.service.kv_put(keys::PAYLOAD, payload);
+    /// Publishes the pickled `(fn, args, kwargs)` for the workers. Errors: `InvalidArgument`
+    /// when it passes the key-value space's caps.
+    pub fn put_payload(&self, payload: Vec<u8>) -> Result<()> {
+        self.service.kv_put(keys::PAYLOAD, payload)
     }
 
     /// Task `task_index`'s pickled result, once it returned one.
     pub fn result(&self, task_index: u32) -> Option<Vec<u8>> {
-        self.service.kv_value(&keys::result(task_index))
+        self.service
+            .kv_value(&keys::result(task_index))
+            .map(|value| value.to_vec())
     }
 
     /// Every task's assignment (by task index) once all registered.

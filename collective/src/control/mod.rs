@@ -1,7 +1,7 @@
 //! The job control plane shared by `kolorun`, Spark and Ray launches.
 //!
-//! - A launcher starts a [`DriverService`] (gRPC, every call authenticated with the per-job
-//!   [`JobSecret`]) and passes workers the [`env`] variables.
+//! - A launcher starts a [`DriverService`] (gRPC; every connection runs the mutual
+//!   [`handshake`] proving the per-job [`JobSecret`] without sending it) and passes workers the [`env`] variables.
 //! - [`launch::LaunchDriver`] wraps the service for launchers that collect events, results and
 //!   the first failure on the driver (Spark, Ray); [`crate::worker::WorkerSession`] is the
 //!   matching worker side (early registration, payload, result, failure report).
@@ -39,14 +39,16 @@
 //! ```
 
 pub mod assign;
-mod auth;
 pub mod client;
 mod driver_state;
 pub mod env;
+mod event_queue;
 mod handlers;
+pub mod handshake;
 pub mod host_hash;
 pub mod ids;
 mod join;
+pub mod kv_space;
 pub mod launch;
 pub mod mac;
 pub mod net;
@@ -55,7 +57,6 @@ pub mod service;
 mod status;
 
 pub use assign::{assign_ranks, Assignment};
-pub use auth::{REFUSED_MESSAGE, SECRET_HEADER};
 pub use client::{ClientOptions, DriverClient, PeerInfo, Registration, TaskInfo};
 pub use env::WorkerEnv;
 pub use host_hash::{host_hash, hostname};

@@ -7,13 +7,12 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tonic::transport::server::TcpIncoming;
 use tonic::transport::Server;
 
 use crate::abort::AbortCause;
-use crate::control::auth::CheckSecret;
 use crate::control::driver_state::JobState;
 use crate::control::handlers::Handlers;
+use crate::control::handshake::{authenticated_incoming, control_key};
 use crate::control::ids::{JobId, JobSecret};
 use crate::control::proto::driver_server::DriverServer;
 use crate::control::proto::TaskEvent;
@@ -21,6 +20,10 @@ use crate::error::{Error, Result};
 
 /// How long a shutdown waits for the server to finish in-flight calls before cutting it off.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
+
+/// The most tasks one job may have (ranks are `u32` on the wire; this bound keeps every
+/// per-task table the driver holds small enough to allocate).
+pub const MAX_TASKS: usize = 1 << 20;
 
 /// The longest interval between two heartbeat checks.
 const MAX_CHECK_INTERVAL: Duration = Duration::from_millis(500);
@@ -32,7 +35,7 @@ pub struct DriverConfig {
     pub bind: SocketAddr,
     /// How many tasks must register before anyone gets an assignment.
     pub num_tasks: usize,
-    /// The job secret every call must present.
+    /// The job secret every connection must prove knowledge of (it is never sent).
     pub secret: JobSecret,
     /// The job id handed to workers with their assignment.
     pub job_id: JobId,
@@ -40,11 +43,15 @@ pub struct DriverConfig {
     pub start_timeout: Duration,
     /// A registered rank silent this long gets the job aborted.
     pub heartbeat_timeout: Duration,
+    /// When true, the job also aborts if the start timeout passes with no task registered at
+    /// all (Spark, Ray and `mpirun` tasks always register). kolorun turns it off: its ranks may
+    /// be programs that never call `init()`, as under horovodrun.
+    pub abort_if_nobody_registers: bool,
 }
 
 impl DriverConfig {
     /// A configuration for `num_tasks` tasks on `127.0.0.1:0` with a fresh secret and job id,
-    /// a 30 s start timeout and a 30 s heartbeat timeout.
+    /// a 30 s start timeout and a 30 s heartbeat timeout, aborting if nobody registers.
     pub fn new(num_tasks: usize) -> Self {
         Self {
             bind: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -53,6 +60,7 @@ impl DriverConfig {
             job_id: JobId::generate(),
             start_timeout: Duration::from_secs(30),
             heartbeat_timeout: Duration::from_secs(30),
+            abort_if_nobody_registers: true,
         }
     }
 }
@@ -114,6 +122,13 @@ impl DriverService {
                 "a job needs at least one task (num_tasks = 0)".into(),
             ));
         }
+        if config.num_tasks > MAX_TASKS {
+            return Err(Error::InvalidArgument(format!(
+                "a job of {} tasks is more than kolo supports ({MAX_TASKS}); check num_proc / \
+                 num_workers / -np",
+                config.num_tasks
+            )));
+        }
         if config.start_timeout.is_zero() || config.heartbeat_timeout.is_zero() {
             return Err(Error::Config(
                 "the start and heartbeat timeouts must be positive".into(),
@@ -129,15 +144,15 @@ impl DriverService {
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
         let _context = runtime.enter();
-        let incoming = TcpIncoming::from(tokio::net::TcpListener::from_std(listener)?)
-            .with_nodelay(Some(true));
         let state = Arc::new(JobState::new(&config));
-        let service = DriverServer::with_interceptor(
-            Handlers {
-                state: Arc::clone(&state),
-            },
-            CheckSecret::new(config.secret.clone()),
+        let incoming = authenticated_incoming(
+            tokio::net::TcpListener::from_std(listener)?,
+            control_key(&config.secret),
+            state.subscribe_shutdown(),
         );
+        let service = DriverServer::new(Handlers {
+            state: Arc::clone(&state),
+        });
         let mut stop = state.subscribe_shutdown();
         let server = runtime.spawn(async move {
             let stopped = async move {
@@ -216,13 +231,16 @@ impl DriverService {
         self.state.task_finished(task_index);
     }
 
-    /// Stores a value in the job's key-value space (as a worker's `KvPut` would).
-    pub fn kv_put(&self, key: impl Into<String>, value: Vec<u8>) {
-        self.state.kv_put(key.into(), value);
+    /// Stores a value in the job's key-value space (as a worker's `KvPut` would). Errors:
+    /// `InvalidArgument` naming the cap of [`crate::control::kv_space`] the value would pass.
+    pub fn kv_put(&self, key: impl Into<String>, value: Vec<u8>) -> Result<()> {
+        self.state
+            .kv_put(key.into(), value.into())
+            .map_err(Error::InvalidArgument)
     }
 
-    /// The value of `key` in the job's key-value space, if set.
-    pub fn kv_value(&self, key: &str) -> Option<Vec<u8>> {
+    /// The value of `key` in the job's key-value space, if set (shared, not copied).
+    pub fn kv_value(&self, key: &str) -> Option<crate::control::kv_space::KvValue> {
         self.state.kv_value(key)
     }
 

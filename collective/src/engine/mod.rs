@@ -21,6 +21,9 @@ pub mod config;
 mod coordinator;
 pub mod device;
 mod execute;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod handles;
 mod message;
 pub mod request;

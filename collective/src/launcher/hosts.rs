@@ -57,7 +57,7 @@ pub fn parse_hostfile(text: &str, path: &str) -> Result<Vec<HostSlots>> {
                         ))
                     })?;
                 HostSlots {
-                    host: first.to_owned(),
+                    host: checked_host(first, &what)?,
                     slots: parse_slots(count, &what)?,
                 }
             }
@@ -84,18 +84,46 @@ fn parse_entry(entry: &str, what: &str) -> Result<HostSlots> {
         if !bare_ipv6 && !host.is_empty() {
             let host = host.trim_start_matches('[').trim_end_matches(']');
             return Ok(HostSlots {
-                host: host.to_owned(),
+                host: checked_host(host, what)?,
                 slots: parse_slots(slots, what)?,
             });
         }
     }
-    if entry.is_empty() {
-        return Err(Error::Config(format!("kolorun: {what}: empty host name")));
-    }
     Ok(HostSlots {
-        host: entry.to_owned(),
+        host: checked_host(entry, what)?,
         slots: 1,
     })
+}
+
+/// `host` (`name`, `ip` or `user@name`) when ssh can only read it as a destination: not empty,
+/// neither it nor its user or host part starting with `-` (which ssh would take for an option
+/// such as `-oProxyCommand=…`, running local code), and no whitespace or control characters
+/// (which would split or hide it in logs). A `Config` error naming the entry and `what` (where
+/// it came from) otherwise.
+pub fn checked_host(host: &str, what: &str) -> Result<String> {
+    let refuse = |rule: &str| {
+        Err(Error::Config(format!(
+            "kolorun: {what}: host entry {host:?} is refused: {rule}; give a host name, an IP \
+             address or user@host"
+        )))
+    };
+    if host.is_empty() {
+        return refuse("it is empty");
+    }
+    if host.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return refuse("it contains whitespace or a control character");
+    }
+    let (user, name) = match host.rsplit_once('@') {
+        Some((user, name)) => (Some(user), name),
+        None => (None, host),
+    };
+    if host.starts_with('-') || name.starts_with('-') {
+        return refuse("it starts with `-`, which ssh would read as an option");
+    }
+    if name.is_empty() || user.is_some_and(str::is_empty) {
+        return refuse("its user or host part is empty");
+    }
+    Ok(host.to_owned())
 }
 
 fn parse_slots(text: &str, what: &str) -> Result<usize> {
@@ -280,6 +308,36 @@ mod tests {
     }
 
     #[test]
+    fn option_like_or_blank_hosts_are_refused_where_they_are_read() {
+        let err = parse_hostfile("node1\n-oProxyCommand=touch /tmp/x slots=2\n", "hosts.txt")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("hosts.txt line 2") && err.contains("-oProxyCommand") && err.contains('-'),
+            "{err}"
+        );
+        let err = parse_hostfile("-oProxyCommand=x\n", "h")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("h line 1") && err.contains("option"), "{err}");
+        for (entry, rule) in [
+            ("-oProxyCommand=x:2", "option"),
+            ("me@-oProxyCommand=x", "option"),
+            ("a\u{7}b", "control"),
+            ("@node", "empty"),
+            ("me@", "empty"),
+        ] {
+            let err = parse_hosts_flag(entry).unwrap_err().to_string();
+            assert!(
+                err.contains("-H entry") && err.contains(rule),
+                "{entry}: {err}"
+            );
+        }
+        assert_eq!(parse_hosts_flag("me@node:2").unwrap(), [hs("me@node", 2)]);
+        assert_eq!(parse_hosts_flag("a-b:1").unwrap(), [hs("a-b", 1)]);
+    }
+
+    #[test]
     fn hostfile() {
         let text = "# cluster\nnode1 slots=4\nnode2:2  # two GPUs\n\nnode3\n";
         assert_eq!(
@@ -307,6 +365,12 @@ mod tests {
         assert_eq!(
             discover(&script, Some(2), timeout).unwrap(),
             [hs("node1", 4), hs("node2", 2)]
+        );
+        std::fs::write(&script, "echo node1; echo '-oProxyCommand=x'\n").unwrap();
+        let err = discover(&script, None, timeout).unwrap_err().to_string();
+        assert!(
+            err.contains("output line 2") && err.contains("option"),
+            "{err}"
         );
         std::fs::write(&script, "exit 3\n").unwrap();
         assert!(discover(&script, None, timeout)

@@ -41,7 +41,10 @@ pub use args::{
 };
 pub use hosts::{is_local, parse_hostfile, parse_hosts_flag, plan_slots, HostSlots};
 pub use output::{Output, SharedWriter};
-pub use remote::{quote, remote_script, ssh_args, stdin_env, SshOptions};
+pub use remote::{
+    quote, remote_script, ssh_args, stdin_env, HostKeyChecking, SshOptions, KNOWN_HOSTS_ENV,
+    STRICT_HOST_KEY_CHECKING_ENV,
+};
 
 use crate::abort::AbortCause;
 use crate::control::env::{self, parse_seconds, WorkerEnv};
@@ -276,14 +279,16 @@ impl Job {
             job_id,
             start_timeout: self.start_timeout,
             heartbeat_timeout: self.heartbeat_timeout,
+            abort_if_nobody_registers: false,
         })?;
         if let Some(payload) = payload {
-            driver.kv_put(keys::PAYLOAD, payload);
+            driver.kv_put(keys::PAYLOAD, payload)?;
         }
         let driver_addr = SocketAddr::new(self.advertise, driver.addr().port()).to_string();
+        // The job id stays out of messages and logs, as the secret does: the data plane's
+        // handshake names the job with it.
         say(format!(
-            "kolorun: job {job_id}: {np} rank(s) on {:?}; driver listening on {} (workers use \
-             {driver_addr})",
+            "kolorun: {np} rank(s) on {:?}; driver listening on {} (workers use {driver_addr})",
             self.task_hosts,
             driver.addr()
         ));
@@ -312,7 +317,7 @@ impl Job {
                 .and_then(|launch| {
                     say(format!(
                         "kolorun: task {task} on {host}: {}",
-                        redact(&launch, &secret)
+                        redact(&launch, &secret, &job_id)
                     ));
                     let files = match &self.args.output_dir {
                         Some(dir) => Some(open_rank_files(dir, assignment.rank, np)?),
@@ -389,7 +394,9 @@ impl Job {
         let mut results = vec![None; np];
         for peer in driver.assignment().unwrap_or_default() {
             if let Some(slot) = results.get_mut(peer.rank as usize) {
-                *slot = driver.kv_value(&keys::result(peer.task_index));
+                *slot = driver
+                    .kv_value(&keys::result(peer.task_index))
+                    .map(|value| value.to_vec());
             }
         }
         let failure = driver.abort_cause();
@@ -399,7 +406,7 @@ impl Job {
             output.message(&summary);
         }
         say(format!(
-            "kolorun: job {job_id} finished with exit code {}",
+            "kolorun: job finished with exit code {}",
             outcome.exit_code
         ));
         Ok(FunctionRun {
@@ -472,10 +479,7 @@ impl Job {
         // Everything, the job secret included, travels on ssh's stdin, never on a command line.
         let mut exported = forward_env::remote_forwarded();
         exported.extend(vars);
-        let ssh = SshOptions {
-            port: self.args.ssh_port,
-            identity_file: self.args.ssh_identity_file.clone(),
-        };
+        let ssh = SshOptions::from_env(self.args.ssh_port, self.args.ssh_identity_file.clone())?;
         let script = remote_script(cwd, &self.args.command);
         Ok(Launch {
             program: "ssh".into(),
@@ -546,12 +550,15 @@ fn stop_all(ranks: &mut [RankProcess]) {
     }
 }
 
-/// The launch as a command line for logs, without the job secret.
-fn redact(launch: &Launch, secret: &JobSecret) -> String {
-    let hex = secret.to_hex();
+/// The launch as a command line for logs, without the job secret or the job id (neither is on
+/// it: both travel in the environment, for ssh ranks on its stdin).
+fn redact(launch: &Launch, secret: &JobSecret, job_id: &JobId) -> String {
     let mut words = vec![quote(&launch.program)];
     words.extend(launch.args.iter().map(|arg| quote(arg)));
-    let line = words.join(" ").replace(&hex, "<secret>");
+    let line = words
+        .join(" ")
+        .replace(&secret.to_hex(), "<secret>")
+        .replace(&job_id.to_hex(), "<job id>");
     let names: Vec<&str> = launch.envs.iter().map(|(k, _)| k.as_str()).collect();
     if names.is_empty() {
         line

@@ -134,9 +134,16 @@ pub(crate) fn asctime_now() -> String {
     }
 }
 
+/// The longest piece of a line kolorun holds: a longer line is forwarded in pieces of this
+/// size, each on its own prefixed line (the rank file gets the bytes unchanged). horovodrun's
+/// `safe_shell_exec.forward_stream` keeps the whole line however long it grows.
+pub(crate) const MAX_LINE_BYTES: usize = 64 << 10;
+/// How much of a rank's output is read at once.
+const READ_BUFFER_BYTES: usize = 64 << 10;
+
 /// Starts a thread that copies `reader` line by line to `writer` with the rank prefix
 /// (preceded by the local time when `timestamps`) and to `file` unprefixed, until EOF, then
-/// sends on `done`.
+/// sends on `done`. Lines longer than [`MAX_LINE_BYTES`] are cut into pieces of that size.
 #[expect(
     clippy::too_many_arguments,
     reason = "one call site; each argument is one concern"
@@ -154,37 +161,67 @@ pub(crate) fn forward(
     std::thread::Builder::new()
         .name(format!("kolorun-{}-{task}", stream.name()))
         .spawn(move || {
-            let mut reader = BufReader::new(reader);
-            let mut line = Vec::new();
-            loop {
-                line.clear();
-                match reader.read_until(b'\n', &mut line) {
-                    Ok(0) => break,
-                    Ok(_) => {}
-                    Err(err) if err.kind() == std::io::ErrorKind::Interrupted => continue,
-                    Err(err) => {
-                        log::debug!("reading {} of task {task}: {err}", stream.name());
-                        break;
-                    }
-                }
-                if line.last() == Some(&b'\n') {
-                    line.pop();
-                }
+            let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, reader);
+            let mut line: Vec<u8> = Vec::with_capacity(READ_BUFFER_BYTES);
+            let mut emit = |line: &[u8], ended: bool| {
                 let time = if timestamps {
                     asctime_now()
                 } else {
                     String::new()
                 };
                 let prefix = format!("{time}[{}]<{}>:", labels.get(task), stream.name());
-                write_line(&writer, prefix.as_bytes(), &line);
+                write_line(&writer, prefix.as_bytes(), line);
                 if let Some(out) = file.as_mut() {
-                    let written = out.write_all(&line).and_then(|()| out.write_all(b"\n"));
+                    let written = out.write_all(line).and_then(|()| {
+                        if ended {
+                            out.write_all(b"\n")
+                        } else {
+                            Ok(())
+                        }
+                    });
                     if let Err(err) = written {
                         log::warn!(
                             "kolorun: cannot write the {} file of task {task}: {err}",
                             stream.name()
                         );
                         file = None;
+                    }
+                }
+            };
+            loop {
+                let available = match reader.fill_buf() {
+                    Ok(available) => available,
+                    Err(err) if err.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(err) => {
+                        log::debug!("reading {} of task {task}: {err}", stream.name());
+                        break;
+                    }
+                };
+                if available.is_empty() {
+                    // The last line without its newline still gets one.
+                    if !line.is_empty() {
+                        emit(&line, true);
+                    }
+                    break;
+                }
+                let room = &available[..available.len().min(MAX_LINE_BYTES - line.len())];
+                match room.iter().position(|&b| b == b'\n') {
+                    Some(end) => {
+                        line.extend_from_slice(&room[..end]);
+                        reader.consume(end + 1);
+                        emit(&line, true);
+                        line.clear();
+                    }
+                    None => {
+                        let taken = room.len();
+                        line.extend_from_slice(room);
+                        reader.consume(taken);
+                        if line.len() == MAX_LINE_BYTES {
+                            // A line this long goes out in pieces, each with the prefix, so a
+                            // rank that never writes a newline cannot grow kolorun's memory.
+                            emit(&line, false);
+                            line.clear();
+                        }
                     }
                 }
             }
@@ -245,6 +282,48 @@ mod tests {
             ""
         );
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_line_without_newline_is_forwarded_in_bounded_prefixed_pieces() {
+        let buffer = Arc::new(Mutex::new(Vec::<u8>::new()));
+        let writer: SharedWriter = buffer.clone();
+        let dir = tempfile::tempdir().unwrap();
+        let (_, file) = open_rank_files(dir.path(), 0, 1).unwrap();
+        let (done, finished) = std::sync::mpsc::channel();
+        let mut input = vec![b'a'; 2 * MAX_LINE_BYTES + 10];
+        input.extend_from_slice(b"\nb\n");
+        forward(
+            std::io::Cursor::new(input.clone()),
+            0,
+            Stream::Stderr,
+            RankLabels::new(1),
+            writer,
+            Some(file),
+            false,
+            done,
+        )
+        .unwrap()
+        .join()
+        .unwrap();
+        finished.recv().unwrap();
+        let text = String::from_utf8(buffer.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines.len(),
+            4,
+            "{:?}",
+            lines.iter().map(|l| l.len()).collect::<Vec<_>>()
+        );
+        let piece = format!("[0]<stderr>:{}", "a".repeat(MAX_LINE_BYTES));
+        assert_eq!((lines[0], lines[1]), (piece.as_str(), piece.as_str()));
+        assert_eq!(lines[2], format!("[0]<stderr>:{}", "a".repeat(10)));
+        assert_eq!(lines[3], "[0]<stderr>:b");
+        // The rank file keeps the bytes as written.
+        assert_eq!(
+            std::fs::read(dir.path().join("rank.0/stderr")).unwrap(),
+            input
+        );
     }
 
     #[test]

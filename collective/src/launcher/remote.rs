@@ -99,6 +99,53 @@ pub fn remote_script(cwd: &Path, command: &[String]) -> String {
     )
 }
 
+/// `KOLO_SSH_STRICT_HOST_KEY_CHECKING`: how ssh treats host keys (see [`HostKeyChecking`]).
+pub const STRICT_HOST_KEY_CHECKING_ENV: &str = "KOLO_SSH_STRICT_HOST_KEY_CHECKING";
+/// `KOLO_SSH_KNOWN_HOSTS`: the known_hosts file ssh checks and records host keys in, instead
+/// of the user's (`~/.ssh/known_hosts`, or what `~/.ssh/config` names).
+pub const KNOWN_HOSTS_ENV: &str = "KOLO_SSH_KNOWN_HOSTS";
+
+/// How ssh checks the identity of remote hosts (its `StrictHostKeyChecking`). The job secret
+/// travels over the connection, so kolorun checks by default, unlike horovodrun (which runs
+/// `ssh -o PasswordAuthentication=no -o StrictHostKeyChecking=no`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum HostKeyChecking {
+    /// `accept-new` (the default): a host seen for the first time has its key recorded in
+    /// known_hosts; a host whose key differs from the recorded one is refused.
+    #[default]
+    AcceptNew,
+    /// `yes`: only hosts whose key is already in known_hosts.
+    Yes,
+    /// `no`: any key is accepted (horovodrun's behaviour; anyone who can impersonate a host
+    /// receives the job secret). Opt-in only.
+    No,
+}
+
+impl HostKeyChecking {
+    /// The setting `text` names (`accept-new`, `yes`, `no`, case-insensitive); a `Config`
+    /// error naming `source` and the accepted values otherwise.
+    pub fn parse(text: &str, source: &str) -> Result<Self> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "accept-new" => Ok(Self::AcceptNew),
+            "yes" => Ok(Self::Yes),
+            "no" => Ok(Self::No),
+            other => Err(Error::Config(format!(
+                "kolorun: {source}={other:?} is not a host key checking mode; use accept-new \
+                 (the default), yes, or no (checks nothing: see docs/kolorun.md)"
+            ))),
+        }
+    }
+
+    /// ssh's spelling.
+    pub fn as_ssh(self) -> &'static str {
+        match self {
+            Self::AcceptNew => "accept-new",
+            Self::Yes => "yes",
+            Self::No => "no",
+        }
+    }
+}
+
 /// How to reach remote hosts.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SshOptions {
@@ -106,29 +153,61 @@ pub struct SshOptions {
     pub port: Option<u16>,
     /// `-i KEY`.
     pub identity_file: Option<PathBuf>,
+    /// `-o StrictHostKeyChecking=…`.
+    pub host_key_checking: HostKeyChecking,
+    /// `-o UserKnownHostsFile=…`; `None` keeps ssh's own (the user's known_hosts).
+    pub known_hosts: Option<PathBuf>,
+}
+
+impl SshOptions {
+    /// Port and key from the command line; host key checking and known_hosts from
+    /// [`STRICT_HOST_KEY_CHECKING_ENV`] and [`KNOWN_HOSTS_ENV`].
+    pub fn from_env(port: Option<u16>, identity_file: Option<PathBuf>) -> Result<Self> {
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+        let host_key_checking = match var(STRICT_HOST_KEY_CHECKING_ENV) {
+            Some(text) => HostKeyChecking::parse(&text, STRICT_HOST_KEY_CHECKING_ENV)?,
+            None => HostKeyChecking::default(),
+        };
+        Ok(Self {
+            port,
+            identity_file,
+            host_key_checking,
+            known_hosts: var(KNOWN_HOSTS_ENV).map(PathBuf::from),
+        })
+    }
 }
 
 /// The arguments of `ssh` (program name excluded) that run `script` on `host` through `sh`.
+/// `--` ends ssh's options, so the host and the command are never read as one (the host lists
+/// also refuse entries starting with `-`: [`super::hosts::checked_host`]).
 pub fn ssh_args(host: &str, ssh: &SshOptions, script: &str) -> Vec<String> {
     let mut args: Vec<String> = [
         "-o",
         "BatchMode=yes",
         "-o",
-        "StrictHostKeyChecking=no",
-        "-o",
-        "UserKnownHostsFile=/dev/null",
+        "PasswordAuthentication=no",
         "-o",
         "LogLevel=ERROR",
+        "-o",
     ]
     .iter()
     .map(|s| (*s).to_owned())
     .collect();
+    args.push(format!(
+        "StrictHostKeyChecking={}",
+        ssh.host_key_checking.as_ssh()
+    ));
+    if let Some(file) = &ssh.known_hosts {
+        args.push("-o".to_owned());
+        args.push(format!("UserKnownHostsFile={}", file.to_string_lossy()));
+    }
     if let Some(port) = ssh.port {
         args.extend(["-p".to_owned(), port.to_string()]);
     }
     if let Some(key) = &ssh.identity_file {
         args.extend(["-i".to_owned(), key.to_string_lossy().into_owned()]);
     }
+    args.push("--".to_owned());
     args.push(host.to_owned());
     args.push(format!("sh -c {}", quote(script)));
     args
@@ -235,16 +314,40 @@ mod tests {
     }
 
     #[test]
-    fn ssh_command_line() {
+    fn ssh_command_line_checks_host_keys_and_ends_options_before_the_host() {
         let ssh = SshOptions {
             port: Some(2222),
             identity_file: Some("/k/id".into()),
+            ..SshOptions::default()
         };
         let args = ssh_args("node2", &ssh, "echo hi");
         assert_eq!(
-            &args[args.len() - 6..],
-            ["-p", "2222", "-i", "/k/id", "node2", "sh -c 'echo hi'"]
+            &args[args.len() - 7..],
+            [
+                "-p",
+                "2222",
+                "-i",
+                "/k/id",
+                "--",
+                "node2",
+                "sh -c 'echo hi'"
+            ]
         );
         assert!(args.contains(&"BatchMode=yes".to_owned()));
+        assert!(args.contains(&"StrictHostKeyChecking=accept-new".to_owned()));
+        assert!(!args.iter().any(|a| a.contains("UserKnownHostsFile")));
+        assert!(!args.iter().any(|a| a.contains("/dev/null")));
+        let relaxed = SshOptions {
+            host_key_checking: HostKeyChecking::parse("No", "X").unwrap(),
+            known_hosts: Some("/k/known".into()),
+            ..SshOptions::default()
+        };
+        let args = ssh_args("node2", &relaxed, "true");
+        assert!(args.contains(&"StrictHostKeyChecking=no".to_owned()));
+        assert!(args.contains(&"UserKnownHostsFile=/k/known".to_owned()));
+        let err = HostKeyChecking::parse("off", "KOLO_SSH_STRICT_HOST_KEY_CHECKING")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("KOLO_SSH_STRICT_HOST_KEY_CHECKING") && err.contains("accept-new"));
     }
 }

@@ -3,9 +3,11 @@
 //!
 //! Every rank binds a [`DataListener`] first and publishes its address (through the driver);
 //! once every rank knows every address, [`Mesh::establish`] connects the ranks (the higher rank
-//! of each pair connects, the lower accepts) and checks each connection with a handshake
-//! carrying the job id and both ranks. Connections that send anything else are logged and
-//! dropped, and the listener keeps accepting until the real peers arrived.
+//! of each pair connects, the lower accepts) and checks each connection with a keyed handshake
+//! ([`handshake`]): both sides prove the job secret, and the connection must come from the
+//! claimed rank's registered address. Connections that fail it are logged and dropped, the
+//! listener keeps accepting (a bounded number of handshakes at a time, each with a deadline)
+//! until the real peers arrived, and is closed once they have.
 //!
 //! All waits are bounded: sockets are non-blocking and every wait ticks at least every
 //! 100 ms to check the job's [`AbortSignal`]; an operation that makes no progress for the
@@ -14,6 +16,7 @@
 //! broadcast to learn the root cause, and stays unusable afterwards so later collectives fail
 //! fast instead of hanging.
 
+pub mod handshake;
 mod plane;
 mod poll;
 mod setup;
@@ -33,6 +36,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::abort::AbortSignal;
+use crate::control::mac::MacKey;
 use crate::error::{Error, Result};
 use crate::wire::{self, FrameError, FrameKind, JobId};
 pub(crate) use shm::futex_wake;
@@ -43,6 +47,11 @@ pub(crate) const TICK: Duration = Duration::from_millis(100);
 /// How long a rank that lost a peer waits for the driver's abort broadcast (the root cause)
 /// before reporting the broken connection itself.
 const ABORT_GRACE: Duration = Duration::from_secs(2);
+/// How long closing the mesh reads what peers still send (so the close does not reset a
+/// connection under a `Fail` frame in flight), at most.
+const CLOSE_DRAIN: Duration = Duration::from_millis(200);
+/// How many bytes closing the mesh reads from each peer, at most.
+const CLOSE_DRAIN_BYTES: usize = 1 << 20;
 
 /// A bound, not yet connected data-plane listener. Bind it before publishing the address.
 #[derive(Debug)]
@@ -68,8 +77,12 @@ impl DataListener {
 /// Everything [`Mesh::establish`] needs to know about the job.
 #[derive(Debug, Clone)]
 pub struct MeshConfig {
-    /// The job id shared by all ranks (from the driver).
+    /// The job id shared by all ranks (from the driver). Not a secret: it only tells jobs'
+    /// frames apart.
     pub job_id: JobId,
+    /// The data plane's key, derived from the job secret ([`handshake::data_key`]): every
+    /// connection proves it both ways.
+    pub key: MacKey,
     /// This rank.
     pub rank: usize,
     /// The data address of every rank, indexed by rank (this rank's own included).
@@ -384,8 +397,16 @@ impl Mesh {
     pub(crate) fn close(&mut self, reason: &str) {
         self.break_links(reason);
         let mut sink = [0u8; 4096];
+        // Bounded in time and bytes: a peer that keeps sending cannot hold the close.
+        let deadline = Instant::now() + CLOSE_DRAIN;
         for link in self.links.iter_mut().flatten() {
-            while matches!((&link.stream).read(&mut sink), Ok(n) if n > 0) {}
+            let mut drained = 0;
+            while drained < CLOSE_DRAIN_BYTES && Instant::now() < deadline {
+                match (&link.stream).read(&mut sink) {
+                    Ok(n) if n > 0 => drained += n,
+                    _ => break,
+                }
+            }
         }
         self.links.iter_mut().for_each(|l| *l = None);
     }

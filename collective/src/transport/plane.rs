@@ -10,8 +10,9 @@ use std::time::Duration;
 use super::poll;
 use super::shm::{self, SegmentNames, ShmNode};
 use super::{Failure, Mesh};
+use crate::control::mac::MacKey;
 use crate::error::{Error, Result};
-use crate::wire::{FrameKind, Header, JobId, HEADER_LEN};
+use crate::wire::{FrameKind, Header, HEADER_LEN};
 
 /// Environment variable: `tcp`, `shm` or `auto` (the default).
 pub const TRANSPORT: &str = "KOLO_TRANSPORT";
@@ -110,7 +111,7 @@ pub(crate) struct ShmPlane {
     pub node: Arc<ShmNode>,
     pub layout: Layout,
     /// Names the segments of process sets' own nodes ([`Mesh::setup_set_shm`]).
-    job_id: JobId,
+    key: MacKey,
 }
 
 /// Tags of the setup's synchronisation rounds (no collective has run yet, so no data frame
@@ -145,7 +146,7 @@ impl Mesh {
     /// (synchronising with them over TCP). Every rank must call it with the same arguments.
     pub(crate) fn setup_shm(
         &mut self,
-        job_id: &JobId,
+        key: &MacKey,
         hashes: &[String],
         choice: TransportChoice,
     ) -> Result<()> {
@@ -165,9 +166,10 @@ impl Mesh {
             .collect();
         let half = shm::half_bytes()?;
         let op_timeout = self.op_timeout;
+        let dir = shm::dir();
         let names = SegmentNames {
-            dir: std::path::Path::new(shm::SHM_DIR),
-            job_id,
+            dir: &dir,
+            key,
             set: 0,
         };
         let node = ShmNode::setup(names, members, me, half, op_timeout, |round| {
@@ -193,7 +195,7 @@ impl Mesh {
         self.shm = Some(ShmPlane {
             node: Arc::new(node),
             layout,
-            job_id: *job_id,
+            key: key.clone(),
         });
         Ok(())
     }
@@ -216,15 +218,16 @@ impl Mesh {
         if members.len() < 2 || !members.iter().all(|m| local.contains(m)) {
             return Ok(None);
         }
-        let (job_id, half, op_timeout) = (plane.job_id, plane.node.half(), self.op_timeout);
+        let (key, half, op_timeout) = (plane.key.clone(), plane.node.half(), self.op_timeout);
         let peers: Vec<usize> = members
             .iter()
             .copied()
             .filter(|&r| r != self.rank)
             .collect();
+        let dir = shm::dir();
         let names = SegmentNames {
-            dir: std::path::Path::new(shm::SHM_DIR),
-            job_id: &job_id,
+            dir: &dir,
+            key: &key,
             set,
         };
         let node = ShmNode::setup(names, members.to_vec(), me, half, op_timeout, |round| {

@@ -10,17 +10,27 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use subtle::ConstantTimeEq;
+
+use super::handshake::{
+    self, decode_proof, proof, proof_frame, source_matches, Dial, DialError, Role, ACCEPT_DEADLINE,
+    HELLO_FRAME_LEN, PROOF_FRAME_LEN,
+};
 use super::poll::{self, Interest};
 use super::{DataListener, Link, Mesh, MeshConfig, TICK};
 use crate::abort::AbortSignal;
+use crate::control::mac::nonce;
 use crate::error::{Error, Result};
-use crate::wire::{self, Hello, HEADER_LEN, HELLO_LEN};
+use crate::wire::{self, Hello, HEADER_LEN, HELLO_LEN, NONCE_LEN, PROOF_LEN};
 
-/// Bytes of a whole `Hello` frame.
-const HELLO_FRAME_LEN: usize = HEADER_LEN + HELLO_LEN;
-/// At most this many unidentified connections wait for their handshake at once; older ones
-/// are dropped first, so a flood of junk connections cannot exhaust file descriptors.
-const MAX_PENDING: usize = 64;
+/// At most this many accepted connections run their handshake at once. When all slots are
+/// taken, new connections wait in the kernel's backlog until a slot frees: every slot frees
+/// within [`ACCEPT_DEADLINE`], so a flood of silent connections delays a real peer (whose
+/// connector retries) but can never evict one that is proving itself.
+const MAX_PENDING: usize = 128;
+/// The connector's first pause between attempts; it doubles up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(20);
+const MAX_BACKOFF: Duration = Duration::from_millis(500);
 
 pub(super) fn establish(
     listener: DataListener,
@@ -59,6 +69,9 @@ pub(super) fn establish(
             result
         });
         let accepted = accept_higher(&listener.listener, &config, &abort, &stop, deadline);
+        // Close the listener as soon as every higher rank is in: no later connection can even
+        // be accepted (the kernel refuses it).
+        drop(listener);
         if accepted.is_err() {
             stop.store(true, Ordering::Release);
         }
@@ -122,7 +135,9 @@ fn check_wait(abort: &AbortSignal, stop: &AtomicBool) -> Result<()> {
     Ok(())
 }
 
-/// Connects to every lower rank in turn and checks its answer to our `Hello`.
+/// Connects to every lower rank in turn and runs the keyed handshake with it. A connection
+/// that is refused, dropped or left unanswered is retried with backoff until `deadline`; an
+/// answer that is not the expected rank's (or cannot prove the secret) fails at once.
 fn connect_lower(
     config: &MeshConfig,
     abort: &AbortSignal,
@@ -131,11 +146,13 @@ fn connect_lower(
 ) -> Result<Vec<(usize, TcpStream)>> {
     let rank = config.rank;
     let mut out = Vec::with_capacity(rank);
+    let check = || check_wait(abort, stop);
     for peer in 0..rank {
         let addr = config.peers[peer];
         let mut last_error: Option<io::Error> = None;
-        let mut stream = loop {
-            check_wait(abort, stop)?;
+        let mut backoff = FIRST_BACKOFF;
+        let stream = loop {
+            check()?;
             let now = Instant::now();
             if now >= deadline {
                 let last = last_error
@@ -149,138 +166,66 @@ fn connect_lower(
                     after: config.connect_timeout,
                 });
             }
-            match TcpStream::connect_timeout(&addr, (deadline - now).min(Duration::from_secs(2))) {
+            let attempt =
+                TcpStream::connect_timeout(&addr, (deadline - now).min(Duration::from_secs(2)))
+                    .map_err(DialError::Dropped)
+                    .and_then(|mut stream| {
+                        let dial = Dial {
+                            key: &config.key,
+                            job_id: &config.job_id,
+                            from: rank as u32,
+                            to: peer as u32,
+                            size: config.peers.len() as u32,
+                        };
+                        handshake::dial(&mut stream, dial, deadline, &check).map(|()| stream)
+                    });
+            match attempt {
                 Ok(stream) => break stream,
-                Err(e) => {
+                Err(DialError::Dropped(e)) => {
+                    log::debug!("rank {rank}: data connection to rank {peer} at {addr} failed ({e}); retrying");
                     last_error = Some(e);
-                    thread::sleep(
-                        Duration::from_millis(20)
-                            .min(deadline.saturating_duration_since(Instant::now())),
-                    );
+                    thread::sleep(backoff.min(deadline.saturating_duration_since(Instant::now())));
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
                 }
+                Err(DialError::Rejected(why)) => {
+                    return Err(Error::Rendezvous(format!(
+                        "rank {rank}: the process at rank {peer}'s data address {addr} failed the handshake: \
+                         {why}; is another job or program using that address?"
+                    )))
+                }
+                Err(DialError::Stopped(e)) => return Err(e),
             }
         };
-        let hello = Hello {
-            job_id: config.job_id,
-            from: rank as u32,
-            to: peer as u32,
-            size: config.peers.len() as u32,
-        };
-        stream.set_write_timeout(Some(TICK))?;
-        write_all_until(&mut stream, &hello.encode_frame(), abort, stop, deadline)
-            .map_err(|e| handshake_error(rank, peer, addr, e))?;
-        let mut reply = [0u8; HELLO_FRAME_LEN];
-        stream.set_read_timeout(Some(TICK))?;
-        read_exact_until(&mut stream, &mut reply, abort, stop, deadline)
-            .map_err(|e| handshake_error(rank, peer, addr, e))?;
-        let answer = Hello::decode_frame(&reply, &config.job_id).map_err(|e| {
-            Error::Rendezvous(format!(
-                "rank {rank}: the process at rank {peer}'s data address {addr} answered the handshake with \
-                 something else: {e}; is another job or program using that address?"
-            ))
-        })?;
-        let expected = Hello {
-            from: peer as u32,
-            to: rank as u32,
-            ..hello
-        };
-        if answer != expected {
-            return Err(Error::Rendezvous(format!(
-                "rank {rank}: the process at {addr} claims to be rank {} of {} (talking to rank {}), but rank \
-                 {peer} of {} was expected; the ranks disagree about the job's addresses",
-                answer.from, answer.size, answer.to, expected.size
-            )));
-        }
         out.push((peer, stream));
     }
     Ok(out)
 }
 
-fn handshake_error(rank: usize, peer: usize, addr: SocketAddr, e: Error) -> Error {
-    match e {
-        Error::Io(source) => Error::Peer {
-            rank: peer,
-            during: format!("rank {rank}'s handshake with {addr}"),
-            source,
-        },
-        other => other,
-    }
-}
-
-fn write_all_until(
-    stream: &mut TcpStream,
-    mut bytes: &[u8],
-    abort: &AbortSignal,
-    stop: &AtomicBool,
-    deadline: Instant,
-) -> Result<()> {
-    while !bytes.is_empty() {
-        check_wait(abort, stop)?;
-        if Instant::now() >= deadline {
-            return Err(Error::Io(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "handshake timed out",
-            )));
-        }
-        match stream.write(bytes) {
-            Ok(0) => return Err(Error::Io(io::ErrorKind::WriteZero.into())),
-            Ok(n) => bytes = &bytes[n..],
-            Err(e) if retry_later(&e) => {}
-            Err(e) => return Err(Error::Io(e)),
-        }
-    }
-    Ok(())
-}
-
-/// True for the socket errors that mean "nothing yet, try again" in a timed handshake loop.
-fn retry_later(err: &io::Error) -> bool {
-    matches!(
-        err.kind(),
-        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
-    )
-}
-
-fn read_exact_until(
-    stream: &mut TcpStream,
-    buf: &mut [u8],
-    abort: &AbortSignal,
-    stop: &AtomicBool,
-    deadline: Instant,
-) -> Result<()> {
-    let mut got = 0;
-    while got < buf.len() {
-        check_wait(abort, stop)?;
-        if Instant::now() >= deadline {
-            return Err(Error::Io(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "no handshake answer in time",
-            )));
-        }
-        match stream.read(&mut buf[got..]) {
-            Ok(0) => {
-                return Err(Error::Io(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "the connection closed during the handshake (the peer rejected it)",
-                )))
-            }
-            Ok(n) => got += n,
-            Err(e) if retry_later(&e) => {}
-            Err(e) => return Err(Error::Io(e)),
-        }
-    }
-    Ok(())
-}
-
-/// An accepted connection that has not identified itself yet.
+/// An accepted connection whose handshake is under way.
 struct Pending {
     stream: TcpStream,
     addr: SocketAddr,
+    /// When the connection is dropped if its handshake is not complete.
+    expires: Instant,
     buf: [u8; HELLO_FRAME_LEN],
     got: usize,
+    /// Set once its `Hello` was valid and answered: what its proof must cover.
+    answered: Option<(Hello, [u8; NONCE_LEN])>,
 }
 
-/// Accepts connections until every higher rank has connected and identified itself; anything
-/// else that connects is logged and dropped.
+/// What one step of a pending handshake came to.
+enum Step {
+    /// Waiting for more bytes.
+    Wait,
+    /// Proven: the connection is this rank's.
+    Proven(usize),
+    /// Dropped: why, and whether it is worth a warning (an impostor or a misdirected rank) or
+    /// only a debug line (silence, a closed connection).
+    Drop(String, bool),
+}
+
+/// Accepts connections until every higher rank has connected and proven itself; anything else
+/// that connects is logged and dropped.
 fn accept_higher(
     listener: &TcpListener,
     config: &MeshConfig,
@@ -297,6 +242,7 @@ fn accept_higher(
     }
     listener.set_nonblocking(true)?;
     let mut pending: Vec<Pending> = Vec::new();
+    let mut quietly_dropped = 0usize;
     while !missing.is_empty() {
         check_wait(abort, stop)?;
         if Instant::now() >= deadline {
@@ -311,19 +257,17 @@ fn accept_higher(
                 after: config.connect_timeout,
             });
         }
-        loop {
+        while pending.len() < MAX_PENDING {
             match listener.accept() {
                 Ok((stream, addr)) => {
                     stream.set_nonblocking(true)?;
-                    if pending.len() >= MAX_PENDING {
-                        let old = pending.remove(0);
-                        log::warn!("rank {rank}: dropping unidentified data connection from {} (too many pending)", old.addr);
-                    }
                     pending.push(Pending {
                         stream,
                         addr,
+                        expires: Instant::now() + ACCEPT_DEADLINE.min(config.connect_timeout),
                         buf: [0; HELLO_FRAME_LEN],
                         got: 0,
+                        answered: None,
                     });
                 }
                 Err(e)
@@ -342,64 +286,88 @@ fn accept_higher(
                 Err(e) => return Err(Error::Io(e)),
             }
         }
+        let now = Instant::now();
         let mut i = 0;
         while i < pending.len() {
-            match advance_handshake(&mut pending[i], config, &missing) {
-                Ok(None) => i += 1,
-                Ok(Some(peer)) => {
+            let step = if now >= pending[i].expires {
+                Step::Drop("it did not complete the handshake in time".into(), false)
+            } else {
+                advance_handshake(&mut pending[i], config, &missing)
+            };
+            match step {
+                Step::Wait => i += 1,
+                Step::Proven(peer) => {
                     let done = pending.swap_remove(i);
                     missing.remove(&peer);
+                    log::debug!("rank {rank}: rank {peer} connected from {}", done.addr);
                     out.push((peer, done.stream));
                 }
-                Err(reason) => {
+                Step::Drop(reason, loud) => {
                     let bad = pending.swap_remove(i);
-                    log::warn!(
-                        "rank {rank}: dropping data connection from {}: {reason}",
-                        bad.addr
-                    );
+                    if loud {
+                        log::warn!(
+                            "rank {rank}: dropping data connection from {}: {reason}",
+                            bad.addr
+                        );
+                    } else {
+                        quietly_dropped += 1;
+                        log::debug!(
+                            "rank {rank}: dropping data connection from {}: {reason}",
+                            bad.addr
+                        );
+                    }
                 }
             }
         }
         if missing.is_empty() {
             break;
         }
-        let mut interests = vec![Interest {
-            fd: listener.as_raw_fd(),
-            read: true,
-            write: false,
-        }];
+        let mut interests = Vec::with_capacity(pending.len() + 1);
+        if pending.len() < MAX_PENDING {
+            interests.push(Interest {
+                fd: listener.as_raw_fd(),
+                read: true,
+                write: false,
+            });
+        }
         interests.extend(pending.iter().map(|p| Interest {
             fd: p.stream.as_raw_fd(),
             read: true,
             write: false,
         }));
+        let next_expiry = pending
+            .iter()
+            .map(|p| p.expires)
+            .min()
+            .unwrap_or(deadline)
+            .min(deadline);
         poll::wait(
             &interests,
-            TICK.min(deadline.saturating_duration_since(Instant::now())),
+            TICK.min(next_expiry.saturating_duration_since(Instant::now())),
         )?;
     }
-    for p in pending {
+    quietly_dropped += pending.len();
+    if quietly_dropped > 0 {
         log::warn!(
-            "rank {rank}: dropping data connection from {} that never identified itself",
-            p.addr
+            "rank {rank}: dropped {quietly_dropped} data connection(s) that never completed the handshake \
+             (silent or closed early)"
         );
     }
     Ok(out)
 }
 
-/// Reads what a pending connection sent so far; once its `Hello` is complete and valid, answers
-/// it and returns the peer's rank. `Err` says why the connection is dropped.
-fn advance_handshake(
-    p: &mut Pending,
-    config: &MeshConfig,
-    missing: &BTreeSet<usize>,
-) -> Result<Option<usize>, String> {
-    while p.got < HELLO_FRAME_LEN {
-        match p.stream.read(&mut p.buf[p.got..]) {
+/// Reads `want` more bytes of a pending connection into `p.buf[..want]` as far as they are
+/// available; `Err` says why the connection is dropped.
+fn fill(p: &mut Pending, want: usize) -> std::result::Result<bool, Step> {
+    while p.got < want {
+        match p.stream.read(&mut p.buf[p.got..want]) {
             Ok(0) => {
-                return Err(format!(
-                    "it closed after {} bytes, before completing the handshake",
-                    p.got
+                return Err(Step::Drop(
+                    format!(
+                        "it closed after {} bytes, before completing the handshake",
+                        p.got
+                    ),
+                    false,
                 ))
             }
             Ok(n) => p.got += n,
@@ -409,53 +377,134 @@ fn advance_handshake(
                     io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
                 ) =>
             {
-                break
+                return Ok(false)
             }
-            Err(e) => return Err(format!("reading its handshake failed: {e}")),
-        }
-        // Reject junk as soon as the header is in, without waiting for a payload.
-        if p.got >= HEADER_LEN {
-            let header =
-                wire::Header::decode(&p.buf[..HEADER_LEN], &wire::job_check(&config.job_id))
-                    .map_err(|e| format!("invalid handshake: {e}"))?;
-            header
-                .expect(wire::FrameKind::Hello, 0, HELLO_LEN)
-                .map_err(|e| format!("invalid handshake: {e}"))?;
+            Err(e) => {
+                return Err(Step::Drop(
+                    format!("reading its handshake failed: {e}"),
+                    false,
+                ))
+            }
         }
     }
-    if p.got < HELLO_FRAME_LEN {
-        return Ok(None);
+    Ok(true)
+}
+
+/// Advances a pending connection's handshake as far as the bytes it sent allow.
+fn advance_handshake(p: &mut Pending, config: &MeshConfig, missing: &BTreeSet<usize>) -> Step {
+    match advance(p, config, missing) {
+        Ok(step) | Err(step) => step,
     }
-    let hello = Hello::decode_frame(&p.buf, &config.job_id)
-        .map_err(|e| format!("invalid handshake: {e}"))?;
+}
+
+fn advance(
+    p: &mut Pending,
+    config: &MeshConfig,
+    missing: &BTreeSet<usize>,
+) -> std::result::Result<Step, Step> {
+    let check = wire::job_check(&config.job_id);
+    let invalid = |e: wire::FrameError| Step::Drop(format!("invalid handshake: {e}"), true);
+    if let Some((hello, ours)) = p.answered {
+        // Waiting for its proof.
+        if !fill(p, HEADER_LEN)? {
+            return Ok(Step::Wait);
+        }
+        wire::Header::decode(&p.buf[..HEADER_LEN], &check)
+            .and_then(|h| h.expect(wire::FrameKind::Proof, 0, PROOF_LEN))
+            .map_err(invalid)?;
+        if !fill(p, PROOF_FRAME_LEN)? {
+            return Ok(Step::Wait);
+        }
+        let tag = decode_proof(&p.buf[..PROOF_FRAME_LEN], &config.job_id).map_err(invalid)?;
+        let expected = proof(&config.key, Role::Connect, &config.job_id, &hello, &ours);
+        if !bool::from(expected.ct_eq(&tag)) {
+            return Err(Step::Drop(
+                format!(
+                    "it claims to be rank {} but cannot prove it knows this job's secret (an impostor, or a \
+                     process of another job)",
+                    hello.from
+                ),
+                true,
+            ));
+        }
+        let peer = hello.from as usize;
+        if !missing.contains(&peer) {
+            return Err(Step::Drop(
+                format!("rank {peer} is already connected"),
+                true,
+            ));
+        }
+        return Ok(Step::Proven(peer));
+    }
+    if !fill(p, HEADER_LEN)? {
+        return Ok(Step::Wait);
+    }
+    // Reject junk as soon as the header is in, without waiting for a payload.
+    wire::Header::decode(&p.buf[..HEADER_LEN], &check)
+        .and_then(|h| h.expect(wire::FrameKind::Hello, 0, HELLO_LEN))
+        .map_err(invalid)?;
+    if !fill(p, HELLO_FRAME_LEN)? {
+        return Ok(Step::Wait);
+    }
+    let hello = Hello::decode_frame(&p.buf, &config.job_id).map_err(invalid)?;
     let size = config.peers.len();
     if hello.to as usize != config.rank || hello.size as usize != size {
-        return Err(format!(
-            "it was meant for rank {} of {} but this is rank {} of {size}",
-            hello.to, hello.size, config.rank
+        return Err(Step::Drop(
+            format!(
+                "it was meant for rank {} of {} but this is rank {} of {size}",
+                hello.to, hello.size, config.rank
+            ),
+            true,
         ));
     }
     let peer = hello.from as usize;
     if !missing.contains(&peer) {
-        return Err(format!(
-            "it claims to be rank {peer}, which is not a higher rank still expected"
+        return Err(Step::Drop(
+            format!("it claims to be rank {peer}, which is not a higher rank still expected"),
+            true,
         ));
     }
+    let registered = config.peers[peer];
+    if !source_matches(registered, p.addr) {
+        return Err(Step::Drop(
+            format!(
+                "it claims to be rank {peer}, whose registered data address is {registered}, but it comes from {}",
+                p.addr
+            ),
+            true,
+        ));
+    }
+    let ours = nonce();
     let reply = Hello {
         from: config.rank as u32,
         to: hello.from,
+        nonce: ours,
         ..hello
     };
-    // The reply fits any socket buffer; a brief blocking write is fine.
-    p.stream.set_nonblocking(false).map_err(|e| e.to_string())?;
-    p.stream
-        .set_write_timeout(Some(Duration::from_secs(5)))
-        .map_err(|e| e.to_string())?;
-    p.stream
-        .write_all(&reply.encode_frame())
-        .map_err(|e| format!("answering its handshake failed: {e}"))?;
-    p.stream
-        .set_write_timeout(None)
-        .map_err(|e| e.to_string())?;
-    Ok(Some(peer))
+    let tag = proof(&config.key, Role::Accept, &config.job_id, &hello, &ours);
+    let mut answer = reply.encode_frame();
+    answer.extend_from_slice(&proof_frame(&config.job_id, &tag));
+    // The answer (148 bytes) fits any fresh socket's send buffer: a non-blocking write
+    // completes at once or the connection is useless.
+    match p.stream.write(&answer) {
+        Ok(n) if n == answer.len() => {}
+        Ok(n) => {
+            return Err(Step::Drop(
+                format!(
+                    "answering its handshake wrote only {n} of {} bytes",
+                    answer.len()
+                ),
+                false,
+            ))
+        }
+        Err(e) => {
+            return Err(Step::Drop(
+                format!("answering its handshake failed: {e}"),
+                false,
+            ))
+        }
+    }
+    p.answered = Some((hello, ours));
+    p.got = 0;
+    Ok(Step::Wait)
 }

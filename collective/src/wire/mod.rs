@@ -15,7 +15,10 @@
 //! Frame kinds and their payloads:
 //!
 //! - `Hello` (once per connection, each way): [`Hello`] — the full job id, sender and
-//!   receiver rank, job size.
+//!   receiver rank, job size and the sender's fresh nonce.
+//! - `Proof` (once per connection, each way, after both `Hello`s): an HMAC-SHA256 tag of
+//!   [`PROOF_LEN`] bytes over both `Hello`s, keyed from the job secret (see
+//!   `transport::handshake`); the job id alone cannot produce it.
 //! - `Descriptor` (once per collective, to every peer): an [`OpDescriptor`] that lets every
 //!   rank check that all ranks called the same collective with compatible arguments.
 //! - `Data`: raw tensor bytes of one block of a collective; the receiver knows the exact length
@@ -40,7 +43,11 @@ pub const VERSION: u8 = 1;
 /// Bytes in a frame header.
 pub const HEADER_LEN: usize = 28;
 /// Bytes in a `Hello` payload.
-pub const HELLO_LEN: usize = 28;
+pub const HELLO_LEN: usize = 28 + NONCE_LEN;
+/// Bytes of the nonce in a `Hello`.
+pub const NONCE_LEN: usize = crate::control::mac::TAG_LEN;
+/// Bytes in a `Proof` payload (an HMAC-SHA256 tag).
+pub const PROOF_LEN: usize = crate::control::mac::TAG_LEN;
 /// The most payload bytes a `Fail` frame may carry.
 pub const MAX_FAIL_LEN: usize = 4096;
 
@@ -143,6 +150,8 @@ pub enum FrameKind {
     Data = 3,
     /// The sender gave up; the payload says why.
     Fail = 4,
+    /// The handshake's keyed proof of the job secret.
+    Proof = 5,
 }
 
 impl FrameKind {
@@ -153,6 +162,7 @@ impl FrameKind {
             2 => Some(FrameKind::Descriptor),
             3 => Some(FrameKind::Data),
             4 => Some(FrameKind::Fail),
+            5 => Some(FrameKind::Proof),
             _ => None,
         }
     }
@@ -165,6 +175,7 @@ impl fmt::Display for FrameKind {
             FrameKind::Descriptor => "descriptor",
             FrameKind::Data => "data",
             FrameKind::Fail => "fail",
+            FrameKind::Proof => "proof",
         })
     }
 }
@@ -276,6 +287,7 @@ fn max_payload(kind: FrameKind, cap: usize) -> usize {
     match kind {
         FrameKind::Hello => HELLO_LEN,
         FrameKind::Fail => MAX_FAIL_LEN,
+        FrameKind::Proof => PROOF_LEN,
         FrameKind::Descriptor | FrameKind::Data => cap,
     }
 }
@@ -338,6 +350,8 @@ pub struct Hello {
     pub to: u32,
     /// The number of ranks in the job.
     pub size: u32,
+    /// The sender's fresh random challenge for this connection.
+    pub nonce: [u8; NONCE_LEN],
 }
 
 impl Hello {
@@ -348,6 +362,7 @@ impl Hello {
         out[16..20].copy_from_slice(&self.from.to_le_bytes());
         out[20..24].copy_from_slice(&self.to.to_le_bytes());
         out[24..28].copy_from_slice(&self.size.to_le_bytes());
+        out[28..].copy_from_slice(&self.nonce);
         out
     }
 
@@ -380,11 +395,14 @@ impl Hello {
                 payload[at + 3],
             ])
         };
+        let mut nonce = [0u8; NONCE_LEN];
+        nonce.copy_from_slice(&payload[28..]);
         Ok(Hello {
             job_id,
             from: word(16),
             to: word(20),
             size: word(24),
+            nonce,
         })
     }
 
@@ -415,7 +433,8 @@ mod tests {
             Just(FrameKind::Hello),
             Just(FrameKind::Descriptor),
             Just(FrameKind::Data),
-            Just(FrameKind::Fail)
+            Just(FrameKind::Fail),
+            Just(FrameKind::Proof)
         ]
     }
 
@@ -511,6 +530,7 @@ mod tests {
             from: 3,
             to: 1,
             size: 4,
+            nonce: [9; NONCE_LEN],
         };
         assert_eq!(Hello::decode_frame(&hello.encode_frame(), &JOB), Ok(hello));
         let mut other = JOB;
@@ -535,7 +555,11 @@ mod tests {
         fn frame_round_trips(kind in kind_strategy(), tag in any::<u32>(), job in any::<[u8; 16]>(),
                              payload in proptest::collection::vec(any::<u8>(), 0..64)) {
             let check = job_check(&job);
-            let payload = if kind == FrameKind::Hello { vec![0; HELLO_LEN] } else { payload };
+            let payload = match kind {
+                FrameKind::Hello => vec![0; HELLO_LEN],
+                FrameKind::Proof => vec![0; PROOF_LEN],
+                _ => payload,
+            };
             let bytes = encode_frame(kind, tag, &check, &payload);
             let (header, got, used) = decode_frame(&bytes, &check, 64).unwrap();
             prop_assert_eq!(header, Header { kind, tag, len: payload.len() as u64 });
@@ -544,8 +568,9 @@ mod tests {
         }
 
         #[test]
-        fn hello_round_trips(job in any::<[u8; 16]>(), from in any::<u32>(), to in any::<u32>(), size in any::<u32>()) {
-            let hello = Hello { job_id: job, from, to, size };
+        fn hello_round_trips(job in any::<[u8; 16]>(), from in any::<u32>(), to in any::<u32>(), size in any::<u32>(),
+                             nonce in any::<[u8; 32]>()) {
+            let hello = Hello { job_id: job, from, to, size, nonce };
             prop_assert_eq!(Hello::decode_frame(&hello.encode_frame(), &job), Ok(hello));
         }
 
@@ -563,7 +588,7 @@ mod tests {
 
         #[test]
         fn decoding_mutated_frames_never_panics(job in any::<[u8; 16]>(), at in 0usize..64, byte in any::<u8>(),
-                                                payload in proptest::collection::vec(any::<u8>(), 0..36)) {
+                                                payload in proptest::collection::vec(any::<u8>(), 0..68)) {
             // Mostly-valid frames reach deeper checks than random bytes do.
             let mut bytes = encode_frame(FrameKind::Hello, 0, &job_check(&job), &payload);
             if let Some(slot) = bytes.get_mut(at) {

@@ -143,6 +143,7 @@ impl Worker {
         let rank = registration.rank;
         let config = MeshConfig {
             job_id: registration.job_id.0,
+            key: crate::transport::handshake::data_key(&env.secret),
             rank: rank as usize,
             peers: registration
                 .peers
@@ -152,7 +153,7 @@ impl Worker {
             connect_timeout: env.start_timeout,
             op_timeout: collective_timeout()?,
         };
-        let job_id = config.job_id;
+        let key = config.key.clone();
         let hashes: Vec<String> = registration
             .peers
             .iter()
@@ -160,7 +161,7 @@ impl Worker {
             .collect();
         let established = TransportChoice::from_env().and_then(|choice| {
             let mut mesh = Mesh::establish(listener, config, abort.clone())?;
-            mesh.setup_shm(&job_id, &hashes, choice)?;
+            mesh.setup_shm(&key, &hashes, choice)?;
             Ok(mesh)
         });
         let mesh = match established {

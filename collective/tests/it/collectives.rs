@@ -1,6 +1,6 @@
 //! The TCP data plane and the CPU collectives, with ranks as threads of this process.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
@@ -9,7 +9,10 @@ use std::time::{Duration, Instant};
 use half::f16;
 use kolo_collective::collectives::reducescatter_rows;
 use kolo_collective::communicator::{Communicator, RankInfo};
+use kolo_collective::control::mac::MacKey;
+use kolo_collective::control::JobSecret;
 use kolo_collective::reduce::{bf16_to_f32, f32_to_bf16};
+use kolo_collective::transport::handshake::{self, data_key, Dial};
 use kolo_collective::transport::{DataListener, Mesh, MeshConfig};
 use kolo_collective::wire::{self, FrameKind, Header, Hello, JobId, OpDescriptor, OpKind};
 use kolo_collective::{AbortCause, AbortSignal, DType, Error, ReduceOp};
@@ -22,6 +25,12 @@ fn job_id() -> JobId {
     id[..8].copy_from_slice(&std::process::id().to_le_bytes().repeat(2));
     id[8..].copy_from_slice(&NEXT.fetch_add(1, Ordering::Relaxed).to_le_bytes());
     id
+}
+
+/// The data-plane key of the tests' job secret (one per test process).
+fn key() -> MacKey {
+    static SECRET: std::sync::OnceLock<JobSecret> = std::sync::OnceLock::new();
+    data_key(SECRET.get_or_init(JobSecret::generate))
 }
 
 fn info(rank: usize, size: usize) -> RankInfo {
@@ -71,6 +80,7 @@ fn with_ranks_custom<T: Send>(
             .map(|(rank, listener)| {
                 let config = MeshConfig {
                     job_id,
+                    key: key(),
                     rank,
                     peers: peers.clone(),
                     connect_timeout: options.connect_timeout,
@@ -960,6 +970,7 @@ fn junk_connections_during_mesh_setup_are_dropped() {
                             from: 2,
                             to: 0,
                             size: 3,
+                            nonce: [0; 32],
                         }
                         .encode_frame(),
                     )
@@ -1002,6 +1013,7 @@ fn mesh_setup_fails_clearly() {
     let first = listeners.next().unwrap();
     let config = MeshConfig {
         job_id: job_id(),
+        key: key(),
         rank: 0,
         peers: peers.clone(),
         connect_timeout: Duration::from_millis(300),
@@ -1027,6 +1039,7 @@ fn mesh_setup_fails_clearly() {
     let second = listeners.next().unwrap();
     let config = MeshConfig {
         job_id: job_id(),
+        key: key(),
         rank: 1,
         peers: vec![impostor_addr, peers[1]],
         connect_timeout: Duration::from_secs(2),
@@ -1043,6 +1056,7 @@ fn mesh_setup_fails_clearly() {
     let listener = DataListener::bind(LOCALHOST).unwrap();
     let config = MeshConfig {
         job_id: job_id(),
+        key: key(),
         rank: 3,
         peers: vec![listener.local_addr()],
         connect_timeout: Duration::from_secs(1),
@@ -1059,6 +1073,7 @@ fn communicator_rejects_rank_info_that_does_not_match_its_mesh() {
     let listener = DataListener::bind(LOCALHOST).unwrap();
     let config = MeshConfig {
         job_id: job_id(),
+        key: key(),
         rank: 0,
         peers: vec![listener.local_addr()],
         connect_timeout: Duration::from_secs(1),
@@ -1079,25 +1094,22 @@ fn against_fake_peer(fake: impl FnOnce(&mut TcpStream, JobId) + Send) -> Error {
     thread::scope(|s| {
         s.spawn(move || {
             let mut stream = TcpStream::connect(addr).unwrap();
-            stream
-                .write_all(
-                    &Hello {
-                        job_id: job,
-                        from: 1,
-                        to: 0,
-                        size: 2,
-                    }
-                    .encode_frame(),
-                )
-                .unwrap();
-            let mut reply = [0u8; wire::HEADER_LEN + wire::HELLO_LEN];
-            stream.read_exact(&mut reply).unwrap();
+            let dial = Dial {
+                key: &key(),
+                job_id: &job,
+                from: 1,
+                to: 0,
+                size: 2,
+            };
+            let deadline = Instant::now() + Duration::from_secs(5);
+            handshake::dial(&mut stream, dial, deadline, &|| Ok(())).unwrap();
             fake(&mut stream, job);
             // Keep the connection open until rank 0 has its answer.
             let _ = done_rx.recv_timeout(Duration::from_secs(10));
         });
         let config = MeshConfig {
             job_id: job,
+            key: key(),
             rank: 0,
             peers: vec![addr, addr],
             connect_timeout: Duration::from_secs(5),

@@ -2,5 +2,7 @@
 
 mod collectives;
 mod driver;
+mod driver_auth;
 mod hostile;
 mod launcher;
+mod mesh_auth;

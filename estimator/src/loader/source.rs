@@ -73,7 +73,7 @@ impl FileReader {
 
     /// The whole file, mapped into memory, for local stores.
     fn local_bytes(&self) -> Result<Option<Bytes>> {
-        let Some(path) = self.store.local_path(&self.file.rel) else {
+        let Some(path) = self.store.local_path(&self.file.rel)? else {
             return Ok(None);
         };
         if let Some(bytes) = self.mapped.get() {
@@ -83,12 +83,12 @@ impl FileReader {
         Ok(Some(self.mapped.get_or_init(|| bytes).clone()))
     }
 
-    fn object_reader(&self) -> ObjectReader {
-        ObjectReader {
+    fn object_reader(&self) -> Result<ObjectReader> {
+        Ok(ObjectReader {
             store: self.store.object_store(),
-            path: self.store.path(&self.file.rel),
+            path: self.store.path(&self.file.rel)?,
             size: self.file.size,
-        }
+        })
     }
 
     /// The file's footer with its Arrow schema (and offset index, if the file has one, so
@@ -103,7 +103,7 @@ impl FileReader {
         let metadata = match self.local_bytes()? {
             Some(bytes) => ArrowReaderMetadata::load(&bytes, options),
             None => {
-                let mut reader = self.object_reader();
+                let mut reader = self.object_reader()?;
                 kolo_runtime::block_on(ArrowReaderMetadata::load_async(&mut reader, options))?
             }
         }
@@ -205,7 +205,7 @@ impl FileReader {
             }
             None => {
                 let mut builder = ParquetRecordBatchStreamBuilder::new_with_metadata(
-                    self.object_reader(),
+                    self.object_reader()?,
                     metadata,
                 )
                 .with_projection(projection)

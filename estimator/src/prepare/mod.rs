@@ -412,7 +412,7 @@ fn check_split(
 async fn next_free_index(store: &Store) -> Result<usize> {
     let listing = store
         .object_store()
-        .list_with_delimiter(Some(&store.path("")))
+        .list_with_delimiter(Some(&store.path("")?))
         .await
         .map_err(|source| {
             Error::Store(kolo_store::Error::Backend {

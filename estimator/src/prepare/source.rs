@@ -155,7 +155,7 @@ async fn resolve(ctx: &SessionContext, path: &str, options: &StoreOptions) -> Re
     let url = store.url().trim_end_matches('/').to_owned();
     let listing = ListingTableUrl::parse(&url).map_err(|e| query_error("parsing", &url, e))?;
     ctx.register_object_store(listing.object_store().as_ref(), store.object_store());
-    match store.object_store().head(&store.path("")).await {
+    match store.object_store().head(&store.path("")?).await {
         Ok(_) => {
             let format = format_of(&url).ok_or_else(|| Error::SourceFormat {
                 path: path.to_owned(),

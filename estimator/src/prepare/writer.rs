@@ -91,7 +91,7 @@ impl BalancedWriter {
             let take = ((target - self.rows_in_file) as usize).min(batch.num_rows() - offset);
             let rel = self.rel(self.file);
             if self.open.is_none() {
-                let sink = BufWriter::new(self.store.object_store(), self.store.path(&rel));
+                let sink = BufWriter::new(self.store.object_store(), self.store.path(&rel)?);
                 let writer = AsyncArrowWriter::try_new(
                     sink,
                     self.schema.clone(),

@@ -74,8 +74,9 @@ def get_dataset_metadata(
     """Describes the prepared dataset ``dataset_idx`` of ``store`` from its Parquet footers
     (cached beside the data by :func:`kolo.data.read_metadata`).
 
-    Raises :class:`~kolo.exceptions.DataError` when the data is missing, empty, or a column in
-    ``columns`` cannot be loaded (arrays of different lengths, nulls, unsupported type).
+    Raises :class:`~kolo.exceptions.DataError` when the data is missing, its preparation did
+    not finish (no ``_SUCCESS`` marker), it is empty, or a column in ``columns`` cannot be
+    loaded (arrays of different lengths, nulls, unsupported type).
 
     Example::
 
@@ -88,11 +89,30 @@ def get_dataset_metadata(
             f"no prepared training data at {train_path}: prepare it with fit(df) or "
             "kolo.spark.common.util.prepare_data, or pass the right dataset_idx"
         )
+    _check_finished(store, train_path)
     options = store.native_location()[1] if hasattr(store, "native_location") else None
     val_path = store.get_val_data_path(dataset_idx)
     if not (store.exists(val_path) and store.is_parquet_dataset(val_path)):
         val_path = None
+    if val_path is not None:
+        _check_finished(store, val_path)
     return describe_dataset(train_path, val_path, options, columns, dataset_idx)
+
+
+#: What a finished preparation writes last into each dataset directory (kolo's and Spark's).
+SUCCESS_MARKER = "_SUCCESS"
+
+
+def _check_finished(store: Any, path: str) -> None:
+    """A :class:`~kolo.exceptions.DataError` unless the preparation that wrote ``path``
+    finished: its ``_SUCCESS`` marker is written last, so without it the data may be partial
+    (a killed or failed preparation)."""
+    if not store.exists(f"{path.rstrip('/')}/{SUCCESS_MARKER}"):
+        raise DataError(
+            f"the prepared data at {path} has no {SUCCESS_MARKER} marker: the preparation that "
+            "wrote it did not finish, so it may hold only part of the rows; re-run the "
+            "preparation (fit(df), or prepare_data with overwrite=True) to write it again"
+        )
 
 
 def describe_dataset(

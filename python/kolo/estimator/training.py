@@ -27,6 +27,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from kolo.estimator.checks import check_rows_per_rank
 from kolo.estimator.progress import Progress
+from kolo.store import check_run_id
 
 __all__ = ["Launch", "TrainingRun", "train_on_ranks"]
 
@@ -63,8 +64,10 @@ def train_on_ranks(
     verbose: int,
     epochs: int,
 ) -> TrainingRun:
-    """Trains on the prepared data ``meta`` on ``ranks`` ranks: checks that each rank gets a
-    batch (:class:`~kolo.exceptions.DataError` naming ``ranks_param`` otherwise), builds the
+    """Trains on the prepared data ``meta`` on ``ranks`` ranks: checks ``run_id``
+    (:class:`~kolo.exceptions.StoreError` unless it is one plain name, see
+    :func:`kolo.store.check_run_id`) and that each rank gets a batch
+    (:class:`~kolo.exceptions.DataError` naming ``ranks_param`` otherwise), builds the
     trainer with ``make_trainer(run_id)``, runs it with ``launch`` and shows rank 0's progress
     (a bar per epoch with ``verbose`` >= 1).
 
@@ -73,8 +76,10 @@ def train_on_ranks(
         run = train_on_ranks(meta, make_trainer, launch, ranks=2, ranks_param="num_workers",
                              batch_size=32, run_id="run_1", verbose=1, epochs=3)
     """
+    if run_id is not None:
+        check_run_id(run_id)
     check_rows_per_rank(meta.train_rows, ranks, batch_size, ranks_param)
-    run_id = run_id or f"run_{int(time.time() * 1000)}"
+    run_id = run_id if run_id is not None else f"run_{int(time.time() * 1000)}"
     trainer = make_trainer(run_id)
     progress = Progress(verbose, epochs)
     launched = time.time()

@@ -37,7 +37,7 @@ fn set_mtime(path: &FsPath, time: SystemTime) {
 }
 
 async fn round_trip(store: &Store) {
-    let key = layout::checkpoint("run_1");
+    let key = layout::checkpoint("run_1").unwrap();
     assert!(!store.exists(&key).await.unwrap());
     store
         .put_atomic(&key, Bytes::from_static(b"v1"))
@@ -63,7 +63,7 @@ async fn round_trip(store: &Store) {
 
     assert!(store.exists(&key).await.unwrap());
     assert!(
-        store.exists(&layout::run("run_1")).await.unwrap(),
+        store.exists(&layout::run("run_1").unwrap()).await.unwrap(),
         "a non-empty directory exists"
     );
     assert!(!store.exists("runs/other").await.unwrap());
@@ -75,7 +75,7 @@ async fn round_trip(store: &Store) {
     assert!(store.list("missing").await.unwrap().is_empty());
     assert_eq!(store.list("").await.unwrap().len(), 3);
 
-    store.delete(&layout::logs("run_1")).await.unwrap();
+    store.delete(&layout::logs("run_1").unwrap()).await.unwrap();
     assert!(!store.exists("runs/run_1/logs/events").await.unwrap());
     assert!(store.exists(&key).await.unwrap());
     store.delete(&key).await.unwrap();
@@ -105,7 +105,7 @@ async fn local_writes_land_where_local_path_says() {
         .put_atomic("a/b.txt", Bytes::from_static(b"hello"))
         .await
         .unwrap();
-    let path = store.local_path("a/b.txt").unwrap();
+    let path = store.local_path("a/b.txt").unwrap().unwrap();
     assert_eq!(path, dir.path().join("a/b.txt"));
     assert_eq!(std::fs::read(&path).unwrap(), b"hello");
     // No staging file is left beside the object.
@@ -126,7 +126,7 @@ async fn dbfs_paths_map_onto_the_configured_mount() {
     for location in ["dbfs:/jobs/x", "/dbfs/jobs/x", "file:///dbfs/jobs/x"] {
         let store = Store::open(location, &options).unwrap();
         assert_eq!(
-            store.local_path(""),
+            store.local_path("").unwrap(),
             Some(mount.path().join("jobs/x")),
             "{location}"
         );
@@ -286,4 +286,84 @@ async fn an_unreachable_endpoint_fails_within_seconds() {
         message.contains("s3://bucket/pre/x") && message.contains("endpoint"),
         "{message}"
     );
+}
+
+/// Every key that could leave the store: `..` components, absolute, NUL, control characters.
+const ESCAPING_KEYS: [&str; 7] = [
+    "..",
+    "../x",
+    "a/../../b",
+    "runs/../../outside",
+    "/abs",
+    "a\0b",
+    "a\nb",
+];
+
+#[tokio::test]
+async fn no_operation_reaches_outside_the_store_root() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("a/store");
+    std::fs::create_dir_all(root.join("runs/r1")).unwrap();
+    // Sentinels where `..` from the root or from runs/r1 would land.
+    for sentinel in [
+        "outside/keep",
+        "a/outside/keep",
+        "x/keep",
+        "b/keep",
+        "a/x/keep",
+        "a/b/keep",
+    ] {
+        write(&dir.path().join(sentinel), b"sentinel");
+    }
+    let store = local_store(&root);
+    let other = tempfile::tempdir().unwrap();
+    write(&other.path().join("f"), b"local");
+    for key in ESCAPING_KEYS {
+        let refused = |result: Result<(), Error>| match result {
+            Err(Error::UnsafeKey { key: named, .. }) => assert_eq!(named, key),
+            other => panic!("{key:?}: {other:?}"),
+        };
+        refused(store.delete(key).await);
+        refused(store.exists(key).await.map(|_| ()));
+        refused(store.get(key).await.map(|_| ()));
+        refused(store.list(key).await.map(|_| ()));
+        refused(store.put_atomic(key, Bytes::from_static(b"x")).await);
+        refused(store.sync_dir(other.path(), key).await.map(|_| ()));
+        refused(store.local_path(key).map(|_| ()));
+        refused(store.path(key).map(|_| ()));
+    }
+    for sentinel in [
+        "outside/keep",
+        "a/outside/keep",
+        "x/keep",
+        "b/keep",
+        "a/x/keep",
+        "a/b/keep",
+    ] {
+        assert_eq!(
+            std::fs::read(dir.path().join(sentinel)).unwrap(),
+            b"sentinel",
+            "{sentinel}"
+        );
+    }
+    // The store's own content is untouched too.
+    assert!(root.join("runs/r1").is_dir());
+}
+
+#[tokio::test]
+async fn a_bad_run_id_never_becomes_a_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = local_store(&dir.path().join("store"));
+    store
+        .put_atomic("runs/keep/checkpoint", Bytes::from_static(b"x"))
+        .await
+        .unwrap();
+    for run_id in ["..", "../x", "a/../../b", "/abs", "a\0b", ""] {
+        match layout::run(run_id) {
+            Err(Error::InvalidRunId { run_id: named, .. }) => assert_eq!(named, run_id),
+            other => panic!("{run_id:?}: {other:?}"),
+        }
+        assert!(layout::checkpoint(run_id).is_err() && layout::logs(run_id).is_err());
+    }
+    assert!(store.exists("runs/keep/checkpoint").await.unwrap());
 }

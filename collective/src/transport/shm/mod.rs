@@ -1,10 +1,18 @@
 //! The shared-memory data plane among the ranks of one host.
 //!
-//! Every local rank creates one segment, `/dev/shm/kolo-<job id>-<rank>`: a header page with
+//! Every local rank creates one segment, `/dev/shm/kolo-<name>-<rank>` (`<name>` is derived
+//! from the job secret, so nobody without it can predict or pre-create it; the directory is
+//! [`SHM_DIR_ENV`] when set): a header page with
 //! its phase counter (and a count of waiters sleeping on it), then two data *halves* of
 //! [`half_bytes`] each. The ranks map each other's segments during init, agree over TCP
 //! that all have, and unlink them at once: from then on nothing is left in `/dev/shm`
 //! whatever happens to any process (the mappings die with the processes).
+//!
+//! Segments are created exclusively (`O_EXCL|O_NOFOLLOW`, mode 0600) and fully reserved
+//! (`posix_fallocate`), and others' segments are opened without following symlinks and only
+//! when owned by this user with mode 0600. A rank killed between creating and unlinking its
+//! segment leaves it behind: the next setup on the host reclaims every kolo segment of this
+//! user whose creator (recorded in its header, with its pid namespace) is dead.
 //!
 //! Collectives run as a sequence of *phases*. In phase `p` every local rank writes into its
 //! own half `p % 2`, publishes `p` in its counter (a release store), waits until every other
@@ -30,15 +38,102 @@ use std::time::{Duration, Instant};
 pub(crate) use segment::Segment;
 
 use super::Failure;
+use crate::control::mac::MacKey;
 use crate::error::Error;
-use crate::wire::JobId;
 
 /// Environment variable: bytes of each of a segment's two data halves (default 4 MiB).
 pub const SHM_HALF_BYTES: &str = "KOLO_SHM_CHUNK_BYTES";
 /// Default of [`SHM_HALF_BYTES`].
 pub const DEFAULT_HALF_BYTES: usize = 4 << 20;
-/// Where segments live.
+/// Where segments live unless [`SHM_DIR_ENV`] says otherwise.
 pub const SHM_DIR: &str = "/dev/shm";
+/// Environment variable: the directory (a tmpfs) holding the segments.
+pub const SHM_DIR_ENV: &str = "KOLO_SHM_DIR";
+/// Offsets of the creator's pid and pid-namespace inode in a segment's header.
+const PID_OFFSET: usize = 8;
+const PIDNS_OFFSET: usize = 16;
+/// A segment without a kolo header (its creator died within microseconds of creating it) is
+/// reclaimed once it is this old.
+const HEADERLESS_AGE: Duration = Duration::from_secs(600);
+
+/// The segment directory: [`SHM_DIR_ENV`] or [`SHM_DIR`].
+pub fn dir() -> PathBuf {
+    match std::env::var_os(SHM_DIR_ENV) {
+        Some(d) if !d.is_empty() => PathBuf::from(d),
+        _ => PathBuf::from(SHM_DIR),
+    }
+}
+
+/// The pid namespace of this process (its inode), so stale segments are only judged by
+/// creators in the same namespace (a pid means nothing across namespaces).
+fn pid_namespace() -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino())
+}
+
+/// Removes the kolo segments in `dir` that belong to this user and whose creators are dead
+/// (same pid namespace, pid gone), or that never got a header and are old. Returns how many.
+pub(crate) fn reclaim_stale(dir: &std::path::Path) -> usize {
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let ns = pid_namespace();
+    let mut reclaimed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        if !name.to_string_lossy().starts_with("kolo-") {
+            continue;
+        }
+        let path = entry.path();
+        let Ok(file) = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(&path)
+        else {
+            continue;
+        };
+        let Ok(meta) = file.metadata() else { continue };
+        if segment::check_private(&path, &meta).is_err() {
+            continue;
+        }
+        let mut header = [0u8; 24];
+        let stale = match file.read_exact_at(&mut header, 0) {
+            Ok(()) if u64::from_le_bytes(header[..8].try_into().unwrap()) == MAGIC => {
+                let pid =
+                    u32::from_le_bytes(header[PID_OFFSET..PID_OFFSET + 4].try_into().unwrap());
+                let their_ns =
+                    u64::from_le_bytes(header[PIDNS_OFFSET..PIDNS_OFFSET + 8].try_into().unwrap());
+                their_ns == ns && !process_alive(pid)
+            }
+            _ => meta
+                .modified()
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age > HEADERLESS_AGE),
+        };
+        if stale && std::fs::remove_file(&path).is_ok() {
+            log::info!(
+                "reclaimed the stale shared-memory segment {} of a dead kolo process",
+                path.display()
+            );
+            reclaimed += 1;
+        }
+    }
+    reclaimed
+}
+
+fn process_alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    if pid <= 0 {
+        return false;
+    }
+    // SAFETY: signal 0 only checks whether the process exists.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
 
 /// Offset of the data halves in a segment (the header takes the first page).
 const DATA_OFFSET: usize = 4096;
@@ -69,19 +164,19 @@ pub fn half_bytes() -> Result<usize, Error> {
     Ok(bytes.next_multiple_of(4096))
 }
 
-/// Where a node's segments live and what they are called: `dir`, the job and the process set
-/// (0: the whole job's node).
+/// Where a node's segments live and what they are called: `dir`, the job's key and the
+/// process set (0: the whole job's node).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct SegmentNames<'a> {
     pub dir: &'a std::path::Path,
-    pub job_id: &'a JobId,
+    pub key: &'a MacKey,
     pub set: u32,
 }
 
 impl SegmentNames<'_> {
-    /// The segment path of global rank `rank`.
+    /// The segment path of global rank `rank`: its name part is derived from the job secret.
     pub(crate) fn path(&self, rank: usize) -> PathBuf {
-        let hex: String = self.job_id.iter().map(|b| format!("{b:02x}")).collect();
+        let hex = self.key.name(b"shared-memory segments", 32);
         match self.set {
             0 => self.dir.join(format!("kolo-{hex}-{rank}")),
             set => self.dir.join(format!("kolo-{hex}-set{set}-{rank}")),
@@ -135,11 +230,19 @@ impl ShmNode {
     ) -> Result<ShmNode, Error> {
         let len = DATA_OFFSET + 2 * half;
         let mine_path = names.path(members[me]);
-        let mut mine = Segment::create(&mine_path, len).map_err(|e| shm_error(&mine_path, e))?;
+        reclaim_stale(names.dir);
+        let mut mine = Segment::create(&mine_path, len)?;
         // SAFETY: the header lies in the fresh mapping, which nobody else maps yet.
         unsafe {
             mine.ptr().cast::<u64>().write(MAGIC);
-            mine.ptr().add(8).cast::<u32>().write(std::process::id());
+            mine.ptr()
+                .add(PID_OFFSET)
+                .cast::<u32>()
+                .write(std::process::id());
+            mine.ptr()
+                .add(PIDNS_OFFSET)
+                .cast::<u64>()
+                .write(pid_namespace());
         }
         sync(0)?;
         let mut segments = Vec::with_capacity(members.len());
@@ -149,7 +252,7 @@ impl ShmNode {
                 continue;
             }
             let path = names.path(rank);
-            let segment = Segment::open(&path, len).map_err(|e| shm_error(&path, e))?;
+            let segment = Segment::open(&path, len)?;
             // SAFETY: the header lies in the mapping; its creator wrote it before `sync`.
             let magic = unsafe { segment.ptr().cast::<u64>().read() };
             if magic != MAGIC {

@@ -7,6 +7,10 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 
+use std::os::unix::fs::MetadataExt;
+
+use crate::error::Error;
+
 /// A mapping of a shared-memory file. The creator unlinks the file (at the latest when the
 /// segment is dropped); the mapping lives until the segment is dropped.
 #[derive(Debug)]
@@ -25,42 +29,55 @@ unsafe impl Send for Segment {}
 unsafe impl Sync for Segment {}
 
 impl Segment {
-    /// Creates `path` (which must not exist) with `len` zeroed bytes and maps it.
-    pub(crate) fn create(path: &Path, len: usize) -> io::Result<Segment> {
+    /// Creates `path` (which must not exist; a symlink there is never followed) with mode
+    /// 0600 and `len` bytes reserved (`posix_fallocate`, so a full directory fails here with
+    /// a typed error rather than SIGBUS later), and maps it.
+    pub(crate) fn create(path: &Path, len: usize) -> Result<Segment, Error> {
         let file = OpenOptions::new()
             .read(true)
             .write(true)
             .create_new(true)
             .mode(0o600)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(path)?;
-        let mapped = file
-            .set_len(len as u64)
-            .and_then(|()| Self::map(&file, path, len, true));
-        if mapped.is_err() {
+            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+            .open(path)
+            .map_err(|e| match e.kind() {
+                io::ErrorKind::AlreadyExists => Error::SharedMemory(format!(
+                    "shared-memory segment {} already exists (a file, symlink or segment someone else put \
+                     there); kolo neither follows nor reuses it: remove it if it is a leftover of yours, or \
+                     set KOLO_TRANSPORT=tcp",
+                    path.display()
+                )),
+                _ => setup_error(path, e),
+            })?;
+        let reserved = reserve(&file, path, len)
+            .and_then(|()| Self::map(&file, path, len, true).map_err(|e| setup_error(path, e)));
+        if reserved.is_err() {
             let _ = std::fs::remove_file(path);
         }
-        mapped
+        reserved
     }
 
-    /// Maps the existing `path`, which must hold `len` bytes.
-    pub(crate) fn open(path: &Path, len: usize) -> io::Result<Segment> {
+    /// Maps the existing `path`, which must be a regular file (not a symlink) owned by this
+    /// user, private to it (no group or other permission bits), holding `len` bytes.
+    pub(crate) fn open(path: &Path, len: usize) -> Result<Segment, Error> {
         let file = OpenOptions::new()
             .read(true)
             .write(true)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(path)?;
-        let actual = file.metadata()?.len();
-        if actual != len as u64 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!(
-                    "shared-memory segment {} holds {actual} bytes, expected {len}",
-                    path.display()
-                ),
+            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(path)
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::ELOOP) => unsafe_segment(path, "it is a symlink"),
+                _ => setup_error(path, e),
+            })?;
+        let meta = file.metadata().map_err(|e| setup_error(path, e))?;
+        check_private(path, &meta)?;
+        if meta.len() != len as u64 {
+            return Err(unsafe_segment(
+                path,
+                &format!("it holds {} bytes, expected {len}", meta.len()),
             ));
         }
-        Self::map(&file, path, len, false)
+        Self::map(&file, path, len, false).map_err(|e| setup_error(path, e))
     }
 
     fn map(file: &File, path: &Path, len: usize, owned: bool) -> io::Result<Segment> {
@@ -109,6 +126,105 @@ impl Segment {
     pub(crate) fn len(&self) -> usize {
         self.len
     }
+}
+
+/// Refuses a segment file that is not a regular file owned by this user with no group or
+/// other permissions (another user could read or change the job's tensors through it).
+pub(crate) fn check_private(path: &Path, meta: &std::fs::Metadata) -> Result<(), Error> {
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    if !meta.file_type().is_file() {
+        return Err(unsafe_segment(path, "it is not a regular file"));
+    }
+    if meta.uid() != uid {
+        return Err(unsafe_segment(
+            path,
+            &format!(
+                "it belongs to uid {}, not to this process's uid {uid}",
+                meta.uid()
+            ),
+        ));
+    }
+    if meta.mode() & 0o077 != 0 {
+        return Err(unsafe_segment(
+            path,
+            &format!(
+                "its mode is {:o}; a segment must be 600",
+                meta.mode() & 0o777
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn unsafe_segment(path: &Path, why: &str) -> Error {
+    Error::SharedMemory(format!(
+        "shared-memory segment {} is not safe to use: {why}; kolo only maps segments its own job \
+         created (remove the file, or set KOLO_TRANSPORT=tcp)",
+        path.display()
+    ))
+}
+
+fn setup_error(path: &Path, source: io::Error) -> Error {
+    Error::SharedMemory(format!(
+        "shared-memory segment {}: {source} (is {} mounted and writable? set {} to another \
+         directory or KOLO_TRANSPORT=tcp to avoid shared memory)",
+        path.display(),
+        path.parent().unwrap_or(Path::new("/")).display(),
+        super::SHM_DIR_ENV
+    ))
+}
+
+/// Reserves `len` bytes of `file` so the mapping can never hit a hole the filesystem cannot
+/// fill (SIGBUS); on a full filesystem, a typed error naming the size and the free space.
+fn reserve(file: &File, path: &Path, len: usize) -> Result<(), Error> {
+    let size = libc::off_t::try_from(len).map_err(|_| {
+        Error::SharedMemory(format!("shared-memory segment of {len} bytes is too large"))
+    })?;
+    // SAFETY: a plain call on a descriptor we own; posix_fallocate returns the error number.
+    let code = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, size) };
+    match code {
+        0 => Ok(()),
+        libc::ENOSPC | libc::EFBIG => {
+            let dir = path.parent().unwrap_or(Path::new("/"));
+            let free = free_bytes(dir)
+                .map(|b| format!("{b} bytes ({} MiB) free", b >> 20))
+                .unwrap_or_else(|e| format!("free space unknown: {e}"));
+            Err(Error::SharedMemory(format!(
+                "shared memory: the segment {} needs {len} bytes ({} MiB) but {} has only {free}; give it \
+                 more space (e.g. Docker --shm-size=1g, or a larger /dev/shm mount), lower {} (bytes per \
+                 half-buffer), point {} at a larger tmpfs, or set KOLO_TRANSPORT=tcp",
+                path.display(),
+                len.div_ceil(1 << 20),
+                dir.display(),
+                super::SHM_HALF_BYTES,
+                super::SHM_DIR_ENV
+            )))
+        }
+        libc::EOPNOTSUPP | libc::EINVAL => {
+            // A filesystem without fallocate: size the file; pages are then allocated on touch.
+            log::debug!(
+                "{}: no posix_fallocate, sizing the file instead",
+                path.display()
+            );
+            file.set_len(len as u64).map_err(|e| setup_error(path, e))
+        }
+        code => Err(setup_error(path, io::Error::from_raw_os_error(code))),
+    }
+}
+
+/// Bytes available to this user in the filesystem holding `dir`.
+pub(crate) fn free_bytes(dir: &Path) -> io::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path holds a NUL byte"))?;
+    // SAFETY: statvfs is plain old data; all-zero bytes are a valid value.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: statvfs fills the struct for a valid NUL-terminated path.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st.f_bavail as u64 * st.f_frsize as u64)
 }
 
 impl Drop for Segment {

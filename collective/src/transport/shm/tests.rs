@@ -33,7 +33,11 @@ impl Drop for Dir {
     }
 }
 
-const JOB: JobId = *b"shm-unit-test-id";
+/// The tests' data-plane key (one per test process).
+fn key() -> &'static MacKey {
+    static KEY: std::sync::OnceLock<MacKey> = std::sync::OnceLock::new();
+    KEY.get_or_init(|| MacKey::derive(&crate::control::JobSecret::generate(), "data plane"))
+}
 
 /// Runs `body(node)` on `n` threads, each with its own node over segments in `dir`.
 fn run<T: Send + 'static>(
@@ -70,7 +74,7 @@ fn run<T: Send + 'static>(
 fn names(dir: &std::path::Path) -> SegmentNames<'_> {
     SegmentNames {
         dir,
-        job_id: &JOB,
+        key: key(),
         set: 0,
     }
 }
@@ -117,17 +121,19 @@ fn segments_are_unlinked_once_every_rank_mapped_them() {
         "every rank's segment exists while they map"
     );
     assert!(dir.entries().is_empty(), "left behind: {:?}", dir.entries());
+    let name = key().name(b"shared-memory segments", 32);
+    assert_eq!(name.len(), 32);
     assert!(names(&dir.0)
         .path(7)
         .to_string_lossy()
-        .ends_with("kolo-73686d2d756e69742d746573742d6964-7"));
+        .ends_with(&format!("kolo-{name}-7")));
     assert!(SegmentNames {
         set: 3,
         ..names(&dir.0)
     }
     .path(7)
     .to_string_lossy()
-    .ends_with("kolo-73686d2d756e69742d746573742d6964-set3-7"));
+    .ends_with(&format!("kolo-{name}-set3-7")));
 }
 
 #[test]
@@ -142,7 +148,188 @@ fn a_failed_setup_leaves_nothing_behind() {
         |_| Ok(()),
     );
     // Rank 1 never created its segment: mapping it fails, and rank 0's own is removed.
-    assert!(matches!(result, Err(Error::Io(_))), "{result:?}");
+    assert!(matches!(result, Err(Error::SharedMemory(_))), "{result:?}");
+    assert!(dir.entries().is_empty(), "left behind: {:?}", dir.entries());
+}
+
+/// Sets up rank 0 of two over `dir` whose rank 1 "created" its segment with `plant(path)`.
+fn setup_with_planted(dir: &Dir, plant: impl FnOnce(&Path)) -> Result<ShmNode, Error> {
+    let names = names(&dir.0);
+    plant(&names.path(1));
+    ShmNode::setup(names, vec![0, 1], 0, 4096, Duration::from_secs(1), |_| {
+        Ok(())
+    })
+}
+
+fn shm_error_text(result: Result<ShmNode, Error>) -> String {
+    match result {
+        Err(Error::SharedMemory(m)) => m,
+        other => panic!("expected a SharedMemory error, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_symlink_at_a_segment_name_is_never_followed() {
+    let dir = Dir::new("symlink");
+    let victim = dir.0.join("victim");
+    std::fs::write(&victim, b"precious").unwrap();
+    // At a peer's name: opening refuses it.
+    let m = shm_error_text(setup_with_planted(&dir, |path| {
+        std::os::unix::fs::symlink(&victim, path).unwrap()
+    }));
+    assert!(m.contains("symlink") && m.contains("kolo-"), "{m}");
+    // At this rank's own name: creating refuses it (O_EXCL|O_NOFOLLOW), nothing is written
+    // through it.
+    let own = names(&dir.0).path(0);
+    std::os::unix::fs::symlink(&victim, &own).unwrap();
+    let result = ShmNode::setup(
+        names(&dir.0),
+        vec![0, 1],
+        0,
+        4096,
+        Duration::from_secs(1),
+        |_| Ok(()),
+    );
+    let m = shm_error_text(result);
+    assert!(
+        m.contains("already exists") && m.contains(&own.display().to_string()),
+        "{m}"
+    );
+    assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+    assert!(std::fs::symlink_metadata(&own)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+}
+
+#[test]
+fn a_segment_of_another_user_or_mode_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = Dir::new("owner");
+    let len = DATA_OFFSET + 2 * 4096;
+    // Same uid, but readable by others.
+    let m = shm_error_text(setup_with_planted(&dir, |path| {
+        std::fs::write(path, vec![0u8; len]).unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    }));
+    assert!(m.contains("mode is 644"), "{m}");
+    std::fs::remove_file(names(&dir.0).path(1)).unwrap();
+    // Another uid (chown needs root; skipped otherwise).
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipping the other-uid case: chown needs root");
+        return;
+    }
+    let m = shm_error_text(setup_with_planted(&dir, |path| {
+        std::fs::write(path, vec![0u8; len]).unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::os::unix::fs::chown(path, Some(65534), Some(65534)).unwrap();
+    }));
+    assert!(m.contains("belongs to uid 65534"), "{m}");
+}
+
+#[test]
+fn a_pre_created_own_segment_is_refused_not_reused() {
+    let dir = Dir::new("precreated");
+    let own = names(&dir.0).path(0);
+    std::fs::write(&own, b"someone else's").unwrap();
+    let result = ShmNode::setup(
+        names(&dir.0),
+        vec![0, 1],
+        0,
+        4096,
+        Duration::from_secs(1),
+        |_| Ok(()),
+    );
+    let m = shm_error_text(result);
+    assert!(
+        m.contains("already exists") && m.contains(&own.display().to_string()),
+        "{m}"
+    );
+    assert_eq!(std::fs::read(&own).unwrap(), b"someone else's");
+}
+
+#[test]
+fn a_dead_creators_segment_is_reclaimed_and_a_live_ones_kept() {
+    let dir = Dir::new("stale");
+    let len = DATA_OFFSET + 2 * 4096;
+    let header = |pid: u32| {
+        let mut bytes = vec![0u8; len];
+        bytes[..8].copy_from_slice(&MAGIC.to_le_bytes());
+        bytes[PID_OFFSET..PID_OFFSET + 4].copy_from_slice(&pid.to_le_bytes());
+        bytes[PIDNS_OFFSET..PIDNS_OFFSET + 8].copy_from_slice(&pid_namespace().to_le_bytes());
+        bytes
+    };
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    let write_private = |name: &str, bytes: &[u8]| {
+        use std::os::unix::fs::OpenOptionsExt;
+        let path = dir.0.join(name);
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .unwrap();
+        std::io::Write::write_all(&mut file, bytes).unwrap();
+    };
+    write_private("kolo-deadbeef-0", &header(dead));
+    write_private("kolo-alive-0", &header(std::process::id()));
+    write_private("other-file", &header(dead));
+    assert_eq!(reclaim_stale(&dir.0), 1);
+    let mut left = dir.entries();
+    left.sort();
+    assert_eq!(left, ["kolo-alive-0", "other-file"]);
+}
+
+#[test]
+fn a_small_shm_dir_is_a_typed_error_at_setup_naming_size_and_free_space() {
+    let dir = Dir::new("tmpfs");
+    let target = std::ffi::CString::new(dir.0.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: mounting a fresh tmpfs on our own empty directory (root only).
+    let rc = unsafe {
+        libc::mount(
+            c"tmpfs".as_ptr(),
+            target.as_ptr(),
+            c"tmpfs".as_ptr(),
+            0,
+            c"size=16m".as_ptr().cast(),
+        )
+    };
+    if rc != 0 {
+        eprintln!(
+            "skipping: cannot mount a 16 MiB tmpfs: {}",
+            std::io::Error::last_os_error()
+        );
+        return;
+    }
+    struct Unmount(std::ffi::CString);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            // SAFETY: unmounting the tmpfs this test mounted.
+            unsafe { libc::umount2(self.0.as_ptr(), libc::MNT_DETACH) };
+        }
+    }
+    let _unmount = Unmount(target);
+    // Two 8 MiB halves plus the header: more than the 16 MiB there.
+    let result = ShmNode::setup(
+        names(&dir.0),
+        vec![0, 1],
+        0,
+        8 << 20,
+        Duration::from_secs(1),
+        |_| Ok(()),
+    );
+    let m = shm_error_text(result);
+    assert!(
+        m.contains(&format!("needs {} bytes", DATA_OFFSET + (16 << 20))),
+        "{m}"
+    );
+    assert!(
+        m.contains("free") && m.contains("--shm-size") && m.contains("KOLO_TRANSPORT=tcp"),
+        "{m}"
+    );
     assert!(dir.entries().is_empty(), "left behind: {:?}", dir.entries());
 }
 
