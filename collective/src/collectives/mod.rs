@@ -490,7 +490,7 @@ pub(crate) fn check_sizes(descs: &[OpDescriptor]) -> Option<String> {
                 let rows = usize::try_from(*d.splits.get(receiver)?).ok()?;
                 acc.checked_add(rows.checked_mul(row)?)
             });
-            if !received.is_some_and(|bytes| bytes <= MAX_TENSOR_BYTES) {
+            if received.is_none_or(|bytes| bytes > MAX_TENSOR_BYTES) {
                 return Some(format!(
                     "{what}: the splits {:?} make rank {receiver} receive more than the limit of \
                      {MAX_TENSOR_BYTES} bytes; no rank ran it (a broken or hostile peer, or a bug)",
