@@ -73,6 +73,11 @@ pub fn check_reduction(
     prescale: f64,
     postscale: f64,
 ) -> Result<(), String> {
+    if !prescale.is_finite() || !postscale.is_finite() {
+        return Err(format!(
+            "prescale_factor={prescale} and postscale_factor={postscale}: scale factors must be finite numbers"
+        ));
+    }
     if dtype != DType::Bool {
         return Ok(());
     }

@@ -55,7 +55,6 @@ pub fn cuda_probe(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 #[cfg(feature = "cuda")]
 mod device {
     use std::sync::{Mutex, MutexGuard};
-    use std::time::Duration;
 
     use kolo_collective::cuda::driver::Event;
     use kolo_collective::cuda::gpu::{DevicePtr, Gpu as Inner};
@@ -88,9 +87,9 @@ mod device {
 
         /// Waits (without the GIL) up to `timeout` seconds for the work.
         fn wait(&self, py: Python<'_>, timeout: f64) -> PyResult<()> {
+            let timeout = crate::job::timeout_seconds("timeout", timeout)?;
             let event = lock(&self.0);
-            py.detach(|| event.wait(Duration::from_secs_f64(timeout.max(0.0)), "a collective"))
-                .py_err()
+            py.detach(|| event.wait(timeout, "a collective")).py_err()
         }
     }
 

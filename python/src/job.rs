@@ -19,7 +19,7 @@ use crate::error::to_py;
 
 /// `value` seconds as a `Duration`, or `InvalidArgumentError` naming `name`.
 pub fn seconds(name: &str, value: f64) -> PyResult<Duration> {
-    if value.is_finite() && value > 0.0 && value < 1e9 {
+    if value.is_finite() && value > 0.0 && value < MAX_TIMEOUT_SECONDS {
         Ok(Duration::from_secs_f64(value))
     } else {
         Err(to_py(Error::InvalidArgument(format!(
@@ -27,6 +27,32 @@ pub fn seconds(name: &str, value: f64) -> PyResult<Duration> {
         ))))
     }
 }
+
+/// The longest wait a timeout argument may ask for: about 31 years. Larger values (`1e300`)
+/// would overflow a `Duration`; `inf` and `nan` are no number of seconds at all.
+const MAX_TIMEOUT_SECONDS: f64 = 1e9;
+
+/// `value` seconds (0 included: do not wait) as a `Duration`, or `InvalidArgumentError` naming
+/// `name` and the accepted range for `inf`, `nan`, negative or huge values.
+pub fn timeout_seconds(name: &str, value: f64) -> PyResult<Duration> {
+    if value.is_finite() && (0.0..MAX_TIMEOUT_SECONDS).contains(&value) {
+        Ok(Duration::from_secs_f64(value))
+    } else {
+        Err(to_py(Error::InvalidArgument(format!(
+            "{name}={value:?} must be a number of seconds from 0 to {MAX_TIMEOUT_SECONDS:e}{}",
+            if value == f64::INFINITY {
+                " (pass None where waiting without a limit is allowed)"
+            } else {
+                ""
+            }
+        ))))
+    }
+}
+
+/// The most tasks (ranks) one launch may have. Task indices travel as 32-bit numbers and the
+/// driver keeps state per task, so `num_tasks=2**40` is refused here instead of exhausting
+/// memory.
+pub const MAX_TASKS: usize = 1 << 20;
 
 /// The job driver of one launch (`kolo.spark.run`, `RayExecutor`, rank 0 of an `mpirun`/`srun`
 /// job). `secret` and `job_id` (hex) give the job an identity its workers already know.
@@ -54,6 +80,11 @@ impl PyLaunchDriver {
                 "bind={bind:?} is not an IP:port address (e.g. 127.0.0.1:0)"
             )))
         })?;
+        if !(1..=MAX_TASKS).contains(&num_tasks) {
+            return Err(to_py(Error::InvalidArgument(format!(
+                "num_tasks={num_tasks} must be between 1 and {MAX_TASKS}"
+            ))));
+        }
         let options = LaunchDriverOptions {
             bind,
             num_tasks,
@@ -111,7 +142,7 @@ impl PyLaunchDriver {
     /// bytes, unix_micros)`, `("message", task, rank, bytes)`, `("exited", task, rank,
     /// success, description)`.
     fn poll<'py>(&self, py: Python<'py>, timeout: f64) -> PyResult<Vec<Bound<'py, PyTuple>>> {
-        let timeout = Duration::from_secs_f64(timeout.clamp(0.0, 60.0));
+        let timeout = timeout_seconds("timeout", timeout)?.min(Duration::from_secs(60));
         let inner = Arc::clone(&self.inner);
         let events = py.detach(move || inner.poll(timeout)).map_err(to_py)?;
         events

@@ -1,6 +1,8 @@
 //! The engine's ops for `kolo.torch.ops`: submit an op on raw views of contiguous CPU tensors
 //! and get a handle at once; `wait` (GIL released, Ctrl-C honoured) and `poll` complete it.
 
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use kolo_collective::engine::{recycle_output, Output, RawTensor, Submission};
@@ -11,6 +13,23 @@ use pyo3::types::PyDict;
 
 use crate::error::IntoPyResult;
 use crate::session;
+
+/// The Python objects (the tensors) each submitted op works on, by handle: held here from the
+/// moment the op is submitted until `wait` consumes its result, so nothing the engine still
+/// reads or writes can be freed — not even when a KeyboardInterrupt arrives before the caller
+/// has recorded the handle.
+static KEPT: Mutex<Option<HashMap<u64, Py<PyAny>>>> = Mutex::new(None);
+
+fn kept() -> MutexGuard<'static, Option<HashMap<u64, Py<PyAny>>>> {
+    KEPT.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// True while the tensor `submit` was given with `keep` for `handle` is still held (until
+/// `wait` consumed the handle's result).
+#[pyfunction]
+pub fn holds(handle: u64) -> bool {
+    kept().as_ref().is_some_and(|k| k.contains_key(&handle))
+}
 
 fn kind_of(kind: &str) -> PyResult<OpKind> {
     Ok(match kind {
@@ -31,9 +50,12 @@ fn kind_of(kind: &str) -> PyResult<OpKind> {
 /// Submits one collective on `nbytes` at `ptr` (allreduce and broadcast write their result
 /// there) and returns its handle. The caller keeps the memory alive and untouched until the
 /// handle completes. `wake=False`: the caller waits for the handle at once (a synchronous
-/// op), so the engine thread is not woken (`Engine::submit_with`).
+/// op), so the engine thread is not woken (`Engine::submit_with`). `keep` (the tensor, and
+/// whatever else must outlive the op) is held by the handle itself until `wait` consumed its
+/// result: registered in the same native call as the submission, with no Python code in
+/// between where a KeyboardInterrupt could drop it.
 #[pyfunction]
-#[pyo3(signature = (kind, name, ptr, nbytes, shape, dtype, op="Sum", prescale=1.0, postscale=1.0, root=0, splits=Vec::new(), process_set=0, device=-1, ready_event=0, wake=true))]
+#[pyo3(signature = (kind, name, ptr, nbytes, shape, dtype, op="Sum", prescale=1.0, postscale=1.0, root=0, splits=Vec::new(), process_set=0, device=-1, ready_event=0, wake=true, keep=None))]
 #[expect(
     clippy::too_many_arguments,
     reason = "mirrors the union of Horovod's op parameters"
@@ -55,6 +77,7 @@ pub fn submit(
     device: i32,
     ready_event: u64,
     wake: bool,
+    keep: Option<Py<PyAny>>,
 ) -> PyResult<u64> {
     let worker = session::current(py)?;
     let mut sub = Submission::new(kind_of(kind)?, name);
@@ -82,7 +105,12 @@ pub fn submit(
     // SAFETY: `kolo.torch.ops` passes the data pointer of a contiguous CPU tensor of `nbytes`
     // bytes and keeps the tensor referenced, and unused by Python, until the handle completes.
     sub.tensor = unsafe { RawTensor::new(ptr, nbytes) };
-    worker.engine().submit_with(sub, wake).py_err()
+    let mut kept = kept();
+    let handle = worker.engine().submit_with(sub, wake).py_err()?;
+    if let Some(keep) = keep {
+        kept.get_or_insert_with(HashMap::new).insert(handle, keep);
+    }
+    Ok(handle)
 }
 
 /// Submits this rank's join; the handle's result is the last rank to join.
@@ -123,9 +151,11 @@ pub fn poll(py: Python<'_>, handle: u64) -> PyResult<bool> {
 #[pyfunction]
 #[pyo3(signature = (handle, timeout=None))]
 pub fn wait(py: Python<'_>, handle: u64, timeout: Option<f64>) -> PyResult<Py<PyAny>> {
+    let limit = timeout
+        .map(|t| crate::job::timeout_seconds("timeout", t))
+        .transpose()?;
     let worker = session::current(py)?;
     let engine = worker.engine();
-    let limit = timeout.map(Duration::from_secs_f64);
     let started = std::time::Instant::now();
     loop {
         if let Some(after) = limit.filter(|&limit| started.elapsed() >= limit) {
@@ -136,6 +166,9 @@ pub fn wait(py: Python<'_>, handle: u64, timeout: Option<f64>) -> PyResult<Py<Py
             .py_err();
         }
         if let Some(result) = py.detach(|| engine.wait(handle, Duration::from_millis(100))) {
+            // The op is over: the engine no longer touches its tensors.
+            let released = kept().as_mut().and_then(|k| k.remove(&handle));
+            drop(released);
             return match result.py_err()? {
                 Output::Done => Ok(py.None()),
                 Output::Tensor { data, rows } => Ok((dlpack_bytes(py, data)?, rows)
@@ -305,6 +338,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(remove_process_set, m)?)?;
     m.add_function(wrap_pyfunction!(poll, m)?)?;
     m.add_function(wrap_pyfunction!(wait, m)?)?;
+    m.add_function(wrap_pyfunction!(holds, m)?)?;
     m.add_function(wrap_pyfunction!(engine_stats, m)?)?;
     m.add_function(wrap_pyfunction!(start_timeline, m)?)?;
     m.add_function(wrap_pyfunction!(stop_timeline, m)?)?;

@@ -29,10 +29,15 @@ pub(crate) fn allgather<'a>(
     let (descs, tag) = session.negotiate(desc)?;
     let what = label(kind, name);
     let (rank, size) = (session.rank, session.size);
-    // Validated on every rank: non-negative first dims, same row size.
+    // Checked alike on every rank (`check_sizes`): non-negative first dims, same row size, a
+    // result within `MAX_TENSOR_BYTES`.
     let rows: Vec<u64> = descs
         .iter()
-        .map(|d| d.shape.first().map_or(0, |&r| r as u64))
+        .map(|d| {
+            d.shape
+                .first()
+                .map_or(0, |&r| u64::try_from(r).unwrap_or(u64::MAX))
+        })
         .collect();
     let segs = row_bytes(shape, dtype)
         .map_err(Error::InvalidArgument)

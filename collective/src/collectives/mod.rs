@@ -44,6 +44,11 @@ use crate::transport::shm::ShmNode;
 use crate::transport::{Failure, Layout, Mesh, RecvBlock, SendBlock};
 use crate::wire::{OpDescriptor, OpKind, MAX_DIMS, MAX_NAME_LEN};
 
+/// The most bytes a collective's tensor, or its result on one rank, may take: 1 TiB, far
+/// beyond what a host holds. A larger size can only come from a broken or hostile peer; every
+/// rank refuses it (see [`check_sizes`]) before anything is allocated.
+pub const MAX_TENSOR_BYTES: usize = 1 << 40;
+
 /// Rows of a `rows`-row tensor that each of `size` ranks receives from a reducescatter
 /// (Horovod's split: `rows / size` each, plus one for the first `rows % size` ranks).
 pub fn reducescatter_rows(rows: u64, size: usize) -> Vec<u64> {
@@ -350,6 +355,13 @@ impl Session {
         }
         error
     }
+
+    /// [`Session::abandon`] for a collective the engine agreed on but this rank cannot start
+    /// (its buffer could not be allocated): the agreement is dropped too.
+    pub(crate) fn abandon_agreed(&mut self, name: &str, error: Error) -> Error {
+        self.agreed = None;
+        self.abandon(name, error)
+    }
 }
 
 /// "allreduce 'grad.3'", or "allreduce" for an unnamed tensor.
@@ -383,7 +395,111 @@ pub(crate) fn check_agreement(descs: &[OpDescriptor], me: usize) -> Result<()> {
             return Err(Error::Mismatch(difference));
         }
     }
-    Ok(())
+    match check_sizes(descs) {
+        Some(message) => Err(Error::Mismatch(message)),
+        None => Ok(()),
+    }
+}
+
+/// Checks what the agreed descriptors (one per member, in group-rank order) would make any
+/// rank compute or allocate: every shape valid (no negative dimension, element and byte counts
+/// that fit, at most [`MAX_TENSOR_BYTES`]), finite scale factors, alltoall splits that add up
+/// to each rank's rows, each rank's gathered or received result within [`MAX_TENSOR_BYTES`],
+/// roots and process-set members in range. All arithmetic is checked. The answer depends only
+/// on the descriptors, so every rank reaches the same one: a bad value from one peer becomes the
+/// same error everywhere, before any allocation or data transfer (the communicator stays
+/// usable).
+pub(crate) fn check_sizes(descs: &[OpDescriptor]) -> Option<String> {
+    let size = descs.len();
+    let first = descs.first()?;
+    let what = label(first.kind, &first.name);
+    let fail = |j: usize, m: String| {
+        Some(format!(
+            "{what}: rank {j} announced {m}; no rank ran it (a broken or hostile peer, or a bug)"
+        ))
+    };
+    let mut gathered = 0usize;
+    for (j, d) in descs.iter().enumerate() {
+        if !d.prescale.is_finite() || !d.postscale.is_finite() {
+            return fail(
+                j,
+                format!(
+                    "prescale_factor {} and postscale_factor {} (they must be finite)",
+                    d.prescale, d.postscale
+                ),
+            );
+        }
+        let bytes = match element_count(&d.shape).and_then(|n| {
+            n.checked_mul(d.dtype.size())
+                .ok_or_else(|| format!("shape {:?} has too many elements", d.shape))
+        }) {
+            Ok(bytes) if bytes <= MAX_TENSOR_BYTES => bytes,
+            Ok(bytes) => {
+                return fail(
+                    j,
+                    format!(
+                        "a {} tensor of shape {:?} ({bytes} bytes), more than the limit of {MAX_TENSOR_BYTES} bytes",
+                        d.dtype, d.shape
+                    ),
+                )
+            }
+            Err(m) => return fail(j, format!("an invalid shape: {m}")),
+        };
+        match d.kind {
+            OpKind::Allgather | OpKind::Alltoall | OpKind::Reducescatter if d.shape.is_empty() => {
+                return fail(j, "a scalar for a collective that splits rows".into());
+            }
+            OpKind::Allgather => match gathered.checked_add(bytes) {
+                Some(total) if total <= MAX_TENSOR_BYTES => gathered = total,
+                _ => {
+                    return fail(
+                        j,
+                        format!(
+                            "shape {:?}, which makes the gathered result more than the limit of \
+                             {MAX_TENSOR_BYTES} bytes",
+                            d.shape
+                        ),
+                    )
+                }
+            },
+            OpKind::Alltoall => {
+                if let Err(m) = alltoall::check_splits(&d.splits, &d.shape, size) {
+                    return fail(j, format!("invalid splits: {m}"));
+                }
+            }
+            OpKind::Broadcast if d.root as usize >= size => {
+                return fail(j, format!("root rank {} of {size} ranks", d.root));
+            }
+            OpKind::AddProcessSet => {
+                let increasing = d.splits.windows(2).all(|w| w[0] < w[1]);
+                let in_range = d.splits.last().is_some_and(|&m| m < size as u64);
+                if !increasing || !in_range {
+                    return fail(
+                        j,
+                        format!("process set members {:?} of {size} ranks", d.splits),
+                    );
+                }
+            }
+            _ => {}
+        }
+    }
+    if first.kind == OpKind::Alltoall {
+        let row = row_bytes(&first.shape, first.dtype).unwrap_or(usize::MAX);
+        for receiver in 0..size {
+            let received = descs.iter().try_fold(0usize, |acc, d| {
+                let rows = usize::try_from(*d.splits.get(receiver)?).ok()?;
+                acc.checked_add(rows.checked_mul(row)?)
+            });
+            if received.is_none_or(|bytes| bytes > MAX_TENSOR_BYTES) {
+                return Some(format!(
+                    "{what}: the splits {:?} make rank {receiver} receive more than the limit of \
+                     {MAX_TENSOR_BYTES} bytes; no rank ran it (a broken or hostile peer, or a bug)",
+                    descs.iter().map(|d| &d.splits).collect::<Vec<_>>()
+                ));
+            }
+        }
+    }
+    None
 }
 
 /// What differs between rank `i`'s descriptor `a` and rank `j`'s `b`, if anything.
@@ -499,6 +615,12 @@ pub(crate) fn check_tensor(
     let need = count
         .checked_mul(dtype.size())
         .ok_or_else(|| format!("shape {shape:?} has too many elements"))?;
+    if need > MAX_TENSOR_BYTES {
+        return Err(format!(
+            "shape {shape:?} of {dtype} needs {need} bytes, more than the limit of {MAX_TENSOR_BYTES} bytes \
+             for one collective; split the tensor"
+        ));
+    }
     if len != need {
         return Err(format!(
             "the {buffer} buffer holds {len} bytes but shape {shape:?} of {dtype} needs {need} bytes ({count} \

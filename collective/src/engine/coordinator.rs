@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::cache::ResponseCache;
 use super::message::{CycleMessage, FLAG_JOINED, FLAG_SHUTDOWN, FLAG_STALL_ABORT};
-use crate::collectives::{difference, label};
+use crate::collectives::{check_sizes, difference, label};
 use crate::wire::{OpDescriptor, OpKind};
 
 /// What one agreed entry does.
@@ -251,6 +251,11 @@ impl Coordinator {
             .into_iter()
             .map(|d| d.unwrap_or_else(|| reference.clone()))
             .collect();
+        // Sizes a peer announced are checked here, alike on every rank, before any rank
+        // computes or allocates with them (a bad one fails the op everywhere, like a mismatch).
+        if let Some(message) = check_sizes(&all) {
+            return Response::Fail { name, message };
+        }
         match bit {
             Some(bit) => self.cache.touch(bit),
             None if all.iter().all(|d| *d == all[0]) => self.cache.put(&all[0]),

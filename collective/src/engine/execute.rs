@@ -33,17 +33,21 @@ pub(crate) struct Local {
 }
 
 impl Local {
-    /// The submitted tensor's memory.
+    /// The submitted tensor's memory, for an op that writes it (allreduce, broadcast).
     fn bytes<'a>(&self) -> &'a mut [u8] {
         // SAFETY: the submitter handed this memory to the engine until the handle completes,
-        // and only the engine thread (the caller) runs ops.
+        // only the engine thread (the caller) runs ops, and `Handles::open` refused any other
+        // pending op over these bytes: no other reference to them exists while this one lives.
         unsafe { self.sub.tensor.bytes() }
     }
 }
 
-/// The bytes of `local`'s tensor, or nothing for a joined rank.
+/// The bytes of `local`'s tensor (read only), or nothing for a joined rank.
 fn input<'a>(local: &Option<Local>) -> &'a [u8] {
-    local.as_ref().map_or(&[], |l| &*l.bytes())
+    // SAFETY: as for `Local::bytes`; other pending ops may only read these bytes too.
+    local
+        .as_ref()
+        .map_or(&[], |l| unsafe { l.sub.tensor.read() })
 }
 
 /// Output buffers handed back by [`recycle_output`], largest total [`SPARE_BYTES`].
@@ -71,8 +75,8 @@ pub fn recycle_output(buf: Vec<u8>) {
 
 /// A `len`-byte output buffer, every byte of which the collective overwrites: a recycled one
 /// (stale contents) when one holds `len` bytes without being more than twice as large, else a
-/// fresh zeroed allocation (`calloc`: untouched pages are not written).
-fn output_buffer(len: usize) -> Vec<u8> {
+/// fresh zeroed allocation (see [`zeroed`]). An error, not an abort, when memory runs out.
+fn output_buffer(len: usize) -> Result<Vec<u8>> {
     if len >= SPARE_MIN {
         let mut spare = SPARE.lock().unwrap_or_else(PoisonError::into_inner);
         let best = spare
@@ -84,17 +88,51 @@ fn output_buffer(len: usize) -> Vec<u8> {
         if let Some(i) = best {
             let mut buf = spare.swap_remove(i);
             buf.truncate(len);
-            return buf;
+            return Ok(buf);
         }
     }
-    vec![0u8; len]
+    zeroed(len)
+}
+
+/// `len` zero bytes, allocated fallibly (`calloc`: untouched pages are not written): a typed
+/// error naming the size when the allocator refuses, where `vec![0; len]` would abort the
+/// process.
+pub(crate) fn zeroed(len: usize) -> Result<Vec<u8>> {
+    if len == 0 {
+        return Ok(Vec::new());
+    }
+    let refused = || {
+        Error::Io(std::io::Error::new(
+            std::io::ErrorKind::OutOfMemory,
+            format!("could not allocate {len} bytes for a collective's buffer"),
+        ))
+    };
+    let layout = std::alloc::Layout::array::<u8>(len).map_err(|_| refused())?;
+    // SAFETY: `layout` has a non-zero size; a null result is handled below.
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+    if ptr.is_null() {
+        return Err(refused());
+    }
+    // SAFETY: `ptr` was allocated by the global allocator with the layout of `len` bytes
+    // (alignment 1), which is what a `Vec<u8>` of capacity `len` frees with; all `len` bytes
+    // are initialized (zero).
+    Ok(unsafe { Vec::from_raw_parts(ptr, len, len) })
 }
 
 /// An output allocator for collectives whose result size depends on other ranks: makes `out`
-/// the rows received times `row` bytes long (see [`output_buffer`]).
+/// the rows received times `row` bytes long (see [`output_buffer`]). The size is checked
+/// arithmetic (the coordinator already bounded it by [`collectives::MAX_TENSOR_BYTES`]).
 fn grow<'a>(out: &'a mut Vec<u8>, row: usize) -> impl FnOnce(&[u64]) -> Result<&'a mut [u8]> {
     move |rows| {
-        *out = output_buffer(rows.iter().sum::<u64>() as usize * row);
+        let len = rows
+            .iter()
+            .try_fold(0usize, |acc, &r| {
+                acc.checked_add(usize::try_from(r).ok()?.checked_mul(row)?)
+            })
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!("rows {rows:?} of {row} bytes do not fit in memory"))
+            })?;
+        *out = output_buffer(len)?;
         Ok(&mut out[..])
     }
 }
@@ -294,26 +332,32 @@ impl Executor<'_> {
         let result = match kind {
             OpKind::Allreduce => {
                 let reduction = reduction_of(&desc);
-                let mut stand_in = Vec::new();
+                let mut stand_in: Vec<u8>;
                 let buf = match &local {
                     Some(l) => l.bytes(),
-                    None => {
-                        stand_in.resize(tensor_bytes(&desc), 0);
-                        reduce::fill_identity(desc.dtype, reduction.op, &mut stand_in);
-                        &mut stand_in[..]
-                    }
+                    None => match zeroed(tensor_bytes(&desc)) {
+                        Ok(zeros) => {
+                            stand_in = zeros;
+                            reduce::fill_identity(desc.dtype, reduction.op, &mut stand_in);
+                            &mut stand_in[..]
+                        }
+                        Err(e) => return Err(session.abandon_agreed(&name, e)),
+                    },
                 };
                 collectives::allreduce(session, &name, buf, &desc.shape, desc.dtype, reduction)
                     .map(|()| Output::Done)
             }
             OpKind::Broadcast => {
-                let mut stand_in = Vec::new();
+                let mut stand_in: Vec<u8>;
                 let buf = match &local {
                     Some(l) => l.bytes(),
-                    None => {
-                        stand_in.resize(tensor_bytes(&desc), 0);
-                        &mut stand_in[..]
-                    }
+                    None => match zeroed(tensor_bytes(&desc)) {
+                        Ok(zeros) => {
+                            stand_in = zeros;
+                            &mut stand_in[..]
+                        }
+                        Err(e) => return Err(session.abandon_agreed(&name, e)),
+                    },
                 };
                 collectives::broadcast(
                     session,
@@ -357,9 +401,21 @@ impl Executor<'_> {
             OpKind::Reducescatter => {
                 let input = input(&local);
                 let row = row_bytes(&desc.shape, desc.dtype).map_err(Error::InvalidArgument)?;
-                let rows =
-                    reducescatter_rows(desc.shape.first().map_or(0, |&r| r as u64), session.size);
-                let mut data = output_buffer(rows[me] as usize * row);
+                let first = desc
+                    .shape
+                    .first()
+                    .map_or(0, |&r| u64::try_from(r).unwrap_or(0));
+                let rows = reducescatter_rows(first, session.size);
+                let len = usize::try_from(rows[me])
+                    .ok()
+                    .and_then(|r| r.checked_mul(row))
+                    .ok_or_else(|| {
+                        Error::InvalidArgument(format!("{} rows of {row} bytes", rows[me]))
+                    });
+                let mut data = match len.and_then(output_buffer) {
+                    Ok(data) => data,
+                    Err(e) => return Err(session.abandon_agreed(&name, e)),
+                };
                 collectives::reducescatter(
                     session,
                     &name,
@@ -460,7 +516,10 @@ impl Executor<'_> {
                 self.count(local.is_some(), cached);
                 let bytes = tensor_bytes(&desc);
                 parts.push((desc, local, total));
-                total += bytes;
+                // Bounded by the fusion threshold (`plan_batches`); checked all the same.
+                total = total
+                    .checked_add(bytes)
+                    .ok_or_else(|| Error::Internal("a fused batch larger than memory".into()))?;
             }
         }
         let Some((first, _, _)) = parts.first() else {
@@ -558,12 +617,12 @@ mod tests {
     fn output_buffers_are_reused_once_recycled() {
         // An odd size no other test asks for, so a test running alongside does not take it.
         let len = (3 << 20) + 8 * 7919;
-        let mut first = output_buffer(len);
+        let mut first = output_buffer(len).unwrap();
         assert_eq!(first.len(), len);
         first.fill(7);
         let at = first.as_ptr();
         recycle_output(first);
-        let again = output_buffer(len - 8);
+        let again = output_buffer(len - 8).unwrap();
         assert_eq!(again.len(), len - 8);
         assert_eq!(
             again.as_ptr(),
@@ -572,9 +631,25 @@ mod tests {
         );
         // Tiny outputs are not kept, and a buffer far larger than asked for is not taken.
         recycle_output(again);
-        let small = output_buffer(len / 4);
+        let small = output_buffer(len / 4).unwrap();
         assert_ne!(small.as_ptr(), at);
-        assert_eq!(output_buffer(100), vec![0u8; 100]);
+        assert_eq!(output_buffer(100).unwrap(), vec![0u8; 100]);
+    }
+
+    #[test]
+    fn an_allocation_the_allocator_refuses_is_an_error_not_an_abort() {
+        assert!(zeroed(0).unwrap().is_empty());
+        assert_eq!(zeroed(3).unwrap(), vec![0, 0, 0]);
+        for len in [usize::MAX, isize::MAX as usize, 1 << 62] {
+            assert!(
+                matches!(zeroed(len), Err(Error::Io(e)) if e.kind() == std::io::ErrorKind::OutOfMemory),
+                "{len}"
+            );
+        }
+        let mut out = Vec::new();
+        assert!(grow(&mut out, 8)(&[u64::MAX, 1]).is_err());
+        assert!(grow(&mut out, 1 << 40)(&[1 << 30]).is_err());
+        assert_eq!(grow(&mut out, 4)(&[1, 2]).unwrap().len(), 12);
     }
 
     #[test]

@@ -10,8 +10,29 @@ use crate::error::{Error, Result};
 
 #[derive(Debug)]
 enum Slot {
-    Pending { set: u32, name: String },
+    Pending {
+        set: u32,
+        name: String,
+        region: Option<Region>,
+    },
     Done(Result<Output>),
+}
+
+/// The memory a pending op works on: bytes `start..end` of the caller's address space (a
+/// device address for CUDA tensors), and whether the op writes there (allreduce, broadcast).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Region {
+    pub start: u64,
+    pub end: u64,
+    pub writes: bool,
+}
+
+impl Region {
+    /// True when two ops on `self` and `other` at once would race: the ranges overlap and at
+    /// least one of them writes.
+    fn conflicts(&self, other: &Region) -> bool {
+        (self.writes || other.writes) && self.start < other.end && other.start < self.end
+    }
 }
 
 /// The last handle number given out in this process. Numbers are unique across engines, so a
@@ -40,10 +61,25 @@ impl Handles {
         self.table.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A new pending handle for `name` in `set`, or an error when that name is already
-    /// outstanding there.
-    pub(crate) fn open(&self, set: u32, name: &str) -> Result<u64> {
+    /// A new pending handle for `name` in `set` working on `region`, or an error when that name
+    /// is already outstanding there (Horovod's rule: "a tensor with the same name was already
+    /// submitted"), or when a pending op works on memory overlapping `region` and either of
+    /// them writes it (the engine would alias it mutably).
+    pub(crate) fn open(&self, set: u32, name: &str, region: Option<Region>) -> Result<u64> {
         let mut table = self.lock();
+        if let Some(region) = region.filter(|r| r.start < r.end) {
+            let busy = table.slots.values().any(|slot| {
+                matches!(slot, Slot::Pending { region: Some(other), .. } if region.conflicts(other))
+            });
+            if busy {
+                return Err(Error::InvalidArgument(format!(
+                    "the tensor of '{name}' (bytes {:#x}..{:#x}) overlaps the memory of a collective still in \
+                     progress on this rank, and one of them writes it; synchronize the first one before \
+                     submitting the same tensor again, or pass a copy",
+                    region.start, region.end
+                )));
+            }
+        }
         if !name.is_empty() && !table.outstanding.insert((set, name.to_owned())) {
             return Err(Error::InvalidArgument(format!(
                 "a collective named '{name}' is already in progress on this rank (process set {set}); every \
@@ -56,6 +92,7 @@ impl Handles {
             Slot::Pending {
                 set,
                 name: name.to_owned(),
+                region,
             },
         );
         Ok(id)
@@ -64,7 +101,7 @@ impl Handles {
     /// Completes handle `id` (no-op when it is unknown or already complete).
     pub(crate) fn complete(&self, id: u64, result: Result<Output>) {
         let mut table = self.lock();
-        if let Some(Slot::Pending { set, name }) = table.slots.remove(&id) {
+        if let Some(Slot::Pending { set, name, .. }) = table.slots.remove(&id) {
             table.outstanding.remove(&(set, name));
             table.slots.insert(id, Slot::Done(result));
             drop(table);
@@ -165,16 +202,47 @@ fn unknown(id: u64) -> Error {
 mod tests {
     use super::*;
 
+    impl Handles {
+        fn open_named(&self, set: u32, name: &str) -> Result<u64> {
+            self.open(set, name, None)
+        }
+    }
+
+    #[test]
+    fn overlapping_memory_is_refused_while_one_op_writes_it() {
+        let h = Handles::default();
+        let region = |start, end, writes| Some(Region { start, end, writes });
+        let a = h.open(0, "a", region(100, 200, true)).unwrap();
+        for (start, end, writes) in [(150, 160, false), (199, 300, true), (0, 101, false)] {
+            assert!(
+                matches!(h.open(0, "b", region(start, end, writes)), Err(Error::InvalidArgument(m)) if m.contains("overlaps")),
+                "{start}..{end}"
+            );
+        }
+        // Adjacent memory, and a second reader of read-only memory, are fine.
+        h.open(0, "c", region(200, 300, true)).unwrap();
+        let d = h.open(0, "d", region(400, 500, false)).unwrap();
+        h.open(0, "e", region(450, 460, false)).unwrap();
+        assert!(h.open(0, "f", region(450, 460, true)).is_err());
+        // Once the writer completed, its memory is free again.
+        h.complete(a, Ok(Output::Done));
+        h.open(0, "g", region(100, 200, true)).unwrap();
+        h.complete(d, Ok(Output::Done));
+        h.open(0, "h", region(0, 0, true)).unwrap();
+    }
+
     #[test]
     fn a_name_is_outstanding_once_per_set() {
         let h = Handles::default();
-        let a = h.open(0, "x").unwrap();
-        assert!(matches!(h.open(0, "x"), Err(Error::InvalidArgument(m)) if m.contains("'x'")));
-        let b = h.open(1, "x").unwrap();
+        let a = h.open_named(0, "x").unwrap();
+        assert!(
+            matches!(h.open_named(0, "x"), Err(Error::InvalidArgument(m)) if m.contains("'x'"))
+        );
+        let b = h.open_named(1, "x").unwrap();
         assert!(!h.poll(a).unwrap());
         h.complete(a, Ok(Output::Done));
         assert!(h.poll(a).unwrap());
-        h.open(0, "x").unwrap();
+        h.open_named(0, "x").unwrap();
         assert_eq!(h.wait(a, Duration::ZERO).unwrap().unwrap(), Output::Done);
         assert!(h.poll(a).is_err(), "a handle is consumed by wait");
         assert!(h.wait(b, Duration::from_millis(1)).is_none());
@@ -184,9 +252,9 @@ mod tests {
 
     #[test]
     fn handle_numbers_are_unique_across_tables() {
-        let first = Handles::default().open(0, "x").unwrap();
+        let first = Handles::default().open_named(0, "x").unwrap();
         let later = Handles::default();
-        let second = later.open(0, "x").unwrap();
+        let second = later.open_named(0, "x").unwrap();
         assert_ne!(first, second);
         assert!(
             later.poll(first).is_err(),

@@ -48,7 +48,7 @@ pub use config::EngineConfig;
 use coordinator::Coordinator;
 pub use execute::recycle_output;
 use execute::{Executor, Local, SetAction};
-use handles::Handles;
+use handles::{Handles, Region};
 use message::{CycleMessage, FLAG_JOINED, FLAG_SHUTDOWN, FLAG_STALL_ABORT, MAX_MESSAGE_LEN};
 pub use request::{Output, RawTensor, Submission};
 use stats::Stats;
@@ -191,6 +191,22 @@ impl Engine {
     /// core doubles a small collective's latency. Unwoken, the op still runs at the engine's
     /// next cycle at the latest (one cycle time).
     pub fn submit_with(&self, sub: Submission, wake: bool) -> Result<u64> {
+        self.enqueue(sub, wake, true)
+    }
+
+    /// [`Engine::submit`] without this rank's own argument checks: what a broken or hostile
+    /// peer running a modified kolo sends. Only for tests that prove the other ranks (and this
+    /// one) then fail the op with a typed error, never abort or hang.
+    ///
+    /// # Safety
+    /// As for [`RawTensor::new`]; in addition the engine may read and write up to the bytes
+    /// the submission's shape claims if the other ranks accept it.
+    #[doc(hidden)]
+    pub unsafe fn submit_unchecked(&self, sub: Submission) -> Result<u64> {
+        self.enqueue(sub, true, false)
+    }
+
+    fn enqueue(&self, sub: Submission, wake: bool, check: bool) -> Result<u64> {
         self.check_running()?;
         let me = self.shared.comm.info().rank;
         let size = {
@@ -206,8 +222,18 @@ impl Engine {
             }
             members.len()
         };
-        validate(&sub, size)?;
-        let handle = self.shared.handles.open(sub.process_set, &sub.name)?;
+        if check {
+            validate(&sub, size)?;
+        }
+        let region = Region {
+            start: sub.tensor.addr(),
+            end: sub.tensor.addr().saturating_add(sub.tensor.len() as u64),
+            writes: matches!(sub.kind, OpKind::Allreduce | OpKind::Broadcast),
+        };
+        let handle = self
+            .shared
+            .handles
+            .open(sub.process_set, &sub.name, Some(region))?;
         lock(&self.shared.inbox).push(Item::Op(handle, sub));
         if wake {
             self.shared.wake.notify();
@@ -220,7 +246,7 @@ impl Engine {
     /// joined.
     pub fn join(&self) -> Result<u64> {
         self.check_running()?;
-        let handle = self.shared.handles.open(0, "")?;
+        let handle = self.shared.handles.open(0, "", None)?;
         lock(&self.shared.inbox).push(Item::Join(handle, 0));
         self.shared.wake.notify();
         Ok(handle)

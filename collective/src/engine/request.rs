@@ -47,6 +47,20 @@ impl RawTensor {
         self.len == 0
     }
 
+    /// The bytes, for reading only (allgather, alltoall and reducescatter inputs, which other
+    /// pending ops may read at the same time; see `Handles::open`).
+    ///
+    /// # Safety
+    /// Only the engine thread may call it, while the op is running (see [`RawTensor::new`]).
+    pub(crate) unsafe fn read<'a>(self) -> &'a [u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: as for `bytes`; no pending op writes these bytes (the engine refuses to
+        // submit a writer over memory another pending op uses, and the reverse).
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
     /// The bytes, for reading and writing.
     ///
     /// # Safety

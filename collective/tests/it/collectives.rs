@@ -102,7 +102,7 @@ fn with_ranks_custom<T: Send>(
     })
 }
 
-fn with_ranks<T: Send>(n: usize, f: impl Fn(usize, Communicator) -> T + Sync) -> Vec<T> {
+pub(crate) fn with_ranks<T: Send>(n: usize, f: impl Fn(usize, Communicator) -> T + Sync) -> Vec<T> {
     with_ranks_custom(n, Options::default(), |_| {}, f)
 }
 

@@ -3,5 +3,6 @@
 mod collectives;
 mod driver;
 mod driver_auth;
+mod hostile;
 mod launcher;
 mod mesh_auth;

@@ -45,9 +45,20 @@ impl<'a> Gather<'a> {
     /// `ranges[segment]`.
     ///
     /// # Panics
-    /// When the two position lists differ in length.
+    /// When the two position lists differ in length, or a position's row is not in its
+    /// segment's range (or names no segment). [`Gather::run`]'s unchecked loops rely on this,
+    /// so it is checked in every build, once per window (one pass over the positions).
     pub fn new(segment_of: &'a [u32], row_of: &'a [u32], ranges: &'a [Range<u32>]) -> Self {
         assert_eq!(segment_of.len(), row_of.len(), "one segment per position");
+        let in_range = segment_of.iter().zip(row_of).all(|(&s, r)| {
+            ranges
+                .get(s as usize)
+                .is_some_and(|range| range.contains(r))
+        });
+        assert!(
+            in_range,
+            "a position's row lies outside its segment's range"
+        );
         let mut runs = 1;
         for i in 1..row_of.len() {
             let back = (segment_of[i], row_of[i]) < (segment_of[i - 1], row_of[i - 1]);
@@ -83,11 +94,6 @@ impl<'a> Gather<'a> {
                 );
             }
         }
-        debug_assert!(self
-            .segment_of
-            .iter()
-            .zip(self.row_of)
-            .all(|(&s, r)| self.ranges[s as usize].contains(r)));
         for pass in columns.chunks_mut(COLUMNS_PER_PASS) {
             if !self.streaming {
                 for column in pass.iter() {
@@ -95,7 +101,7 @@ impl<'a> Gather<'a> {
                 }
             }
             // SAFETY: every `row_of[i]` is in `ranges[segment_of[i]]` (by construction in
-            // `Window::new`, checked in debug builds), every source holds those rows and every
+            // `Window::new`, checked in `Gather::new`), every source holds those rows and every
             // `dst` holds `n` rows (both checked above).
             unsafe { self.pass(width, len, pass) };
         }
@@ -487,5 +493,20 @@ mod tests {
                 sources: vec![&[0u8; 36]],
             }],
         );
+    }
+
+    #[test]
+    #[should_panic(expected = "outside its segment's range")]
+    fn a_row_outside_its_range_is_refused_in_every_build() {
+        // Row 10 of a source that holds rows 0..10 (40 bytes): the unchecked loop would read
+        // past it. Release builds (the ones CI and users run) must refuse it too.
+        let rows = [0u32, 10];
+        let _ = Gather::new(&[0, 0], &rows, std::slice::from_ref(&(0..10)));
+    }
+
+    #[test]
+    #[should_panic(expected = "outside its segment's range")]
+    fn a_position_naming_no_segment_is_refused() {
+        let _ = Gather::new(&[1], &[0], std::slice::from_ref(&(0..10)));
     }
 }

@@ -72,6 +72,7 @@ def _submit(
         int(root),
         [],
         int(ps.process_set_id or 0),
+        keep=buf,
     )
 
 

@@ -57,15 +57,9 @@ def _waited_at_once(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 _pending: dict[int, _Pending] = {}
 _pending_lock = threading.Lock()
-#: The ready events of submitted CUDA ops (native handle → event), until ``_register`` moves
-#: them into the handle's kept objects (the engine reads them until the op completed).
-_ready_events: dict[int, Any] = {}
 
 
 def _register(natives: list[int], keep: Any, finish: Callable[[list[Any]], Any]) -> int:
-    events = [_ready_events.pop(n) for n in natives if n in _ready_events]
-    if events:
-        keep = (keep, events)
     handle = natives[0]
     with _pending_lock:
         _pending[handle] = _Pending(natives, keep, finish)
@@ -113,9 +107,11 @@ def _submit(
         -1 if event is None else int(buf.device.index),
         0 if event is None else int(event.cuda_event),
         not getattr(_sync_call, "active", False),
+        # The native handle holds the tensor (and the CUDA ready event the engine reads) from
+        # the submission on, until its result is waited for: a KeyboardInterrupt before the
+        # caller registers the handle cannot free memory the engine still uses.
+        buf if event is None else (buf, event),
     )
-    if event is not None:
-        _ready_events[native] = event
     return native
 
 
@@ -145,6 +141,7 @@ def _allreduce_now(
         -1,
         0,
         False,
+        tensor,
     )
     try:
         _native.wait(native)

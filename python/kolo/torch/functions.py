@@ -44,12 +44,20 @@ def broadcast_parameters(params: Any, root_rank: int, process_set: Any = None) -
         )
     ps = _process_set_kwargs(process_set)
     handles = []
+    # Tied weights appear once per name in a state_dict; broadcasting the same memory twice at
+    # once is refused by the engine (two in-flight ops may not write the same bytes), and the
+    # first broadcast fills every alias anyway. The same on every rank: the models match.
+    seen: set[tuple[int, int]] = set()
     for name, tensor in items:
         if not isinstance(tensor, torch.Tensor):
             raise ValueError(
                 f"broadcast_parameters: {name or 'an entry'} is a {type(tensor).__name__}, "
                 "not a tensor; use broadcast_object for other values"
             )
+        memory = (tensor.data_ptr(), tensor.nbytes)
+        if tensor.nbytes and memory in seen:
+            continue
+        seen.add(memory)
         op_name = None if name is None else f"broadcast.{name}"
         handles.append(broadcast_async_(tensor.detach(), root_rank, name=op_name, **ps))
     for handle in handles:
