@@ -83,17 +83,6 @@ def test_a_keyboard_interrupt_right_after_submit_does_not_free_the_tensor(
     assert memory.expired(), "the tensor is released once its op was waited for"
 
 
-def test_the_same_tensor_twice_in_flight_is_refused(single_rank) -> None:
-    tensor = torch.ones(8)
-    first = hvd.allreduce_async_(tensor, name="first")
-    with pytest.raises(InvalidArgumentError, match="overlaps the memory of a collective"):
-        hvd.allreduce_async_(tensor[2:4], name="second")
-    with pytest.raises(InvalidArgumentError, match="already in progress"):
-        hvd.allreduce_async_(torch.ones(2), name="first")
-    hvd.synchronize(first)
-    hvd.synchronize(hvd.allreduce_async_(tensor, name="second"))
-
-
 def test_tied_weights_are_broadcast_once(single_rank) -> None:
     shared = torch.nn.Parameter(torch.ones(4))
     hvd.broadcast_parameters({"embed.weight": shared, "head.weight": shared}, root_rank=0)

@@ -306,3 +306,9 @@ def resolve_op(op: Any, average: Optional[bool]) -> ReduceOp:
             "op=hvd.Adasum is not supported by kolo; use hvd.Average or hvd.Sum"
         )
     return resolved
+
+
+def holds(handle: int) -> bool:
+    """Whether the engine still holds the tensor submitted with ``handle``: from the submit call
+    until ``wait`` consumed its result (so an interrupt in between cannot free it)."""
+    return bool(_native.holds(handle))
