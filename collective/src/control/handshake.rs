@@ -188,19 +188,25 @@ mod tests {
     use crate::control::JobSecret;
     use tokio_stream::StreamExt;
 
-    async fn serve(key: MacKey) -> (SocketAddr, ReceiverStream<io::Result<TcpStream>>) {
+    /// The listener's address, its authenticated connections, and the switch that stops it.
+    async fn serve(
+        key: MacKey,
+    ) -> (
+        SocketAddr,
+        ReceiverStream<io::Result<TcpStream>>,
+        watch::Sender<bool>,
+    ) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let (_stop, stopped) = watch::channel(false);
-        std::mem::forget(_stop);
-        (addr, authenticated_incoming(listener, key, stopped))
+        let (stop, stopped) = watch::channel(false);
+        (addr, authenticated_incoming(listener, key, stopped), stop)
     }
 
     #[test]
     fn the_same_key_passes_and_another_is_refused_on_both_sides() {
         kolo_runtime::block_on(async {
             let secret = JobSecret::generate();
-            let (addr, mut incoming) = serve(control_key(&secret)).await;
+            let (addr, mut incoming, _stop) = serve(control_key(&secret)).await;
             let mut good = TcpStream::connect(addr).await.unwrap();
             prove_to_driver(&mut good, &control_key(&secret))
                 .await

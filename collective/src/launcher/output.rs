@@ -246,19 +246,22 @@ fn write_line(writer: &SharedWriter, prefix: &[u8], line: &[u8]) {
 mod tests {
     use super::*;
 
-    #[test]
-    fn lines_are_prefixed_with_the_current_label_and_copied_to_files() {
+    /// Forwards all of `input` as task `task`'s stderr (of `size` tasks, rank files under
+    /// `dir`) and returns what reached the shared writer.
+    fn forward_stderr(
+        input: impl Read + Send + 'static,
+        dir: &std::path::Path,
+        task: u32,
+        size: usize,
+        labels: RankLabels,
+    ) -> String {
         let buffer = Arc::new(Mutex::new(Vec::<u8>::new()));
         let writer: SharedWriter = buffer.clone();
-        let labels = RankLabels::new(3);
-        labels.set(vec![0, 2, 1]);
-        let dir = std::env::temp_dir().join(format!("kolo-output-test-{}", std::process::id()));
-        let (_, file) = open_rank_files(&dir, 1, 3).unwrap();
+        let (_, file) = open_rank_files(dir, task, size).unwrap();
         let (done, finished) = std::sync::mpsc::channel();
-        let input: &'static [u8] = b"one\n\ntwo without newline";
         forward(
             input,
-            1,
+            task,
             Stream::Stderr,
             labels,
             writer,
@@ -271,6 +274,16 @@ mod tests {
         .unwrap();
         finished.recv().unwrap();
         let text = String::from_utf8(buffer.lock().unwrap().clone()).unwrap();
+        text
+    }
+
+    #[test]
+    fn lines_are_prefixed_with_the_current_label_and_copied_to_files() {
+        let labels = RankLabels::new(3);
+        labels.set(vec![0, 2, 1]);
+        let dir = std::env::temp_dir().join(format!("kolo-output-test-{}", std::process::id()));
+        let input: &'static [u8] = b"one\n\ntwo without newline";
+        let text = forward_stderr(input, &dir, 1, 3, labels);
         assert_eq!(
             text,
             "[2]<stderr>:one\n[2]<stderr>:\n[2]<stderr>:two without newline\n"
@@ -286,28 +299,16 @@ mod tests {
 
     #[test]
     fn a_line_without_newline_is_forwarded_in_bounded_prefixed_pieces() {
-        let buffer = Arc::new(Mutex::new(Vec::<u8>::new()));
-        let writer: SharedWriter = buffer.clone();
         let dir = tempfile::tempdir().unwrap();
-        let (_, file) = open_rank_files(dir.path(), 0, 1).unwrap();
-        let (done, finished) = std::sync::mpsc::channel();
         let mut input = vec![b'a'; 2 * MAX_LINE_BYTES + 10];
         input.extend_from_slice(b"\nb\n");
-        forward(
+        let text = forward_stderr(
             std::io::Cursor::new(input.clone()),
+            dir.path(),
             0,
-            Stream::Stderr,
+            1,
             RankLabels::new(1),
-            writer,
-            Some(file),
-            false,
-            done,
-        )
-        .unwrap()
-        .join()
-        .unwrap();
-        finished.recv().unwrap();
-        let text = String::from_utf8(buffer.lock().unwrap().clone()).unwrap();
+        );
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(
             lines.len(),
