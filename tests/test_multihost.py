@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import re
+import secrets
 import subprocess
 import sys
 import threading
@@ -400,11 +401,15 @@ def cluster_drops(cluster: Cluster, name: str) -> int:
 @contextlib.contextmanager
 def ray_nodes(cluster: Cluster):
     """A Ray cluster with one node per host: the head on hosta, the others joining it; each
-    node on its host's address with one CPU, its files in the host's own /tmp/ray."""
+    node on its host's address with one CPU, its files in the host's own /tmp/ray. Token
+    authentication is on with a token of this cluster's own, given to every node and the
+    driver (Ray >= 2.5x turns it on by itself once ~/.ray/auth_token exists, on the head only)."""
     ray_cli = str(BIN / "ray")
     env = {
         "PYTHONPATH": f"{REPO / 'python'}{os.pathsep}{REPO / 'tests' / 'workers'}",
         "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN": secrets.token_hex(32),
     }
     common = ["--num-cpus=1", "--object-store-memory=80000000", "--disable-usage-stats"]
     head = f"{IPS['hosta']}:6379"
