@@ -412,10 +412,10 @@ pub(crate) fn check_agreement(descs: &[OpDescriptor], me: usize) -> Result<()> {
 pub(crate) fn check_sizes(descs: &[OpDescriptor]) -> Option<String> {
     let size = descs.len();
     let first = descs.first()?;
-    let what = label(first.kind, &first.name);
     let fail = |j: usize, m: String| {
         Some(format!(
-            "{what}: rank {j} announced {m}; no rank ran it (a broken or hostile peer, or a bug)"
+            "{}: rank {j} announced {m}; no rank ran it (a broken or hostile peer, or a bug)",
+            label(first.kind, &first.name)
         ))
     };
     let mut gathered = 0usize;
@@ -492,8 +492,9 @@ pub(crate) fn check_sizes(descs: &[OpDescriptor]) -> Option<String> {
             });
             if received.is_none_or(|bytes| bytes > MAX_TENSOR_BYTES) {
                 return Some(format!(
-                    "{what}: the splits {:?} make rank {receiver} receive more than the limit of \
+                    "{}: the splits {:?} make rank {receiver} receive more than the limit of \
                      {MAX_TENSOR_BYTES} bytes; no rank ran it (a broken or hostile peer, or a bug)",
+                    label(first.kind, &first.name),
                     descs.iter().map(|d| &d.splits).collect::<Vec<_>>()
                 ));
             }

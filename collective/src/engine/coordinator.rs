@@ -114,15 +114,16 @@ impl Coordinator {
                 }
             }
         }
-        let mut runs: Vec<(OpDescriptor, Option<usize>)> = Vec::new();
         for &bit in &everywhere {
-            if let Some(desc) = self.cache.get(bit) {
-                runs.push((desc.clone(), Some(bit)));
+            if let Some(desc) = self.cache.get(bit).cloned() {
+                // Every member announced the cached descriptor: it agreed everywhere and
+                // passed `check_sizes` when it was cached, so nothing is compared again.
+                self.cache.touch(bit);
+                decision.responses.push(Response::Run {
+                    descs: vec![desc; self.size],
+                    cached: true,
+                });
             }
-        }
-        for (desc, bit) in runs {
-            let descs = vec![Some(desc); self.size];
-            decision.responses.push(self.finish(descs, bit));
         }
 
         for (r, msg) in msgs.iter().enumerate() {
@@ -144,7 +145,7 @@ impl Coordinator {
         ready.sort_unstable();
         for (_, name) in ready {
             if let Some(pending) = self.table.remove(&name) {
-                let response = self.finish(pending.descs, None);
+                let response = self.finish(pending.descs);
                 decision.responses.push(match response {
                     Response::Run { descs, .. } => Response::Run {
                         descs,
@@ -195,7 +196,7 @@ impl Coordinator {
 
     /// Turns the descriptors of an entry that every active member submitted into its
     /// response, and records it in the cache.
-    fn finish(&mut self, descs: Vec<Option<OpDescriptor>>, bit: Option<usize>) -> Response {
+    fn finish(&mut self, descs: Vec<Option<OpDescriptor>>) -> Response {
         let Some((first, reference)) = descs
             .iter()
             .enumerate()
@@ -207,7 +208,7 @@ impl Coordinator {
             };
         };
         let name = reference.name.clone();
-        let what = label(reference.kind, &name);
+        let what = || label(reference.kind, &reference.name);
         for (j, d) in descs.iter().enumerate() {
             let Some(d) = d else { continue };
             let mut message = difference(&reference, first, d, j);
@@ -217,8 +218,9 @@ impl Coordinator {
             );
             if message.is_none() && member_list && d.splits != reference.splits {
                 message = Some(format!(
-                    "{what}: rank {first} passes {:?} but rank {j} passes {:?}; every rank must pass the same \
+                    "{}: rank {first} passes {:?} but rank {j} passes {:?}; every rank must pass the same \
                      process set",
+                    what(),
                     reference.splits, d.splits
                 ));
             }
@@ -242,8 +244,9 @@ impl Coordinator {
             return Response::Fail {
                 name,
                 message: format!(
-                    "{what} is not supported while ranks {joined:?} have joined (hvd.join()), as in \
-                     Horovod; only allreduce and barrier are{hint}"
+                    "{} is not supported while ranks {joined:?} have joined (hvd.join()), as in \
+                     Horovod; only allreduce and barrier are{hint}",
+                    what()
                 ),
             };
         }
@@ -256,14 +259,12 @@ impl Coordinator {
         if let Some(message) = check_sizes(&all) {
             return Response::Fail { name, message };
         }
-        match bit {
-            Some(bit) => self.cache.touch(bit),
-            None if all.iter().all(|d| *d == all[0]) => self.cache.put(&all[0]),
-            None => {}
+        if all.iter().all(|d| *d == all[0]) {
+            self.cache.put(&all[0]);
         }
         Response::Run {
             descs: all,
-            cached: bit.is_some(),
+            cached: false,
         }
     }
 

@@ -424,7 +424,6 @@ fn no_such_set(id: u32) -> Error {
 /// Checks a submission's arguments against its process set of `size` ranks.
 fn validate(sub: &Submission, size: usize) -> Result<()> {
     let kind = sub.kind;
-    let what = crate::collectives::label(kind, &sub.name);
     let len = sub.tensor.len();
     let check = match kind {
         OpKind::Allreduce => check_tensor(&sub.name, len, &sub.shape, sub.dtype, "input")
@@ -450,7 +449,10 @@ fn validate(sub: &Submission, size: usize) -> Result<()> {
             .and_then(|()| check_splits(&sub.splits, &sub.shape, size)),
         OpKind::Barrier | OpKind::AddProcessSet | OpKind::RemoveProcessSet => Ok(()),
     };
-    check.map_err(|m| Error::InvalidArgument(format!("{what}: {m}")))
+    check.map_err(|m| {
+        let what = crate::collectives::label(kind, &sub.name);
+        Error::InvalidArgument(format!("{what}: {m}"))
+    })
 }
 
 /// The engine thread's state of one process set this rank belongs to.
