@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pickle
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -14,55 +13,29 @@ from pathlib import Path
 
 import cloudpickle
 import hpack
+from support.relay import Relay
 
 from conftest import REPO, worker_env
 from kolo._native import LaunchDriver
 from kolo._rank_process import rank_code
 
 
-class Recorder:
-    """A TCP relay on 127.0.0.1 that records every byte both ways."""
+class Recorder(Relay):
+    """A relay that records every byte both ways."""
 
     def __init__(self, target: tuple[str, int]) -> None:
-        self.target = target
         self.to_driver = bytearray()
         self.from_driver = bytearray()
         self.lock = threading.Lock()
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.addr = f"127.0.0.1:{self.listener.getsockname()[1]}"
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__(target, self._recorder(self.to_driver), self._recorder(self.from_driver))
+        self.addr = f"127.0.0.1:{self.port}"
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(self.target)
-            for a, b, log in ((client, server, self.to_driver), (server, client, self.from_driver)):
-                threading.Thread(target=self._pump, args=(a, b, log), daemon=True).start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket, log: bytearray) -> None:
-        while True:
-            try:
-                data = src.recv(65536)
-            except OSError:
-                data = b""
-            if not data:
-                try:
-                    dst.shutdown(socket.SHUT_WR)
-                except OSError:
-                    pass
-                return
+    def _recorder(self, log: bytearray):
+        def record(data: bytes) -> None:
             with self.lock:
-                log += data
-            try:
-                dst.sendall(data)
-            except OSError:
-                return
+                log.extend(data)
 
-    def close(self) -> None:
-        self.listener.close()
+        return record
 
 
 def header_values(stream: bytes) -> list[bytes]:

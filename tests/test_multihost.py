@@ -89,6 +89,15 @@ def train_output(result: subprocess.CompletedProcess) -> tuple[list, list[dict]]
     return weights, places
 
 
+def train_on_three_hosts(cluster: Cluster) -> tuple[list, list[dict]]:
+    """The training job with one rank per host, started by kolorun on hosta over ssh."""
+    argv = ["python", worker("multihost_worker.py"), "train"]
+    result = run_on(
+        cluster, "hosta", kolorun_argv(cluster, "hosta:1,hostb:1,hostc:1", *argv), timeout=240
+    )
+    return train_output(result)
+
+
 def max_difference(a: list, b: list) -> float:
     return max(abs(x - y) for pa, pb in zip(a, b, strict=True) for x, y in zip(pa, pb, strict=True))
 
@@ -122,14 +131,7 @@ def test_hosts_really_differ(cluster) -> None:
 
 
 def test_kolorun_across_three_hosts_reaches_the_one_host_weights(cluster, one_host_weights):
-    result = run_on(
-        cluster,
-        "hosta",
-        kolorun_argv(
-            cluster, "hosta:1,hostb:1,hostc:1", "python", worker("multihost_worker.py"), "train"
-        ),
-    )
-    weights, places = train_output(result)
+    weights, places = train_on_three_hosts(cluster)
     assert sorted((p["rank"], p["hostname"], p["cross_rank"]) for p in places) == [
         (0, "hosta", 0),
         (1, "hostb", 1),
@@ -349,15 +351,7 @@ def test_partitioned_driver_host_stops_every_worker(cluster) -> None:
 def test_latency_and_loss_on_one_link_slow_the_job_but_not_its_result(cluster, one_host_weights):
     start = time.monotonic()
     cluster.shape("hostc", "netem delay 200ms loss 5%")
-    result = run_on(
-        cluster,
-        "hosta",
-        kolorun_argv(
-            cluster, "hosta:1,hostb:1,hostc:1", "python", worker("multihost_worker.py"), "train"
-        ),
-        timeout=240,
-    )
-    weights, _ = train_output(result)
+    weights, _ = train_on_three_hosts(cluster)
     assert max_difference(weights, one_host_weights) < 1e-12
     assert time.monotonic() - start > 2.0  # at least ten round trips of 200 ms
     assert cluster.orphans(settle=10) == {}
@@ -369,16 +363,8 @@ def test_a_narrow_lossy_link_slows_the_job_but_not_its_result(cluster, one_host_
     (TCP retransmits)."""
     cluster.shape("hostc", "tbf rate 256kbit burst 1600 limit 1600")
     start = time.monotonic()
-    result = run_on(
-        cluster,
-        "hosta",
-        kolorun_argv(
-            cluster, "hosta:1,hostb:1,hostc:1", "python", worker("multihost_worker.py"), "train"
-        ),
-        timeout=240,
-    )
+    weights, _ = train_on_three_hosts(cluster)
     elapsed = time.monotonic() - start
-    weights, _ = train_output(result)
     assert max_difference(weights, one_host_weights) < 1e-12
     drops = cluster_drops(cluster, "hostc")
     print(f"SHAPED run {elapsed:.2f}s, {drops} packets dropped on hostc's link")

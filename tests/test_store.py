@@ -4,11 +4,9 @@ checkpoint writes under SIGKILL; changed-files-only sync; pickling; bad input.""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pickle
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -17,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.relay import Relay
 
 import kolo.spark.common.store as horovod_store
 from kolo import _native
@@ -308,43 +307,19 @@ def test_sigkill_mid_write_keeps_the_previous_local_checkpoint(tmp_path):
     assert store.read(checkpoint) == b"next"
 
 
-class SlowRelay:
-    """A TCP relay on 127.0.0.1 to ``port`` that passes the client's bytes at ``rate`` bytes/s
-    (the replies as they come) and counts them: a write through it is still in flight for
-    seconds, whatever the machine's speed."""
+class SlowRelay(Relay):
+    """A relay to ``port`` that passes the client's bytes at ``rate`` bytes/s (the replies as
+    they come) and counts them: a write through it is still in flight for seconds, whatever
+    the machine's speed."""
 
     def __init__(self, port: int, rate: float) -> None:
-        self.port, self.rate, self.sent = port, rate, 0
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.address = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
-        threading.Thread(target=self._accept, daemon=True).start()
+        self.rate, self.sent = rate, 0
+        super().__init__(("127.0.0.1", port), upstream=self._throttle)
+        self.address = f"http://127.0.0.1:{self.port}"
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(("127.0.0.1", self.port))
-            threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
-            threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
-
-    def _pump(self, source: socket.socket, sink: socket.socket, throttled: bool) -> None:
-        try:
-            while data := source.recv(64 * 1024):
-                if throttled:
-                    time.sleep(len(data) / self.rate)
-                    self.sent += len(data)
-                sink.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for sock in (source, sink):
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-
-    def close(self) -> None:
-        self.listener.close()
+    def _throttle(self, data: bytes) -> None:
+        time.sleep(len(data) / self.rate)
+        self.sent += len(data)
 
 
 def test_sigkill_mid_write_keeps_the_previous_s3_checkpoint(s3_prefix):

@@ -69,6 +69,15 @@ fn submission(kind: OpKind, dtype: DType, shape: &[i64], buf: &mut [u8]) -> Subm
     sub
 }
 
+/// A byte alltoall of `len` rows sending `splits` rows to each rank.
+fn alltoall(len: i64, splits: Vec<u64>) -> impl Fn(&mut Vec<u8>) -> Submission + Sync {
+    move |buf| {
+        let mut sub = submission(OpKind::Alltoall, DType::U8, &[len], buf);
+        sub.splits = splits.clone();
+        sub
+    }
+}
+
 fn assert_refused_everywhere(outcomes: &[(Result<Output, Error>, Vec<f32>)], what: &str) {
     for (rank, (outcome, sums)) in outcomes.iter().enumerate() {
         match outcome {
@@ -94,34 +103,16 @@ fn an_allgather_first_dimension_of_2_pow_40_is_refused_on_every_rank() {
 #[test]
 fn alltoall_splits_adding_up_to_2_pow_50_are_refused_on_every_rank() {
     let outcomes = against_hostile_rank(
-        |buf| {
-            let mut sub = submission(OpKind::Alltoall, DType::U8, &[64], buf);
-            sub.splits = vec![32, 32];
-            sub
-        },
-        |buf| {
-            let mut sub = submission(OpKind::Alltoall, DType::U8, &[1 << 50], buf);
-            sub.splits = vec![1 << 49, 1 << 49];
-            sub
-        },
+        alltoall(64, vec![32, 32]),
+        alltoall(1 << 50, vec![1 << 49, 1 << 49]),
     );
     assert_refused_everywhere(&outcomes, "more than the limit");
 }
 
 #[test]
 fn alltoall_splits_that_do_not_add_up_are_refused_on_every_rank() {
-    let outcomes = against_hostile_rank(
-        |buf| {
-            let mut sub = submission(OpKind::Alltoall, DType::U8, &[64], buf);
-            sub.splits = vec![32, 32];
-            sub
-        },
-        |buf| {
-            let mut sub = submission(OpKind::Alltoall, DType::U8, &[64], buf);
-            sub.splits = vec![u64::MAX, 2];
-            sub
-        },
-    );
+    let outcomes =
+        against_hostile_rank(alltoall(64, vec![32, 32]), alltoall(64, vec![u64::MAX, 2]));
     assert_refused_everywhere(&outcomes, "invalid splits");
 }
 

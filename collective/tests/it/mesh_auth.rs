@@ -86,6 +86,13 @@ fn bind(n: usize) -> Vec<DataListener> {
         .collect()
 }
 
+/// A fresh job: its data-plane key, `n` bound listeners and their addresses (rank = index).
+fn job(n: usize) -> (MacKey, Vec<DataListener>, Vec<SocketAddr>) {
+    let listeners = bind(n);
+    let peers = listeners.iter().map(DataListener::local_addr).collect();
+    (data_key(&JobSecret::generate()), listeners, peers)
+}
+
 /// A TCP connection to `to` whose source address is `from` (bound before connecting).
 fn connect_from(from: Ipv4Addr, to: SocketAddr) -> TcpStream {
     let SocketAddr::V4(to) = to else {
@@ -141,10 +148,8 @@ fn closed_by_peer(stream: &mut TcpStream, within: Duration) -> bool {
 
 #[test]
 fn impostor_knowing_the_job_id_cannot_claim_a_rank() {
-    let key = data_key(&JobSecret::generate());
+    let (key, listeners, peers) = job(3);
     let wrong = data_key(&JobSecret::generate());
-    let listeners = bind(3);
-    let peers: Vec<SocketAddr> = listeners.iter().map(DataListener::local_addr).collect();
     // While ranks 0 and 1 set up and before the real rank 2 starts, an impostor with the job
     // id, the ranks and the addresses (everything but the secret) claims rank 2 at both.
     let (go, wait) = std::sync::mpsc::channel::<()>();
@@ -211,9 +216,7 @@ fn impostor_knowing_the_job_id_cannot_claim_a_rank() {
 
 #[test]
 fn valid_proof_from_another_source_address_is_rejected() {
-    let key = data_key(&JobSecret::generate());
-    let listeners = bind(2);
-    let peers: Vec<SocketAddr> = listeners.iter().map(DataListener::local_addr).collect();
+    let (key, listeners, peers) = job(2);
     // Rank 1 registered 127.0.0.1; a process on 127.0.0.2 holding the key (e.g. a leaked key
     // replayed elsewhere) claims rank 1.
     let mut impostor = connect_from(Ipv4Addr::new(127, 0, 0, 2), peers[0]);
@@ -254,9 +257,7 @@ fn valid_proof_from_another_source_address_is_rejected() {
 
 #[test]
 fn two_hundred_silent_connections_do_not_stop_the_mesh() {
-    let key = data_key(&JobSecret::generate());
-    let listeners = bind(3);
-    let peers: Vec<SocketAddr> = listeners.iter().map(DataListener::local_addr).collect();
+    let (key, listeners, peers) = job(3);
     let silent: Vec<TcpStream> = (0..200)
         .filter_map(|i| TcpStream::connect(peers[i % 2]).ok())
         .collect();
@@ -268,9 +269,7 @@ fn two_hundred_silent_connections_do_not_stop_the_mesh() {
 
 #[test]
 fn a_flood_after_a_real_peer_connected_does_not_evict_it() {
-    let key = data_key(&JobSecret::generate());
-    let listeners = bind(2);
-    let peers: Vec<SocketAddr> = listeners.iter().map(DataListener::local_addr).collect();
+    let (key, listeners, peers) = job(2);
     let zero = listeners.into_iter().next().unwrap();
     thread::scope(|s| {
         let config = config(&key, 0, &peers);
@@ -303,9 +302,7 @@ fn a_flood_after_a_real_peer_connected_does_not_evict_it() {
 
 #[test]
 fn the_listener_refuses_connections_once_the_mesh_formed() {
-    let key = data_key(&JobSecret::generate());
-    let listeners = bind(2);
-    let peers: Vec<SocketAddr> = listeners.iter().map(DataListener::local_addr).collect();
+    let (key, listeners, peers) = job(2);
     let meshes: Vec<Mesh> = thread::scope(|s| {
         let handles: Vec<_> = listeners
             .into_iter()

@@ -299,20 +299,22 @@ const ESCAPING_KEYS: [&str; 7] = [
     "a\nb",
 ];
 
+/// Where `..` from a store rooted at `a/store` or from its `runs/r1` would land.
+const SENTINELS: [&str; 6] = [
+    "outside/keep",
+    "a/outside/keep",
+    "x/keep",
+    "b/keep",
+    "a/x/keep",
+    "a/b/keep",
+];
+
 #[tokio::test]
 async fn no_operation_reaches_outside_the_store_root() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("a/store");
     std::fs::create_dir_all(root.join("runs/r1")).unwrap();
-    // Sentinels where `..` from the root or from runs/r1 would land.
-    for sentinel in [
-        "outside/keep",
-        "a/outside/keep",
-        "x/keep",
-        "b/keep",
-        "a/x/keep",
-        "a/b/keep",
-    ] {
+    for sentinel in SENTINELS {
         write(&dir.path().join(sentinel), b"sentinel");
     }
     let store = local_store(&root);
@@ -332,14 +334,7 @@ async fn no_operation_reaches_outside_the_store_root() {
         refused(store.local_path(key).map(|_| ()));
         refused(store.path(key).map(|_| ()));
     }
-    for sentinel in [
-        "outside/keep",
-        "a/outside/keep",
-        "x/keep",
-        "b/keep",
-        "a/x/keep",
-        "a/b/keep",
-    ] {
+    for sentinel in SENTINELS {
         assert_eq!(
             std::fs::read(dir.path().join(sentinel)).unwrap(),
             b"sentinel",

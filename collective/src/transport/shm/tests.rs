@@ -153,9 +153,10 @@ fn a_failed_setup_leaves_nothing_behind() {
 }
 
 /// Sets up rank 0 of two over `dir` whose rank 1 "created" its segment with `plant(path)`.
-fn setup_with_planted(dir: &Dir, plant: impl FnOnce(&Path)) -> Result<ShmNode, Error> {
+/// Rank 0's setup of a 2-rank node after `plant` put something at rank `at`'s segment name.
+fn setup_with_planted(dir: &Dir, at: usize, plant: impl FnOnce(&Path)) -> Result<ShmNode, Error> {
     let names = names(&dir.0);
-    plant(&names.path(1));
+    plant(&names.path(at));
     ShmNode::setup(names, vec![0, 1], 0, 4096, Duration::from_secs(1), |_| {
         Ok(())
     })
@@ -168,33 +169,33 @@ fn shm_error_text(result: Result<ShmNode, Error>) -> String {
     }
 }
 
+/// Asserts that rank 0's setup refused what was planted at its own segment name.
+fn assert_own_name_refused(result: Result<ShmNode, Error>, dir: &Dir) {
+    let own = names(&dir.0).path(0);
+    let m = shm_error_text(result);
+    assert!(
+        m.contains("already exists") && m.contains(&own.display().to_string()),
+        "{m}"
+    );
+}
+
 #[test]
 fn a_symlink_at_a_segment_name_is_never_followed() {
     let dir = Dir::new("symlink");
     let victim = dir.0.join("victim");
     std::fs::write(&victim, b"precious").unwrap();
     // At a peer's name: opening refuses it.
-    let m = shm_error_text(setup_with_planted(&dir, |path| {
+    let m = shm_error_text(setup_with_planted(&dir, 1, |path| {
         std::os::unix::fs::symlink(&victim, path).unwrap()
     }));
     assert!(m.contains("symlink") && m.contains("kolo-"), "{m}");
     // At this rank's own name: creating refuses it (O_EXCL|O_NOFOLLOW), nothing is written
     // through it.
+    let result = setup_with_planted(&dir, 0, |path| {
+        std::os::unix::fs::symlink(&victim, path).unwrap()
+    });
+    assert_own_name_refused(result, &dir);
     let own = names(&dir.0).path(0);
-    std::os::unix::fs::symlink(&victim, &own).unwrap();
-    let result = ShmNode::setup(
-        names(&dir.0),
-        vec![0, 1],
-        0,
-        4096,
-        Duration::from_secs(1),
-        |_| Ok(()),
-    );
-    let m = shm_error_text(result);
-    assert!(
-        m.contains("already exists") && m.contains(&own.display().to_string()),
-        "{m}"
-    );
     assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
     assert!(std::fs::symlink_metadata(&own)
         .unwrap()
@@ -208,7 +209,7 @@ fn a_segment_of_another_user_or_mode_is_refused() {
     let dir = Dir::new("owner");
     let len = DATA_OFFSET + 2 * 4096;
     // Same uid, but readable by others.
-    let m = shm_error_text(setup_with_planted(&dir, |path| {
+    let m = shm_error_text(setup_with_planted(&dir, 1, |path| {
         std::fs::write(path, vec![0u8; len]).unwrap();
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)).unwrap();
     }));
@@ -220,7 +221,7 @@ fn a_segment_of_another_user_or_mode_is_refused() {
         eprintln!("skipping the other-uid case: chown needs root");
         return;
     }
-    let m = shm_error_text(setup_with_planted(&dir, |path| {
+    let m = shm_error_text(setup_with_planted(&dir, 1, |path| {
         std::fs::write(path, vec![0u8; len]).unwrap();
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
         std::os::unix::fs::chown(path, Some(65534), Some(65534)).unwrap();
@@ -231,22 +232,14 @@ fn a_segment_of_another_user_or_mode_is_refused() {
 #[test]
 fn a_pre_created_own_segment_is_refused_not_reused() {
     let dir = Dir::new("precreated");
-    let own = names(&dir.0).path(0);
-    std::fs::write(&own, b"someone else's").unwrap();
-    let result = ShmNode::setup(
-        names(&dir.0),
-        vec![0, 1],
-        0,
-        4096,
-        Duration::from_secs(1),
-        |_| Ok(()),
+    let result = setup_with_planted(&dir, 0, |path| {
+        std::fs::write(path, b"someone else's").unwrap()
+    });
+    assert_own_name_refused(result, &dir);
+    assert_eq!(
+        std::fs::read(names(&dir.0).path(0)).unwrap(),
+        b"someone else's"
     );
-    let m = shm_error_text(result);
-    assert!(
-        m.contains("already exists") && m.contains(&own.display().to_string()),
-        "{m}"
-    );
-    assert_eq!(std::fs::read(&own).unwrap(), b"someone else's");
 }
 
 #[test]
