@@ -3,13 +3,14 @@
 
 use std::collections::BTreeSet;
 use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use socket2::{Domain, Protocol, Socket, Type};
 use subtle::ConstantTimeEq;
 
 use super::handshake::{
@@ -166,19 +167,22 @@ fn connect_lower(
                     after: config.connect_timeout,
                 });
             }
-            let attempt =
-                TcpStream::connect_timeout(&addr, (deadline - now).min(Duration::from_secs(2)))
-                    .map_err(DialError::Dropped)
-                    .and_then(|mut stream| {
-                        let dial = Dial {
-                            key: &config.key,
-                            job_id: &config.job_id,
-                            from: rank as u32,
-                            to: peer as u32,
-                            size: config.peers.len() as u32,
-                        };
-                        handshake::dial(&mut stream, dial, deadline, &check).map(|()| stream)
-                    });
+            let attempt = connect_from(
+                config.peers[rank].ip(),
+                addr,
+                (deadline - now).min(Duration::from_secs(2)),
+            )
+            .map_err(DialError::Dropped)
+            .and_then(|mut stream| {
+                let dial = Dial {
+                    key: &config.key,
+                    job_id: &config.job_id,
+                    from: rank as u32,
+                    to: peer as u32,
+                    size: config.peers.len() as u32,
+                };
+                handshake::dial(&mut stream, dial, deadline, &check).map(|()| stream)
+            });
             match attempt {
                 Ok(stream) => break stream,
                 Err(DialError::Dropped(e)) => {
@@ -199,6 +203,23 @@ fn connect_lower(
         out.push((peer, stream));
     }
     Ok(out)
+}
+
+/// A TCP connection to `to` from this rank's own registered data address `from` (any port):
+/// on a host with several addresses the kernel could otherwise pick another source, and the
+/// peer refuses a connection that does not come from the address this rank registered.
+fn connect_from(from: IpAddr, to: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
+    if from.is_unspecified() || from.is_ipv4() != to.is_ipv4() {
+        return TcpStream::connect_timeout(&to, timeout);
+    }
+    let socket = Socket::new(Domain::for_address(to), Type::STREAM, Some(Protocol::TCP))?;
+    if let Err(e) = socket.bind(&SocketAddr::new(from, 0).into()) {
+        // Not an address of this host (e.g. one published through NAT): let the kernel pick.
+        log::debug!("cannot connect from {from} ({e}); connecting from any address");
+        return TcpStream::connect_timeout(&to, timeout);
+    }
+    socket.connect_timeout(&to.into(), timeout)?;
+    Ok(socket.into())
 }
 
 /// An accepted connection whose handshake is under way.

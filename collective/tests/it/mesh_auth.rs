@@ -324,3 +324,18 @@ fn the_listener_refuses_connections_once_the_mesh_formed() {
     }
     drop(meshes);
 }
+
+#[test]
+fn a_rank_connects_from_its_registered_address_on_a_host_with_several() {
+    // Rank 1 registered 127.0.0.2; rank 0 listens on 127.0.0.1, where the kernel would pick
+    // 127.0.0.1 as the source. Rank 0 only accepts rank 1 from 127.0.0.2, so the mesh forms
+    // only if rank 1 connects from the address it registered.
+    let key = data_key(&JobSecret::generate());
+    let second = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+    let listeners = vec![
+        DataListener::bind(LOCALHOST).unwrap(),
+        DataListener::bind(second).unwrap(),
+    ];
+    let took = form_and_check(&key, listeners, |_| {});
+    assert!(took < Duration::from_secs(5), "mesh took {took:?}");
+}
