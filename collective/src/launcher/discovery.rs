@@ -144,40 +144,30 @@ impl DiscoveryScript {
             .spawn()
             .map_err(|err| self.error(DiscoveryProblem::Spawn(err.to_string())))?;
         let started = Instant::now();
-        let Some(stdout) = child.stdout.take() else {
+        let Some(mut stdout) = child.stdout.take() else {
             kill_group(&mut child);
             return Err(Error::Internal(
                 "discovery script without stdout pipe".into(),
             ));
         };
         let limit = self.limits.max_output_bytes;
-        let (sender, output) = mpsc::channel();
-        // The reader ends when the pipe closes: at the script's exit, or when it is killed.
-        std::thread::Builder::new()
-            .name("kolo-discovery-read".into())
-            .spawn(move || {
-                let mut bytes = Vec::new();
-                let read = stdout
-                    .take(limit as u64 + 1)
-                    .read_to_end(&mut bytes)
-                    .map(|_| bytes);
-                let _ = sender.send(read);
-            })?;
-        let bytes = match output.recv_timeout(self.limits.timeout) {
-            Ok(Ok(bytes)) if bytes.len() > limit => {
+        let deadline = started + self.limits.timeout;
+        let bytes = match read_bounded(&mut stdout, limit, deadline) {
+            Ok(Some(bytes)) if bytes.len() > limit => {
                 kill_group(&mut child);
                 return Err(self.error(DiscoveryProblem::OutputTooLarge(limit)));
             }
-            Ok(Ok(bytes)) => bytes,
-            Ok(Err(err)) => {
-                kill_group(&mut child);
-                return Err(self.error(DiscoveryProblem::Spawn(err.to_string())));
-            }
-            Err(_) => {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => {
                 kill_group(&mut child);
                 return Err(self.error(DiscoveryProblem::TimedOut(self.limits.timeout)));
             }
+            Err(err) => {
+                kill_group(&mut child);
+                return Err(self.error(DiscoveryProblem::Spawn(err.to_string())));
+            }
         };
+        drop(stdout);
         // Its stdout is closed; it may still run (bounded by the same deadline).
         let status = loop {
             if let Some(status) = child.try_wait()? {
@@ -284,6 +274,58 @@ fn parse_line(line: &str, default_slots: usize) -> std::result::Result<HostSlots
         host: host.to_owned(),
         slots,
     })
+}
+
+/// Reads `stdout` to its end, but no more than `limit + 1` bytes (more means too much) and no
+/// later than `deadline` (`None`). Waits with poll(2) on this thread, so a process that keeps
+/// the pipe open past the deadline (even one that left the script's process group) costs
+/// nothing once the pipe is dropped.
+fn read_bounded(
+    stdout: &mut std::process::ChildStdout,
+    limit: usize,
+    deadline: Instant,
+) -> std::io::Result<Option<Vec<u8>>> {
+    use std::os::fd::AsRawFd;
+    let mut bytes = Vec::new();
+    let mut chunk = [0u8; 64 * 1024];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(None);
+        }
+        let mut ready = libc::pollfd {
+            fd: stdout.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let wait_ms = i32::try_from(left.as_millis().max(1)).unwrap_or(i32::MAX);
+        // SAFETY: `ready` is one valid pollfd for the duration of the call.
+        let answered = unsafe { libc::poll(&mut ready, 1, wait_ms) };
+        if answered < 0 {
+            let err = std::io::Error::last_os_error();
+            if err.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(err);
+        }
+        if answered == 0 {
+            continue;
+        }
+        // Readable or hung up: this read does not block.
+        let room = (limit + 1 - bytes.len()).min(chunk.len());
+        let read = match stdout.read(&mut chunk[..room]) {
+            Ok(read) => read,
+            Err(err) if err.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(err) => return Err(err),
+        };
+        if read == 0 {
+            return Ok(Some(bytes));
+        }
+        bytes.extend_from_slice(&chunk[..read]);
+        if bytes.len() > limit {
+            return Ok(Some(bytes));
+        }
+    }
 }
 
 /// Kills `child`'s process group (everything the script started) and reaps `child`.
