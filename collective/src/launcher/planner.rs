@@ -384,4 +384,95 @@ mod tests {
             );
         }
     }
+
+    /// Hosts `h0..hN` with 1..4 slots, a live task on some of their slots and on hosts that
+    /// are gone, with indices below `next`.
+    fn arbitrary_round() -> impl proptest::strategy::Strategy<
+        Value = (Vec<HostSlots>, Vec<LiveTask>, usize, Option<usize>, u32),
+    > {
+        use proptest::prelude::*;
+        (
+            proptest::collection::vec(1usize..4, 0..5),
+            proptest::collection::vec((0usize..7, 0usize..4, any::<bool>()), 0..12),
+            0usize..8,
+            proptest::option::of(1usize..10),
+            0u32..5,
+        )
+            .prop_map(|(slots, candidates, min, max, spare)| {
+                let hosts: Vec<HostSlots> = slots
+                    .iter()
+                    .enumerate()
+                    .map(|(i, s)| hs(&format!("h{i}"), *s))
+                    .collect();
+                let mut live: Vec<LiveTask> = Vec::new();
+                for (host, slot, _) in candidates {
+                    let host = format!("h{host}");
+                    if !live.iter().any(|t| t.host == host && t.slot == slot) {
+                        let index = live.len() as u32 * 2;
+                        live.push(task(index, &host, slot));
+                    }
+                }
+                let next = live.len() as u32 * 2 + spare;
+                (hosts, live, min, max, next)
+            })
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn a_plan_never_reuses_indices_overfills_or_drops_a_placeable_task(
+            (hosts, live, min, max, next) in arbitrary_round()
+        ) {
+            let request = PlanRequest {
+                hosts: &hosts,
+                live: &live,
+                min_num_proc: min,
+                max_num_proc: max,
+                next_task_index: next,
+            };
+            let slots_of = |host: &str| hosts.iter().find(|h| h.host == host).map(|h| h.slots);
+            let placeable = live
+                .iter()
+                .filter(|t| slots_of(&t.host).is_some_and(|s| t.slot < s))
+                .count();
+            let capacity: usize = hosts.iter().map(|h| h.slots).sum();
+            let size = capacity.min(max.unwrap_or(usize::MAX));
+            match plan(&request).unwrap() {
+                Plan::Ready(round) => {
+                    proptest::prop_assert!(round.size() >= min);
+                    proptest::prop_assert_eq!(round.size(), size);
+                    // Every live task is kept or gone, once.
+                    let mut all: Vec<LiveTask> = round.keep.iter().chain(&round.gone).cloned().collect();
+                    all.sort();
+                    let mut expected = live.clone();
+                    expected.sort();
+                    proptest::prop_assert_eq!(all, expected);
+                    // Live tasks are kept as far as max allows.
+                    proptest::prop_assert_eq!(round.keep.len(), placeable.min(size));
+                    // New tasks: fresh increasing indices on free, existing slots.
+                    for (i, new) in round.start.iter().enumerate() {
+                        proptest::prop_assert_eq!(new.task_index, next + i as u32);
+                        proptest::prop_assert!(new.slot < slots_of(&new.host).unwrap());
+                    }
+                    proptest::prop_assert_eq!(round.next_task_index, next + round.start.len() as u32);
+                    let mut taken: Vec<(String, usize)> = round
+                        .keep
+                        .iter()
+                        .chain(&round.start)
+                        .map(|t| (t.host.clone(), t.slot))
+                        .collect();
+                    taken.sort();
+                    taken.dedup();
+                    proptest::prop_assert_eq!(taken.len(), round.size());
+                }
+                Plan::Wait { available, needed } => {
+                    proptest::prop_assert!(available < needed && needed == min);
+                    proptest::prop_assert_eq!(available, size);
+                }
+                Plan::NoSurvivor { lost } => {
+                    proptest::prop_assert!(!live.is_empty() && placeable == 0 || size == 0);
+                    proptest::prop_assert_eq!(lost, live.clone());
+                }
+            }
+        }
+    }
 }
