@@ -417,17 +417,56 @@ def test_kolo_run_returns_results_by_rank_and_raises_a_failing_ranks_error() -> 
     assert isinstance(caught.value, RuntimeError)  # what horovod.run raises
 
 
-def test_host_discovery_script_gives_a_fixed_size_job_with_a_notice(tmp_path) -> None:
+def test_an_elastic_launch_fails_fast_until_kolorun_runs_elastic_jobs(tmp_path) -> None:
+    """The elastic options are parsed and checked, but this build cannot run an elastic job:
+    kolorun says so at once (a usage error, exit 2) and starts nothing, not even the script."""
+    marker = tmp_path / "ran"
     script = tmp_path / "discover.sh"
-    script.write_text("#!/bin/sh\necho localhost\n")
+    script.write_text(f"#!/bin/sh\ntouch {marker}.script\necho localhost:2\n")
     script.chmod(0o755)
-    args = ["--host-discovery-script", str(script), "--slots-per-host", "2", "--min-np", "2"]
-    result, ranks = run_print_env(args, ("HOROVOD_SIZE", "HOROVOD_HOSTNAME"))
-    assert sorted(ranks) == [0, 1]
-    for info in ranks.values():
-        assert info["env"] == {"HOROVOD_SIZE": "2", "HOROVOD_HOSTNAME": "localhost"}
-    notes = [line for line in result.stderr.splitlines() if line.startswith("kolorun: note:")]
-    assert len(notes) == 3 and all("issue 21" in line for line in notes), result.stderr
+    command = ["python", "-c", f"open({str(marker)!r}, 'w').close()"]
+    for options in (
+        ["--host-discovery-script", str(script), "--slots-per-host", "2", "--min-np", "2"],
+        ["-np", "2", "--min-np", "1", "--max-np", "4", "-H", "localhost:4"],
+    ):
+        started = time.monotonic()
+        result = run_kolorun([*options, *command], timeout=60)
+        assert result.returncode == 2, result.stderr
+        assert "elastic launches are not available yet in this build" in result.stderr
+        assert time.monotonic() - started < 30
+    assert not marker.exists() and not (tmp_path / "ran.script").exists()
+
+
+def test_elastic_option_errors_through_parse_args() -> None:
+    """Bad elastic combinations are ConfigErrors naming the option and the fix, raised while
+    parsing (kolo.runner.parse_args, so kolo.run and the kolorun script share them)."""
+    from kolo.exceptions import ConfigError
+    from kolo.runner import parse_args
+
+    parsed = parse_args(["-np", "4", "--min-np", "2", "--max-np", "8", "--slots", "2",
+                         "--blacklist-cooldown-range", "10", "100", "--host-discovery-script",
+                         "/d.sh", "python", "train.py"])  # fmt: skip
+    assert parsed["elastic"] is True and parsed["notices"] == []
+    assert (parsed["num_proc"], parsed["min_num_proc"], parsed["max_num_proc"]) == (4, 2, 8)
+    assert parsed["slots_per_host"] == 2 and parsed["cooldown_range"] == (10, 100)
+    fixed = parse_args(["-np", "2", "--max-np", "4", "x"])
+    assert fixed["elastic"] is False
+    assert [flag for flag, _ in fixed["notices"]] == ["--max-np"]
+    cases = {
+        "--min-np 3 is more than --max-np 2": ["-np", "2", "--min-np", "3", "--max-np", "2"],
+        "-np 1 is less than --min-np 2": ["-np", "1", "--min-np", "2"],
+        "-np 5 is more than --max-np 4": ["-np", "5", "--min-np", "2", "--max-np", "4"],
+        "give the hosts once": ["-np", "2", "--host-discovery-script", "/d.sh", "-H", "a:2"],
+        "lower limit of 1": ["-np", "2", "--blacklist-cooldown-range", "0", "10"],
+        "upper limit of 3600": ["-np", "2", "--blacklist-cooldown-range", "1", "3601"],
+        "MIN 9 is more than MAX 3": ["-np", "2", "--blacklist-cooldown-range", "9", "3"],
+        "drop --mpi": ["-np", "2", "--min-np", "2", "--mpi"],
+        "needs -np N": ["--host-discovery-script", "/d.sh"],
+        '--elastic-timeout "0"': ["-np", "2", "--elastic-timeout", "0"],
+    }
+    for said, options in cases.items():
+        with pytest.raises(ConfigError, match=re.escape(said)):
+            parse_args([*options, "python", "train.py"])
 
 
 def test_network_interfaces_list_reaches_the_driver_data_plane_and_nccl() -> None:

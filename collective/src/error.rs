@@ -61,6 +61,17 @@ pub enum Error {
     #[error("{0}")]
     Launch(String),
 
+    /// A `--host-discovery-script` run gave no usable host list: it could not start, failed,
+    /// ran past its time limit, printed too much, or printed a line that is not `host` or
+    /// `host:slots`. Names the script and what to fix.
+    #[error("kolorun: --host-discovery-script {script}: {problem}")]
+    HostDiscovery {
+        /// The script as given.
+        script: String,
+        /// What went wrong.
+        problem: crate::launcher::discovery::DiscoveryProblem,
+    },
+
     /// An I/O error outside a peer connection.
     #[error(transparent)]
     Io(#[from] std::io::Error),
@@ -123,6 +134,10 @@ impl Error {
             },
             Error::Closed(m) => Error::Closed(m.clone()),
             Error::Launch(m) => Error::Launch(m.clone()),
+            Error::HostDiscovery { script, problem } => Error::HostDiscovery {
+                script: script.clone(),
+                problem: problem.clone(),
+            },
             Error::Io(e) => Error::Io(io(e)),
             Error::Runtime(kolo_runtime::Error::Forked) => {
                 Error::Runtime(kolo_runtime::Error::Forked)

@@ -58,9 +58,12 @@ def run(
     ``HOROVOD_*``/``KOLO_*`` rank variables before ``func`` is unpickled; ``func`` calls
     ``hvd.init()`` as usual. A rank that raises stops the others and ``run`` raises
     :class:`~kolo.exceptions.RankFailedError` with that rank's traceback. The elastic
-    parameters, ``use_gloo``, ``use_mpi`` and ``mpi_args`` are accepted as kolorun accepts
-    their flags (a notice on stderr says what kolo does instead); ``np``, ``min_np``,
-    ``max_np`` and ``network_interface`` are Horovod's deprecated spellings.
+    parameters are checked as kolorun checks their flags; an elastic run (``min_num_proc`` or
+    ``host_discovery_script``) raises :class:`~kolo.exceptions.ConfigError` in this build
+    (kolorun cannot run elastic jobs yet). ``use_gloo``, ``use_mpi`` and ``mpi_args`` are
+    accepted as kolorun accepts their flags (a notice on stderr says what kolo does instead);
+    ``np``, ``min_np``, ``max_np`` and ``network_interface`` are Horovod's deprecated
+    spellings.
 
     Example::
 

@@ -246,11 +246,13 @@ def parse_args(argv: list[str]) -> dict[str, Any]:
     ``"check_build"``) and, for a launch, the options (``num_proc``, ``hosts``, ``hostfile``,
     ``host_discovery_script``, ``start_timeout``, ``network_interfaces``, ``ssh_port``,
     ``ssh_identity_file``, ``verbose``, ``output_filename``, ``prefix_output_with_timestamp``,
-    ``disable_cache``, ``controller``, ``mpi_args``, ``binding_args``, the elastic
-    ``min_num_proc``/``max_num_proc``/``slots_per_host``/``elastic_timeout``/``reset_limit``/
-    ``cooldown_range``, ``config_file``), ``env`` (the variables the tuning flags and the
-    config file set on every rank), ``notices`` (a list of ``(flag, text)``: each given flag
-    kolo accepts without Horovod's effect, and what kolo does instead) and ``command``.
+    ``disable_cache``, ``controller``, ``mpi_args``, ``binding_args``, the elastic options as
+    given ``min_num_proc``/``max_num_proc``/``slots_per_host``/``elastic_timeout``/
+    ``reset_limit``/``cooldown_range`` (a ``(min, max)`` tuple), ``elastic`` (whether they make
+    the launch elastic: a discovery script or ``--min-np``), ``config_file``), ``env`` (the
+    variables the tuning flags and the config file set on every rank), ``notices`` (a list of
+    ``(flag, text)``: each given flag kolo accepts without Horovod's effect, and what kolo does
+    instead) and ``command``.
     Raises :class:`~kolo.exceptions.ConfigError` for an unknown flag, a bad value, or a bad
     config file key.
 

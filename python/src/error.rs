@@ -179,7 +179,9 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 pub fn to_py(err: Error) -> PyErr {
     let message = err.to_string();
     match err {
-        Error::Config(_) | Error::SharedMemory(_) => ConfigError::new_err(message),
+        Error::Config(_) | Error::SharedMemory(_) | Error::HostDiscovery { .. } => {
+            ConfigError::new_err(message)
+        }
         Error::InvalidArgument(_) => InvalidArgumentError::new_err(message),
         Error::Rendezvous(_) => RendezvousError::new_err(message),
         Error::Timeout { .. } => TimeoutError::new_err(message),

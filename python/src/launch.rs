@@ -63,13 +63,17 @@ pub fn kolorun_parse(py: Python<'_>, args: Vec<String>) -> PyResult<Bound<'_, Py
     dict.set_item("controller", parsed.controller.clone())?;
     dict.set_item("mpi_args", parsed.mpi_args.clone())?;
     dict.set_item("binding_args", parsed.binding_args.clone())?;
-    let elastic = &parsed.elastic;
-    dict.set_item("min_num_proc", elastic.min_num_proc)?;
-    dict.set_item("max_num_proc", elastic.max_num_proc)?;
-    dict.set_item("slots_per_host", elastic.slots_per_host)?;
-    dict.set_item("elastic_timeout", elastic.elastic_timeout)?;
-    dict.set_item("reset_limit", elastic.reset_limit)?;
-    dict.set_item("cooldown_range", elastic.cooldown_range)?;
+    let flags = &parsed.elastic_flags;
+    dict.set_item("elastic", parsed.elastic.is_some())?;
+    dict.set_item("min_num_proc", flags.min_num_proc)?;
+    dict.set_item("max_num_proc", flags.max_num_proc)?;
+    dict.set_item("slots_per_host", flags.slots_per_host)?;
+    dict.set_item("elastic_timeout", flags.elastic_timeout)?;
+    dict.set_item("reset_limit", flags.reset_limit)?;
+    dict.set_item(
+        "cooldown_range",
+        flags.cooldown_range.map(|r| (r.lower(), r.upper())),
+    )?;
     let env = PyDict::new(py);
     for (name, value) in &parsed.engine_env {
         env.set_item(name, value)?;

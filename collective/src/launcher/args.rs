@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::elastic_args::{self, CooldownRange, ElasticArgs, ElasticFlags, ElasticMode};
 use super::knobs;
 use crate::control::env::parse_seconds;
 use crate::error::{Error, Result};
@@ -83,15 +84,31 @@ controllers:
                                initialize MPI without thread support in ranks that use mpi4py
                                [HOROVOD_MPI_THREADS_DISABLE]
 
+elastic options (horovodrun's; --host-discovery-script or --min-np makes a launch elastic):
+  --host-discovery-script SCRIPT
+                               run through `sh -c` every second; prints one `host` or
+                               `host:slots` per line (exclusive with -H/--hostfile, which
+                               give an elastic launch fixed hosts)
+  --min-np, --min-num-proc N   processes training needs to continue (default: -np); -np is
+                               how many slots to wait for before starting (default: --min-np)
+  --max-np, --max-num-proc N   at most N processes (default: every available slot)
+  --slots-per-host, --slots N  slots of a discovered host printed without `:slots` (default 1)
+  --elastic-timeout SECS       longest wait for --min-np slots (default 600, or
+                               KOLO_ELASTIC_TIMEOUT / HOROVOD_ELASTIC_TIMEOUT)
+  --reset-limit N              fail the job after N resets (default: no limit)
+  --blacklist-cooldown-range MIN MAX
+                               a failing host returns after a cooldown of MIN..MAX seconds
+                               that doubles per failure (1 <= MIN <= MAX <= 3600; default: it
+                               never returns)
+  This build checks these options but cannot run elastic launches yet: such a launch stops at
+  once with a ConfigError. On a fixed-size launch (neither --min-np nor a script) the other
+  elastic options change nothing and print a notice, as horovodrun ignores them.
+
 accepted with a notice (kolo has no such mechanism; the HOROVOD_* variable is still set):
   --jsrun, --torus-allreduce, --autotune,
   --autotune-log-file, --autotune-warmup-samples, --autotune-steps-per-sample,
-  --autotune-bayes-opt-max-samples, --autotune-gaussian-process-noise, --num-nccl-streams;
-  and the elastic options --min-np, --max-np (--min-num-proc, --max-num-proc),
-  --slots-per-host, --elastic-timeout, --reset-limit, --blacklist-cooldown-range MIN MAX,
-  --host-discovery-script SCRIPT: the job runs with a fixed size (-np, else --min-np) on the
-  hosts the script lists at the start. --no-autotune and --no-torus-allreduce are what kolo
-  does anyway.
+  --autotune-bayes-opt-max-samples, --autotune-gaussian-process-noise, --num-nccl-streams.
+  --no-autotune and --no-torus-allreduce are what kolo does anyway.
 
 environment: every rank gets the launching environment except the variables docs/kolorun.md
 lists (HOSTNAME, PWD, SSH_*, ...); ssh ranks receive it on ssh's stdin, never on a command
@@ -185,25 +202,9 @@ pub enum HostSource {
     Flag(String),
     /// `--hostfile` path.
     File(PathBuf),
-    /// `--host-discovery-script` path: run once at the start; its output lists the hosts.
+    /// `--host-discovery-script` path: an elastic launch's hosts, polled while it runs
+    /// ([`crate::launcher::discovery`]).
     Discovery(PathBuf),
-}
-
-/// Horovod's elastic options, accepted for a fixed-size job (elastic mode is not in kolorun).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct ElasticArgs {
-    /// `--min-np`/`--min-num-proc`: the job size when `-np` is not given.
-    pub min_num_proc: Option<usize>,
-    /// `--max-np`/`--max-num-proc`.
-    pub max_num_proc: Option<usize>,
-    /// `--slots-per-host`: slots of a discovered host that names none.
-    pub slots_per_host: Option<usize>,
-    /// `--elastic-timeout` seconds.
-    pub elastic_timeout: Option<u64>,
-    /// `--reset-limit`.
-    pub reset_limit: Option<u64>,
-    /// `--blacklist-cooldown-range MIN MAX` seconds.
-    pub cooldown_range: Option<(u64, u64)>,
 }
 
 /// Parsed `kolorun` options and command.
@@ -235,8 +236,11 @@ pub struct LaunchArgs {
     pub mpi_args: Option<String>,
     /// `--binding-args`.
     pub binding_args: Option<String>,
-    /// The elastic options.
-    pub elastic: ElasticArgs,
+    /// The elastic options as given.
+    pub elastic_flags: ElasticFlags,
+    /// The elastic launch's settings, exactly when the launch is elastic (a
+    /// `--host-discovery-script` or `--min-np`, as horovodrun's `_is_elastic`).
+    pub elastic: Option<ElasticArgs>,
     /// `--config-file`: the Python `kolorun` reads the YAML and passes its settings as flags
     /// ahead of the command line (so the command line wins), without this option.
     pub config_file: Option<PathBuf>,
@@ -269,8 +273,6 @@ pub enum Invocation {
 /// What kolo does instead of `option`'s Horovod effect, for the options kolo has no mechanism
 /// for; `None` for the options kolo honours.
 pub fn notice_for(option: &str) -> Option<&'static str> {
-    const ELASTIC: &str = "elastic training is not in kolorun yet (issue 21): the job runs \
-                           with a fixed size of -np (else --min-np) ranks";
     const AUTOTUNE: &str = "kolo has no autotuner: set --fusion-threshold-mb and \
                             --cycle-time-ms directly (the HOROVOD_AUTOTUNE* variables are still \
                             set)";
@@ -291,19 +293,6 @@ pub fn notice_for(option: &str) -> Option<&'static str> {
         "--num-nccl-streams" => {
             "kolo runs one NCCL stream per process set; HOROVOD_NUM_NCCL_STREAMS is set but \
              not read"
-        }
-        "--min-np"
-        | "--min-num-proc"
-        | "--max-np"
-        | "--max-num-proc"
-        | "--slots-per-host"
-        | "--elastic-timeout"
-        | "--reset-limit"
-        | "--blacklist-cooldown-range" => ELASTIC,
-        "--host-discovery-script" => {
-            "elastic training is not in kolorun yet (issue 21): the script runs once and the \
-             job runs with a fixed size of -np (else --min-np, else every slot) ranks on the \
-             hosts it lists at the start"
         }
         _ => return None,
     })
@@ -407,14 +396,28 @@ pub fn parse_args(args: &[String]) -> Result<Invocation> {
             "--mpi-args" => parsed.mpi_args = Some(value()?),
             "--binding-args" => parsed.binding_args = Some(value()?),
             "--min-np" | "--min-num-proc" => {
-                parsed.elastic.min_num_proc = Some(positive(name, &value()?)?)
+                parsed.elastic_flags.min_num_proc = Some(positive(name, &value()?)?)
             }
             "--max-np" | "--max-num-proc" => {
-                parsed.elastic.max_num_proc = Some(positive(name, &value()?)?)
+                parsed.elastic_flags.max_num_proc = Some(positive(name, &value()?)?)
             }
-            "--slots-per-host" => parsed.elastic.slots_per_host = Some(positive(name, &value()?)?),
-            "--elastic-timeout" => parsed.elastic.elastic_timeout = Some(whole(name, &value()?)?),
-            "--reset-limit" => parsed.elastic.reset_limit = Some(whole(name, &value()?)?),
+            // `--slots` is argparse's abbreviation of `--slots-per-host`, which Horovod's
+            // elastic docs use.
+            "--slots-per-host" | "--slots" => {
+                parsed.elastic_flags.slots_per_host = Some(positive_slots(name, &value()?)?)
+            }
+            "--elastic-timeout" => {
+                let text = value()?;
+                let seconds = whole(name, &text)?;
+                if seconds == 0 {
+                    return Err(Error::Config(format!(
+                        "kolorun: {name} {text:?} is not a positive whole number of seconds; \
+                         e.g. {name} 600 (the default)"
+                    )));
+                }
+                parsed.elastic_flags.elastic_timeout = Some(seconds)
+            }
+            "--reset-limit" => parsed.elastic_flags.reset_limit = Some(whole(name, &value()?)?),
             "--blacklist-cooldown-range" => {
                 let low = whole(name, &value()?)?;
                 let high = match args.get(position) {
@@ -429,7 +432,7 @@ pub fn parse_args(args: &[String]) -> Result<Invocation> {
                         )))
                     }
                 };
-                parsed.elastic.cooldown_range = Some((low, high));
+                parsed.elastic_flags.cooldown_range = Some(CooldownRange::new(low, high)?);
             }
             "--autotune" | "--no-autotune" => autotune = Some(name == "--autotune"),
             _ if knobs::AUTOTUNE_SETTINGS.contains(&name) => {
@@ -474,15 +477,14 @@ pub fn parse_args(args: &[String]) -> Result<Invocation> {
             "kolorun: no command given; usage: kolorun -np N [options] COMMAND [ARGS...]".into(),
         ));
     }
-    if let (Some(min), Some(max)) = (parsed.elastic.min_num_proc, parsed.elastic.max_num_proc) {
-        if min > max {
-            return Err(Error::Config(format!(
-                "kolorun: --min-np {min} is more than --max-np {max}"
-            )));
+    let discovery = matches!(parsed.hosts, Some(HostSource::Discovery(_)));
+    let mpi = parsed.controller.as_deref() == Some("mpi");
+    match elastic_args::resolve(&parsed.elastic_flags, parsed.num_proc, discovery, mpi)? {
+        ElasticMode::Elastic(elastic) => {
+            parsed.num_proc = Some(elastic.num_proc);
+            parsed.elastic = Some(elastic);
         }
-    }
-    if parsed.num_proc.is_none() {
-        parsed.num_proc = parsed.elastic.min_num_proc;
+        ElasticMode::Fixed(notices) => parsed.notices.extend(notices),
     }
     if parsed.num_proc.is_none() && parsed.hosts.is_none() {
         return Err(Error::Config(
@@ -501,6 +503,18 @@ fn positive(name: &str, text: &str) -> Result<usize> {
         .ok_or_else(|| {
             Error::Config(format!(
                 "kolorun: {name} {text:?} is not a positive number of processes"
+            ))
+        })
+}
+
+fn positive_slots(name: &str, text: &str) -> Result<usize> {
+    text.trim()
+        .parse::<usize>()
+        .ok()
+        .filter(|n| *n > 0)
+        .ok_or_else(|| {
+            Error::Config(format!(
+                "kolorun: {name} {text:?} is not a positive number of slots per host"
             ))
         })
 }
@@ -560,7 +574,7 @@ mod tests {
     }
 
     /// The options horovodrun 0.28.1 has that kolo accepts without Horovod's effect.
-    const NOTICE_OPTIONS: [&str; 18] = [
+    const NOTICE_OPTIONS: [&str; 15] = [
         "--jsrun",
         "--torus-allreduce",
         "--autotune",
@@ -570,15 +584,12 @@ mod tests {
         "--autotune-bayes-opt-max-samples",
         "--autotune-gaussian-process-noise",
         "--num-nccl-streams",
-        "--min-np",
-        "--min-num-proc",
         "--max-np",
         "--max-num-proc",
         "--slots-per-host",
         "--elastic-timeout",
         "--reset-limit",
         "--blacklist-cooldown-range",
-        "--host-discovery-script",
     ];
 
     /// A valid value (or values) for each option of horovodrun that takes some.
@@ -644,7 +655,13 @@ mod tests {
             assert_eq!(parsed.command, args("python x.py"), "{line}");
             let noticed: Vec<&str> = parsed.notices.iter().map(|(f, _)| f.as_str()).collect();
             if NOTICE_OPTIONS.contains(&option) {
-                assert_eq!(noticed, [option], "{line}");
+                // The fixed-size notices of elastic options name the main spelling.
+                let named = if option == "--max-num-proc" {
+                    "--max-np"
+                } else {
+                    option
+                };
+                assert_eq!(noticed, [named], "{line}");
                 with_notice += 1;
             } else {
                 assert!(noticed.is_empty(), "{line}: {noticed:?}");
@@ -715,7 +732,7 @@ mod tests {
     }
 
     #[test]
-    fn elastic_options_give_a_fixed_size_with_notices() {
+    fn elastic_options_parse_into_elastic_args_without_notices() {
         let parsed = launch(
             "--min-np 2 --max-np 4 --slots-per-host 2 --elastic-timeout 60 --reset-limit 3 \
              --blacklist-cooldown-range 10 20 --host-discovery-script /d.sh x",
@@ -724,20 +741,85 @@ mod tests {
         assert_eq!(parsed.hosts, Some(HostSource::Discovery("/d.sh".into())));
         assert_eq!(
             parsed.elastic,
-            ElasticArgs {
-                min_num_proc: Some(2),
+            Some(ElasticArgs {
+                num_proc: 2,
+                min_num_proc: 2,
                 max_num_proc: Some(4),
-                slots_per_host: Some(2),
-                elastic_timeout: Some(60),
+                slots_per_host: 2,
+                elastic_timeout_flag: Some(Duration::from_secs(60)),
                 reset_limit: Some(3),
-                cooldown_range: Some((10, 20)),
-            }
+                cooldown_range: Some(CooldownRange::new(10, 20).unwrap()),
+            })
         );
-        assert_eq!(parsed.notices.len(), 7);
-        assert!(parsed.notices[0].1.contains("issue 21"));
-        assert_eq!(launch("-np 3 --min-np 2 x").num_proc, Some(3));
-        assert!(error("-np 2 --blacklist-cooldown-range 10").contains("two values"));
-        assert!(error("-np 2 --min-np 3 --max-np 2 x").contains("more than --max-np"));
+        assert_eq!(parsed.elastic_flags.max_num_proc, Some(4));
+        assert!(parsed.notices.is_empty(), "{:?}", parsed.notices);
+        // -np is the start size, --min-np the size to continue with; `--slots` is Horovod's
+        // documented abbreviation of --slots-per-host; -H gives fixed hosts.
+        let parsed = launch("-np 3 --min-np 2 --slots 4 -H a:2,b:2 x");
+        let elastic = parsed.elastic.unwrap();
+        assert_eq!((elastic.num_proc, elastic.min_num_proc), (3, 2));
+        assert_eq!(elastic.slots_per_host, 4);
+        assert_eq!(elastic.elastic_timeout_flag, None);
+        // Without --min-np or a script the launch has a fixed size; the rest get notices.
+        let parsed = launch("-np 2 --max-np 4 --reset-limit 1 x");
+        assert_eq!(parsed.elastic, None);
+        let noticed: Vec<&str> = parsed.notices.iter().map(|(f, _)| f.as_str()).collect();
+        assert_eq!(noticed, ["--max-np", "--reset-limit"]);
+    }
+
+    #[test]
+    fn bad_elastic_options_are_config_errors_naming_the_option() {
+        let cases = [
+            ("-np 2 --blacklist-cooldown-range 10", "two values"),
+            (
+                "-np 2 --blacklist-cooldown-range 0 10 x",
+                "lower limit of 1",
+            ),
+            (
+                "-np 2 --blacklist-cooldown-range 10 4000 x",
+                "upper limit of 3600",
+            ),
+            (
+                "-np 2 --blacklist-cooldown-range 20 10 x",
+                "MIN 20 is more than MAX 10",
+            ),
+            (
+                "-np 2 --min-np 3 --max-np 2 x",
+                "--min-np 3 is more than --max-np 2",
+            ),
+            ("-np 1 --min-np 2 x", "-np 1 is less than --min-np 2"),
+            (
+                "-np 5 --min-np 2 --max-np 4 x",
+                "-np 5 is more than --max-np 4",
+            ),
+            ("--host-discovery-script /d.sh x", "needs -np N"),
+            (
+                "-np 2 --host-discovery-script /d.sh -H a:2 x",
+                "give the hosts once",
+            ),
+            (
+                "-np 2 --hostfile /h --host-discovery-script /d.sh x",
+                "give the hosts once",
+            ),
+            ("-np 2 --min-np 2 --mpi x", "drop --mpi"),
+            (
+                "-np 2 --host-discovery-script /d.sh --mpi-args=-v x",
+                "drop --mpi",
+            ),
+            ("-np 2 --elastic-timeout 0 x", "--elastic-timeout \"0\""),
+            (
+                "-np 2 --elastic-timeout soon x",
+                "--elastic-timeout \"soon\"",
+            ),
+            ("-np 2 --reset-limit -1 x", "--reset-limit \"-1\""),
+            ("-np 2 --slots-per-host 0 x", "slots per host"),
+            ("-np 2 --min-np 0 x", "--min-np \"0\""),
+            ("-np 2 --max-num-proc many x", "--max-num-proc \"many\""),
+        ];
+        for (line, said) in cases {
+            let message = error(line);
+            assert!(message.contains(said), "{line}: {message}");
+        }
     }
 
     #[test]

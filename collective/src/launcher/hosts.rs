@@ -101,29 +101,34 @@ fn parse_entry(entry: &str, what: &str) -> Result<HostSlots> {
 /// (which would split or hide it in logs). A `Config` error naming the entry and `what` (where
 /// it came from) otherwise.
 pub fn checked_host(host: &str, what: &str) -> Result<String> {
-    let refuse = |rule: &str| {
-        Err(Error::Config(format!(
+    match host_problem(host) {
+        Some(rule) => Err(Error::Config(format!(
             "kolorun: {what}: host entry {host:?} is refused: {rule}; give a host name, an IP \
              address or user@host"
-        )))
-    };
+        ))),
+        None => Ok(host.to_owned()),
+    }
+}
+
+/// Why [`checked_host`] refuses `host`, or `None` when it is a usable destination.
+pub fn host_problem(host: &str) -> Option<&'static str> {
     if host.is_empty() {
-        return refuse("it is empty");
+        return Some("it is empty");
     }
     if host.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return refuse("it contains whitespace or a control character");
+        return Some("it contains whitespace or a control character");
     }
     let (user, name) = match host.rsplit_once('@') {
         Some((user, name)) => (Some(user), name),
         None => (None, host),
     };
     if host.starts_with('-') || name.starts_with('-') {
-        return refuse("it starts with `-`, which ssh would read as an option");
+        return Some("it starts with `-`, which ssh would read as an option");
     }
     if name.is_empty() || user.is_some_and(str::is_empty) {
-        return refuse("its user or host part is empty");
+        return Some("its user or host part is empty");
     }
-    Ok(host.to_owned())
+    None
 }
 
 fn parse_slots(text: &str, what: &str) -> Result<usize> {
@@ -149,74 +154,6 @@ fn check_unique(hosts: Vec<HostSlots>, source: &str) -> Result<Vec<HostSlots>> {
         }
     }
     Ok(hosts)
-}
-
-/// Runs a `--host-discovery-script` (through `sh -c`, as horovodrun does) once, bounded by
-/// `timeout`, and parses its output: one `host` or `host:slots` per line; a host without a
-/// slot count gets `slots_per_host` (default 1).
-pub fn discover(
-    script: &std::path::Path,
-    slots_per_host: Option<usize>,
-    timeout: std::time::Duration,
-) -> Result<Vec<HostSlots>> {
-    let what = format!("--host-discovery-script {}", script.display());
-    let mut child = std::process::Command::new("sh")
-        .arg("-c")
-        .arg(script.as_os_str())
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .map_err(|err| Error::Config(format!("kolorun: cannot run {what}: {err}")))?;
-    let mut stdout = child.stdout.take();
-    let reader = std::thread::spawn(move || {
-        let mut text = String::new();
-        if let Some(out) = stdout.as_mut() {
-            let _ = std::io::Read::read_to_string(out, &mut text);
-        }
-        text
-    });
-    let deadline = std::time::Instant::now() + timeout;
-    let status = loop {
-        if let Some(status) = child.try_wait()? {
-            break status;
-        }
-        if std::time::Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(Error::Config(format!(
-                "kolorun: {what} did not finish within {timeout:?}"
-            )));
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    };
-    let text = reader.join().unwrap_or_default();
-    if !status.success() {
-        let hint = if status.code() == Some(126) {
-            "; is it executable? chmod +x it"
-        } else {
-            ""
-        };
-        return Err(Error::Config(format!(
-            "kolorun: {what} failed ({status}){hint}"
-        )));
-    }
-    let mut hosts = Vec::new();
-    for (number, line) in text.lines().enumerate() {
-        let line = line.trim();
-        if line.is_empty() {
-            continue;
-        }
-        let entry_what = format!("{what} output line {}", number + 1);
-        let mut entry = parse_entry(line, &entry_what)?;
-        if !line.contains(':') || line.parse::<IpAddr>().is_ok() {
-            entry.slots = slots_per_host.unwrap_or(1);
-        }
-        hosts.push(entry);
-    }
-    if hosts.is_empty() {
-        return Err(Error::Config(format!("kolorun: {what} listed no hosts")));
-    }
-    check_unique(hosts, &what)
 }
 
 /// The host of each task index: slots filled host by host in order, the first `np` of them
@@ -352,34 +289,6 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("no hosts"));
-    }
-
-    #[test]
-    fn discovery_script_lists_hosts() {
-        let dir = tempfile::tempdir().unwrap();
-        let script = dir.path().join("discover.sh");
-        std::fs::write(&script, "echo node1:4; echo; echo node2\n").unwrap();
-        let executable = std::os::unix::fs::PermissionsExt::from_mode(0o755);
-        std::fs::set_permissions(&script, executable).unwrap();
-        let timeout = std::time::Duration::from_secs(10);
-        assert_eq!(
-            discover(&script, Some(2), timeout).unwrap(),
-            [hs("node1", 4), hs("node2", 2)]
-        );
-        std::fs::write(&script, "echo node1; echo '-oProxyCommand=x'\n").unwrap();
-        let err = discover(&script, None, timeout).unwrap_err().to_string();
-        assert!(
-            err.contains("output line 2") && err.contains("option"),
-            "{err}"
-        );
-        std::fs::write(&script, "exit 3\n").unwrap();
-        assert!(discover(&script, None, timeout)
-            .unwrap_err()
-            .to_string()
-            .contains("failed"));
-        std::fs::write(&script, "sleep 5\n").unwrap();
-        let slow = discover(&script, None, std::time::Duration::from_millis(200));
-        assert!(slow.unwrap_err().to_string().contains("did not finish"));
     }
 
     #[test]

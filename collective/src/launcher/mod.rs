@@ -23,10 +23,14 @@
 //! command when the connection ends, and receives its environment on ssh's stdin.
 
 mod args;
+pub mod blacklist;
+pub mod discovery;
+mod elastic_args;
 pub mod forward_env;
 mod hosts;
 mod knobs;
 mod output;
+pub mod planner;
 pub mod process;
 mod remote;
 mod supervise;
@@ -36,10 +40,16 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 pub use args::{
-    notice_for, parse_args, ElasticArgs, HostSource, Invocation, LaunchArgs, HOROVODRUN_OPTIONS,
-    USAGE,
+    notice_for, parse_args, HostSource, Invocation, LaunchArgs, HOROVODRUN_OPTIONS, USAGE,
 };
-pub use hosts::{is_local, parse_hostfile, parse_hosts_flag, plan_slots, HostSlots};
+pub use elastic_args::{
+    elastic_launch_unavailable, resolve_elastic_timeout, CooldownRange, ElasticArgs, ElasticFlags,
+    COOLDOWN_LOWER_LIMIT_SECONDS, COOLDOWN_UPPER_LIMIT_SECONDS, DEFAULT_ELASTIC_TIMEOUT,
+    ELASTIC_TIMEOUT_ENV, HOROVOD_ELASTIC_TIMEOUT_ENV,
+};
+pub use hosts::{
+    checked_host, host_problem, is_local, parse_hostfile, parse_hosts_flag, plan_slots, HostSlots,
+};
 pub use output::{Output, SharedWriter};
 pub use remote::{
     quote, remote_script, ssh_args, stdin_env, HostKeyChecking, SshOptions, KNOWN_HOSTS_ENV,
@@ -66,8 +76,6 @@ const TERM_TO_KILL: Duration = Duration::from_secs(3);
 const OUTPUT_DRAIN: Duration = Duration::from_secs(2);
 /// Horovod's name for `KOLO_START_TIMEOUT`, read when that is unset.
 const HOROVOD_START_TIMEOUT: &str = "HOROVOD_START_TIMEOUT";
-/// The most a `--host-discovery-script` may take.
-const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How a [`run_function`] job ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -185,6 +193,11 @@ struct Job {
 
 impl Job {
     fn plan(args: LaunchArgs, output: &Output) -> Result<Self> {
+        // The elastic options are checked, but the launcher is not wired to the driver's
+        // elastic rounds yet (issue 21).
+        if let Some(elastic) = &args.elastic {
+            return Err(elastic_launch_unavailable(elastic));
+        }
         for (flag, text) in &args.notices {
             output.message(&format!("kolorun: note: {flag}: {text}"));
         }
@@ -201,10 +214,12 @@ impl Job {
                 let name = format!("--hostfile {}", path.display());
                 Some((parse_hostfile(&text, &path.display().to_string())?, name))
             }
-            Some(HostSource::Discovery(script)) => Some((
-                hosts::discover(script, args.elastic.slots_per_host, DISCOVERY_TIMEOUT)?,
-                format!("--host-discovery-script {}", script.display()),
-            )),
+            Some(HostSource::Discovery(script)) => {
+                return Err(Error::Internal(format!(
+                    "--host-discovery-script {} reached a fixed-size launch",
+                    script.display()
+                )))
+            }
         };
         let task_hosts = plan_slots(
             host_list

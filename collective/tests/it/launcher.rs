@@ -304,6 +304,69 @@ fn bad_usage_is_a_config_error() {
     assert!(r.stdout.starts_with("usage: kolorun"), "{}", r.stdout);
 }
 
+/// Elastic options are checked, but this build cannot run an elastic launch: it stops before
+/// starting anything (no rank, no discovery script run) with a Config error saying so.
+#[test]
+fn an_elastic_launch_fails_fast_before_starting_anything() {
+    let dir = temp_dir("elastic");
+    let marker = dir.join("started");
+    let script = dir.join("discover.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\ntouch {}.script\necho localhost:2\n",
+            marker.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let touch = format!("touch {}", marker.display());
+    let script_arg = script.display().to_string();
+    let launches: [&[&str]; 3] = [
+        &["-np", "2", "--min-np", "1", "sh", "-c", &touch],
+        &[
+            "-np",
+            "2",
+            "--host-discovery-script",
+            &script_arg,
+            "sh",
+            "-c",
+            &touch,
+        ],
+        &["--min-np", "2", "-H", "localhost:2", "sh", "-c", &touch],
+    ];
+    for args in launches {
+        let r = run(args);
+        match r.result {
+            Err(Error::Config(message)) => assert!(
+                message.contains("elastic launches are not available yet in this build"),
+                "{args:?}: {message}"
+            ),
+            other => panic!("{args:?}: expected a Config error, got {other:?}"),
+        }
+        assert!(r.took < Duration::from_secs(2), "{args:?}: {:?}", r.took);
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(!marker.exists(), "a rank started");
+    assert!(
+        !dir.join("started.script").exists(),
+        "the discovery script ran"
+    );
+    // A fixed-size launch with elastic-only options runs, with a notice for each.
+    let r = run(&["-np", "1", "--max-np", "4", "--reset-limit", "2", "true"]);
+    assert_eq!(r.result.unwrap(), 0);
+    let notes: Vec<&str> = r
+        .stderr
+        .lines()
+        .filter(|l| l.starts_with("kolorun: note:"))
+        .collect();
+    assert_eq!(notes.len(), 2, "{}", r.stderr);
+    assert!(
+        notes[0].contains("--max-np") && notes[0].contains("fixed size"),
+        "{notes:?}"
+    );
+}
+
 #[test]
 fn a_missing_program_is_a_launch_error() {
     let r = run(&["-np", "2", "/nonexistent/program"]);
