@@ -65,3 +65,16 @@ def test_elastic_sampler_resplits_the_rest_of_the_epoch_from_3_to_2_ranks(tmp_pa
     assert set(rest) == set(order[12:]), "the 2 ranks must cover exactly the unprocessed samples"
     assert not set(rest) & set(processed), "a processed sample was repeated after the re-split"
     assert second[0] == order[12::2] and second[1] == [*order[13::2], order[12]], second
+
+
+def test_keras_state_and_callbacks_in_a_two_rank_fit() -> None:
+    result = run_kolorun(
+        ["-np", "2", "python", worker("keras_elastic_worker.py")],
+        timeout=180,
+        env={"KERAS_BACKEND": "torch"},
+    )
+    for rank in (0, 1):
+        assert f"[{rank}]<stdout>:rank {rank}: keras elastic ok" in result.stdout, (
+            result.stdout[-3000:] + result.stderr[-5000:]
+        )
+    assert result.returncode == 0, result.stderr[-3000:]

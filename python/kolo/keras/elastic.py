@@ -147,9 +147,13 @@ class CommitStateCallback(keras.callbacks.Callback):
 
 
 class UpdateBatchStateCallback(keras.callbacks.Callback):
-    """Keeps ``state.batch`` at the current batch number (0 again at the end of an epoch); with
-    ``steps_per_epoch`` set, the first epoch after a reset is shortened by the batches already
-    done.
+    """Keeps ``state.batch`` at the current batch number (0 again at the end of an epoch).
+
+    Horovod's callback also shortens the first epoch after a reset by the batches already done
+    (through ``params["steps"]``, which Keras 2 read every step). Keras 3 fixes an epoch's
+    length when ``fit`` starts and offers a callback no way to end one early, so here the
+    first epoch after a reset runs its full ``steps_per_epoch``; to skip the batches already
+    done, start that ``fit`` with a dataset that leaves them out.
 
     Args:
         state: the state whose ``batch`` to update.
@@ -163,18 +167,6 @@ class UpdateBatchStateCallback(keras.callbacks.Callback):
     def __init__(self, state: Any) -> None:
         super().__init__()
         self.state = state
-        self.steps_per_epoch: Optional[int] = None
-
-    def on_train_begin(self, logs: Optional[dict[str, Any]] = None) -> None:
-        """Forgets the epoch length (read again at the next epoch)."""
-        self.steps_per_epoch = None
-
-    def on_epoch_begin(self, epoch: int, logs: Optional[dict[str, Any]] = None) -> None:
-        """Shortens the epoch by ``state.batch`` steps when ``steps_per_epoch`` is set."""
-        if self.params.get("steps"):
-            if self.steps_per_epoch is None:
-                self.steps_per_epoch = self.params.get("steps")
-            self.params["steps"] = self.steps_per_epoch - self.state.batch
 
     def on_train_batch_end(self, batch: int, logs: Optional[dict[str, Any]] = None) -> None:
         """Records the batch number."""
