@@ -87,6 +87,13 @@ def scenario_torch_state() -> None:
     assert all(t.device.type == "cpu" for t in saved.values())
     live = dict(model.state_dict())
     assert all(saved[k].data_ptr() != live[k].data_ptr() for k in saved)
+    # The next commit overwrites the same host buffers (no new allocation) with the new values.
+    step(model, optimizer, 4)
+    state.commit()
+    again = state._handlers["model"]._saved_model_state
+    assert all(again[k].data_ptr() == saved[k].data_ptr() for k in saved), "buffers reallocated"
+    assert same(again, params(model))
+    state.restore()
 
     # Assigning a new model to the state tracks (and commits) it.
     replacement = make_model(seed=5)
