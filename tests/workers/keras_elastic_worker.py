@@ -1,5 +1,6 @@
 """kolo.keras.elastic on 2 ranks: KerasState sync/commit/restore of the model and optimizer
-variables, and the state callbacks in model.fit. Prints ``rank R: keras elastic ok``."""
+variables, the state callbacks in model.fit, and hvd.elastic.run recovering from a collective
+that fails inside the compiled train step. Prints ``rank R: keras elastic ok``."""
 
 from __future__ import annotations
 
@@ -15,6 +16,75 @@ def weights(variables) -> list[np.ndarray]:
 
 def equal(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
     return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+class Probe(keras.layers.Layer):
+    """An allreduce inside the compiled step; ``broken`` (read when the step is traced) makes
+    the ranks disagree on its shape."""
+
+    broken = False
+
+    def call(self, x):
+        n = 2 + hvd.rank() if self.broken else 2
+        hvd.allreduce(keras.ops.ones((n,)), name="probe")
+        return x
+
+
+def check_recovery(rank: int, x: np.ndarray, y: np.ndarray) -> None:
+    keras.utils.set_random_seed(rank)
+    probe = Probe()
+    model = keras.Sequential([keras.Input((3,)), probe, keras.layers.Dense(1)])
+    optimizer = hvd.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9))
+    model.compile(optimizer=optimizer, loss="mse")
+    state = hvd.elastic.KerasState(model, epoch=0)
+    attempts = []
+
+    def fit_one_epoch() -> None:
+        model.compile(optimizer=optimizer, loss="mse")  # traces the step again
+        model.fit(
+            x,
+            y,
+            batch_size=4,
+            epochs=1,
+            steps_per_epoch=2,
+            shuffle=False,
+            verbose=0,
+            callbacks=[
+                hvd.elastic.UpdateEpochStateCallback(state),
+                hvd.elastic.CommitStateCallback(state, batches_per_commit=100),
+            ],
+        )
+
+    @hvd.elastic.run
+    def train(state):
+        attempts.append(state.epoch)
+        while state.epoch < 3:
+            probe.broken = len(attempts) == 1 and state.epoch == 1
+            fit_one_epoch()
+        return weights(model.variables)
+
+    initial = None
+
+    def remember_initial() -> None:
+        nonlocal initial
+        if initial is None:
+            initial = (weights(model.variables), weights(optimizer.variables))
+
+    original_sync = state.sync
+    state.sync = lambda: (original_sync(), remember_initial())  # the synced start, for reference
+    final = train(state)
+    assert attempts == [0, 1], f"rounds started at epochs {attempts}: expected 0, then 1"
+    # An uninterrupted run from the same start gives the same weights.
+    for var, value in zip(model.variables, initial[0]):
+        var.assign(value)
+    for var, value in zip(optimizer.variables, initial[1]):
+        var.assign(value)
+    probe.broken = False
+    for _ in range(3):
+        fit_one_epoch()
+    assert equal(final, weights(model.variables)), (
+        "the recovered fit differs from an uninterrupted one"
+    )
 
 
 def main() -> None:
@@ -71,6 +141,7 @@ def main() -> None:
     final = weights(model.variables)
     state.restore()
     assert equal(weights(model.variables), final), "the epoch-end commit did not happen"
+    check_recovery(rank, x, y)
     print(f"rank {rank}: keras elastic ok", flush=True)
     hvd.shutdown()
 

@@ -26,13 +26,16 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import functools
+import re
+import sys
+from typing import Any, Callable, Optional, TypeVar
 
 import keras
 import numpy as np
 
-from kolo import _core
-from kolo.elastic import ObjectState, run
+from kolo import _core, exceptions
+from kolo.elastic import ObjectState, reset, run_fn
 from kolo.keras import _bridge
 from kolo.keras.functions import broadcast_variables
 from kolo.keras.ops import broadcast_object
@@ -44,6 +47,59 @@ __all__ = [
     "UpdateEpochStateCallback",
     "run",
 ]
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: How a kolo error raised inside a compiled TensorFlow step appears in the op error's message.
+_KOLO_ERROR_LINE = re.compile(r"kolo\.exceptions\.(\w+): ([^\n]*)")
+
+
+def collective_failure(err: BaseException) -> Optional[exceptions.InternalError]:
+    """The kolo collective failure that a TensorFlow op error carries, or None.
+
+    A collective that fails inside ``model.fit``'s compiled step (TensorFlow backend) reaches
+    Python as ``tf.errors.UnknownError`` whose message holds the kolo error; Horovod's
+    ``run`` turns such errors (naming its ops) into ``HorovodInternalError`` in the same way.
+    """
+    tf = sys.modules.get("tensorflow")
+    if tf is None or not isinstance(err, tf.errors.OpError):
+        return None
+    found = _KOLO_ERROR_LINE.findall(str(err))
+    if not found:
+        return None
+    name, message = found[-1]
+    cls = getattr(exceptions, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, exceptions.InternalError)):
+        return None
+    return cls(message)
+
+
+def run(func: F) -> F:
+    """Decorator running an elastic Keras training function (Horovod's ``hvd.elastic.run`` of
+    ``horovod.tensorflow.keras``): :func:`kolo.elastic.run`, plus a collective failing inside
+    a compiled TensorFlow step counts as the failed collective it is (restore and reset).
+
+    Example::
+
+        @hvd.elastic.run
+        def train(state):
+            state.model.fit(x, y, epochs=epochs - state.epoch, callbacks=callbacks)
+
+        train(hvd.elastic.KerasState(model, batch=0, epoch=0))
+    """
+
+    @functools.wraps(func)
+    def wrapper(state: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(state, *args, **kwargs)
+        except Exception as err:
+            failure = collective_failure(err)
+            if failure is None:
+                raise
+            raise failure from err
+
+    return run_fn(wrapper, reset)  # type: ignore[return-value]
 
 
 def _host_values(variables: list[Any]) -> list[np.ndarray]:
