@@ -18,6 +18,17 @@ from kolo.elastic._notifications import (
 notification_manager = WorkerNotificationManager()
 
 
+class HostMessageQueue(queue.Queue):
+    """A state's queue of host updates (Horovod's ``State._host_messages``). In Horovod a
+    service thread fills it as notices arrive; here asking whether it is empty first collects
+    what the driver sent this worker, so code that waits for a notice on it (as Horovod's
+    elastic tests do) sees it arrive."""
+
+    def empty(self) -> bool:
+        notification_manager.poll()
+        return super().empty()
+
+
 class State:
     """State kept in step across the workers of an elastic job (Horovod's ``State``).
 
@@ -42,7 +53,7 @@ class State:
     def __init__(self, bcast_object: Callable[[Any], Any], get_rank: Callable[[], int]) -> None:
         self._bcast_object = bcast_object
         self._rank = get_rank
-        self._host_messages: queue.Queue = queue.Queue()
+        self._host_messages: queue.Queue = HostMessageQueue()
         self._last_updated_timestamp = 0.0
         self._reset_callbacks: list[Callable[[], Any]] = []
 
@@ -59,7 +70,7 @@ class State:
     def on_reset(self) -> None:
         """Called by the run decorator after a reset: drops queued host updates, calls
         :meth:`reset`, then the registered reset callbacks in order."""
-        self._host_messages = queue.Queue()
+        self._host_messages = HostMessageQueue()
         self.reset()
         for callback in self._reset_callbacks:
             callback()
@@ -100,7 +111,6 @@ class State:
             except HostsUpdatedInterrupt as interrupt:
                 print("hosts changed; skip sync:", interrupt.skip_sync)
         """
-        notification_manager.poll()
         messages = []
         while not self._host_messages.empty():
             messages.append(self._host_messages.get())
