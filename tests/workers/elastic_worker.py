@@ -122,10 +122,15 @@ def scenario_object_state() -> None:
 
 def scenario_recover() -> None:
     """A collective fails on every rank mid-training: the ranks restore the last commit, reset
-    through shutdown()+init(), sync, and finish with the model of an uninterrupted run."""
+    through shutdown()+init(), sync, and finish with the model of an uninterrupted run (the
+    DistributedOptimizer averaging gradients before and after the reset; every rank has the
+    same data, so the average is the single-process gradient)."""
     model = make_model(seed=hvd.rank())
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    state = hvd.elastic.TorchState(model, optimizer, batch=0, failed=False)
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+        named_parameters=model.named_parameters(),
+    )
+    state = hvd.elastic.TorchState(model, optimizer, batch=0)
     resets = []
     state.register_reset_callbacks([lambda: resets.append((hvd.rank(), hvd.size()))])
     seen = []
