@@ -213,6 +213,37 @@ class HostsUpdatedInterrupt(KoloError, RuntimeError):
         self.skip_sync = skip_sync
 
 
+class ResetLimitExceededError(KoloError, RuntimeError):
+    """An elastic job reset more often than its reset limit allows (``--reset-limit``,
+    ``reset_limit=`` of the launchers, ``KOLO_RESET_LIMIT`` in a worker); Horovod stops the job
+    with the same condition ("number of resets during elastic job exceeded limit"). A
+    ``RuntimeError`` too. The exception that would have caused one more reset is its
+    ``__cause__``.
+
+    Attributes: ``limit`` (the limit) and ``resets`` (the resets done).
+
+    Example::
+
+        try:
+            train(state)
+        except ResetLimitExceededError as err:
+            print(err.limit, err.__cause__)
+    """
+
+    def __init__(self, limit: int, resets: "int | None" = None) -> None:
+        self.limit = limit
+        self.resets = limit if resets is None else resets
+        super().__init__(
+            f"kolo was shut down because the number of resets during the elastic job exceeded "
+            f"the limit: {limit} (resets done: {self.resets}); raise the reset limit "
+            f"(kolorun --reset-limit, KOLO_RESET_LIMIT) or find why the workers keep failing "
+            f"(the cause is below)"
+        )
+
+    def __reduce__(self):  # type: ignore[override]
+        return (type(self), (self.limit, self.resets))
+
+
 #: Horovod's name for a failed collective: the same class as :class:`InternalError`, so
 #: ``except HorovodInternalError`` catches every collective failure (mismatches, a dead peer,
 #: an aborted job), as Horovod's ``synchronize`` raises it for all of them.
@@ -239,6 +270,7 @@ __all__ = [
     "PlacementGroupTimeoutError",
     "RankFailedError",
     "RendezvousError",
+    "ResetLimitExceededError",
     "StoreError",
     "TimeoutError",
 ]

@@ -37,6 +37,7 @@ LAYERS: List[List[str]] = [
         "kolo._store_filesystem",
         "kolo.common",
         "kolo.data",
+        "kolo.elastic",
         "kolo.exceptions",
         "kolo.process_sets",
         "kolo.store",

@@ -59,7 +59,7 @@ from kolo._core import (
 )
 from kolo._lifecycle import init, shutdown
 from kolo.exceptions import HorovodInternalError
-from kolo.keras import callbacks
+from kolo.keras import callbacks, elastic
 from kolo.keras.compression import Compression
 from kolo.keras.functions import broadcast_variables, load_model
 from kolo.keras.ops import (
@@ -105,6 +105,7 @@ __all__ = [
     "cross_size",
     "cuda_built",
     "ddl_built",
+    "elastic",
     "engine_stats",
     "global_process_set",
     "gloo_built",

@@ -49,7 +49,7 @@ from kolo.process_sets import (
     global_process_set,
     remove_process_set,
 )
-from kolo.torch import mpi_ops
+from kolo.torch import elastic, mpi_ops
 from kolo.torch._objects import allgather_object, broadcast_object
 from kolo.torch.compression import Compression
 from kolo.torch.functions import broadcast_optimizer_state, broadcast_parameters
@@ -121,6 +121,7 @@ __all__ = [
     "cross_size",
     "cuda_built",
     "ddl_built",
+    "elastic",
     "engine_stats",
     "global_process_set",
     "gloo_built",

@@ -1,0 +1,80 @@
+"""kolo's elastic Python API on real ranks under kolorun (fixed size): TorchState and
+ObjectState commit/restore/sync, the run decorator recovering from a real collective failure
+through shutdown()+init(), the reset limit, HostsUpdatedInterrupt, check_host_updates' rank-0
+agreement, and ElasticSampler resuming and re-splitting across 3 → 2 ranks.
+
+tests/workers/elastic_worker.py runs the scenarios in one launch (in order; a failing scenario
+stops the launch, so the tests of the later ones fail too, saying so).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import random
+import subprocess
+
+import pytest
+
+from conftest import run_kolorun, worker
+
+SCENARIOS = (
+    "torch_state",
+    "object_state",
+    "check_host_updates",
+    "sampler",
+    "recover",
+    "reset_limit",
+    "hosts_updated",
+)
+
+
+@functools.cache
+def launch() -> subprocess.CompletedProcess:
+    return run_kolorun(["-np", "2", "python", worker("elastic_worker.py"), *SCENARIOS], timeout=120)
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_elastic_scenario_passes_on_both_ranks(scenario: str) -> None:
+    result = launch()
+    missing = [r for r in (0, 1) if f"[{r}]<stdout>:rank {r}: {scenario} ok" not in result.stdout]
+    assert not missing, (
+        f"scenario {scenario!r} did not pass on rank(s) {missing} (exit {result.returncode}; "
+        f"scenarios run in the order {SCENARIOS})\n" + result.stdout[-4000:] + result.stderr[-6000:]
+    )
+    if scenario == SCENARIOS[-1]:
+        assert result.returncode == 0, result.stderr[-6000:]
+
+
+def test_elastic_sampler_resplits_the_rest_of_the_epoch_from_3_to_2_ranks(tmp_path) -> None:
+    for phase, np in (("first", 3), ("second", 2)):
+        result = run_kolorun(
+            ["-np", str(np), "python", worker("elastic_sampler_worker.py"), phase, str(tmp_path)],
+            timeout=60,
+        )
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    order = list(range(23))
+    random.Random(7).shuffle(order)
+    first = [json.loads((tmp_path / f"first-{r}.json").read_text()) for r in range(3)]
+    second = [json.loads((tmp_path / f"second-{r}.json").read_text()) for r in range(2)]
+    processed = [i for seen in first for i in seen]
+    assert sorted(processed) == sorted(order[:12]), "3 ranks x 2 batches x 2 = the first 12"
+    rest = [i for seen in second for i in seen]
+    # 11 remain: 6 per rank, the last one padded with the first remaining index.
+    assert len(second[0]) == len(second[1]) == 6, second
+    assert set(rest) == set(order[12:]), "the 2 ranks must cover exactly the unprocessed samples"
+    assert not set(rest) & set(processed), "a processed sample was repeated after the re-split"
+    assert second[0] == order[12::2] and second[1] == [*order[13::2], order[12]], second
+
+
+def test_keras_state_callbacks_and_recovery_in_a_two_rank_fit() -> None:
+    result = run_kolorun(
+        ["-np", "2", "python", worker("keras_elastic_worker.py")],
+        timeout=180,
+        env={"KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
+    for rank in (0, 1):
+        assert f"[{rank}]<stdout>:rank {rank}: keras elastic ok" in result.stdout, (
+            result.stdout[-3000:] + result.stderr[-5000:]
+        )
+    assert result.returncode == 0, result.stderr[-3000:]
