@@ -339,7 +339,7 @@ pub fn parse_args(args: &[String]) -> Result<Invocation> {
             "-h" | "--help" => return Ok(Invocation::Help),
             "-v" | "--version" => return Ok(Invocation::Version),
             "-cb" | "--check-build" => return Ok(Invocation::CheckBuild),
-            "-np" | "--num-proc" => parsed.num_proc = Some(positive(name, &value()?)?),
+            "-np" | "--num-proc" => parsed.num_proc = Some(positive(name, &value()?, "processes")?),
             "-H" | "--hosts" => set_hosts(&mut parsed, HostSource::Flag(value()?))?,
             "-hostfile" | "--hostfile" => {
                 set_hosts(&mut parsed, HostSource::File(PathBuf::from(value()?)))?
@@ -396,15 +396,16 @@ pub fn parse_args(args: &[String]) -> Result<Invocation> {
             "--mpi-args" => parsed.mpi_args = Some(value()?),
             "--binding-args" => parsed.binding_args = Some(value()?),
             "--min-np" | "--min-num-proc" => {
-                parsed.elastic_flags.min_num_proc = Some(positive(name, &value()?)?)
+                parsed.elastic_flags.min_num_proc = Some(positive(name, &value()?, "processes")?)
             }
             "--max-np" | "--max-num-proc" => {
-                parsed.elastic_flags.max_num_proc = Some(positive(name, &value()?)?)
+                parsed.elastic_flags.max_num_proc = Some(positive(name, &value()?, "processes")?)
             }
             // `--slots` is argparse's abbreviation of `--slots-per-host`, which Horovod's
             // elastic docs use.
             "--slots-per-host" | "--slots" => {
-                parsed.elastic_flags.slots_per_host = Some(positive_slots(name, &value()?)?)
+                parsed.elastic_flags.slots_per_host =
+                    Some(positive(name, &value()?, "slots per host")?)
             }
             "--elastic-timeout" => {
                 let text = value()?;
@@ -495,26 +496,16 @@ pub fn parse_args(args: &[String]) -> Result<Invocation> {
     Ok(Invocation::Launch(Box::new(parsed)))
 }
 
-fn positive(name: &str, text: &str) -> Result<usize> {
+/// A positive count given to option `name`, or a config error saying it must be a positive
+/// number of `what`.
+fn positive(name: &str, text: &str, what: &str) -> Result<usize> {
     text.trim()
         .parse::<usize>()
         .ok()
         .filter(|n| *n > 0)
         .ok_or_else(|| {
             Error::Config(format!(
-                "kolorun: {name} {text:?} is not a positive number of processes"
-            ))
-        })
-}
-
-fn positive_slots(name: &str, text: &str) -> Result<usize> {
-    text.trim()
-        .parse::<usize>()
-        .ok()
-        .filter(|n| *n > 0)
-        .ok_or_else(|| {
-            Error::Config(format!(
-                "kolorun: {name} {text:?} is not a positive number of slots per host"
+                "kolorun: {name} {text:?} is not a positive number of {what}"
             ))
         })
 }

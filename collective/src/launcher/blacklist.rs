@@ -243,12 +243,7 @@ pub fn cooldown(range: CooldownRange, failures: u32, fraction: f64) -> Duration 
 mod tests {
     use super::*;
 
-    fn hs(host: &str, slots: usize) -> HostSlots {
-        HostSlots {
-            host: host.into(),
-            slots,
-        }
-    }
+    use crate::launcher::hosts::hs;
 
     fn secs(s: f64) -> Duration {
         Duration::from_secs_f64(s)

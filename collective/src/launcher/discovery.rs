@@ -527,12 +527,7 @@ impl Drop for HostPoller {
 mod tests {
     use super::*;
 
-    fn hs(host: &str, slots: usize) -> HostSlots {
-        HostSlots {
-            host: host.into(),
-            slots,
-        }
-    }
+    use crate::launcher::hosts::hs;
 
     /// An executable script with `body` in a fresh temp dir (kept alive by the returned dir).
     fn script(body: &str) -> (tempfile::TempDir, PathBuf) {

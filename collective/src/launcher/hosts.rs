@@ -13,6 +13,15 @@ pub struct HostSlots {
     pub slots: usize,
 }
 
+/// `host` with `slots` slots: the tests' shorthand.
+#[cfg(test)]
+pub(crate) fn hs(host: &str, slots: usize) -> HostSlots {
+    HostSlots {
+        host: host.into(),
+        slots,
+    }
+}
+
 /// Parses `-H host:slots,host:slots` (`host` alone means one slot).
 pub fn parse_hosts_flag(text: &str) -> Result<Vec<HostSlots>> {
     let entries: Vec<&str> = text
@@ -207,13 +216,6 @@ pub fn is_loopback(entry: &str, this_hostname: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn hs(host: &str, slots: usize) -> HostSlots {
-        HostSlots {
-            host: host.into(),
-            slots,
-        }
-    }
 
     #[test]
     fn hosts_flag() {

@@ -191,12 +191,7 @@ mod tests {
     use super::*;
     use crate::launcher::blacklist::{Blacklist, ManualClock};
 
-    fn hs(host: &str, slots: usize) -> HostSlots {
-        HostSlots {
-            host: host.into(),
-            slots,
-        }
-    }
+    use crate::launcher::hosts::hs;
 
     fn task(task_index: u32, host: &str, slot: usize) -> LiveTask {
         LiveTask {
