@@ -120,6 +120,28 @@ pub struct Mesh {
     broken: Option<String>,
     /// The shared-memory plane among this host's ranks, when collectives use it.
     shm: Option<ShmPlane>,
+    /// Asked, when a collective fails, which ranks the job driver lost (launched jobs only).
+    silence: Option<SilenceProbe>,
+}
+
+/// Asks someone outside the data plane (the job driver, which hears every rank's heartbeats)
+/// which ranks went silent; its sentence is added to a collective's timeout or lost-peer error,
+/// so the error names the lost host even when the peer this rank waited on is only blocked
+/// behind it. `None`: no answer (the error is raised without it).
+#[derive(Clone)]
+pub(crate) struct SilenceProbe(Arc<dyn Fn() -> Option<String> + Send + Sync>);
+
+impl SilenceProbe {
+    /// A probe that calls `ask` (which must bound its own wait).
+    pub(crate) fn new(ask: impl Fn() -> Option<String> + Send + Sync + 'static) -> Self {
+        SilenceProbe(Arc::new(ask))
+    }
+}
+
+impl std::fmt::Debug for SilenceProbe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SilenceProbe")
+    }
 }
 
 /// A mesh's peers as the engine watches them between cycles (see [`Mesh::watch`]).
@@ -238,6 +260,20 @@ impl Mesh {
         self.hosts = hosts;
     }
 
+    /// Who to ask, when a collective fails, which ranks are lost (see [`SilenceProbe`]).
+    pub(crate) fn set_silence_probe(&mut self, probe: SilenceProbe) {
+        self.silence = Some(probe);
+    }
+
+    /// "; <what the probe says>" to append to an error, or nothing.
+    fn silence_note(&self) -> String {
+        self.silence
+            .as_ref()
+            .and_then(|probe| (probe.0)())
+            .map(|sentence| format!("; {sentence}"))
+            .unwrap_or_default()
+    }
+
     pub(crate) fn set_closing_flag(&mut self, closing: Arc<AtomicBool>) {
         self.closing = closing;
     }
@@ -310,13 +346,16 @@ impl Mesh {
                 } else {
                     names.join(", ")
                 };
+                // The peer waited on may only be blocked behind the rank that went away: the
+                // driver's view names that one (asked before the peers are told, so they read it).
+                let note = self.silence_note();
                 self.break_links(&format!(
-                    "rank {rank} timed out waiting for {waiting} in {what}"
+                    "rank {rank} timed out waiting for {waiting} in {what}{note}"
                 ));
                 Error::Timeout {
                     what: format!(
                         "waiting for {waiting} in {what} (no bytes moved; is that rank stuck, or did it skip this \
-                         collective?)"
+                         collective?){note}"
                     ),
                     after: self.op_timeout,
                 }
@@ -357,9 +396,10 @@ impl Mesh {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
+        let note = self.silence_note();
         let during = match self.hosts.get(peer).filter(|h| !h.is_empty()) {
-            Some(host) => format!("{what} (rank {peer} is on host {host})"),
-            None => what.to_owned(),
+            Some(host) => format!("{what} (rank {peer} is on host {host}){note}"),
+            None => format!("{what}{note}"),
         };
         Error::Peer {
             rank: peer,

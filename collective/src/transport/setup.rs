@@ -110,6 +110,7 @@ pub(super) fn establish(
         closing: Arc::new(AtomicBool::new(false)),
         broken: None,
         shm: None,
+        silence: None,
     })
 }
 
