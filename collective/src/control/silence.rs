@@ -10,6 +10,9 @@ use crate::control::proto::{SilentRank, SilentRanksReply};
 
 /// How long the question may take; past it the error is raised without the driver's answer.
 pub(crate) const ASK_TIMEOUT: Duration = Duration::from_secs(2);
+/// How every sentence of [`describe`] starts (so a message that already carries one is not
+/// given a second).
+pub(crate) const OPENING: &str = "the job driver ";
 /// A rank counts as silent once this many of its heartbeat intervals passed without one.
 const MISSED_HEARTBEATS: u32 = 2;
 
@@ -40,7 +43,7 @@ pub(crate) fn ask(client: &DriverClient, rank: u32) -> Option<String> {
 pub(crate) fn describe(reply: &SilentRanksReply, threshold: Duration) -> String {
     if reply.ranks.is_empty() {
         return format!(
-            "the job driver still hears from every rank (none silent for {:.1} s), so no host \
+            "{OPENING}still hears from every rank (none silent for {:.1} s), so no host \
              was lost: a rank is stuck or skipped this collective",
             threshold.as_secs_f64()
         );
@@ -58,7 +61,7 @@ pub(crate) fn describe(reply: &SilentRanksReply, threshold: Duration) -> String 
         ("it", "is")
     };
     format!(
-        "the job driver has not heard from {}{more}: {they} {are} probably unreachable (host down, \
+        "{OPENING}has not heard from {}{more}: {they} {are} probably unreachable (host down, \
          network cut, or process stopped)",
         listed.join(", ")
     )
@@ -77,9 +80,7 @@ fn one(rank: &SilentRank) -> String {
     if !ip.is_empty() {
         text.push_str(&format!(" ({ip})"));
     }
-    // Milliseconds to seconds for display only.
-    #[expect(clippy::cast_precision_loss, reason = "display only")]
-    let seconds = rank.silent_ms as f64 / 1000.0;
+    let seconds = Duration::from_millis(rank.silent_ms).as_secs_f64();
     text.push_str(&format!(" for {seconds:.1} s"));
     text
 }

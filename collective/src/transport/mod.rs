@@ -37,6 +37,7 @@ use std::time::{Duration, Instant};
 
 use crate::abort::AbortSignal;
 use crate::control::mac::MacKey;
+use crate::control::silence;
 use crate::error::{Error, Result};
 use crate::wire::{self, FrameError, FrameKind, JobId};
 pub(crate) use shm::futex_wake;
@@ -396,10 +397,19 @@ impl Mesh {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        let note = self.silence_note();
+        // Add the driver's view of who went silent, unless the peer's own message carries it.
+        let told = source.to_string();
+        let source = if told.contains(silence::OPENING) {
+            source
+        } else {
+            match self.silence_note() {
+                note if note.is_empty() => source,
+                note => io::Error::new(source.kind(), format!("{told}{note}")),
+            }
+        };
         let during = match self.hosts.get(peer).filter(|h| !h.is_empty()) {
-            Some(host) => format!("{what} (rank {peer} is on host {host}){note}"),
-            None => format!("{what}{note}"),
+            Some(host) => format!("{what} (rank {peer} is on host {host})"),
+            None => what.to_owned(),
         };
         Error::Peer {
             rank: peer,
