@@ -16,17 +16,29 @@ pub(crate) const OPENING: &str = "the job driver ";
 /// A rank counts as silent once this many of its heartbeat intervals passed without one.
 const MISSED_HEARTBEATS: u32 = 2;
 
+/// What the driver said: the ranks it lost (at most 16) and a sentence for an error message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Verdict {
+    /// The sentence of [`describe`].
+    pub(crate) sentence: String,
+    /// The silent ranks listed in it.
+    pub(crate) silent: Vec<u32>,
+}
+
 /// Asks the driver (bounded by [`ASK_TIMEOUT`]) which ranks it has not heard from for
 /// [`MISSED_HEARTBEATS`] heartbeat intervals, as a sentence for an error message; `None`
 /// when the driver does not answer (or when called on a runtime thread, which must not block).
-pub(crate) fn ask(client: &DriverClient, rank: u32) -> Option<String> {
+pub(crate) fn ask(client: &DriverClient, rank: u32) -> Option<Verdict> {
     if tokio::runtime::Handle::try_current().is_ok() {
         return None;
     }
     let threshold = client.heartbeat_interval() * MISSED_HEARTBEATS;
     let reply = kolo_runtime::block_on(client.silent_ranks(rank, threshold, ASK_TIMEOUT));
     match reply {
-        Ok(Ok(reply)) => Some(describe(&reply, threshold)),
+        Ok(Ok(reply)) => Some(Verdict {
+            sentence: describe(&reply, threshold),
+            silent: reply.ranks.iter().map(|r| r.rank).collect(),
+        }),
         Ok(Err(err)) => {
             log::debug!("rank {rank} could not ask the job driver which ranks went silent: {err}");
             None

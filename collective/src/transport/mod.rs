@@ -130,11 +130,11 @@ pub struct Mesh {
 /// so the error names the lost host even when the peer this rank waited on is only blocked
 /// behind it. `None`: no answer (the error is raised without it).
 #[derive(Clone)]
-pub(crate) struct SilenceProbe(Arc<dyn Fn() -> Option<String> + Send + Sync>);
+pub(crate) struct SilenceProbe(Arc<dyn Fn() -> Option<silence::Verdict> + Send + Sync>);
 
 impl SilenceProbe {
     /// A probe that calls `ask` (which must bound its own wait).
-    pub(crate) fn new(ask: impl Fn() -> Option<String> + Send + Sync + 'static) -> Self {
+    pub(crate) fn new(ask: impl Fn() -> Option<silence::Verdict> + Send + Sync + 'static) -> Self {
         SilenceProbe(Arc::new(ask))
     }
 }
@@ -271,8 +271,26 @@ impl Mesh {
         self.silence
             .as_ref()
             .and_then(|probe| (probe.0)())
-            .map(|sentence| format!("; {sentence}"))
+            .map(|verdict| format!("; {}", verdict.sentence))
             .unwrap_or_default()
+    }
+
+    /// The abort's error. When the abort blames a rank's failure (say a survivor that exited
+    /// after its own timeout) while the driver has lost other ranks, the driver's view is added
+    /// to the cause, so a rank told of that exit first still names the lost host.
+    pub(crate) fn aborted_naming_silent(&self) -> Error {
+        let Some(mut cause) = self.abort.cause() else {
+            return self.abort_error();
+        };
+        let Some(blamed) = cause.rank else {
+            // The driver itself is lost or the operator aborted: nobody to ask, or no need.
+            return Error::Aborted(cause);
+        };
+        let verdict = self.silence.as_ref().and_then(|probe| (probe.0)());
+        if let Some(verdict) = verdict.filter(|v| v.silent.iter().any(|&r| r != blamed)) {
+            cause.message = format!("{}; {}", cause.message, verdict.sentence);
+        }
+        Error::Aborted(cause)
     }
 
     pub(crate) fn set_closing_flag(&mut self, closing: Arc<AtomicBool>) {
@@ -330,7 +348,7 @@ impl Mesh {
                 self.break_links(&format!(
                     "rank {rank} stopped {what} because the job was aborted"
                 ));
-                self.abort_error()
+                self.aborted_naming_silent()
             }
             Failure::Closing => {
                 self.break_links(&format!(
@@ -393,7 +411,7 @@ impl Mesh {
         let deadline = Instant::now() + ABORT_GRACE;
         while Instant::now() < deadline {
             if self.abort.is_aborted() {
-                return self.abort_error();
+                return self.aborted_naming_silent();
             }
             std::thread::sleep(Duration::from_millis(10));
         }
