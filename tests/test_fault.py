@@ -54,3 +54,44 @@ def test_sigkill_mid_allreduce_makes_others_raise_and_kolorun_fail(tmp_path, tra
     finally:
         for pid in pids:
             kill_quietly(pid)
+
+
+def test_a_frozen_rank_is_named_by_every_survivors_timeout(tmp_path) -> None:
+    """Rank 2 (host simhost2) freezes mid-allreduce: with heartbeats slower than the collective
+    timeout the data plane times out first, and rank 1, which waits on rank 0 (itself blocked
+    behind rank 2), must still name rank 2 and its host as the one the driver lost."""
+    started = time.monotonic()
+    try:
+        result = run_kolorun(
+            ["-np", "3", "python", worker("stopped_rank_worker.py"), str(tmp_path)],
+            timeout=90,
+            env={
+                "KOLO_TRANSPORT": "tcp",
+                "KOLO_COLLECTIVE_TIMEOUT_SECONDS": "3",
+                "KOLO_HEARTBEAT_TIMEOUT_SECONDS": "60",
+                "KOLO_ABORT_GRACE_SECONDS": "1",
+            },
+        )
+    finally:
+        pids = [int(p.read_text()) for p in tmp_path.glob("rank*.pid")]
+        for pid in pids:
+            kill_quietly(pid)
+    elapsed = time.monotonic() - started
+    assert result.returncode != 0, result.stdout + result.stderr
+    stopped_at = float(re.search(r"rank 2 SIGSTOPs itself at ([\d.]+)", result.stdout).group(1))
+    for rank in (0, 1):
+        match = re.search(
+            rf"\[{rank}\]<stdout>:rank {rank} raised (\w+) at ([\d.]+): (.*)", result.stdout
+        )
+        assert match, f"rank {rank} did not raise:\n{result.stdout[-3000:]}"
+        error_name, raised_at, message = match.group(1), float(match.group(2)), match.group(3)
+        assert error_name in ("TimeoutError", "PeerConnectionError"), (error_name, message)
+        assert raised_at - stopped_at < 3 + 8, (
+            f"rank {rank} raised {raised_at - stopped_at:.1f} s late"
+        )
+        assert re.search(
+            r"the job driver has not heard from rank 2 on host simhost2 \(127\.0\.0\.1\) "
+            r"for [\d.]+ s: it is probably unreachable",
+            message,
+        ), f"rank {rank}: {message}"
+    assert elapsed < 60, f"kolorun took {elapsed:.1f} s"

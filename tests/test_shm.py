@@ -3,7 +3,14 @@ leaving nothing in /dev/shm once every local rank mapped the segments."""
 
 from __future__ import annotations
 
-from conftest import run_kolorun
+import secrets
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from conftest import BIN, REPO, kill_quietly, run_kolorun, worker_env
 from kolo import _native
 
 # Each rank lists kolo's segments in /dev/shm right after init() (all ranks mapped them, so
@@ -51,3 +58,85 @@ def test_an_unknown_transport_is_a_config_error() -> None:
     )
     assert result.returncode != 0
     assert "is not a transport; use tcp, shm or auto" in result.stderr, result.stderr[-3000:]
+
+
+# Each rank writes its pid, then joins the job: init() stays inside the shared-memory setup
+# (creating and reserving its segment) long enough for the test to SIGKILL it there.
+PID_THEN_INIT = (
+    "import os, sys, time; from kolo import _core; "
+    "open(os.path.join(sys.argv[1], os.environ['KOLO_TASK_INDEX'] + '.pid'), 'w')"
+    ".write(str(os.getpid())); "
+    "_core.start_engine(); time.sleep(60)"
+)
+SEGMENT_MAGIC = b"KOLOSHM1"
+
+
+def segment_files(shm_dir: Path) -> list[Path]:
+    return sorted(p for p in shm_dir.iterdir() if p.name.startswith("kolo-"))
+
+
+def creator_pid(segment: Path) -> int:
+    """The pid in a segment's header (bytes 8..12), or -1 before the header is written."""
+    try:
+        with open(segment, "rb") as f:
+            header = f.read(12)
+    except FileNotFoundError:
+        return -1
+    return int.from_bytes(header[8:12], "little") if header[:8] == SEGMENT_MAGIC else -1
+
+
+def test_segments_of_ranks_killed_before_unlink_are_reclaimed_by_the_next_init(tmp_path) -> None:
+    """Issue 20: a crash between creating a segment and unlinking it used to leave the segment
+    (and its memory) behind for good. Two ranks are SIGKILLed while their segments exist
+    (large halves make reserving one take a while); the next job in the same directory starts,
+    reduces correctly, and leaves the directory empty: the dead ranks' segments reclaimed."""
+    shm_dir = Path("/dev/shm") / f"shmtest-{secrets.token_hex(6)}"
+    shm_dir.mkdir(mode=0o700)
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    env = {"KOLO_TRANSPORT": "shm", "KOLO_SHM_DIR": str(shm_dir)}
+    crashed = subprocess.Popen(
+        [str(BIN / "kolorun"), "-np", "2", "python", "-c", PID_THEN_INIT, str(pid_dir)],
+        cwd=REPO,
+        env=worker_env({**env, "KOLO_SHM_CHUNK_BYTES": str(128 << 20)}),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    pids: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(pids) < 2 and time.monotonic() < deadline:
+            pids = [int(p.read_text()) for p in pid_dir.glob("*.pid") if p.read_text()]
+            time.sleep(0.01)
+        assert len(pids) == 2, "the ranks did not start"
+        # Kill both ranks the moment a segment carries its creator's pid, mid-setup.
+        while time.monotonic() < deadline:
+            if any(creator_pid(s) in pids for s in segment_files(shm_dir)):
+                break
+            time.sleep(0.001)
+        for pid in pids:
+            kill_quietly(pid)
+        output, _ = crashed.communicate(timeout=60)
+        assert crashed.returncode != 0, output
+        left = segment_files(shm_dir)
+        # The test hit the window: segments of the killed ranks are left behind.
+        assert left, f"no segment left: the ranks were not killed mid-setup\n{output[-2000:]}"
+        assert all(creator_pid(s) in pids for s in left), [(s.name, creator_pid(s)) for s in left]
+
+        result = run_kolorun(
+            ["-np", "2", "python", "-c", SEGMENTS_AFTER_INIT.replace("/dev/shm", str(shm_dir))],
+            timeout=120,
+            env={**env, "KOLO_SHM_CHUNK_BYTES": str(1 << 20)},
+        )
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        for rank in range(2):
+            assert f"[{rank}]<stdout>:rank {rank} left 0 sum 3.0" in result.stdout, result.stdout
+        assert segment_files(shm_dir) == [], "stale or fresh segments left after the clean job"
+    finally:
+        for pid in pids:
+            kill_quietly(pid)
+        if crashed.poll() is None:
+            crashed.send_signal(signal.SIGKILL)
+            crashed.wait(timeout=30)
+        shutil.rmtree(shm_dir, ignore_errors=True)

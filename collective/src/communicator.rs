@@ -295,6 +295,7 @@ impl Communicator {
                     "rank {} stopped because the job was aborted",
                     self.info.rank
                 ));
+                return Err(mesh.aborted_naming_silent());
             }
             return Err(Error::Aborted(cause));
         }

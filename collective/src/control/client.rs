@@ -19,7 +19,8 @@ use crate::control::mac::MacKey;
 use crate::control::proto::driver_client::DriverClient as RawClient;
 use crate::control::proto::{
     AbortEvent, FailureReport, HeartbeatRequest, KvChunk, KvGetRequest, KvPutRequest, LeaveRequest,
-    PostRequest, RegisterReply, RegisterRequest, TaskEvent, WatchAbortRequest,
+    PostRequest, RegisterReply, RegisterRequest, SilentRanksReply, SilentRanksRequest, TaskEvent,
+    WatchAbortRequest,
 };
 use crate::error::{Error, Result};
 
@@ -395,6 +396,32 @@ impl DriverClient {
         )
         .await?;
         Ok(())
+    }
+
+    /// Asks which ranks the driver has not heard a heartbeat from for `silent_for` (the most
+    /// silent first, at most 16, with the total count); `rank` is the asking rank. The call
+    /// gives up after `bound`.
+    pub async fn silent_ranks(
+        &self,
+        rank: u32,
+        silent_for: Duration,
+        bound: Duration,
+    ) -> Result<SilentRanksReply> {
+        let request = SilentRanksRequest {
+            rank,
+            silent_for_ms: u64::try_from(silent_for.as_millis()).unwrap_or(u64::MAX),
+        };
+        self.call(
+            bound,
+            "asking which ranks went silent",
+            self.raw.clone().silent_ranks(timed(request, bound)),
+        )
+        .await
+    }
+
+    /// How often this client's background task sends a heartbeat.
+    pub fn heartbeat_interval(&self) -> Duration {
+        self.options.heartbeat_interval
     }
 
     /// Stops the background tasks and tells the driver that `rank` finished cleanly (so its

@@ -21,7 +21,9 @@ use crate::control::assign::assign_ranks;
 use crate::control::event_queue::EventQueue;
 use crate::control::ids::JobId;
 use crate::control::kv_space::{KvSpace, KvValue};
-use crate::control::proto::{Peer, RegisterReply, RegisterRequest, TaskEvent};
+use crate::control::proto::{
+    Peer, RegisterReply, RegisterRequest, SilentRank, SilentRanksReply, TaskEvent,
+};
 use crate::control::service::{DriverConfig, PeerAssignment};
 
 /// The longest a `KvGet` may wait, whatever the caller asks.
@@ -33,6 +35,9 @@ const REGISTER_SLACK: Duration = Duration::from_secs(5);
 
 /// How many missing task indices an error message lists.
 const LISTED_MISSING: usize = 16;
+
+/// How many ranks a `SilentRanks` reply lists, at most (the reply also says how many in all).
+pub(crate) const LISTED_SILENT: usize = 16;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Registered {
@@ -460,6 +465,38 @@ impl JobState {
             *seen = Instant::now();
         }
         self.abort.borrow().is_some()
+    }
+
+    /// The ranks still expected to send heartbeats whose last one is at least `at_least` old,
+    /// the most silent first (at most [`LISTED_SILENT`], with the total count), each with
+    /// its host and data address from the assignment.
+    pub(crate) fn silent_ranks(&self, at_least: Duration) -> SilentRanksReply {
+        let now = Instant::now();
+        let mut silent: Vec<(u32, Duration)> = lock(&self.inner)
+            .last_seen
+            .iter()
+            .map(|(rank, seen)| (*rank, now.duration_since(*seen)))
+            .filter(|(_, silence)| *silence >= at_least)
+            .collect();
+        silent.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        let total = u32::try_from(silent.len()).unwrap_or(u32::MAX);
+        let peers = self.assignment();
+        let ranks = silent
+            .into_iter()
+            .take(LISTED_SILENT)
+            .map(|(rank, silence)| {
+                let peer = peers
+                    .as_ref()
+                    .and_then(|peers| peers.iter().find(|p| p.rank == rank));
+                SilentRank {
+                    rank,
+                    hostname: peer.map(|p| p.hostname.clone()).unwrap_or_default(),
+                    data_addr: peer.map(|p| p.data_addr.to_string()).unwrap_or_default(),
+                    silent_ms: u64::try_from(silence.as_millis()).unwrap_or(u64::MAX),
+                }
+            })
+            .collect();
+        SilentRanksReply { ranks, total }
     }
 
     /// How many ranks joined the current round and have not left yet.

@@ -13,7 +13,7 @@ use crate::control::proto::driver_server::Driver;
 use crate::control::proto::{
     AbortEvent, FailureReply, FailureReport, HeartbeatReply, HeartbeatRequest, KvChunk, KvGetReply,
     KvGetRequest, KvPutReply, KvPutRequest, LeaveReply, LeaveRequest, PostReply, PostRequest,
-    RegisterReply, RegisterRequest, WatchAbortRequest,
+    RegisterReply, RegisterRequest, SilentRanksReply, SilentRanksRequest, WatchAbortRequest,
 };
 
 /// The size of the chunks `KvGetStream` sends.
@@ -85,6 +85,23 @@ impl Driver for Handlers {
     ) -> Result<Response<HeartbeatReply>, Status> {
         let aborted = self.state.heartbeat(request.into_inner().rank);
         Ok(Response::new(HeartbeatReply { aborted }))
+    }
+
+    async fn silent_ranks(
+        &self,
+        request: Request<SilentRanksRequest>,
+    ) -> Result<Response<SilentRanksReply>, Status> {
+        let request = request.into_inner();
+        let reply = self
+            .state
+            .silent_ranks(Duration::from_millis(request.silent_for_ms));
+        log::debug!(
+            "rank {} asked which ranks are silent for {} ms: {:?}",
+            request.rank,
+            request.silent_for_ms,
+            reply.ranks.iter().map(|r| r.rank).collect::<Vec<_>>()
+        );
+        Ok(Response::new(reply))
     }
 
     async fn report_failure(

@@ -54,6 +54,7 @@ pub mod mac;
 pub mod net;
 pub mod proto;
 pub mod service;
+pub(crate) mod silence;
 mod status;
 
 pub use assign::{assign_ranks, Assignment};

@@ -37,6 +37,7 @@ use std::time::{Duration, Instant};
 
 use crate::abort::AbortSignal;
 use crate::control::mac::MacKey;
+use crate::control::silence;
 use crate::error::{Error, Result};
 use crate::wire::{self, FrameError, FrameKind, JobId};
 pub(crate) use shm::futex_wake;
@@ -120,6 +121,28 @@ pub struct Mesh {
     broken: Option<String>,
     /// The shared-memory plane among this host's ranks, when collectives use it.
     shm: Option<ShmPlane>,
+    /// Asked, when a collective fails, which ranks the job driver lost (launched jobs only).
+    silence: Option<SilenceProbe>,
+}
+
+/// Asks someone outside the data plane (the job driver, which hears every rank's heartbeats)
+/// which ranks went silent; its sentence is added to a collective's timeout or lost-peer error,
+/// so the error names the lost host even when the peer this rank waited on is only blocked
+/// behind it. `None`: no answer (the error is raised without it).
+#[derive(Clone)]
+pub(crate) struct SilenceProbe(Arc<dyn Fn() -> Option<silence::Verdict> + Send + Sync>);
+
+impl SilenceProbe {
+    /// A probe that calls `ask` (which must bound its own wait).
+    pub(crate) fn new(ask: impl Fn() -> Option<silence::Verdict> + Send + Sync + 'static) -> Self {
+        SilenceProbe(Arc::new(ask))
+    }
+}
+
+impl std::fmt::Debug for SilenceProbe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SilenceProbe")
+    }
 }
 
 /// A mesh's peers as the engine watches them between cycles (see [`Mesh::watch`]).
@@ -238,6 +261,38 @@ impl Mesh {
         self.hosts = hosts;
     }
 
+    /// Who to ask, when a collective fails, which ranks are lost (see [`SilenceProbe`]).
+    pub(crate) fn set_silence_probe(&mut self, probe: SilenceProbe) {
+        self.silence = Some(probe);
+    }
+
+    /// "; <what the probe says>" to append to an error, or nothing.
+    fn silence_note(&self) -> String {
+        self.silence
+            .as_ref()
+            .and_then(|probe| (probe.0)())
+            .map(|verdict| format!("; {}", verdict.sentence))
+            .unwrap_or_default()
+    }
+
+    /// The abort's error. When the abort blames a rank's failure (say a survivor that exited
+    /// after its own timeout) while the driver has lost other ranks, the driver's view is added
+    /// to the cause, so a rank told of that exit first still names the lost host.
+    pub(crate) fn aborted_naming_silent(&self) -> Error {
+        let Some(mut cause) = self.abort.cause() else {
+            return self.abort_error();
+        };
+        let Some(blamed) = cause.rank else {
+            // The driver itself is lost or the operator aborted: nobody to ask, or no need.
+            return Error::Aborted(cause);
+        };
+        let verdict = self.silence.as_ref().and_then(|probe| (probe.0)());
+        if let Some(verdict) = verdict.filter(|v| v.silent.iter().any(|&r| r != blamed)) {
+            cause.message = format!("{}; {}", cause.message, verdict.sentence);
+        }
+        Error::Aborted(cause)
+    }
+
     pub(crate) fn set_closing_flag(&mut self, closing: Arc<AtomicBool>) {
         self.closing = closing;
     }
@@ -293,7 +348,7 @@ impl Mesh {
                 self.break_links(&format!(
                     "rank {rank} stopped {what} because the job was aborted"
                 ));
-                self.abort_error()
+                self.aborted_naming_silent()
             }
             Failure::Closing => {
                 self.break_links(&format!(
@@ -310,13 +365,16 @@ impl Mesh {
                 } else {
                     names.join(", ")
                 };
+                // The peer waited on may only be blocked behind the rank that went away: the
+                // driver's view names that one (asked before the peers are told, so they read it).
+                let note = self.silence_note();
                 self.break_links(&format!(
-                    "rank {rank} timed out waiting for {waiting} in {what}"
+                    "rank {rank} timed out waiting for {waiting} in {what}{note}"
                 ));
                 Error::Timeout {
                     what: format!(
                         "waiting for {waiting} in {what} (no bytes moved; is that rank stuck, or did it skip this \
-                         collective?)"
+                         collective?){note}"
                     ),
                     after: self.op_timeout,
                 }
@@ -353,10 +411,20 @@ impl Mesh {
         let deadline = Instant::now() + ABORT_GRACE;
         while Instant::now() < deadline {
             if self.abort.is_aborted() {
-                return self.abort_error();
+                return self.aborted_naming_silent();
             }
             std::thread::sleep(Duration::from_millis(10));
         }
+        // Add the driver's view of who went silent, unless the peer's own message carries it.
+        let told = source.to_string();
+        let source = if told.contains(silence::OPENING) {
+            source
+        } else {
+            match self.silence_note() {
+                note if note.is_empty() => source,
+                note => io::Error::new(source.kind(), format!("{told}{note}")),
+            }
+        };
         let during = match self.hosts.get(peer).filter(|h| !h.is_empty()) {
             Some(host) => format!("{what} (rank {peer} is on host {host})"),
             None => what.to_owned(),

@@ -111,6 +111,7 @@ pub(super) fn establish(
         closing: Arc::new(AtomicBool::new(false)),
         broken: None,
         shm: None,
+        silence: None,
     })
 }
 

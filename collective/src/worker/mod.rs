@@ -16,10 +16,10 @@ use crate::abort::AbortSignal;
 use crate::communicator::{Communicator, RankInfo};
 use crate::control::client::{DriverClient, Registration};
 use crate::control::env::{parse_seconds, WorkerEnv};
-use crate::control::{data_plane_ip, join_job};
+use crate::control::{data_plane_ip, join_job, silence};
 use crate::engine::{Engine, EngineConfig};
 use crate::error::{Error, Result};
-use crate::transport::{DataListener, Mesh, MeshConfig, TransportChoice};
+use crate::transport::{DataListener, Mesh, MeshConfig, SilenceProbe, TransportChoice};
 pub use session::{rank_env, WorkerSession};
 
 /// Environment variable: how long a collective may wait without progress before it fails.
@@ -162,6 +162,8 @@ impl Worker {
         let established = TransportChoice::from_env().and_then(|choice| {
             let mut mesh = Mesh::establish(listener, config, abort.clone())?;
             mesh.setup_shm(&key, &hashes, choice)?;
+            let asker = driver.clone();
+            mesh.set_silence_probe(SilenceProbe::new(move || silence::ask(&asker, rank)));
             Ok(mesh)
         });
         let mesh = match established {

@@ -721,3 +721,70 @@ fn init_adopts_an_early_registration() {
     joined.shutdown();
     driver.shutdown();
 }
+
+#[test]
+fn the_driver_names_the_ranks_it_no_longer_hears_from_bounded() {
+    let config = DriverConfig {
+        heartbeat_timeout: Duration::from_secs(60),
+        ..config(2)
+    };
+    let secret = config.secret.clone();
+    let driver = DriverService::start(config).unwrap();
+    let joined = register_all(&driver, &secret, &[(0, "alive-host"), (1, "silent-host")]);
+    // Rank 0 heartbeats every 100 ms; rank 1 (task 1) never does.
+    let signal = AbortSignal::new();
+    joined[0]
+        .0
+        .start_background(joined[0].1.rank, signal)
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(800));
+    let reply = block_on(joined[0].0.silent_ranks(
+        0,
+        Duration::from_millis(500),
+        Duration::from_secs(2),
+    ))
+    .unwrap()
+    .unwrap();
+    assert_eq!(reply.total, 1, "{reply:?}");
+    let silent = &reply.ranks[0];
+    assert_eq!(
+        (
+            silent.rank,
+            silent.hostname.as_str(),
+            silent.data_addr.as_str()
+        ),
+        (1, "silent-host", "127.0.0.1:20001")
+    );
+    assert!(silent.silent_ms >= 500, "{silent:?}");
+    // Above the silence asked for, nobody.
+    let none = block_on(joined[0].0.silent_ranks(
+        0,
+        Duration::from_secs(30),
+        Duration::from_secs(2),
+    ))
+    .unwrap()
+    .unwrap();
+    assert_eq!((none.total, none.ranks.len()), (0, 0));
+    joined[0].0.stop_background();
+}
+
+#[test]
+fn a_silent_ranks_reply_lists_at_most_sixteen() {
+    let config = DriverConfig {
+        heartbeat_timeout: Duration::from_secs(60),
+        ..config(20)
+    };
+    let secret = config.secret.clone();
+    let driver = DriverService::start(config).unwrap();
+    let hosts: Vec<String> = (0..20).map(|i| format!("h{i}")).collect();
+    let tasks: Vec<(u32, &str)> = (0..20).map(|i| (i, hosts[i as usize].as_str())).collect();
+    let joined = register_all(&driver, &secret, &tasks);
+    let reply = block_on(
+        joined[0]
+            .0
+            .silent_ranks(0, Duration::ZERO, Duration::from_secs(2)),
+    )
+    .unwrap()
+    .unwrap();
+    assert_eq!((reply.total, reply.ranks.len()), (20, 16));
+}

@@ -12,7 +12,7 @@ use kolo_collective::control::mac::{nonce, MacKey, TAG_LEN};
 use kolo_collective::control::proto::driver_client::DriverClient as RawClient;
 use kolo_collective::control::proto::{
     FailureReport, HeartbeatRequest, KvChunk, KvGetRequest, KvPutRequest, LeaveRequest,
-    PostRequest, RegisterRequest, WatchAbortRequest,
+    PostRequest, RegisterRequest, SilentRanksRequest, WatchAbortRequest,
 };
 use kolo_collective::control::{ClientOptions, DriverClient, DriverService, JobSecret};
 use kolo_runtime::block_on;
@@ -149,13 +149,22 @@ fn every_rpc_without_the_handshake_is_refused_and_changes_nothing() {
                 .await
                 .is_err(),
             ),
+            (
+                "SilentRanks",
+                raw.silent_ranks(SilentRanksRequest {
+                    rank: 0,
+                    silent_for_ms: 0,
+                })
+                .await
+                .is_err(),
+            ),
         ]
     })
     .unwrap();
     for (method, refused) in &refusals {
         assert!(refused, "{method} without the handshake was served");
     }
-    assert_eq!(refusals.len(), 10, "every method of the Driver service");
+    assert_eq!(refusals.len(), 11, "every method of the Driver service");
     assert_untouched(&driver);
 }
 

@@ -12,7 +12,8 @@
 //! (`posix_fallocate`), and others' segments are opened without following symlinks and only
 //! when owned by this user with mode 0600. A rank killed between creating and unlinking its
 //! segment leaves it behind: the next setup on the host reclaims every kolo segment of this
-//! user whose creator (recorded in its header, with its pid namespace) is dead.
+//! user whose creator (recorded in its header, with its pid namespace, written before the
+//! segment's memory is reserved) is dead.
 //!
 //! Collectives run as a sequence of *phases*. In phase `p` every local rank writes into its
 //! own half `p % 2`, publishes `p` in its counter (a release store), waits until every other
@@ -52,8 +53,8 @@ pub const SHM_DIR_ENV: &str = "KOLO_SHM_DIR";
 /// Offsets of the creator's pid and pid-namespace inode in a segment's header.
 const PID_OFFSET: usize = 8;
 const PIDNS_OFFSET: usize = 16;
-/// A segment without a kolo header (its creator died within microseconds of creating it) is
-/// reclaimed once it is this old.
+/// A segment without a kolo header (its creator died between creating the file and writing
+/// the header's few bytes, or it is not kolo's) is reclaimed once it is this old.
 const HEADERLESS_AGE: Duration = Duration::from_secs(600);
 
 /// The segment directory: [`SHM_DIR_ENV`] or [`SHM_DIR`].
@@ -69,6 +70,16 @@ pub fn dir() -> PathBuf {
 fn pid_namespace() -> u64 {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino())
+}
+
+/// The start of a segment's header: the magic, then the creator's pid and pid namespace (which
+/// [`reclaim_stale`] reads to tell whether the creator is dead).
+fn creator_header() -> [u8; PIDNS_OFFSET + 8] {
+    let mut header = [0u8; PIDNS_OFFSET + 8];
+    header[..8].copy_from_slice(&MAGIC.to_le_bytes());
+    header[PID_OFFSET..PID_OFFSET + 4].copy_from_slice(&std::process::id().to_le_bytes());
+    header[PIDNS_OFFSET..].copy_from_slice(&pid_namespace().to_le_bytes());
+    header
 }
 
 /// Removes the kolo segments in `dir` that belong to this user and whose creators are dead
@@ -231,19 +242,7 @@ impl ShmNode {
         let len = DATA_OFFSET + 2 * half;
         let mine_path = names.path(members[me]);
         reclaim_stale(names.dir);
-        let mut mine = Segment::create(&mine_path, len)?;
-        // SAFETY: the header lies in the fresh mapping, which nobody else maps yet.
-        unsafe {
-            mine.ptr().cast::<u64>().write(MAGIC);
-            mine.ptr()
-                .add(PID_OFFSET)
-                .cast::<u32>()
-                .write(std::process::id());
-            mine.ptr()
-                .add(PIDNS_OFFSET)
-                .cast::<u64>()
-                .write(pid_namespace());
-        }
+        let mut mine = Segment::create(&mine_path, len, &creator_header())?;
         sync(0)?;
         let mut segments = Vec::with_capacity(members.len());
         for (j, &rank) in members.iter().enumerate() {

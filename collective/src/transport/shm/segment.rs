@@ -30,9 +30,13 @@ unsafe impl Sync for Segment {}
 
 impl Segment {
     /// Creates `path` (which must not exist; a symlink there is never followed) with mode
-    /// 0600 and `len` bytes reserved (`posix_fallocate`, so a full directory fails here with
-    /// a typed error rather than SIGBUS later), and maps it.
-    pub(crate) fn create(path: &Path, len: usize) -> Result<Segment, Error> {
+    /// 0600, writes `header` at its start, reserves `len` bytes (`posix_fallocate`, so a full
+    /// directory fails here with a typed error rather than SIGBUS later), and maps it.
+    ///
+    /// The header (which names the creator) goes in before the reservation, which takes long
+    /// for a large segment: a creator killed meanwhile leaves a segment the next setup can
+    /// tell is stale, not a nameless one.
+    pub(crate) fn create(path: &Path, len: usize, header: &[u8]) -> Result<Segment, Error> {
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -49,7 +53,9 @@ impl Segment {
                 )),
                 _ => setup_error(path, e),
             })?;
-        let reserved = reserve(&file, path, len)
+        let reserved = std::os::unix::fs::FileExt::write_all_at(&file, header, 0)
+            .map_err(|e| setup_error(path, e))
+            .and_then(|()| reserve(&file, path, len))
             .and_then(|()| Self::map(&file, path, len, true).map_err(|e| setup_error(path, e)));
         if reserved.is_err() {
             let _ = std::fs::remove_file(path);
