@@ -289,14 +289,14 @@ impl Communicator {
         if let Some(reason) = &state.closed {
             return Err(Error::Closed(reason.clone()));
         }
-        if let Some(cause) = self.abort.cause() {
+        if let Some(error) = self.abort.error() {
             if let Some(mesh) = state.session.mesh.as_mut() {
                 mesh.break_links(&format!(
                     "rank {} stopped because the job was aborted",
                     self.info.rank
                 ));
             }
-            return Err(Error::Aborted(cause));
+            return Err(error);
         }
         if let Some(broken) = state.session.mesh.as_ref().and_then(Mesh::broken) {
             return Err(Error::Closed(format!(

@@ -369,8 +369,8 @@ impl Mesh {
     }
 
     pub(crate) fn abort_error(&self) -> Error {
-        match self.abort.cause() {
-            Some(cause) => Error::Aborted(cause),
+        match self.abort.error() {
+            Some(error) => error,
             None => Error::Internal("abort signal set without a cause".into()),
         }
     }
