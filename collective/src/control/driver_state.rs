@@ -315,9 +315,9 @@ impl JobState {
             Phase::TimedOut(message) => return Err(Status::deadline_exceeded(message)),
             Phase::Waiting => current,
             Phase::Complete => {
-                if inner.tasks.get(&index) == Some(&entry) {
-                    return Ok(current); // A retried call of the completed round.
-                }
+                // Always a new round: the client never retries a registration, and a worker
+                // that joins again may get its old data port back, so an equal entry is no
+                // sign of a retry.
                 let next = current.wrapping_add(1);
                 self.check_reset_limit(next)?;
                 inner.tasks.clear();
@@ -370,7 +370,10 @@ impl JobState {
         if !ready {
             return;
         }
+        // Horovod's host order: hosts of the last round keep their order, hosts no task of
+        // this round runs on drop out (coming back later, they are new), new hosts follow.
         let hashes: Vec<String> = inner.tasks.values().map(|t| t.host_hash.clone()).collect();
+        inner.host_order.retain(|hash| hashes.contains(hash));
         for hash in hashes {
             if !inner.host_order.contains(&hash) {
                 inner.host_order.push(hash);

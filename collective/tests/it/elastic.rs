@@ -379,3 +379,47 @@ fn elastic_bounds_are_checked_and_a_fixed_job_refuses_elastic_calls() {
     assert!(matches!(fixed.remove_task(0, "x"), Err(Error::Config(_))));
     fixed.shutdown();
 }
+
+/// Registers `tasks` for the next round (concurrently) and returns `(task, rank)` sorted by
+/// rank.
+fn next_round(driver: &DriverService, config: &DriverConfig, tasks: &[(u32, &str)]) -> Vec<u32> {
+    let joined = register_all(driver, &config.secret, tasks);
+    let mut by_rank: Vec<(u32, u32)> = joined
+        .iter()
+        .map(|(_, me)| (me.rank, me.peers[me.rank as usize].task_index))
+        .collect();
+    by_rank.sort();
+    assert!(joined.iter().all(|(_, me)| me.size as usize == tasks.len()));
+    by_rank.into_iter().map(|(_, task)| task).collect()
+}
+
+#[test]
+fn hosts_keep_their_order_across_rounds_and_a_host_that_left_comes_back_last() {
+    let (driver, config) = elastic_driver(3, elastic(1, 4), Duration::from_secs(30));
+    let round0 = next_round(
+        &driver,
+        &config,
+        &[(0, "host-a"), (1, "host-b"), (2, "host-a")],
+    );
+    assert_eq!(round0, [0, 2, 1], "host-a (tasks 0, 2) first, then host-b");
+    // Task 0 leaves; host-a keeps its place before host-b although task 1 is now the lowest.
+    driver.remove_task(0, "exited").unwrap();
+    let round1 = next_round(&driver, &config, &[(1, "host-b"), (2, "host-a")]);
+    assert_eq!(round1, [2, 1]);
+    // host-a's last task leaves and host-c joins: order b, c.
+    driver.remove_task(2, "exited").unwrap();
+    driver.add_tasks(&[3]).unwrap();
+    let round2 = next_round(&driver, &config, &[(1, "host-b"), (3, "host-c")]);
+    assert_eq!(round2, [1, 3]);
+    // host-a comes back: it is a new host now, so it comes last.
+    driver.add_tasks(&[4]).unwrap();
+    let round3 = next_round(
+        &driver,
+        &config,
+        &[(1, "host-b"), (3, "host-c"), (4, "host-a")],
+    );
+    assert_eq!(round3, [1, 3, 4]);
+    assert_eq!(driver.resets(), 3);
+    assert!(driver.abort_cause().is_none());
+    driver.shutdown();
+}
