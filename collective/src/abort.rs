@@ -1,9 +1,17 @@
 //! The job-wide abort flag: set once (by the driver's abort broadcast or a local failure),
 //! read by every blocking wait so a failure anywhere stops every rank quickly.
+//!
+//! In an elastic job the driver does not abort the job when a task fails: it tells the
+//! survivors that their round's membership changed ([`AbortSignal::interrupt`]). The signal
+//! stops every wait the same way, but the error is [`crate::Error::MembershipChanged`] (a
+//! recoverable `InternalError` in Python: `shutdown()` + `init()` joins the next round) instead
+//! of [`crate::Error::Aborted`].
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
+
+use crate::error::Error;
 
 /// Why the job was aborted.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,6 +41,8 @@ impl fmt::Display for AbortCause {
 struct Inner {
     flag: AtomicBool,
     cause: OnceLock<AbortCause>,
+    /// Set with the cause when the signal is an elastic interruption, not a job abort.
+    interrupted: AtomicBool,
 }
 
 /// A cloneable handle on one job's abort state. The first cause set wins.
@@ -49,6 +59,34 @@ impl AbortSignal {
     pub fn abort(&self, cause: AbortCause) {
         let _ = self.0.cause.set(cause);
         self.0.flag.store(true, Ordering::Release);
+    }
+
+    /// Stops this worker's round of an elastic job: every wait ends as for an abort, but the
+    /// error is [`Error::MembershipChanged`] (the worker may `shutdown()` and `init()` into the
+    /// next round). Ignored if the signal is already set (the first cause wins).
+    pub fn interrupt(&self, cause: AbortCause) {
+        if self.0.cause.set(cause).is_ok() {
+            self.0.interrupted.store(true, Ordering::Release);
+        }
+        self.0.flag.store(true, Ordering::Release);
+    }
+
+    /// True when the signal was set by [`AbortSignal::interrupt`] (an elastic membership
+    /// change), false when not set or set by [`AbortSignal::abort`].
+    pub fn is_interrupted(&self) -> bool {
+        self.is_aborted() && self.0.interrupted.load(Ordering::Acquire)
+    }
+
+    /// The error a stopped wait reports: [`Error::MembershipChanged`] after
+    /// [`AbortSignal::interrupt`], [`Error::Aborted`] after [`AbortSignal::abort`]; `None`
+    /// while the signal is not set.
+    pub fn error(&self) -> Option<Error> {
+        let cause = self.cause()?;
+        Some(if self.is_interrupted() {
+            Error::MembershipChanged(cause)
+        } else {
+            Error::Aborted(cause)
+        })
     }
 
     /// True once aborted. Cheap enough to call in every wait loop.
@@ -91,5 +129,44 @@ mod tests {
             cause.to_string(),
             "job aborted: rank 1 on host h1: killed by signal 9 (SIGKILL)"
         );
+        assert!(matches!(signal.error(), Some(Error::Aborted(_))));
+    }
+
+    #[test]
+    fn an_interruption_is_a_membership_change_and_the_first_cause_still_wins() {
+        let signal = AbortSignal::new();
+        assert!(signal.error().is_none());
+        signal.interrupt(AbortCause {
+            rank: Some(2),
+            host: "h2".into(),
+            message: "exited with code 1".into(),
+        });
+        signal.abort(AbortCause {
+            rank: None,
+            host: String::new(),
+            message: "later".into(),
+        });
+        assert!(signal.is_aborted() && signal.is_interrupted());
+        let err = signal.error().expect("set");
+        assert!(matches!(err, Error::MembershipChanged(_)), "{err:?}");
+        let text = err.to_string();
+        assert!(
+            text.contains("rank 2 on host h2: exited with code 1"),
+            "{text}"
+        );
+        assert!(!text.contains("job aborted"), "{text}");
+
+        let aborted = AbortSignal::new();
+        aborted.abort(AbortCause {
+            rank: None,
+            host: String::new(),
+            message: "first".into(),
+        });
+        aborted.interrupt(AbortCause {
+            rank: None,
+            host: String::new(),
+            message: "second".into(),
+        });
+        assert!(!aborted.is_interrupted());
     }
 }

@@ -289,15 +289,17 @@ impl Communicator {
         if let Some(reason) = &state.closed {
             return Err(Error::Closed(reason.clone()));
         }
-        if let Some(cause) = self.abort.cause() {
+        if let Some(error) = self.abort.error() {
             if let Some(mesh) = state.session.mesh.as_mut() {
-                mesh.break_links(&format!(
-                    "rank {} stopped because the job was aborted",
-                    self.info.rank
-                ));
+                let why = if self.abort.is_interrupted() {
+                    "the job's membership changed"
+                } else {
+                    "the job was aborted"
+                };
+                mesh.break_links(&format!("rank {} stopped because {why}", self.info.rank));
                 return Err(mesh.aborted_naming_silent());
             }
-            return Err(Error::Aborted(cause));
+            return Err(error);
         }
         if let Some(broken) = state.session.mesh.as_ref().and_then(Mesh::broken) {
             return Err(Error::Closed(format!(

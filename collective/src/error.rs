@@ -39,6 +39,12 @@ pub enum Error {
     #[error("{0}")]
     Aborted(AbortCause),
 
+    /// Elastic jobs: the membership of this worker's round changed (a task failed or was
+    /// removed) and the round is over; carries the driver's cause. Not an abort: the worker
+    /// calls `shutdown()` and `init()` (as `hvd.elastic.run` does) to join the next round.
+    #[error("{}", membership_changed(.0))]
+    MembershipChanged(AbortCause),
+
     /// The connection to a peer rank broke or misbehaved in the middle of a collective.
     #[error("connection to rank {rank} failed during {during}: {source}")]
     Peer {
@@ -105,6 +111,20 @@ pub enum Error {
     Internal(String),
 }
 
+fn membership_changed(cause: &AbortCause) -> String {
+    let who = match (cause.rank, cause.host.is_empty()) {
+        (Some(rank), false) => format!("rank {rank} on host {}: ", cause.host),
+        (Some(rank), true) => format!("rank {rank}: "),
+        (None, false) => format!("host {}: ", cause.host),
+        (None, true) => String::new(),
+    };
+    format!(
+        "the elastic job's membership changed ({who}{}); this round is over: call shutdown() and \
+         init() (hvd.elastic.run does) to continue with the remaining workers",
+        cause.message
+    )
+}
+
 /// The crate's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -123,6 +143,7 @@ impl Error {
             },
             Error::Mismatch(m) => Error::Mismatch(m.clone()),
             Error::Aborted(cause) => Error::Aborted(cause.clone()),
+            Error::MembershipChanged(cause) => Error::MembershipChanged(cause.clone()),
             Error::Peer {
                 rank,
                 during,

@@ -308,6 +308,24 @@ def resolve_op(op: Any, average: Optional[bool]) -> ReduceOp:
     return resolved
 
 
+def host_updates() -> list[tuple[float, int]]:
+    """Drains the host updates of an elastic job that reached this worker since the last call.
+
+    Each is Horovod's ``HostsUpdated`` notification: ``(timestamp, result)`` with the time the
+    job driver recorded it (seconds since the epoch) and a ``HostUpdateResult`` value (1:
+    removed, 2: added, 3: mixed), oldest first. The driver sends every worker the updates made
+    after its registration round completed; at most 1,024 are kept (older ones merge). Empty
+    when kolo is not initialized, for a fixed-size job, and for a single process.
+
+    Example::
+
+        for timestamp, result in _core.host_updates():
+            if result & 2:  # HostUpdateResult.added
+                ...  # new workers wait to join: reset at the next commit
+    """
+    return [(float(timestamp), int(result)) for timestamp, result in _native.host_updates()]
+
+
 def holds(handle: int) -> bool:
     """Whether the engine still holds the tensor submitted with ``handle``: from the submit call
     until ``wait`` consumed its result (so an interrupt in between cannot free it)."""

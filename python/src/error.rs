@@ -188,9 +188,11 @@ pub fn to_py(err: Error) -> PyErr {
         Error::Mismatch(_) => MismatchError::new_err(message),
         Error::Aborted(_) => JobAbortedError::new_err(message),
         Error::Peer { .. } => PeerConnectionError::new_err(message),
-        Error::Closed(_) | Error::Cuda(_) | Error::Io(_) | Error::Internal(_) => {
-            InternalError::new_err(message)
-        }
+        Error::Closed(_)
+        | Error::MembershipChanged(_)
+        | Error::Cuda(_)
+        | Error::Io(_)
+        | Error::Internal(_) => InternalError::new_err(message),
         Error::Launch(_) => LaunchError::new_err(message),
         Error::Transport(_) | Error::Status(_) => RendezvousError::new_err(message),
         Error::Runtime(inner) => runtime_to_py(inner),

@@ -6,8 +6,9 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use kolo_collective::control::env::ELASTIC_TIMEOUT;
 use kolo_collective::control::{
-    DriverEvent, JobId, JobSecret, LaunchDriver, LaunchDriverOptions, PeerAssignment,
+    DriverEvent, ElasticConfig, JobId, JobSecret, LaunchDriver, LaunchDriverOptions, PeerAssignment,
 };
 use kolo_collective::worker::WorkerSession;
 use kolo_collective::Error;
@@ -60,12 +61,15 @@ pub const MAX_TASKS: usize = 1 << 20;
 #[derive(Debug)]
 pub struct PyLaunchDriver {
     inner: Arc<LaunchDriver>,
+    /// Elastic launches: the elastic timeout, passed to every worker ([`ELASTIC_TIMEOUT`]).
+    elastic_timeout: Option<Duration>,
 }
 
 #[pymethods]
 impl PyLaunchDriver {
     #[new]
-    #[pyo3(signature = (num_tasks, bind = "127.0.0.1:0", start_timeout = 30.0, heartbeat_timeout = 30.0, secret = None, job_id = None))]
+    #[pyo3(signature = (num_tasks, bind = "127.0.0.1:0", start_timeout = 30.0, heartbeat_timeout = 30.0, secret = None, job_id = None, min_np = None, max_np = None, elastic_timeout = 600.0, reset_limit = None))]
+    #[expect(clippy::too_many_arguments, reason = "Python keyword arguments")]
     fn new(
         py: Python<'_>,
         num_tasks: usize,
@@ -74,6 +78,10 @@ impl PyLaunchDriver {
         heartbeat_timeout: f64,
         secret: Option<&str>,
         job_id: Option<&str>,
+        min_np: Option<usize>,
+        max_np: Option<usize>,
+        elastic_timeout: f64,
+        reset_limit: Option<u32>,
     ) -> PyResult<Self> {
         let bind: SocketAddr = bind.parse().map_err(|_| {
             to_py(Error::InvalidArgument(format!(
@@ -104,17 +112,52 @@ impl PyLaunchDriver {
                 )))
             }
         };
+        // An elastic launch when either bound is given (the other defaults to num_tasks).
+        let elastic = match (min_np, max_np) {
+            (None, None) => None,
+            (min_np, max_np) => Some(ElasticConfig {
+                min_np: min_np.unwrap_or(num_tasks),
+                max_np: max_np.unwrap_or(num_tasks),
+                elastic_timeout: seconds("elastic_timeout", elastic_timeout)?,
+                reset_limit,
+            }),
+        };
+        if elastic.is_some() && identity.is_some() {
+            return Err(to_py(Error::InvalidArgument(
+                "an elastic launch (min_np/max_np) starts with a fresh secret and job_id".into(),
+            )));
+        }
         let inner = py
-            .detach(|| match identity {
-                Some((secret, job_id)) => {
+            .detach(|| match (identity, elastic) {
+                (_, Some(elastic)) => LaunchDriver::start_elastic(&options, elastic),
+                (Some((secret, job_id)), None) => {
                     LaunchDriver::start_with_identity(&options, secret, job_id)
                 }
-                None => LaunchDriver::start(&options),
+                (None, None) => LaunchDriver::start(&options),
             })
             .map_err(to_py)?;
         Ok(Self {
             inner: Arc::new(inner),
+            elastic_timeout: elastic.map(|e| e.elastic_timeout),
         })
+    }
+
+    /// Elastic launches: the launcher started processes for these new task indices.
+    fn add_tasks(&self, py: Python<'_>, task_indices: Vec<u32>) -> PyResult<()> {
+        py.detach(|| self.inner.add_tasks(&task_indices))
+            .map_err(to_py)
+    }
+
+    /// Elastic launches: task `task_index` is gone (`reason` reaches the survivors); False when
+    /// it was not live.
+    fn remove_task(&self, py: Python<'_>, task_index: u32, reason: &str) -> PyResult<bool> {
+        py.detach(|| self.inner.remove_task(task_index, reason))
+            .map_err(to_py)
+    }
+
+    /// The live task indices, ascending.
+    fn live_tasks(&self) -> Vec<u32> {
+        self.inner.live_tasks()
     }
 
     /// The `host:port` tasks connect to.
@@ -128,6 +171,9 @@ impl PyLaunchDriver {
         let dict = PyDict::new(py);
         for (name, value) in self.inner.worker_env(task_index).to_vars() {
             dict.set_item(name, value)?;
+        }
+        if let Some(timeout) = self.elastic_timeout {
+            dict.set_item(ELASTIC_TIMEOUT, timeout.as_secs_f64().to_string())?;
         }
         Ok(dict)
     }

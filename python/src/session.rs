@@ -68,10 +68,28 @@ pub fn rank_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     Ok(dict)
 }
 
+/// Elastic jobs: the host updates (`(timestamp in seconds since the epoch, HostUpdateResult)`:
+/// 1 removed, 2 added, 3 mixed) the driver sent this worker since the last call, oldest first;
+/// empty when not initialized or not launched (bounded: older ones are merged past 1,024).
+#[pyfunction]
+pub fn host_updates() -> Vec<(f64, u32)> {
+    let worker = slot().as_ref().map(Arc::clone);
+    worker
+        .map(|worker| {
+            worker
+                .take_host_updates()
+                .into_iter()
+                .map(|update| (update.timestamp, update.result))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Adds the session functions to the native module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(init, m)?)?;
     m.add_function(wrap_pyfunction!(shutdown, m)?)?;
     m.add_function(wrap_pyfunction!(rank_info, m)?)?;
+    m.add_function(wrap_pyfunction!(host_updates, m)?)?;
     Ok(())
 }

@@ -35,8 +35,37 @@ pub struct Assignment {
 /// assert_eq!(ranks, [0, 2, 1]);
 /// ```
 pub fn assign_ranks(tasks: &[(u32, String)]) -> Vec<Assignment> {
+    assign_ranks_in_host_order(tasks, &[])
+}
+
+/// [`assign_ranks`] for an elastic job's later rounds (Horovod's `_update_host_assignments`):
+/// hosts listed in `host_order` keep that order, the others follow in first-appearance order;
+/// within a host, tasks in task-index order (its slots). With an empty `host_order` this is
+/// [`assign_ranks`].
+///
+/// ```
+/// use kolo_collective::control::assign::assign_ranks_in_host_order;
+///
+/// // Host b joined first, so it keeps ranks 0.. even though task 0 (host a) is lower.
+/// let tasks = [(0, "a".to_string()), (5, "b".to_string())];
+/// let ranks: Vec<u32> = assign_ranks_in_host_order(&tasks, &["b".to_string()])
+///     .iter()
+///     .map(|a| a.rank)
+///     .collect();
+/// assert_eq!(ranks, [1, 0]);
+/// ```
+pub fn assign_ranks_in_host_order(
+    tasks: &[(u32, String)],
+    host_order: &[String],
+) -> Vec<Assignment> {
     let mut order: Vec<usize> = (0..tasks.len()).collect();
-    order.sort_by_key(|&i| tasks[i].0);
+    let position = |hash: &str| host_order.iter().position(|h| h == hash);
+    // Known hosts by their position, then unknown ones; ties (same host, or unknown hosts) by
+    // task index, which keeps unknown hosts in first-appearance order.
+    order.sort_by_key(|&i| {
+        let known = position(&tasks[i].1);
+        (known.is_none(), known, tasks[i].0)
+    });
 
     // Hosts in first-appearance order, each with its tasks (positions in `tasks`) in order.
     let mut hosts: Vec<(&str, Vec<usize>)> = Vec::new();

@@ -3,7 +3,7 @@
 //! background.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -13,7 +13,9 @@ use tonic::{Code, Request, Status};
 
 use crate::abort::{AbortCause, AbortSignal};
 use crate::control::env::{DRIVER_ADDR, JOB_SECRET};
+use crate::control::handlers::{KIND_HOSTS_UPDATED, KIND_RESET};
 use crate::control::handshake::{control_key, prove_to_driver, DriverNotProven};
+use crate::control::host_updates::{HostUpdate, HostUpdateQueue, MAX_HOST_UPDATES};
 use crate::control::ids::{JobId, JobSecret};
 use crate::control::mac::MacKey;
 use crate::control::proto::driver_client::DriverClient as RawClient;
@@ -109,6 +111,10 @@ pub struct Registration {
     pub peers: Vec<PeerInfo>,
     /// The job id.
     pub job_id: JobId,
+    /// The registration round this assignment belongs to.
+    pub generation: u32,
+    /// The job is elastic (`size` follows the live tasks, not the launch's task count).
+    pub elastic: bool,
 }
 
 impl Registration {
@@ -152,6 +158,8 @@ impl Registration {
             cross_size: reply.cross_size,
             peers,
             job_id,
+            generation: reply.generation,
+            elastic: reply.elastic,
         })
     }
 }
@@ -167,6 +175,11 @@ pub struct DriverClient {
     raw: Raw,
     options: ClientOptions,
     stop: Arc<watch::Sender<bool>>,
+    /// `(task index, round)` of the latest registration through this client: heartbeats,
+    /// leave and the watch carry it, so an elastic driver can tell rounds apart.
+    joined: Arc<Mutex<Option<(u32, u32)>>>,
+    /// Elastic jobs: host updates the watch stream delivered, until taken.
+    host_updates: Arc<Mutex<HostUpdateQueue>>,
 }
 
 impl DriverClient {
@@ -221,6 +234,8 @@ impl DriverClient {
             raw,
             options,
             stop: Arc::new(watch::channel(false).0),
+            joined: Arc::default(),
+            host_updates: Arc::default(),
         })
     }
 
@@ -250,7 +265,23 @@ impl DriverClient {
                 self.raw.clone().register(timed(request, bound)),
             )
             .await?;
-        Registration::from_reply(reply, &self.addr)
+        let registration = Registration::from_reply(reply, &self.addr)?;
+        *lock(&self.joined) = Some((task.task_index, registration.generation));
+        Ok(registration)
+    }
+
+    /// Elastic jobs: takes the host updates (Horovod's `HostsUpdated` notifications) the driver
+    /// sent this worker since the last call, oldest first (bounded: see
+    /// [`crate::control::host_updates::MAX_HOST_UPDATES`]).
+    pub fn take_host_updates(&self) -> Vec<HostUpdate> {
+        lock(&self.host_updates).drain()
+    }
+
+    fn identity(&self) -> (Option<u32>, u32) {
+        match *lock(&self.joined) {
+            Some((task, generation)) => (Some(task), generation),
+            None => (None, 0),
+        }
     }
 
     /// Stores `value` under `key` in the job's key-value space.
@@ -428,7 +459,12 @@ impl DriverClient {
     /// silence is not a failure). Call at shutdown.
     pub async fn leave(&self, rank: u32) -> Result<()> {
         self.stop_background();
-        let request = LeaveRequest { rank };
+        let (task_index, generation) = self.identity();
+        let request = LeaveRequest {
+            rank,
+            task_index,
+            generation,
+        };
         self.call(
             LEAVE_TIMEOUT,
             "leaving the job",
@@ -515,6 +551,10 @@ impl DriverClient {
 enum CallError {
     Status(Status),
     NoAnswer,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 fn timed<T>(message: T, bound: Duration) -> Request<T> {
@@ -619,6 +659,7 @@ async fn heartbeat_loop(client: DriverClient, rank: u32, abort: AbortSignal) {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut failing_since: Option<Instant> = None;
+    let (task_index, generation) = client.identity();
     loop {
         tokio::select! {
             _ = ticker.tick() => {}
@@ -631,10 +672,14 @@ async fn heartbeat_loop(client: DriverClient, rank: u32, abort: AbortSignal) {
         let sent = client
             .call_raw(
                 bound,
-                client
-                    .raw
-                    .clone()
-                    .heartbeat(timed(HeartbeatRequest { rank }, bound)),
+                client.raw.clone().heartbeat(timed(
+                    HeartbeatRequest {
+                        rank,
+                        task_index,
+                        generation,
+                    },
+                    bound,
+                )),
             )
             .await;
         if *stop.borrow() {
@@ -663,32 +708,66 @@ async fn heartbeat_loop(client: DriverClient, rank: u32, abort: AbortSignal) {
 async fn abort_watcher(client: DriverClient, rank: u32, abort: AbortSignal) {
     let mut stop = client.stop.subscribe();
     let mut failing_since: Option<Instant> = None;
+    let (task_index, generation) = if rank == u32::MAX {
+        (None, 0)
+    } else {
+        client.identity()
+    };
+    let request = WatchAbortRequest {
+        rank,
+        task_index,
+        generation,
+    };
     loop {
         let mut raw = client.raw.clone();
         let opened = tokio::select! {
-            opened = client.call_raw(CALL_TIMEOUT, raw.watch_abort(WatchAbortRequest { rank })) => opened,
+            opened = client.call_raw(CALL_TIMEOUT, raw.watch_abort(request)) => opened,
             _ = stop.wait_for(|stopped| *stopped) => return,
         };
         let reason = match opened {
             Ok(mut stream) => {
                 failing_since = None;
-                let next = tokio::select! {
-                    next = stream.message() => next,
-                    _ = stop.wait_for(|stopped| *stopped) => return,
+                let broke = loop {
+                    let next = tokio::select! {
+                        next = stream.message() => next,
+                        _ = stop.wait_for(|stopped| *stopped) => return,
+                    };
+                    match next {
+                        Ok(Some(event)) if event.kind == KIND_HOSTS_UPDATED => {
+                            let mut queue = lock(&client.host_updates);
+                            for update in event.host_updates.iter().take(MAX_HOST_UPDATES) {
+                                queue.push(HostUpdate {
+                                    timestamp: update.timestamp,
+                                    result: update.result,
+                                });
+                            }
+                        }
+                        Ok(Some(event)) if event.kind == KIND_RESET => {
+                            let cause = cause_from(event);
+                            log::info!(
+                                "rank {rank}: the elastic job's membership changed ({}); this \
+                                 round is over",
+                                cause.message
+                            );
+                            abort.interrupt(cause);
+                            return;
+                        }
+                        Ok(Some(event)) => {
+                            let cause = cause_from(event);
+                            log::warn!("rank {rank}: the job driver broadcast an abort: {cause}");
+                            abort.abort(cause);
+                            return;
+                        }
+                        Ok(None) => {
+                            abort.abort(lost_connection(&client.addr, "the driver shut down"));
+                            return;
+                        }
+                        Err(status) => {
+                            break format!("the abort stream broke: {}", status.message())
+                        }
+                    }
                 };
-                match next {
-                    Ok(Some(event)) => {
-                        let cause = cause_from(event);
-                        log::warn!("rank {rank}: the job driver broadcast an abort: {cause}");
-                        abort.abort(cause);
-                        return;
-                    }
-                    Ok(None) => {
-                        abort.abort(lost_connection(&client.addr, "the driver shut down"));
-                        return;
-                    }
-                    Err(status) => format!("the abort stream broke: {}", status.message()),
-                }
+                broke
             }
             Err(CallError::Status(status)) => {
                 format!("cannot watch for aborts: {}", status.message())

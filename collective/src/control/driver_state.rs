@@ -6,6 +6,15 @@
 //! then `init()` again registers for the next round (its request carries the round number); the
 //! first such registration opens the round, with its own start deadline. Ranks stay the same
 //! (the assignment depends only on the task indices and hosts); data addresses are new.
+//!
+//! Elastic jobs ([`ElasticConfig`]) keep a set of live tasks instead of a fixed count. A task
+//! that fails (a failure report, lost heartbeats, the launcher's `remove_task`) leaves it
+//! instead of aborting the job: the latest completed round is *invalidated* (its workers' watch
+//! streams get a reset event, so their collectives fail with `MembershipChanged`), and the next
+//! round completes once every live task registered, at least `min_np`. The first registration
+//! after a completed round opens the next one, whatever generation the worker sends (a new
+//! task's first `init()` counts from 0). Ranks follow Horovod's host order: hosts keep the
+//! order they first joined in, new hosts come last.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
@@ -17,14 +26,15 @@ use tokio::time::Instant;
 use tonic::Status;
 
 use crate::abort::AbortCause;
-use crate::control::assign::assign_ranks;
+use crate::control::assign::assign_ranks_in_host_order;
 use crate::control::event_queue::EventQueue;
+use crate::control::host_updates::{HostUpdate, HostUpdateLog, ADDED, REMOVED};
 use crate::control::ids::JobId;
 use crate::control::kv_space::{KvSpace, KvValue};
 use crate::control::proto::{
     Peer, RegisterReply, RegisterRequest, SilentRank, SilentRanksReply, TaskEvent,
 };
-use crate::control::service::{DriverConfig, PeerAssignment};
+use crate::control::service::{DriverConfig, ElasticConfig, PeerAssignment, MAX_TASKS};
 
 /// The longest a `KvGet` may wait, whatever the caller asks.
 pub(crate) const MAX_KV_WAIT: Duration = Duration::from_secs(600);
@@ -66,6 +76,24 @@ pub(crate) struct Round {
     opened: Instant,
     /// The latest completed round: its generation and assignment.
     completed: Option<(u32, Arc<Vec<PeerAssignment>>)>,
+    /// Elastic jobs: why the latest completed round is over (a member left), once one did.
+    invalidated: Option<AbortCause>,
+    /// Elastic jobs: the host update log's cursor when the latest round completed (its workers
+    /// get the updates from there on).
+    completed_updates: u64,
+}
+
+/// What an elastic worker's watch stream should tell it now ([`JobState::elastic_news`]).
+#[derive(Debug)]
+pub(crate) struct ElasticNews {
+    /// Host updates it has not had yet.
+    pub(crate) updates: Vec<HostUpdate>,
+    /// The cursor after them.
+    pub(crate) cursor: u64,
+    /// The task is no longer live (a final abort for this worker).
+    pub(crate) removed: bool,
+    /// Its round is over, with the cause.
+    pub(crate) over: Option<AbortCause>,
 }
 
 #[derive(Debug, Default)]
@@ -75,12 +103,21 @@ struct Inner {
     last_seen: HashMap<u32, Instant>,
     /// Tasks known to have finished cleanly (their heartbeats are not expected).
     finished_tasks: BTreeSet<u32>,
+    /// The live tasks: `0..num_tasks` for a fixed job; elastic jobs add and remove.
+    members: BTreeSet<u32>,
+    /// Elastic jobs: host hashes in the order hosts first joined (Horovod's host order).
+    host_order: Vec<String>,
+    /// Elastic jobs: since when fewer than `min_np` tasks are live.
+    below_min_since: Option<Instant>,
+    /// Elastic jobs: the host updates recorded so far (bounded).
+    updates: HostUpdateLog,
 }
 
 /// Everything the driver knows about one job.
 #[derive(Debug)]
 pub(crate) struct JobState {
     num_tasks: usize,
+    elastic: Option<ElasticConfig>,
     job_id: JobId,
     start_timeout: Duration,
     heartbeat_timeout: Duration,
@@ -90,6 +127,8 @@ pub(crate) struct JobState {
     round: watch::Sender<Round>,
     abort: watch::Sender<Option<AbortCause>>,
     kv_version: watch::Sender<u64>,
+    /// Bumped (under the `inner` lock) when elastic membership or host updates change.
+    membership: watch::Sender<u64>,
     shutdown: watch::Sender<bool>,
     /// The key-value space, under its own lock (not `inner`'s, which heartbeats take).
     kv: Mutex<KvSpace>,
@@ -106,18 +145,25 @@ impl JobState {
     pub(crate) fn new(config: &DriverConfig) -> Self {
         Self {
             num_tasks: config.num_tasks,
+            elastic: config.elastic,
             job_id: config.job_id,
             start_timeout: config.start_timeout,
             heartbeat_timeout: config.heartbeat_timeout,
             abort_if_nobody_registers: config.abort_if_nobody_registers,
-            inner: Mutex::new(Inner::default()),
+            inner: Mutex::new(Inner {
+                members: (0..config.num_tasks as u32).collect(),
+                ..Inner::default()
+            }),
             round: watch::channel(Round {
                 generation: 0,
                 phase: Phase::Waiting,
                 opened: Instant::now(),
                 completed: None,
+                invalidated: None,
+                completed_updates: 0,
             })
             .0,
+            membership: watch::channel(0).0,
             abort: watch::channel(None).0,
             kv_version: watch::channel(0).0,
             shutdown: watch::channel(false).0,
@@ -130,9 +176,15 @@ impl JobState {
     /// complete), and whether it still waits for tasks.
     pub(crate) fn round_deadline(&self) -> (u32, Instant, bool) {
         let round = self.round.borrow();
+        let timeout = match &self.elastic {
+            Some(elastic) if round.generation > 0 => {
+                elastic.elastic_timeout.max(self.start_timeout)
+            }
+            _ => self.start_timeout,
+        };
         (
             round.generation,
-            round.opened + self.start_timeout,
+            round.opened + timeout,
             matches!(round.phase, Phase::Waiting),
         )
     }
@@ -147,10 +199,14 @@ impl JobState {
     }
 
     /// Records a registration (validated); completes the assignment when it is the last one of
-    /// its round. A registration for the round after a completed one opens that round.
-    pub(crate) fn register(&self, request: &RegisterRequest) -> Result<(), Status> {
+    /// its round. A registration for the round after a completed one opens that round. Returns
+    /// the round the task registered for.
+    pub(crate) fn register(&self, request: &RegisterRequest) -> Result<u32, Status> {
         if let Some(cause) = self.abort_cause() {
             return Err(Status::aborted(format!("cannot join the job: {cause}")));
+        }
+        if self.elastic.is_some() {
+            return self.register_elastic(request);
         }
         let index = request.task_index;
         if index as usize >= self.num_tasks {
@@ -195,7 +251,7 @@ impl JobState {
         }
         if let Some(existing) = inner.tasks.get(&index) {
             if *existing == entry {
-                return Ok(()); // A retried call: registration is idempotent.
+                return Ok(generation); // A retried call: registration is idempotent.
             }
             return Err(Status::invalid_argument(format!(
                 "task index {index} is already registered (pid {} on host {}); every worker \
@@ -215,7 +271,7 @@ impl JobState {
             self.num_tasks
         );
         if inner.tasks.len() == self.num_tasks {
-            let peers = self.assign(&inner.tasks);
+            let peers = self.assign(&inner.tasks, &[]);
             let now = Instant::now();
             for peer in &peers {
                 if !inner.finished_tasks.contains(&peer.task_index) {
@@ -234,15 +290,387 @@ impl JobState {
                 round.completed = Some((round.generation, peers));
             });
         }
+        Ok(generation)
+    }
+
+    /// [`JobState::register`] for an elastic job: the task must be live; the first
+    /// registration after a completed round opens the next one (counting a reset).
+    fn register_elastic(&self, request: &RegisterRequest) -> Result<u32, Status> {
+        let index = request.task_index;
+        let data_addr = parse_data_addr(&request.data_addr)?;
+        let entry = Registered {
+            host_hash: request.host_hash.clone(),
+            hostname: request.hostname.clone(),
+            data_addr,
+            pid: request.pid,
+        };
+        let mut inner = lock(&self.inner);
+        if !inner.members.contains(&index) {
+            return Err(Status::failed_precondition(format!(
+                "task {index} is not a live task of this elastic job (it failed or was removed, or \
+                 the launcher never added it); live tasks: {:?}",
+                inner.members.iter().take(LISTED_MISSING).collect::<Vec<_>>()
+            )));
+        }
+        let (current, phase) = {
+            let round = self.round.borrow();
+            (round.generation, round.phase.clone())
+        };
+        let generation = match phase {
+            Phase::TimedOut(message) => return Err(Status::deadline_exceeded(message)),
+            Phase::Waiting => current,
+            Phase::Complete => {
+                // Always a new round: the client never retries a registration, and a worker
+                // that joins again may get its old data port back, so an equal entry is no
+                // sign of a retry.
+                let next = current.wrapping_add(1);
+                self.check_reset_limit(next)?;
+                inner.tasks.clear();
+                self.round.send_modify(|round| {
+                    round.generation = next;
+                    round.phase = Phase::Waiting;
+                    round.opened = Instant::now();
+                });
+                log::info!(
+                    "job driver: task {index} joins again; elastic registration round {next} \
+                     opened, waiting for the {} live task(s)",
+                    inner.members.len()
+                );
+                next
+            }
+        };
+        if let Some(existing) = inner.tasks.get(&index) {
+            if *existing == entry {
+                return Ok(generation);
+            }
+            return Err(Status::invalid_argument(format!(
+                "task index {index} is already registered (pid {} on host {}); every worker \
+                 needs its own KOLO_TASK_INDEX",
+                existing.pid, existing.hostname
+            )));
+        }
+        inner.tasks.insert(index, entry);
+        log::debug!(
+            "task {index} registered for elastic round {generation} (host {}, pid {}); {} of {} \
+             live",
+            request.hostname,
+            request.pid,
+            inner.tasks.len(),
+            inner.members.len()
+        );
+        self.try_complete_elastic(&mut inner);
+        Ok(generation)
+    }
+
+    /// Completes the waiting elastic round when every live task (at least `min_np`) registered.
+    fn try_complete_elastic(&self, inner: &mut Inner) {
+        let Some(elastic) = &self.elastic else {
+            return;
+        };
+        let ready = matches!(self.round.borrow().phase, Phase::Waiting)
+            && !inner.tasks.is_empty()
+            && inner.members.len() >= elastic.min_np
+            && inner.tasks.len() == inner.members.len()
+            && inner.members.iter().all(|m| inner.tasks.contains_key(m));
+        if !ready {
+            return;
+        }
+        // Horovod's host order: hosts of the last round keep their order, hosts no task of
+        // this round runs on drop out (coming back later, they are new), new hosts follow.
+        let hashes: Vec<String> = inner.tasks.values().map(|t| t.host_hash.clone()).collect();
+        inner.host_order.retain(|hash| hashes.contains(hash));
+        for hash in hashes {
+            if !inner.host_order.contains(&hash) {
+                inner.host_order.push(hash);
+            }
+        }
+        let peers = self.assign(&inner.tasks, &inner.host_order);
+        let now = Instant::now();
+        inner.last_seen.clear();
+        for peer in &peers {
+            if !inner.finished_tasks.contains(&peer.task_index) {
+                inner.last_seen.insert(peer.rank, now);
+            }
+        }
+        let cursor = inner.updates.next_seq();
+        let peers = Arc::new(peers);
+        self.round.send_modify(|round| {
+            log::info!(
+                "job driver: elastic round {} complete: {} task(s) on {} host(s)",
+                round.generation,
+                peers.len(),
+                peers.iter().filter(|p| p.local_rank == 0).count()
+            );
+            round.phase = Phase::Complete;
+            round.completed = Some((round.generation, Arc::clone(&peers)));
+            round.invalidated = None;
+            round.completed_updates = cursor;
+        });
+    }
+
+    /// Aborts the job when round `next` would be a reset past the limit (Horovod: with
+    /// `reset_limit` N, N resets run and the next one stops the job).
+    fn check_reset_limit(&self, next: u32) -> Result<(), Status> {
+        let Some(limit) = self.elastic.and_then(|e| e.reset_limit) else {
+            return Ok(());
+        };
+        if next <= limit {
+            return Ok(());
+        }
+        let message = format!(
+            "the number of resets of this elastic job exceeded its limit of {limit} (--reset-limit \
+             {limit}); kolo stopped the job instead of resetting again"
+        );
+        self.abort(AbortCause {
+            rank: None,
+            host: String::new(),
+            message: message.clone(),
+        });
+        Err(Status::aborted(format!(
+            "cannot join the job: job aborted: {message}"
+        )))
+    }
+
+    /// Elastic jobs: `task_index` leaves the live tasks (it failed, or the launcher removed it);
+    /// the latest completed round is over if it was in it. False when it was not live.
+    fn remove_member(&self, task_index: u32, message: String) -> bool {
+        let mut inner = lock(&self.inner);
+        if !inner.members.remove(&task_index) {
+            return false;
+        }
+        inner.tasks.remove(&task_index);
+        inner.finished_tasks.remove(&task_index);
+        inner.updates.record(HostUpdate::now(REMOVED));
+        let min_np = self.elastic.map_or(1, |e| e.min_np);
+        if inner.members.len() < min_np && inner.below_min_since.is_none() {
+            inner.below_min_since = Some(Instant::now());
+        }
+        let (completed, current) = {
+            let round = self.round.borrow();
+            (round.completed.clone(), round.generation)
+        };
+        let mut over_limit = false;
+        match completed.as_ref().and_then(|(done, peers)| {
+            Some((*done, peers.iter().find(|p| p.task_index == task_index)?))
+        }) {
+            Some((done, peer)) => {
+                let cause = AbortCause {
+                    rank: Some(peer.rank),
+                    host: peer.hostname.clone(),
+                    message: message.clone(),
+                };
+                log::warn!(
+                    "job driver: task {task_index} left the elastic job ({}); {} live task(s) \
+                     remain, round {done} is over",
+                    cause.message,
+                    inner.members.len()
+                );
+                // The survivors stop heartbeating while they reset; the next round's deadline
+                // bounds that.
+                inner.last_seen.clear();
+                self.round.send_modify(|round| {
+                    if round.invalidated.is_none() {
+                        round.invalidated = Some(cause);
+                    }
+                });
+                over_limit =
+                    current == done && self.check_reset_limit(done.wrapping_add(1)).is_err();
+            }
+            None => log::warn!(
+                "job driver: task {task_index} left the elastic job before its round completed: \
+                 {message}"
+            ),
+        }
+        if !over_limit {
+            self.try_complete_elastic(&mut inner);
+        }
+        self.membership.send_modify(|version| *version += 1);
+        true
+    }
+
+    /// Elastic jobs: the launcher added tasks (see [`crate::control::DriverService::add_tasks`]).
+    pub(crate) fn add_tasks(&self, task_indices: &[u32]) -> crate::Result<()> {
+        let Some(elastic) = self.elastic else {
+            return Err(crate::Error::Config(
+                "add_tasks needs an elastic job (DriverConfig::elastic, kolorun --min-np/--max-np)"
+                    .into(),
+            ));
+        };
+        let mut inner = lock(&self.inner);
+        let mut fresh = BTreeSet::new();
+        for &index in task_indices {
+            if index as usize >= MAX_TASKS {
+                return Err(crate::Error::InvalidArgument(format!(
+                    "task index {index} is out of range (at most {})",
+                    MAX_TASKS - 1
+                )));
+            }
+            if inner.members.contains(&index) || !fresh.insert(index) {
+                return Err(crate::Error::InvalidArgument(format!(
+                    "task {index} is already a live task of this job; new tasks need new indices"
+                )));
+            }
+        }
+        if inner.members.len() + fresh.len() > elastic.max_np {
+            return Err(crate::Error::InvalidArgument(format!(
+                "adding {} task(s) to the {} live one(s) would pass max_np {} (--max-np)",
+                fresh.len(),
+                inner.members.len(),
+                elastic.max_np
+            )));
+        }
+        if fresh.is_empty() {
+            return Ok(());
+        }
+        inner.members.extend(fresh.iter().copied());
+        inner.updates.record(HostUpdate::now(ADDED));
+        if inner.members.len() >= elastic.min_np {
+            inner.below_min_since = None;
+        }
+        self.round.send_if_modified(|round| {
+            // A waiting round now waits for the new tasks too: they get its full timeout.
+            if matches!(round.phase, Phase::Waiting) {
+                round.opened = Instant::now();
+                true
+            } else {
+                false
+            }
+        });
+        log::info!(
+            "job driver: task(s) {fresh:?} added; {} live task(s)",
+            inner.members.len()
+        );
+        self.membership.send_modify(|version| *version += 1);
         Ok(())
     }
 
-    fn assign(&self, tasks: &BTreeMap<u32, Registered>) -> Vec<PeerAssignment> {
+    /// Elastic jobs: the launcher removed task `task_index`.
+    pub(crate) fn remove_task(&self, task_index: u32, reason: String) -> crate::Result<bool> {
+        if self.elastic.is_none() {
+            return Err(crate::Error::Config(
+                "remove_task needs an elastic job; a fixed job reports failures with \
+                 report_task_failure (which aborts it)"
+                    .into(),
+            ));
+        }
+        Ok(self.remove_member(task_index, reason))
+    }
+
+    /// The live task indices, ascending.
+    pub(crate) fn live_tasks(&self) -> Vec<u32> {
+        lock(&self.inner).members.iter().copied().collect()
+    }
+
+    /// How many rounds after the first completed.
+    pub(crate) fn resets(&self) -> u32 {
+        self.round
+            .borrow()
+            .completed
+            .as_ref()
+            .map_or(0, |(generation, _)| *generation)
+    }
+
+    /// Elastic jobs: aborts the job when fewer than `min_np` tasks were live for longer than
+    /// the elastic timeout.
+    pub(crate) fn check_elastic_timeout(&self) {
+        let Some(elastic) = self.elastic else {
+            return;
+        };
+        if self.abort.borrow().is_some() {
+            return;
+        }
+        let (live, since) = {
+            let inner = lock(&self.inner);
+            (inner.members.len(), inner.below_min_since)
+        };
+        let Some(since) = since else {
+            return;
+        };
+        if since.elapsed() < elastic.elastic_timeout {
+            return;
+        }
+        self.abort(AbortCause {
+            rank: None,
+            host: String::new(),
+            message: format!(
+                "only {live} of the minimum {} processes (--min-np) were available for {} s \
+                 (--elastic-timeout); add hosts or lower --min-np",
+                elastic.min_np,
+                crate::control::env::format_seconds(elastic.elastic_timeout)
+            ),
+        });
+    }
+
+    /// Elastic jobs: what a watcher of `task_index` in round `generation` should learn now:
+    /// host updates from `cursor` on (its round's start when `None`), whether the task is
+    /// still live, and the cause when its round is over.
+    pub(crate) fn elastic_news(
+        &self,
+        task_index: u32,
+        generation: u32,
+        cursor: Option<u64>,
+    ) -> ElasticNews {
+        let inner = lock(&self.inner);
+        let round = self.round.borrow();
+        let from = cursor.unwrap_or(match &round.completed {
+            Some((done, _)) if *done == generation => round.completed_updates,
+            _ => inner.updates.next_seq(),
+        });
+        let (updates, next) = inner.updates.since(from);
+        let over = match &round.completed {
+            Some((done, _)) if *done == generation => round.invalidated.clone(),
+            Some((done, _)) if *done > generation => Some(AbortCause {
+                rank: None,
+                host: String::new(),
+                message: format!("registration round {done} completed without this worker"),
+            }),
+            _ => None,
+        };
+        ElasticNews {
+            updates,
+            cursor: next,
+            removed: !inner.members.contains(&task_index),
+            over,
+        }
+    }
+
+    pub(crate) fn is_elastic(&self) -> bool {
+        self.elastic.is_some()
+    }
+
+    pub(crate) fn subscribe_membership(&self) -> watch::Receiver<u64> {
+        self.membership.subscribe()
+    }
+
+    /// True when `rank` of the latest completed round is task `task_index` of round
+    /// `generation` (elastic jobs check heartbeats and leaves with it; fixed jobs and clients
+    /// that send no task index always match).
+    fn is_current(&self, rank: u32, task_index: Option<u32>, generation: u32) -> bool {
+        let (Some(task_index), true) = (task_index, self.elastic.is_some()) else {
+            return true;
+        };
+        let round = self.round.borrow();
+        match &round.completed {
+            Some((done, peers)) => {
+                *done == generation
+                    && peers
+                        .iter()
+                        .any(|p| p.rank == rank && p.task_index == task_index)
+            }
+            None => false,
+        }
+    }
+
+    fn assign(
+        &self,
+        tasks: &BTreeMap<u32, Registered>,
+        host_order: &[String],
+    ) -> Vec<PeerAssignment> {
         let input: Vec<(u32, String)> = tasks
             .iter()
             .map(|(index, task)| (*index, task.host_hash.clone()))
             .collect();
-        assign_ranks(&input)
+        assign_ranks_in_host_order(&input, host_order)
             .into_iter()
             .zip(tasks.values())
             .map(|(a, task)| PeerAssignment {
@@ -313,13 +741,21 @@ impl JobState {
     }
 
     fn reply(&self, task_index: u32, peers: &[PeerAssignment]) -> Result<RegisterReply, Status> {
+        let elastic = self.elastic.is_some();
         let me = peers
             .iter()
             .find(|p| p.task_index == task_index)
             .ok_or_else(|| {
-                Status::internal(format!(
-                    "task {task_index} has no assignment (this is a bug in kolo)"
-                ))
+                if elastic {
+                    Status::failed_precondition(format!(
+                        "task {task_index} left the elastic job (it was reported failed or removed) \
+                         while it waited for the other tasks to register"
+                    ))
+                } else {
+                    Status::internal(format!(
+                        "task {task_index} has no assignment (this is a bug in kolo)"
+                    ))
+                }
             })?;
         let mut by_rank: Vec<&PeerAssignment> = peers.iter().collect();
         by_rank.sort_by_key(|p| p.rank);
@@ -341,12 +777,21 @@ impl JobState {
                 })
                 .collect(),
             job_id: self.job_id.0.to_vec(),
+            generation: self
+                .round
+                .borrow()
+                .completed
+                .as_ref()
+                .map_or(0, |(g, _)| *g),
+            elastic,
         })
     }
 
     fn timeout_message(&self, inner: &Inner) -> String {
-        let n = self.num_tasks;
-        let missing: Vec<String> = (0..n as u32)
+        let n = inner.members.len();
+        let missing: Vec<String> = inner
+            .members
+            .iter()
             .filter(|index| !inner.tasks.contains_key(index))
             .map(|index| index.to_string())
             .collect();
@@ -459,11 +904,16 @@ impl JobState {
         lock(&self.inner).tasks.keys().copied().collect()
     }
 
-    /// Records a heartbeat; answers whether the job is aborted.
-    pub(crate) fn heartbeat(&self, rank: u32) -> bool {
-        if let Some(seen) = lock(&self.inner).last_seen.get_mut(&rank) {
-            *seen = Instant::now();
+    /// Records a heartbeat (elastic jobs: only from the task that holds `rank` in the latest
+    /// round); answers whether the job is aborted.
+    pub(crate) fn heartbeat(&self, rank: u32, task_index: Option<u32>, generation: u32) -> bool {
+        let mut inner = lock(&self.inner);
+        if self.is_current(rank, task_index, generation) {
+            if let Some(seen) = inner.last_seen.get_mut(&rank) {
+                *seen = Instant::now();
+            }
         }
+        drop(inner);
         self.abort.borrow().is_some()
     }
 
@@ -504,9 +954,18 @@ impl JobState {
         lock(&self.inner).last_seen.len()
     }
 
-    /// Stops expecting heartbeats from `rank` (it finished cleanly).
-    pub(crate) fn leave(&self, rank: u32) {
-        lock(&self.inner).last_seen.remove(&rank);
+    /// Stops expecting heartbeats from `rank` (it finished cleanly, or resets).
+    pub(crate) fn leave(&self, rank: u32, task_index: Option<u32>, generation: u32) {
+        let mut inner = lock(&self.inner);
+        if self.is_current(rank, task_index, generation) {
+            inner.last_seen.remove(&rank);
+        }
+    }
+
+    /// The task index of `rank` in the latest completed round.
+    fn task_of_rank(&self, rank: u32) -> Option<u32> {
+        self.assignment()
+            .and_then(|peers| peers.iter().find(|p| p.rank == rank).map(|p| p.task_index))
     }
 
     /// Stops expecting heartbeats from the task `task_index` (its process exited cleanly).
@@ -537,20 +996,39 @@ impl JobState {
             .map(|(rank, seen)| (*rank, now.duration_since(*seen)))
             .min_by_key(|(rank, _)| *rank);
         if let Some((rank, silent)) = lost {
+            let message = format!(
+                "stopped sending heartbeats to the job driver ({:.1}s without one; the process \
+                 hung, was killed, or its host lost the network)",
+                silent.as_secs_f64()
+            );
+            if self.elastic.is_some() {
+                match self.task_of_rank(rank) {
+                    Some(task) => {
+                        self.remove_member(task, message);
+                    }
+                    None => {
+                        lock(&self.inner).last_seen.remove(&rank);
+                    }
+                }
+                return;
+            }
             self.abort(AbortCause {
                 rank: Some(rank),
                 host: self.hostname_of_rank(rank),
-                message: format!(
-                    "stopped sending heartbeats to the job driver ({:.1}s without one; the \
-                     process hung, was killed, or its host lost the network)",
-                    silent.as_secs_f64()
-                ),
+                message,
             });
         }
     }
 
     /// A worker reported a failure: aborts the job with its message.
     pub(crate) fn report_failure(&self, rank: u32, message: String) {
+        if self.elastic.is_some() {
+            // Elastic jobs: the task leaves (a rank of an earlier round is ignored).
+            if let Some(task) = self.task_of_rank(rank) {
+                self.remove_member(task, message);
+            }
+            return;
+        }
         let host = self.hostname_of_rank(rank);
         self.abort(AbortCause {
             rank: Some(rank),
@@ -562,6 +1040,10 @@ impl JobState {
     /// A launcher-side reporter (the Spark task runner) says task `task_index` failed: aborts
     /// the job with its message, naming the task's rank when ranks are assigned.
     pub(crate) fn report_task_failure(&self, task_index: u32, message: String) {
+        if self.elastic.is_some() {
+            self.remove_member(task_index, message);
+            return;
+        }
         let peer = self
             .assignment()
             .and_then(|peers| peers.iter().find(|p| p.task_index == task_index).cloned());

@@ -31,6 +31,18 @@ pub const DATA_ADDR: &str = "KOLO_DATA_ADDR";
 pub const ABORT_GRACE_SECONDS: &str = "KOLO_ABORT_GRACE_SECONDS";
 /// kolorun: seconds without a heartbeat after which the driver declares a rank lost; default 30.
 pub const HEARTBEAT_TIMEOUT_SECONDS: &str = "KOLO_HEARTBEAT_TIMEOUT_SECONDS";
+/// Elastic jobs: the driver's `--elastic-timeout` in seconds, set by the launcher so a worker's
+/// registration waits as long as the driver's elastic rounds may (unset: the start timeout).
+pub const ELASTIC_TIMEOUT: &str = "KOLO_ELASTIC_TIMEOUT";
+
+/// How long a registration may wait: the start timeout, or [`ELASTIC_TIMEOUT`] when that is
+/// set and longer. Errors: `Config` when [`ELASTIC_TIMEOUT`] is not a number of seconds.
+pub fn registration_wait(start_timeout: Duration) -> Result<Duration> {
+    match std::env::var(ELASTIC_TIMEOUT) {
+        Ok(text) => Ok(start_timeout.max(parse_seconds(ELASTIC_TIMEOUT, &text)?)),
+        Err(_) => Ok(start_timeout),
+    }
+}
 
 /// The default for [`START_TIMEOUT`].
 pub const DEFAULT_START_TIMEOUT: Duration = Duration::from_secs(30);

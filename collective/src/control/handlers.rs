@@ -11,9 +11,10 @@ use crate::abort::AbortCause;
 use crate::control::driver_state::JobState;
 use crate::control::proto::driver_server::Driver;
 use crate::control::proto::{
-    AbortEvent, FailureReply, FailureReport, HeartbeatReply, HeartbeatRequest, KvChunk, KvGetReply,
-    KvGetRequest, KvPutReply, KvPutRequest, LeaveReply, LeaveRequest, PostReply, PostRequest,
-    RegisterReply, RegisterRequest, SilentRanksReply, SilentRanksRequest, WatchAbortRequest,
+    AbortEvent, FailureReply, FailureReport, HeartbeatReply, HeartbeatRequest, HostUpdate, KvChunk,
+    KvGetReply, KvGetRequest, KvPutReply, KvPutRequest, LeaveReply, LeaveRequest, PostReply,
+    PostRequest, RegisterReply, RegisterRequest, SilentRanksReply, SilentRanksRequest,
+    WatchAbortRequest,
 };
 
 /// The size of the chunks `KvGetStream` sends.
@@ -27,11 +28,92 @@ pub(crate) struct Handlers {
     pub(crate) state: Arc<JobState>,
 }
 
+/// `AbortEvent.kind`: the job is aborted.
+const KIND_ABORT: u32 = 0;
+/// `AbortEvent.kind`: the watcher's elastic round is over (it resets).
+pub(crate) const KIND_RESET: u32 = 1;
+/// `AbortEvent.kind`: host updates only.
+pub(crate) const KIND_HOSTS_UPDATED: u32 = 2;
+
 pub(crate) fn abort_event(cause: AbortCause) -> AbortEvent {
+    event(KIND_ABORT, cause)
+}
+
+fn event(kind: u32, cause: AbortCause) -> AbortEvent {
     AbortEvent {
         rank: cause.rank,
         host: cause.host,
         message: cause.message,
+        kind,
+        host_updates: Vec::new(),
+    }
+}
+
+/// An elastic worker's watch stream: host updates as they are recorded, then one final event
+/// (the job's abort, the task's removal, or the end of its round).
+async fn watch_elastic(
+    state: Arc<JobState>,
+    task_index: u32,
+    generation: u32,
+    sender: mpsc::Sender<Result<AbortEvent, Status>>,
+) {
+    let mut membership = state.subscribe_membership();
+    let mut rounds = state.subscribe_rounds();
+    let mut abort = state.subscribe_abort();
+    let mut shutdown = state.subscribe_shutdown();
+    let mut cursor = None;
+    loop {
+        membership.borrow_and_update();
+        rounds.borrow_and_update();
+        if let Some(cause) = state.abort_cause() {
+            let _ = sender.send(Ok(abort_event(cause))).await;
+            return;
+        }
+        if *shutdown.borrow() {
+            return;
+        }
+        let news = state.elastic_news(task_index, generation, cursor);
+        cursor = Some(news.cursor);
+        if !news.updates.is_empty() {
+            let updates = AbortEvent {
+                kind: KIND_HOSTS_UPDATED,
+                host_updates: news
+                    .updates
+                    .iter()
+                    .map(|u| HostUpdate {
+                        timestamp: u.timestamp,
+                        result: u.result,
+                    })
+                    .collect(),
+                ..AbortEvent::default()
+            };
+            if sender.send(Ok(updates)).await.is_err() {
+                return;
+            }
+        }
+        if news.removed {
+            let cause = AbortCause {
+                rank: None,
+                host: String::new(),
+                message: format!(
+                    "task {task_index} was removed from the elastic job (reported failed, its \
+                     heartbeats were lost, or the launcher removed it); this process must exit"
+                ),
+            };
+            let _ = sender.send(Ok(abort_event(cause))).await;
+            return;
+        }
+        if let Some(cause) = news.over {
+            let _ = sender.send(Ok(event(KIND_RESET, cause))).await;
+            return;
+        }
+        tokio::select! {
+            changed = membership.changed() => if changed.is_err() { return },
+            changed = rounds.changed() => if changed.is_err() { return },
+            _ = abort.wait_for(Option::is_some) => {}
+            _ = shutdown.wait_for(|down| *down) => return,
+            () = sender.closed() => return,
+        }
     }
 }
 
@@ -52,10 +134,10 @@ impl Driver for Handlers {
             request.pid,
             request.data_addr
         );
-        self.state.register(&request)?;
+        let generation = self.state.register(&request)?;
         Ok(Response::new(
             self.state
-                .await_assignment(request.task_index, request.generation)
+                .await_assignment(request.task_index, generation)
                 .await?,
         ))
     }
@@ -83,7 +165,10 @@ impl Driver for Handlers {
         &self,
         request: Request<HeartbeatRequest>,
     ) -> Result<Response<HeartbeatReply>, Status> {
-        let aborted = self.state.heartbeat(request.into_inner().rank);
+        let request = request.into_inner();
+        let aborted = self
+            .state
+            .heartbeat(request.rank, request.task_index, request.generation);
         Ok(Response::new(HeartbeatReply { aborted }))
     }
 
@@ -120,10 +205,15 @@ impl Driver for Handlers {
 
     async fn watch_abort(
         &self,
-        _request: Request<WatchAbortRequest>,
+        request: Request<WatchAbortRequest>,
     ) -> Result<Response<Self::WatchAbortStream>, Status> {
+        let request = request.into_inner();
         let (sender, receiver) = mpsc::channel(1);
         let state = Arc::clone(&self.state);
+        if let (true, Some(task_index)) = (state.is_elastic(), request.task_index) {
+            tokio::spawn(watch_elastic(state, task_index, request.generation, sender));
+            return Ok(Response::new(ReceiverStream::new(receiver)));
+        }
         tokio::spawn(async move {
             tokio::select! {
                 cause = state.next_abort() => {
@@ -206,7 +296,9 @@ impl Driver for Handlers {
     }
 
     async fn leave(&self, request: Request<LeaveRequest>) -> Result<Response<LeaveReply>, Status> {
-        self.state.leave(request.into_inner().rank);
+        let request = request.into_inner();
+        self.state
+            .leave(request.rank, request.task_index, request.generation);
         Ok(Response::new(LeaveReply {}))
     }
 }

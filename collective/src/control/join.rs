@@ -70,14 +70,15 @@ pub async fn join_job_async(
         pid: std::process::id(),
         generation: joins(&join_key(env)),
     };
-    let registration = client.register(&task, env.start_timeout).await?;
+    let wait = crate::control::env::registration_wait(env.start_timeout)?;
+    let registration = client.register(&task, wait).await?;
     if registration.job_id != env.job_id {
         return Err(Error::Rendezvous(format!(
             "the job driver at {} runs job {}, but this worker was started for job {}",
             env.driver_addr, registration.job_id, env.job_id
         )));
     }
-    if registration.size != env.num_tasks {
+    if !registration.elastic && registration.size != env.num_tasks {
         return Err(Error::Rendezvous(format!(
             "the job driver at {} expects {} task(s), but {NUM_TASKS}={}",
             env.driver_addr, registration.size, env.num_tasks

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::control::ids::{JobId, JobSecret};
 use crate::control::proto::{task_event, TaskEvent};
-use crate::control::{DriverConfig, DriverService, PeerAssignment, WorkerEnv};
+use crate::control::{DriverConfig, DriverService, ElasticConfig, PeerAssignment, WorkerEnv};
 use crate::error::{Error, Result};
 use crate::AbortCause;
 
@@ -121,6 +121,27 @@ impl LaunchDriver {
         secret: JobSecret,
         job_id: JobId,
     ) -> Result<Self> {
+        Self::start_configured(options, secret, job_id, None)
+    }
+
+    /// Starts the driver of an elastic launch (see [`ElasticConfig`]): `options.num_tasks`
+    /// tasks at first; [`LaunchDriver::add_tasks`] and [`LaunchDriver::remove_task`] change
+    /// the live tasks, and a failed task leaves the job instead of aborting it.
+    pub fn start_elastic(options: &LaunchDriverOptions, elastic: ElasticConfig) -> Result<Self> {
+        Self::start_configured(
+            options,
+            JobSecret::generate(),
+            JobId::generate(),
+            Some(elastic),
+        )
+    }
+
+    fn start_configured(
+        options: &LaunchDriverOptions,
+        secret: JobSecret,
+        job_id: JobId,
+        elastic: Option<ElasticConfig>,
+    ) -> Result<Self> {
         if options.num_tasks == 0 {
             return Err(Error::InvalidArgument(
                 "a job needs at least 1 task (num_proc, num_workers)".to_owned(),
@@ -132,6 +153,7 @@ impl LaunchDriver {
             heartbeat_timeout: options.heartbeat_timeout,
             secret,
             job_id,
+            elastic,
             ..DriverConfig::new(options.num_tasks)
         };
         let service = DriverService::start(config.clone())?;
@@ -224,6 +246,38 @@ impl LaunchDriver {
         self.service.report_task_failure(task_index, message);
     }
 
+    /// Elastic launches: announces tasks the launcher started (see
+    /// [`DriverService::add_tasks`]); their events are collected like the first tasks'.
+    pub fn add_tasks(&self, task_indices: &[u32]) -> Result<()> {
+        self.service.add_tasks(task_indices)?;
+        let mut collected = self.lock();
+        let needed = task_indices
+            .iter()
+            .map(|index| *index as usize + 1)
+            .max()
+            .unwrap_or(0);
+        if needed > collected.starts.len() {
+            collected.starts.resize(needed, None);
+            collected.exits.resize(needed, None);
+        }
+        for index in task_indices {
+            // A re-used index is a new process: forget the old one's start and exit.
+            collected.starts[*index as usize] = None;
+            collected.exits[*index as usize] = None;
+        }
+        Ok(())
+    }
+
+    /// Elastic launches: task `task_index` is gone (see [`DriverService::remove_task`]).
+    pub fn remove_task(&self, task_index: u32, reason: impl Into<String>) -> Result<bool> {
+        self.service.remove_task(task_index, reason)
+    }
+
+    /// The live task indices (every task of a fixed launch).
+    pub fn live_tasks(&self) -> Vec<u32> {
+        self.service.live_tasks()
+    }
+
     /// Aborts the job: every task stops its rank process.
     pub fn abort(&self, message: impl Into<String>) {
         self.service.abort(AbortCause {
@@ -237,7 +291,18 @@ impl LaunchDriver {
     pub fn poll(&self, timeout: Duration) -> Result<Vec<DriverEvent>> {
         let raw = kolo_runtime::block_on(self.service.take_events(timeout))?;
         let mut collected = self.lock();
-        if collected.ranks.is_none() {
+        if self.config.elastic.is_some() {
+            // Ranks change with every elastic round: index the latest by task index.
+            collected.ranks = self.service.assignment().map(|peers| {
+                let mut ranks = vec![u32::MAX; collected.starts.len()];
+                for peer in peers {
+                    if let Some(slot) = ranks.get_mut(peer.task_index as usize) {
+                        *slot = peer.rank;
+                    }
+                }
+                ranks
+            });
+        } else if collected.ranks.is_none() {
             collected.ranks = self
                 .service
                 .assignment()
@@ -248,8 +313,9 @@ impl LaunchDriver {
             let rank = collected
                 .ranks
                 .as_ref()
-                .and_then(|ranks| ranks.get(task as usize).copied());
-            if task as usize >= self.config.num_tasks {
+                .and_then(|ranks| ranks.get(task as usize).copied())
+                .filter(|rank| *rank != u32::MAX);
+            if task as usize >= collected.starts.len() {
                 log::warn!("an event from task {task}, which this job does not have; ignored");
                 continue;
             }

@@ -47,6 +47,75 @@ pub struct DriverConfig {
     /// all (Spark, Ray and `mpirun` tasks always register). kolorun turns it off: its ranks may
     /// be programs that never call `init()`, as under horovodrun.
     pub abort_if_nobody_registers: bool,
+    /// Elastic mode (`None`: a fixed job, where any task failure aborts it). See
+    /// [`ElasticConfig`].
+    pub elastic: Option<ElasticConfig>,
+}
+
+/// Horovod's elastic semantics for one job (`horovodrun --min-np/--max-np/--elastic-timeout/
+/// --reset-limit`). A failed task (its exit reported by the launcher, lost heartbeats, a failure
+/// report) leaves the job instead of aborting it: the survivors' collectives fail with
+/// [`crate::Error::MembershipChanged`] and they `shutdown()` + `init()` into the next
+/// registration round, which completes when every live task registered, with ranks re-assigned
+/// densely (existing hosts keep their order, new hosts come last). The launcher announces new
+/// tasks with [`DriverService::add_tasks`] and lost ones with [`DriverService::remove_task`];
+/// workers see both as host updates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ElasticConfig {
+    /// The fewest live tasks the job may run with (`--min-np`).
+    pub min_np: usize,
+    /// The most live tasks the job may have (`--max-np`); [`DriverService::add_tasks`] refuses
+    /// more.
+    pub max_np: usize,
+    /// How long the job may have fewer than `min_np` live tasks before it aborts
+    /// (`--elastic-timeout`; Horovod's default 600 s). Rounds after the first also wait this
+    /// long for every live task to register.
+    pub elastic_timeout: Duration,
+    /// How many resets (registration rounds after the first) the job may go through before it
+    /// aborts (`--reset-limit`; `None`: no limit). As in Horovod, the reset that would pass the
+    /// limit aborts the job: with a limit of 2, the third reset does.
+    pub reset_limit: Option<u32>,
+}
+
+impl ElasticConfig {
+    /// Horovod's defaults: an elastic timeout of 600 s and no reset limit.
+    pub fn new(min_np: usize, max_np: usize) -> Self {
+        Self {
+            min_np,
+            max_np,
+            elastic_timeout: Duration::from_secs(600),
+            reset_limit: None,
+        }
+    }
+
+    fn check(&self, num_tasks: usize) -> Result<()> {
+        if self.min_np == 0 || self.min_np > self.max_np {
+            return Err(Error::Config(format!(
+                "elastic bounds must satisfy 1 <= min_np <= max_np, got min_np {} and max_np {} \
+                 (--min-np / --max-np)",
+                self.min_np, self.max_np
+            )));
+        }
+        if num_tasks < self.min_np || num_tasks > self.max_np {
+            return Err(Error::Config(format!(
+                "an elastic job starts with between min_np {} and max_np {} tasks, not {num_tasks} \
+                 (-np / --min-np / --max-np)",
+                self.min_np, self.max_np
+            )));
+        }
+        if self.max_np > MAX_TASKS {
+            return Err(Error::InvalidArgument(format!(
+                "max_np {} is more than kolo supports ({MAX_TASKS})",
+                self.max_np
+            )));
+        }
+        if self.elastic_timeout.is_zero() {
+            return Err(Error::Config(
+                "the elastic timeout must be positive (--elastic-timeout)".into(),
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl DriverConfig {
@@ -61,6 +130,7 @@ impl DriverConfig {
             start_timeout: Duration::from_secs(30),
             heartbeat_timeout: Duration::from_secs(30),
             abort_if_nobody_registers: true,
+            elastic: None,
         }
     }
 }
@@ -133,6 +203,9 @@ impl DriverService {
             return Err(Error::Config(
                 "the start and heartbeat timeouts must be positive".into(),
             ));
+        }
+        if let Some(elastic) = &config.elastic {
+            elastic.check(config.num_tasks)?;
         }
         let runtime = kolo_runtime::handle()?;
         let listener = std::net::TcpListener::bind(config.bind).map_err(|err| {
@@ -231,6 +304,33 @@ impl DriverService {
         self.state.task_finished(task_index);
     }
 
+    /// Elastic jobs: announces new tasks (the launcher started processes for these task indices,
+    /// e.g. on hosts discovery added, or replacing lost ones). They become live members: the
+    /// next registration round waits for them, and every worker gets an "added" host update.
+    /// Errors: `Config` when the job is not elastic; `InvalidArgument` when an index is already
+    /// a live task or the job would pass `max_np`.
+    pub fn add_tasks(&self, task_indices: &[u32]) -> Result<()> {
+        self.state.add_tasks(task_indices)
+    }
+
+    /// Elastic jobs: task `task_index` is gone (its process exited, its host was removed): it
+    /// leaves the membership as a failed task would, with `reason` in the survivors' error, and
+    /// every worker gets a "removed" host update. Returns false when it was not a live task.
+    /// Errors: `Config` when the job is not elastic (use [`DriverService::report_task_failure`]).
+    pub fn remove_task(&self, task_index: u32, reason: impl Into<String>) -> Result<bool> {
+        self.state.remove_task(task_index, reason.into())
+    }
+
+    /// Elastic jobs: the live task indices, ascending (every task index for a fixed job).
+    pub fn live_tasks(&self) -> Vec<u32> {
+        self.state.live_tasks()
+    }
+
+    /// How many registration rounds after the first completed (resets).
+    pub fn resets(&self) -> u32 {
+        self.state.resets()
+    }
+
     /// Stores a value in the job's key-value space (as a worker's `KvPut` would). Errors:
     /// `InvalidArgument` naming the cap of [`crate::control::kv_space`] the value would pass.
     pub fn kv_put(&self, key: impl Into<String>, value: Vec<u8>) -> Result<()> {
@@ -321,7 +421,10 @@ async fn heartbeat_watchdog(state: Arc<JobState>) {
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = ticker.tick() => state.check_heartbeats(),
+            _ = ticker.tick() => {
+                state.check_heartbeats();
+                state.check_elastic_timeout();
+            }
             _ = stop.wait_for(|down| *down) => return,
         }
     }

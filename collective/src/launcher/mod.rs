@@ -295,6 +295,7 @@ impl Job {
             start_timeout: self.start_timeout,
             heartbeat_timeout: self.heartbeat_timeout,
             abort_if_nobody_registers: false,
+            elastic: None,
         })?;
         if let Some(payload) = payload {
             driver.kv_put(keys::PAYLOAD, payload)?;

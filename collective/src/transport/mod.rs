@@ -279,6 +279,10 @@ impl Mesh {
     /// after its own timeout) while the driver has lost other ranks, the driver's view is added
     /// to the cause, so a rank told of that exit first still names the lost host.
     pub(crate) fn aborted_naming_silent(&self) -> Error {
+        if self.abort.is_interrupted() {
+            // An elastic job's membership changed: the survivors reset, nobody is lost.
+            return self.abort_error();
+        }
         let Some(mut cause) = self.abort.cause() else {
             return self.abort_error();
         };
@@ -437,8 +441,8 @@ impl Mesh {
     }
 
     pub(crate) fn abort_error(&self) -> Error {
-        match self.abort.cause() {
-            Some(cause) => Error::Aborted(cause),
+        match self.abort.error() {
+            Some(error) => error,
             None => Error::Internal("abort signal set without a cause".into()),
         }
     }

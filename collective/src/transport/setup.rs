@@ -126,8 +126,8 @@ fn configure(stream: &TcpStream) -> Result<()> {
 }
 
 fn check_wait(abort: &AbortSignal, stop: &AtomicBool) -> Result<()> {
-    if let Some(cause) = abort.cause() {
-        return Err(Error::Aborted(cause));
+    if let Some(error) = abort.error() {
+        return Err(error);
     }
     if stop.load(Ordering::Acquire) {
         return Err(Error::Closed(

@@ -26,6 +26,9 @@ pub use session::{rank_env, WorkerSession};
 pub const COLLECTIVE_TIMEOUT: &str = "KOLO_COLLECTIVE_TIMEOUT_SECONDS";
 /// Default of [`COLLECTIVE_TIMEOUT`]: 30 minutes (long evaluation steps on one rank are fine).
 pub const DEFAULT_COLLECTIVE_TIMEOUT: Duration = Duration::from_secs(1800);
+/// How many registration rounds [`Worker::join`] tries in an elastic job whose membership keeps
+/// changing while the peers connect, before it returns the `MembershipChanged` error.
+pub const MAX_ELASTIC_JOIN_ATTEMPTS: usize = 5;
 
 /// A registration made before `init()`, waiting to be adopted by it (see [`register_early`]).
 #[derive(Debug)]
@@ -118,8 +121,27 @@ impl Worker {
     }
 
     /// Registers with the driver named by `env`, connects to every peer and starts the engine.
-    /// Adopts the registration [`register_early`] made for the same `env`, if any.
+    /// Adopts the registration [`register_early`] made for the same `env`, if any. In an
+    /// elastic job, a membership change while the peers connect (a task failed meanwhile)
+    /// joins the next round, up to [`MAX_ELASTIC_JOIN_ATTEMPTS`] times.
     pub fn join(env: &WorkerEnv, engine_config: EngineConfig) -> Result<Self> {
+        let mut attempt = 1;
+        loop {
+            match Self::join_once(env, engine_config.clone()) {
+                Err(Error::MembershipChanged(cause)) if attempt < MAX_ELASTIC_JOIN_ATTEMPTS => {
+                    log::info!(
+                        "the elastic job's membership changed while joining ({}); joining its \
+                         next round",
+                        cause.message
+                    );
+                    attempt += 1;
+                }
+                joined => return joined,
+            }
+        }
+    }
+
+    fn join_once(env: &WorkerEnv, engine_config: EngineConfig) -> Result<Self> {
         let (listener, registration, driver, abort) = match take_early(env) {
             Some(early) => {
                 log::debug!(
@@ -169,9 +191,14 @@ impl Worker {
         let mesh = match established {
             Ok(mesh) => mesh,
             Err(err) => {
-                let message = format!("could not connect to its peers: {err}");
-                let _ = kolo_runtime::block_on(driver.report_failure(rank, &message));
-                driver.stop_background();
+                if matches!(err, Error::MembershipChanged(_)) {
+                    // Not this worker's failure: its round ended while it connected.
+                    let _ = kolo_runtime::block_on(driver.leave(rank));
+                } else {
+                    let message = format!("could not connect to its peers: {err}");
+                    let _ = kolo_runtime::block_on(driver.report_failure(rank, &message));
+                    driver.stop_background();
+                }
                 return Err(err);
             }
         };
@@ -219,6 +246,15 @@ impl Worker {
     /// The engine that runs this rank's collectives.
     pub fn engine(&self) -> &Engine {
         &self.engine
+    }
+
+    /// Elastic jobs: takes the host updates (Horovod's `HostsUpdated(timestamp, result)`) the
+    /// driver sent this worker since the last call, oldest first; empty for a single rank.
+    pub fn take_host_updates(&self) -> Vec<crate::control::HostUpdate> {
+        self.driver
+            .as_ref()
+            .map(DriverClient::take_host_updates)
+            .unwrap_or_default()
     }
 
     /// True when every host runs the same number of ranks.

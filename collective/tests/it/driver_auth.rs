@@ -103,7 +103,12 @@ fn every_rpc_without_the_handshake_is_refused_and_changes_nothing() {
             ),
             (
                 "Heartbeat",
-                raw.heartbeat(HeartbeatRequest { rank: 0 }).await.is_err(),
+                raw.heartbeat(HeartbeatRequest {
+                    rank: 0,
+                    ..Default::default()
+                })
+                .await
+                .is_err(),
             ),
             (
                 "ReportFailure",
@@ -117,11 +122,22 @@ fn every_rpc_without_the_handshake_is_refused_and_changes_nothing() {
             ),
             (
                 "WatchAbort",
-                raw.watch_abort(WatchAbortRequest { rank: 0 })
-                    .await
-                    .is_err(),
+                raw.watch_abort(WatchAbortRequest {
+                    rank: 0,
+                    ..Default::default()
+                })
+                .await
+                .is_err(),
             ),
-            ("Leave", raw.leave(LeaveRequest { rank: 0 }).await.is_err()),
+            (
+                "Leave",
+                raw.leave(LeaveRequest {
+                    rank: 0,
+                    ..Default::default()
+                })
+                .await
+                .is_err(),
+            ),
             (
                 "Post",
                 raw.post(PostRequest {

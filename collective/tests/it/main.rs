@@ -3,6 +3,7 @@
 mod collectives;
 mod driver;
 mod driver_auth;
+mod elastic;
 mod hostile;
 mod launcher;
 mod mesh_auth;

@@ -1,0 +1,98 @@
+"""The job driver's elastic mode seen from real worker processes: a rank killed with SIGKILL
+leaves the job, the survivors get an ``InternalError`` (not ``JobAbortedError``), drain a
+"removed" host update, and ``shutdown()`` + ``init()`` into a smaller round where collectives
+run on the new membership."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from conftest import REPO, worker_env
+from kolo._native import LaunchDriver
+
+RESET_ONCE = (
+    "import json, sys, torch, kolo.torch as hvd\n"
+    "from kolo import _core\n"
+    "from kolo.exceptions import InternalError, JobAbortedError\n"
+    "hvd.init(); print('ready', flush=True)\n"
+    "try:\n"
+    "    while True: hvd.allreduce(torch.ones(256))\n"
+    "except JobAbortedError as err:\n"
+    "    print(f'aborted: {err}', flush=True); sys.exit(3)\n"
+    "except InternalError as err:\n"
+    "    error = type(err).__name__\n"
+    "updates = _core.host_updates()\n"
+    "hvd.shutdown(); hvd.init()\n"
+    "total = hvd.allreduce(torch.ones(1), op=hvd.Sum).item()\n"
+    "print(json.dumps(dict(error=error, updates=[r for _, r in updates], rank=hvd.rank(),\n"
+    "                      size=hvd.size(), total=total)), flush=True)\n"
+    "hvd.shutdown()\n"
+)
+
+
+def test_a_killed_rank_leaves_and_the_survivors_continue_on_a_smaller_round() -> None:
+    driver = LaunchDriver(3, start_timeout=60, heartbeat_timeout=5, min_np=2, max_np=3)
+    workers = []
+    try:
+        env = dict(driver.worker_env(0))
+        assert float(env["KOLO_ELASTIC_TIMEOUT"]) == 600.0
+        for task in range(3):
+            workers.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", RESET_ONCE],
+                    cwd=REPO,
+                    env=worker_env(dict(driver.worker_env(task))),
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
+        for worker in workers:
+            assert worker.stdout.readline().strip() == "ready", worker.stderr.read()
+        time.sleep(0.2)  # the allreduce loop is running on every rank
+        os.kill(workers[2].pid, signal.SIGKILL)
+        workers[2].wait(timeout=30)
+        # What a launcher does when a rank process exits with a failure.
+        driver.report_task_failure(2, "was killed by signal 9 (SIGKILL)")
+        results = []
+        for worker in workers[:2]:
+            out, err = worker.communicate(timeout=60)
+            assert worker.returncode == 0, err
+            results.append(json.loads(out.strip().splitlines()[-1]))
+        assert driver.failure() is None
+        assert driver.live_tasks() == [0, 1]
+        for result in results:
+            assert result["error"] in ("InternalError", "PeerConnectionError"), result
+            assert result["size"] == 2 and result["total"] == 2.0, result
+        assert sorted(r["rank"] for r in results) == [0, 1]
+        # Both drained the "removed" update (HostUpdateResult.removed == 1) before resetting,
+        # unless their allreduce failed on the broken socket first and they drained earlier.
+        assert any(1 in r["updates"] for r in results), results
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+        driver.shutdown()
+
+
+def test_elastic_arguments_are_checked() -> None:
+    import pytest
+
+    from kolo.exceptions import ConfigError, InvalidArgumentError
+
+    with pytest.raises(ConfigError, match="min_np 3 and max_np 2"):
+        LaunchDriver(2, min_np=3, max_np=2)
+    with pytest.raises(InvalidArgumentError, match="fresh secret"):
+        LaunchDriver(1, min_np=1, secret="ab" * 32, job_id="cd" * 16)
+    fixed = LaunchDriver(1)
+    try:
+        with pytest.raises(ConfigError, match="elastic"):
+            fixed.add_tasks([1])
+    finally:
+        fixed.shutdown()
