@@ -13,6 +13,7 @@ the ``[1,0]<stdout>:`` line prefixes are mpirun's.
 from __future__ import annotations
 
 import os
+import random
 import re
 import secrets
 import shlex
@@ -216,10 +217,30 @@ def rendezvous_addr(parsed: dict[str, Any]) -> str:
     if remote:
         nics = parsed["network_interfaces"]
         host = (interface_ip(nics[0]) if nics else None) or _ip_toward(remote[0])
+    return f"{host}:{_free_port(host if not remote else '')}"
+
+
+def _free_port(bind_host: str) -> int:
+    """A port free on ``bind_host`` now and outside the kernel's ephemeral range: the driver
+    binds it only once mpirun started rank 0, and a port from that range (what binding port 0
+    gives) may meanwhile become the local port of one of mpirun's own connections."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as ports:
+            ephemeral_low = int(ports.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768
+    low = 10000 if ephemeral_low > 11024 else 1024
+    candidates = random.sample(range(low, max(low + 1, ephemeral_low)), k=64)
+    for port in candidates:
+        with socket.socket() as probe:
+            try:
+                probe.bind((bind_host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as probe:
-        probe.bind((host if not remote else "", 0))
-        port = probe.getsockname()[1]
-    return f"{host}:{port}"
+        probe.bind((bind_host, 0))
+        return int(probe.getsockname()[1])
 
 
 def _ip_toward(host: str) -> str:

@@ -64,3 +64,20 @@ def test_mpirun_arguments_select_mpi_and_gloo_excludes_it() -> None:
         parse_args(["-np", "2", "--gloo", "--mpi", "x"])
     with pytest.raises(ConfigError, match="no MPI kolorun knows"):
         mpirun_argv(parse_args(["--mpi", "-np", "2", "x"]), UNKNOWN, [])
+
+
+def test_the_rendezvous_port_is_free_and_outside_the_ephemeral_range() -> None:
+    """Rank 0 binds the port only after mpirun started it; a port from the ephemeral range may
+    by then be the local port of one of mpirun's own connections (seen with MPICH's hydra)."""
+    import socket
+
+    from kolo._mpirun import rendezvous_addr
+
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as ports:
+        ephemeral_low = int(ports.read().split()[0])
+    for _ in range(20):
+        host, port = rendezvous_addr(parse_args(["--mpi", "-np", "2", "python", "t.py"])).split(":")
+        assert host == "127.0.0.1"
+        assert 1024 <= int(port) < ephemeral_low, port
+        with socket.socket() as server:
+            server.bind((host, int(port)))
