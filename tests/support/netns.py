@@ -273,12 +273,17 @@ class Cluster:
                     self._wait_reachable(host, other.ip)
 
     @staticmethod
-    def _ip(pid: str, args: str) -> None:
+    def _net(pid: str, tool: str, args: str) -> None:
+        """Runs ``tool args`` (``ip`` or ``tc``) in the network namespace of ``pid``."""
         result = subprocess.run(
-            ["nsenter", "-t", pid, "-n", "ip", *args.split()], capture_output=True, text=True
+            ["nsenter", "-t", pid, "-n", tool, *args.split()], capture_output=True, text=True
         )
         if result.returncode != 0:
-            raise RuntimeError(f"ip {args}: {result.stderr.strip()}")
+            raise RuntimeError(f"{tool} {args}: {result.stderr.strip()}")
+
+    @classmethod
+    def _ip(cls, pid: str, args: str) -> None:
+        cls._net(pid, "ip", args)
 
     @staticmethod
     def _wait_reachable(host: Host, ip: str, timeout: float = 10) -> None:
@@ -393,13 +398,9 @@ class Cluster:
             capture_output=True,
         )
 
-    @staticmethod
-    def _tc(pid: str, args: str) -> None:
-        result = subprocess.run(
-            ["nsenter", "-t", pid, "-n", "tc", *args.split()], capture_output=True, text=True
-        )
-        if result.returncode != 0:
-            raise RuntimeError(f"tc {args}: {result.stderr.strip()}")
+    @classmethod
+    def _tc(cls, pid: str, args: str) -> None:
+        cls._net(pid, "tc", args)
 
     # -- teardown ---------------------------------------------------------------------------
 

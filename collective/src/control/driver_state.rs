@@ -216,13 +216,7 @@ impl JobState {
                 self.num_tasks - 1
             )));
         }
-        let data_addr = parse_data_addr(&request.data_addr)?;
-        let entry = Registered {
-            host_hash: request.host_hash.clone(),
-            hostname: request.hostname.clone(),
-            data_addr,
-            pid: request.pid,
-        };
+        let entry = Registered::from_request(request)?;
         let mut inner = lock(&self.inner);
         let (current, complete) = {
             let round = self.round.borrow();
@@ -297,13 +291,7 @@ impl JobState {
     /// registration after a completed round opens the next one (counting a reset).
     fn register_elastic(&self, request: &RegisterRequest) -> Result<u32, Status> {
         let index = request.task_index;
-        let data_addr = parse_data_addr(&request.data_addr)?;
-        let entry = Registered {
-            host_hash: request.host_hash.clone(),
-            hostname: request.hostname.clone(),
-            data_addr,
-            pid: request.pid,
-        };
+        let entry = Registered::from_request(request)?;
         let mut inner = lock(&self.inner);
         if !inner.members.contains(&index) {
             return Err(Status::failed_precondition(format!(
@@ -1128,6 +1116,18 @@ impl JobState {
 
     pub(crate) fn subscribe_shutdown(&self) -> watch::Receiver<bool> {
         self.shutdown.subscribe()
+    }
+}
+
+impl Registered {
+    /// What a registration records of its task (its data address checked).
+    fn from_request(request: &RegisterRequest) -> Result<Self, Status> {
+        Ok(Registered {
+            host_hash: request.host_hash.clone(),
+            hostname: request.hostname.clone(),
+            data_addr: parse_data_addr(&request.data_addr)?,
+            pid: request.pid,
+        })
     }
 }
 

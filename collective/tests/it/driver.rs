@@ -451,21 +451,34 @@ fn failure_report_aborts_the_job_with_its_message() {
     assert_eq!(signal.cause().unwrap(), cause);
 }
 
-#[test]
-fn a_silent_worker_gets_the_job_aborted_naming_it() {
+/// A 2-task job with heartbeat timeout `timeout`: task 0 (host "alive-host") heartbeats with
+/// the returned signal, task 1 (host "silent-host") registered and never heartbeats.
+fn alive_and_silent(
+    timeout: Duration,
+) -> (
+    DriverService,
+    Vec<(DriverClient, Registration)>,
+    AbortSignal,
+) {
     let config = DriverConfig {
-        heartbeat_timeout: Duration::from_secs(1),
+        heartbeat_timeout: timeout,
         ..config(2)
     };
     let secret = config.secret.clone();
     let driver = DriverService::start(config).unwrap();
     let joined = register_all(&driver, &secret, &[(0, "alive-host"), (1, "silent-host")]);
-    // Only rank 0 runs its heartbeat; rank 1 (task 1, host "silent-host") never sends one.
     let signal = AbortSignal::new();
     joined[0]
         .0
         .start_background(joined[0].1.rank, signal.clone())
         .unwrap();
+    (driver, joined, signal)
+}
+
+#[test]
+fn a_silent_worker_gets_the_job_aborted_naming_it() {
+    // Only rank 0 runs its heartbeat; rank 1 (task 1, host "silent-host") never sends one.
+    let (driver, _joined, signal) = alive_and_silent(Duration::from_secs(1));
     wait_until(
         "the driver gave up on rank 1",
         Duration::from_secs(5),
@@ -724,19 +737,8 @@ fn init_adopts_an_early_registration() {
 
 #[test]
 fn the_driver_names_the_ranks_it_no_longer_hears_from_bounded() {
-    let config = DriverConfig {
-        heartbeat_timeout: Duration::from_secs(60),
-        ..config(2)
-    };
-    let secret = config.secret.clone();
-    let driver = DriverService::start(config).unwrap();
-    let joined = register_all(&driver, &secret, &[(0, "alive-host"), (1, "silent-host")]);
     // Rank 0 heartbeats every 100 ms; rank 1 (task 1) never does.
-    let signal = AbortSignal::new();
-    joined[0]
-        .0
-        .start_background(joined[0].1.rank, signal)
-        .unwrap();
+    let (_driver, joined, _signal) = alive_and_silent(Duration::from_secs(60));
     std::thread::sleep(Duration::from_millis(800));
     let reply = block_on(joined[0].0.silent_ranks(
         0,

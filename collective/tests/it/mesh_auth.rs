@@ -86,6 +86,17 @@ fn bind(n: usize) -> Vec<DataListener> {
         .collect()
 }
 
+/// Rank 1's dial of rank 0 in a 2-rank job keyed by `key`.
+fn rank_one_to_zero(key: &MacKey) -> Dial<'_> {
+    Dial {
+        key,
+        job_id: &JOB,
+        from: 1,
+        to: 0,
+        size: 2,
+    }
+}
+
 /// A fresh job: its data-plane key, `n` bound listeners and their addresses (rank = index).
 fn job(n: usize) -> (MacKey, Vec<DataListener>, Vec<SocketAddr>) {
     let listeners = bind(n);
@@ -220,13 +231,7 @@ fn valid_proof_from_another_source_address_is_rejected() {
     // Rank 1 registered 127.0.0.1; a process on 127.0.0.2 holding the key (e.g. a leaked key
     // replayed elsewhere) claims rank 1.
     let mut impostor = connect_from(Ipv4Addr::new(127, 0, 0, 2), peers[0]);
-    let dial = Dial {
-        key: &key,
-        job_id: &JOB,
-        from: 1,
-        to: 0,
-        size: 2,
-    };
+    let dial = rank_one_to_zero(&key);
     let mut listeners = listeners.into_iter();
     let (zero, one) = (listeners.next().unwrap(), listeners.next().unwrap());
     thread::scope(|s| {
@@ -281,13 +286,7 @@ fn a_flood_after_a_real_peer_connected_does_not_evict_it() {
             .filter_map(|_| TcpStream::connect(peers[0]).ok())
             .collect();
         thread::sleep(Duration::from_millis(300));
-        let dial = Dial {
-            key: &key,
-            job_id: &JOB,
-            from: 1,
-            to: 0,
-            size: 2,
-        };
+        let dial = rank_one_to_zero(&key);
         handshake::dial(
             &mut real,
             dial,
