@@ -241,7 +241,10 @@ impl ShmNode {
     ) -> Result<ShmNode, Error> {
         let len = DATA_OFFSET + 2 * half;
         let mine_path = names.path(members[me]);
-        reclaim_stale(names.dir);
+        if names.set == 0 {
+            // Once per job start, not again for every process set's node.
+            reclaim_stale(names.dir);
+        }
         let mut mine = Segment::create(&mine_path, len, &creator_header())?;
         sync(0)?;
         let mut segments = Vec::with_capacity(members.len());
