@@ -5,7 +5,10 @@ one placement-group bundle per node), registers them with a kolo job driver exac
 ``kolo.spark.run`` registers its ranks (ranks consecutive per Ray node, ``local_rank`` and
 ``cross_rank`` right), and runs functions or stateful executables in them with fail-fast: a
 rank that raises or an actor that dies makes the call raise
-:class:`kolo.exceptions.RankFailedError` and stops the other actors.
+:class:`kolo.exceptions.RankFailedError` and stops the other actors. Given ``min_workers`` (and
+``max_workers``) instead, it runs elastically: workers follow the Ray cluster's nodes (a node
+added is a scale-up, a lost node or actor a failure the others survive); so does
+:class:`ElasticRayExecutor` (Horovod's older elastic API, :mod:`kolo.ray.elastic`).
 
 :class:`BaseHorovodWorker` (also in :mod:`kolo.ray.worker`) is Horovod's worker actor class;
 the executor's actors are instances of it, so ``executor.workers`` answer its calls.
@@ -33,8 +36,18 @@ Example::
     executor.shutdown()
 """
 
+from kolo.ray.elastic import ElasticRayExecutor, ElasticRaySettings, RayHostDiscovery
 from kolo.ray.estimator import TorchEstimator, TrainingResult
 from kolo.ray.executor import RayExecutor, RaySettings
 from kolo.ray.worker import BaseHorovodWorker
 
-__all__ = ["BaseHorovodWorker", "RayExecutor", "RaySettings", "TorchEstimator", "TrainingResult"]
+__all__ = [
+    "BaseHorovodWorker",
+    "ElasticRayExecutor",
+    "ElasticRaySettings",
+    "RayExecutor",
+    "RayHostDiscovery",
+    "RaySettings",
+    "TorchEstimator",
+    "TrainingResult",
+]

@@ -60,6 +60,32 @@ class _RankActor(BaseHorovodWorker):
         """``fn(executable)``; a raise is reported to the driver, then re-raised."""
         return self._call(fn, self.executable)
 
+    def run_elastic(
+        self,
+        env: dict[str, str],
+        fn: Callable[..., Any],
+        args: tuple,
+        kwargs: dict,
+        with_executable: bool,
+        executable: Optional[tuple[Callable[..., Any], tuple, dict]],
+    ) -> Any:
+        """One worker of an elastic run: sets the job's variables, builds the executable (for
+        ``execute``), runs ``fn`` (its ``hvd.init()`` registers with the job driver; its
+        ``hvd.elastic.run`` loop resets as the job's membership changes), then leaves the job
+        so its connections and shared memory are released before the actor is stopped."""
+        os.environ.update(env)
+        if with_executable:
+            if executable is not None:
+                self.start_executable(*executable)
+            value = fn(self.executable)
+        else:
+            value = fn(*args, **kwargs)
+        from kolo import _core, _lifecycle
+
+        if _core.is_initialized():
+            _lifecycle.shutdown()
+        return value
+
     def ping(self) -> bool:
         """True (the executor uses it to see an actor is gone)."""
         return True

@@ -29,14 +29,16 @@ _REPORT_WAIT_S = 2.0
 _KILL_WAIT_S = 15.0
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class RaySettings:
     """What :meth:`RayExecutor.create_settings` returns.
 
     ``timeout_s``: seconds the actors have to start and register; ``placement_group_timeout_s``:
     seconds to wait for the placement group; ``nics``: interface name(s) the job driver
     service listens on (default: this Ray node's IP). ``ssh_identity_file`` and ``ssh_str`` are
-    accepted for Horovod compatibility and unused (Ray starts the processes).
+    accepted for Horovod compatibility and unused (Ray starts the processes). ``discovery``:
+    for an elastic executor with ``override_discovery=False``, the object whose
+    ``find_available_hosts_and_slots()`` names the hosts (as Horovod's ``settings.discovery``).
 
     Example::
 
@@ -48,6 +50,7 @@ class RaySettings:
     nics: Optional[Any] = None
     ssh_identity_file: Optional[str] = None
     ssh_str: Optional[str] = None
+    discovery: Optional[Any] = None
 
 
 @dataclasses.dataclass
@@ -65,7 +68,7 @@ class _Rank:
 
 class RayExecutor:
     """Runs functions and stateful executables on kolo ranks placed as Ray actors (Horovod's
-    ``horovod.ray.RayExecutor``).
+    ``horovod.ray.RayExecutor``), a fixed number of them or, given ``min_workers``, elastically.
 
     Give exactly one of ``num_workers`` (that many actors, PACK placement group: one bundle per
     worker) or ``num_hosts`` (that many nodes with ``num_workers_per_host`` actors each,
@@ -78,6 +81,19 @@ class RayExecutor:
 
     Invalid arguments raise :class:`kolo.exceptions.InvalidValueError` (a ``ValueError``, as
     Horovod raises).
+
+    **Elastic mode** (``min_workers`` given, not ``num_workers``/``num_hosts``): every
+    ``run``/``execute`` starts one worker actor per slot the discovery reports (by default the
+    Ray cluster's alive nodes: ``CPU // cpus_per_worker`` slots each, see
+    :class:`~kolo.ray.RayHostDiscovery`), at least ``min_workers`` and at most
+    ``max_workers``; workers join as nodes are added and leave when they die, raise or lose
+    their node, while the others continue from their last ``state.commit()`` (the function
+    must use ``hvd.elastic.run``). A failing node is blacklisted (for ``cooldown_range``
+    seconds, growing with each failure; without it, for the rest of the run). Fewer than
+    ``min_workers`` for ``elastic_timeout`` seconds raises
+    :class:`~kolo.exceptions.TimeoutError`; more than ``reset_limit`` resets raises
+    :class:`~kolo.exceptions.ResetLimitExceededError`. The first worker to return ends the run;
+    it returns the values of the workers of the last round by rank. See docs/elastic.md.
 
     Example::
 
@@ -95,6 +111,28 @@ class RayExecutor:
             return hvd.allreduce(torch.tensor([scale * hvd.rank()]), op=hvd.Sum).item()
 
         assert executor.run(fn, args=[2.0]) == [2.0, 2.0]
+        executor.shutdown()
+
+    Elastic::
+
+        executor = RayExecutor(settings, min_workers=2, max_workers=4)
+        executor.start()
+
+        def train():
+            import kolo.torch as hvd
+            hvd.init()
+            state = hvd.elastic.TorchState(model, optimizer, epoch=0)
+
+            @hvd.elastic.run
+            def loop(state):
+                for state.epoch in range(state.epoch, 10):
+                    ...
+                    state.commit()
+                return hvd.rank()
+
+            return loop(state)
+
+        executor.run(train)          # e.g. [0, 1, 2] when three nodes had slots at the end
         executor.shutdown()
     """
 
@@ -140,9 +178,64 @@ class RayExecutor:
         use_gpu: bool = False,
         gpus_per_worker: Optional[float] = None,
         use_current_placement_group: bool = True,
+        min_workers: Optional[int] = None,
+        max_workers: Optional[int] = None,
+        reset_limit: Optional[int] = None,
+        cooldown_range: Optional[Any] = None,
+        elastic_timeout: float = 600,
+        override_discovery: bool = True,
     ) -> None:
         from kolo import _native
         from kolo.exceptions import InvalidValueError
+        from kolo.ray._elastic_job import ElasticParams
+
+        # Horovod's checks, in its order.
+        if max_workers and (not min_workers or min_workers <= 0):
+            raise InvalidValueError(
+                "`max_workers` provided without any positive `min_workers`. Elastic workloads "
+                "require a positive `min_workers`."
+            )
+        if min_workers and (num_workers or num_hosts):
+            raise InvalidValueError(
+                "Both `min_workers` and `num_workers` (or `num_hosts`) provided. Only one of the "
+                "above is allowed as workloads cannot be elastic and non-elastic."
+            )
+        self.settings = settings or RayExecutor.create_settings()
+        self.use_current_placement_group = use_current_placement_group
+        self._ranks: list[_Rank] = []
+        self._driver: Any = None
+        self._placement_group: Any = None
+        self._owns_placement_group = False
+        #: Seconds ``start()`` took, from its call to every rank registered.
+        self.start_seconds: Optional[float] = None
+        #: Elastic mode: the checked parameters (None for a fixed-size executor).
+        self.elastic: Optional[ElasticParams] = None
+        self._elastic_started: Optional[dict] = None
+        self._elastic_job: Any = None
+        if min_workers is not None:
+            self.elastic = ElasticParams.check(
+                min_workers,
+                max_workers,
+                reset_limit,
+                cooldown_range,
+                elastic_timeout,
+                override_discovery,
+                cpus_per_worker,
+                use_gpu,
+                gpus_per_worker,
+            )
+            if (
+                not self.elastic.override_discovery
+                and getattr(self.settings, "discovery", None) is None
+            ):
+                raise InvalidValueError(
+                    "override_discovery=False needs a discovery of your own in "
+                    "settings.discovery (an object with find_available_hosts_and_slots()); "
+                    "or leave override_discovery=True to discover the Ray cluster's nodes."
+                )
+            self.num_workers = min_workers
+            self.use_gpu = self.elastic.use_gpu
+            return
 
         for name, value in (
             ("num_workers", num_workers),
@@ -157,7 +250,6 @@ class RayExecutor:
             if value is not None and value < 0
         ]:
             raise InvalidValueError(f"`{value_negative[0]}` must be at least 1.")
-        self.settings = settings or RayExecutor.create_settings()
         self._plan = _native.ray_plan(
             num_workers,
             num_hosts,
@@ -168,13 +260,6 @@ class RayExecutor:
         )
         self.num_workers = len(self._plan["worker_bundles"])
         self.use_gpu = bool(use_gpu)
-        self.use_current_placement_group = use_current_placement_group
-        self._ranks: list[_Rank] = []
-        self._driver: Any = None
-        self._placement_group: Any = None
-        self._owns_placement_group = False
-        #: Seconds ``start()`` took, from its call to every rank registered.
-        self.start_seconds: Optional[float] = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -204,11 +289,15 @@ class RayExecutor:
         """
         import ray
 
-        if self._ranks:
+        if self._ranks or self._elastic_started is not None:
             raise LaunchError("this RayExecutor is already started; call shutdown() first")
         if not ray.is_initialized():
             ray.init()
         began = time.monotonic()
+        if self.elastic is not None:
+            self._start_elastic(executable_cls, executable_args, executable_kwargs, extra_env_vars)
+            self.start_seconds = time.monotonic() - began
+            return
         try:
             self._start(
                 executable_cls,
@@ -226,6 +315,74 @@ class RayExecutor:
             len({r.node_id for r in self._ranks}),
             self.start_seconds,
         )
+
+    def _start_elastic(
+        self,
+        executable_cls: Optional[type],
+        executable_args: Optional[list],
+        executable_kwargs: Optional[dict],
+        extra_env_vars: Optional[dict],
+    ) -> None:
+        """Elastic ``start()`` (Horovod's ``ElasticAdapter.start``): waits until the discovery
+        reports ``min_workers`` slots (at most ``elastic_timeout``) and keeps the executable and
+        environment for the workers each ``run``/``execute`` starts."""
+        from kolo.ray._elastic_job import wait_for_slots
+        from kolo.ray._hosts import HostManager, RayHostDiscovery
+
+        params = self.elastic
+        assert params is not None
+        discovery = (
+            RayHostDiscovery(params.use_gpu, params.cpus_per_worker, params.gpus_per_worker or 1)
+            if params.override_discovery
+            else self.settings.discovery
+        )
+        hosts = HostManager(discovery, params.cooldown_range)
+        wait_for_slots(hosts, params)
+        self._elastic_started = {
+            "hosts": hosts,
+            "executable": None
+            if executable_cls is None
+            else (executable_cls, tuple(executable_args or ()), dict(executable_kwargs or {})),
+            "env": {str(k): str(v) for k, v in (extra_env_vars or {}).items()},
+        }
+        logger.info(
+            "RayExecutor (elastic): %d slot(s) available (min_workers=%d, max_workers=%s)",
+            hosts.slot_count(),
+            params.min_workers,
+            params.max_workers,
+        )
+
+    def _run_elastic(
+        self,
+        fn: Callable[..., Any],
+        args: tuple,
+        kwargs: dict,
+        callbacks: Optional[list[Callable[[Any], Any]]],
+        with_executable: bool,
+    ) -> list[Any]:
+        from kolo.ray._elastic_job import ElasticJob
+
+        started = self._elastic_started
+        if started is None:
+            raise LaunchError("this RayExecutor is not started (call start())")
+        if self._elastic_job is not None:
+            raise LaunchError("an elastic run of this RayExecutor is already in progress")
+        assert self.elastic is not None
+        job = ElasticJob(
+            self.elastic,
+            self.settings,
+            started["hosts"],
+            self._bind_ip(),
+            started["env"],
+            started["executable"],
+        )
+        self._elastic_job = job
+        try:
+            return job.run(fn, args, kwargs, callbacks, with_executable)
+        finally:
+            self._elastic_job = None
+            #: The sizes of the last elastic run's rounds, in order.
+            self.elastic_round_sizes = list(job.round_sizes)
 
     def _start(
         self,
@@ -382,6 +539,10 @@ class RayExecutor:
 
             executor.shutdown()
         """
+        job, self._elastic_job = self._elastic_job, None
+        if job is not None:
+            job.abort()
+        self._elastic_started = None
         self._teardown(None)
 
     def _teardown(self, reason: Optional[str]) -> None:
@@ -453,10 +614,15 @@ class RayExecutor:
                 return x + hvd.rank()
 
             executor.run(fn, args=[10], callbacks=[print])  # [10, 11]
+
+        Elastic mode: ``fn`` runs on every worker of the elastic job (see the class); the
+        return values of the workers of the last round, by rank.
         """
-        self._check_started()
         args_t = tuple(args or ())
         kwargs_d = dict(kwargs or {})
+        if self.elastic is not None:
+            return self._run_elastic(fn, args_t, kwargs_d, callbacks, with_executable=False)
+        self._check_started()
         with self._logged_values(callbacks) as on_poll:
             refs = [entry.actor.run.remote(fn, args_t, kwargs_d) for entry in self._ranks]
             return self._gather(refs, [r.task_index for r in self._ranks], on_poll)
@@ -472,6 +638,13 @@ class RayExecutor:
             refs = executor.run_remote(fn, args=[10])
             ray.get(refs)
         """
+        if self.elastic is not None:
+            from kolo.exceptions import NotSupportedError
+
+            raise NotSupportedError(
+                "run_remote is not available in elastic mode (min_workers): the workers are "
+                "ephemeral, so there are no object refs to return; use run() (as Horovod)"
+            )
         self._check_started()
         args_t = tuple(args or ())
         kwargs_d = dict(kwargs or {})
@@ -489,7 +662,12 @@ class RayExecutor:
         Example::
 
             executor.execute(lambda model: model.train(), callbacks=[print])
+
+        Elastic mode: every worker builds the executable of ``start()`` when it starts, then
+        runs ``fn(executable)`` as :meth:`run` runs a function.
         """
+        if self.elastic is not None:
+            return self._run_elastic(fn, (), {}, callbacks, with_executable=True)
         self._check_started()
         with self._logged_values(callbacks) as on_poll:
             refs = [entry.actor.execute.remote(fn) for entry in self._ranks]
@@ -502,13 +680,24 @@ class RayExecutor:
 
             executor.execute_single(lambda model: model.state_dict())
         """
+        if self.elastic is not None:
+            from kolo.exceptions import NotSupportedError
+
+            raise NotSupportedError(
+                "execute_single is not available in elastic mode (min_workers); use execute() "
+                "(as Horovod)"
+            )
         self._check_started()
         entry = self._ranks[0]
         return self._gather([entry.actor.execute.remote(fn)], [entry.task_index])[0]
 
     @property
     def workers(self) -> list[Any]:
-        """The actor handles, by rank (Horovod's ``executor.workers``)."""
+        """The actor handles, by rank (Horovod's ``executor.workers``); in elastic mode the
+        workers of the run in progress (none between runs), by task index."""
+        job = self._elastic_job
+        if job is not None:
+            return [job.workers[task].actor for task in sorted(job.workers)]
         return [entry.actor for entry in self._ranks]
 
     def worker_info(self) -> list[dict[str, Any]]:

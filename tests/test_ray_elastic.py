@@ -1,0 +1,371 @@
+"""Elastic ``RayExecutor(min_workers=..., max_workers=...)`` on a real multi-node Ray cluster
+(``ray.cluster_utils.Cluster``: a 0-CPU head, worker nodes of 1 or 2 CPUs, each a host of its
+own): a node added mid-training is a scale-up, a node removed is a loss the others survive,
+bad arguments fail before any actor starts, and nothing is left behind.
+
+The training function is full-batch gradient descent with the gradients averaged over the
+ranks: every rank computes the same gradient, so the weights after N applied steps do not
+depend on the sizes the job went through, and the test compares every worker's final weights
+with N steps taken here. A worker that joined without the state sync, or a reset that lost or
+repeated a step, would not match.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.ray]
+
+ray = pytest.importorskip("ray")
+
+from support.ray import ray_cluster  # noqa: E402
+
+from kolo.exceptions import (  # noqa: E402
+    InvalidArgumentError,
+    InvalidValueError,
+    NotSupportedError,
+    ResetLimitExceededError,
+)
+from kolo.exceptions import TimeoutError as KoloTimeoutError  # noqa: E402
+from kolo.ray import ElasticRayExecutor, RayExecutor  # noqa: E402
+
+SETTINGS = RayExecutor.create_settings(timeout_s=60, nics=["lo"])
+MiB = 1024 * 1024
+#: The most steps a training run takes (a run that never sees its node change stops there).
+CAP = 600
+#: Fast node-death detection (Ray's GCS health check); kolo's own heartbeats are the backstop.
+FAST_HEALTH_CHECK = {
+    "health_check_failure_threshold": 2,
+    "health_check_period_ms": 500,
+    "health_check_initial_delay_ms": 0,
+}
+
+
+def _data():
+    import torch
+
+    generator = torch.Generator().manual_seed(7)
+    x = torch.randn(64, 4, generator=generator)
+    y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]]) + 0.25
+    return x, y
+
+
+def _model():
+    import torch
+
+    torch.manual_seed(0)
+    return torch.nn.Linear(4, 1)
+
+
+def _step(model, optimizer, x, y, allreduce=None):
+    import torch
+
+    optimizer.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    if allreduce is not None:
+        for parameter in model.parameters():
+            parameter.grad = allreduce(parameter.grad)
+    optimizer.step()
+
+
+def _reference(steps: int) -> list[float]:
+    import torch
+
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    x, y = _data()
+    for _ in range(steps):
+        _step(model, optimizer, x, y)
+    return [float(v) for v in torch.cat([p.detach().flatten() for p in model.parameters()])]
+
+
+def _train(grow_to: int, shrink: bool, hold: int, cap: int, pause: float):
+    """One worker: trains until the job reached ``grow_to`` workers (and, with ``shrink``,
+    then lost some) and ``hold`` more steps ran, or ``cap`` steps. Rank 0 logs every step."""
+    import os
+
+    import torch
+
+    import kolo.torch as hvd
+    from kolo.ray.worker import log
+
+    hvd.init()
+    model = _model()
+    if os.environ.get("KOLO_TASK_INDEX") != "0":
+        with torch.no_grad():  # only the state sync can make a late worker right
+            for parameter in model.parameters():
+                parameter.add_(float(os.getpid() % 97) + 1.0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    x, y = _data()
+    state = hvd.elastic.TorchState(model, optimizer, step=0, peak=0, held=0, sizes=[])
+
+    def average(tensor):
+        return hvd.allreduce(tensor, op=hvd.Average)
+
+    @hvd.elastic.run
+    def loop(state):
+        while state.step < cap and state.held < hold:
+            size = hvd.size()
+            _step(state.model, state.optimizer, x, y, average)
+            state.step += 1
+            state.peak = max(state.peak, size)
+            if not state.sizes or state.sizes[-1] != size:
+                state.sizes = [*state.sizes, size]
+            reached = state.peak >= grow_to and (not shrink or size < state.peak)
+            state.held = state.held + 1 if reached else state.held
+            if hvd.rank() == 0:
+                log({"step": state.step, "size": size, "rank": hvd.rank()})
+            time.sleep(pause)
+            state.commit()
+        weights = torch.cat([p.detach().flatten() for p in state.model.parameters()])
+        return {
+            "rank": hvd.rank(),
+            "size": hvd.size(),
+            "step": state.step,
+            "sizes": state.sizes,
+            "weights": [float(v) for v in weights],
+        }
+
+    return loop(state)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Two 1-CPU worker nodes to start with; tests add and remove nodes."""
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    with ray_cluster(**FAST_HEALTH_CHECK) as cluster:
+        for _ in range(2):
+            cluster.add_node(num_cpus=1, object_store_memory=80 * MiB)
+        cluster.wait_for_nodes()
+        yield cluster
+
+
+def _kolo_actors() -> list:
+    from ray._private import state
+
+    return [
+        actor
+        for actor in state.actors().values()
+        if actor.get("State") != "DEAD"
+        and actor.get("ActorClassName", "").endswith(("_RankActor", "Queue", "_QueueActor"))
+    ]
+
+
+def _segments() -> set[str]:
+    return {path.name for path in Path("/dev/shm").glob("kolo*")}
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_behind(cluster):
+    """After each test: no worker or queue actor alive, no placement group, no new kolo
+    shared-memory segment."""
+    before = _segments()
+    yield
+    deadline = time.monotonic() + 15
+    while _kolo_actors() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _kolo_actors() == []
+    groups = [g for g in ray.util.placement_group_table().values() if g["state"] != "REMOVED"]
+    assert groups == []
+    assert _segments() - before == set()
+
+
+def _worker_nodes(cluster) -> list:
+    return [node for node in cluster.list_all_nodes() if not node.head]
+
+
+def _run_while(executor, args, trigger, action, timeout: float = 180):
+    """Runs ``executor.run(_train, args)`` in a thread (its callback sets ``trigger`` when
+    the logged value calls for it) and, here in the main thread (Ray's ``Cluster`` needs it),
+    ``action()`` once ``trigger`` says so. Returns the run's results or raises its error, and
+    the seconds it took."""
+    event = threading.Event()
+    outcome: dict = {}
+
+    def on_log(value):
+        if trigger(value):
+            event.set()
+
+    def run():
+        try:
+            outcome["results"] = executor.run(_train, args=args, callbacks=[on_log])
+        except BaseException as error:
+            outcome["error"] = error
+
+    began = time.monotonic()
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not event.wait(0.1):
+        assert thread.is_alive(), f"the run ended before its trigger: {outcome}"
+        assert time.monotonic() < deadline, "the trigger never came"
+    action()
+    thread.join(max(1.0, deadline - time.monotonic()))
+    assert not thread.is_alive(), "the run did not end"
+    elapsed = time.monotonic() - began
+    executor.shutdown()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["results"], elapsed
+
+
+def _check_results(results: list[dict], final_size: int) -> None:
+    assert [r["rank"] for r in results] == list(range(final_size)), results
+    steps = {r["step"] for r in results}
+    assert len(steps) == 1, results
+    expected = _reference(steps.pop())
+    for result in results:
+        assert result["size"] == final_size
+        assert result["weights"] == pytest.approx(expected, abs=1e-5), result
+
+
+def test_scales_up_when_a_node_is_added(cluster, caplog):
+    while len(_worker_nodes(cluster)) > 2:
+        cluster.remove_node(_worker_nodes(cluster)[-1])
+    executor = RayExecutor(SETTINGS, min_workers=2, max_workers=4, elastic_timeout=60)
+    executor.start()
+    # One node with two slots: the job goes from 2 to 4 workers at once (2 on the new node).
+    with caplog.at_level(logging.INFO, logger="kolo.ray"):
+        results, elapsed = _run_while(
+            executor,
+            [4, False, 5, CAP, 0.05],
+            lambda v: v["size"] == 2 and v["step"] >= 3,
+            lambda: cluster.add_node(num_cpus=2, object_store_memory=80 * MiB),
+        )
+    print(f"\nscale-up run: {elapsed:.1f} s, round sizes {executor.elastic_round_sizes}")
+    _check_results(results, 4)
+    assert results[0]["sizes"][0] == 2 and results[0]["sizes"][-1] == 4, results[0]["sizes"]
+    assert executor.elastic_round_sizes[0] == 2 and executor.elastic_round_sizes[-1] == 4
+    rounds = [r.getMessage() for r in caplog.records if "round" in r.getMessage()]
+    assert any("size 2 on 2 node(s)" in m for m in rounds), rounds
+    assert any("size 4 on 3 node(s)" in m for m in rounds), rounds
+
+
+def test_survives_the_removal_of_a_node(cluster):
+    if len(_worker_nodes(cluster)) < 3:
+        cluster.add_node(num_cpus=2, object_store_memory=80 * MiB)
+        cluster.wait_for_nodes()
+    victim = next(node for node in _worker_nodes(cluster) if node.num_cpus == 2)
+    executor = RayExecutor(SETTINGS, min_workers=2, max_workers=4, elastic_timeout=60)
+    executor.start()
+    # Its raylet and both workers on it killed at once (SIGKILL: no goodbye to anyone).
+    results, elapsed = _run_while(
+        executor,
+        [4, True, 5, CAP, 0.05],
+        lambda v: v["size"] == 4 and v["step"] >= 3,
+        lambda: cluster.remove_node(victim, allow_graceful=False),
+    )
+    print(f"\nnode-loss run: {elapsed:.1f} s, round sizes {executor.elastic_round_sizes}")
+    _check_results(results, 2)
+    assert results[0]["sizes"][0] == 4 and results[0]["sizes"][-1] == 2, results[0]["sizes"]
+
+
+def test_fewer_than_min_workers_for_elastic_timeout_is_a_clear_error(cluster):
+    nodes = _worker_nodes(cluster)
+    assert len(nodes) >= 2
+    executor = RayExecutor(SETTINGS, min_workers=2, max_workers=2, elastic_timeout=3)
+    executor.start()
+    with pytest.raises(
+        KoloTimeoutError, match=r"only 1 worker.*min_workers=2.*elastic_timeout=3 s"
+    ):
+        _run_while(
+            executor,
+            [99, False, 1, CAP, 0.05],
+            lambda v: v["step"] >= 2,
+            lambda: cluster.remove_node(nodes[-1], allow_graceful=False),
+        )
+    # Back to two 1-CPU worker nodes for the next tests.
+    while len(_worker_nodes(cluster)) < 2:
+        cluster.add_node(num_cpus=1, object_store_memory=80 * MiB)
+    cluster.wait_for_nodes()
+
+
+def test_reset_limit_exceeded_stops_the_job(cluster):
+    executor = RayExecutor(SETTINGS, min_workers=1, max_workers=4, reset_limit=0)
+    executor.start()
+    with pytest.raises(ResetLimitExceededError) as raised:
+        _run_while(
+            executor,
+            [99, False, 1, CAP, 0.05],
+            lambda v: v["step"] >= 2,
+            lambda: cluster.remove_node(_worker_nodes(cluster)[-1], allow_graceful=False),
+        )
+    assert raised.value.limit == 0
+    while len(_worker_nodes(cluster)) < 2:
+        cluster.add_node(num_cpus=1, object_store_memory=80 * MiB)
+    cluster.wait_for_nodes()
+
+
+def test_start_waits_for_min_workers_slots_then_names_both_numbers(cluster):
+    executor = RayExecutor(SETTINGS, min_workers=50, elastic_timeout=1.5)
+    began = time.monotonic()
+    with pytest.raises(KoloTimeoutError, match=r"only \d+ worker slot.*min_workers=50"):
+        executor.start()
+    assert 1.5 <= time.monotonic() - began < 10
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"max_workers": 4}, InvalidValueError, "without any positive `min_workers`"),
+        ({"min_workers": 2, "num_workers": 2}, InvalidValueError, "Both `min_workers`"),
+        ({"min_workers": 2, "num_hosts": 2}, InvalidValueError, "Both `min_workers`"),
+        ({"min_workers": 0}, InvalidValueError, "`min_workers` must be an int >= 1"),
+        ({"min_workers": 3, "max_workers": 2}, InvalidValueError, r"`max_workers` \(2\)"),
+        ({"min_workers": 1.5}, InvalidValueError, "`min_workers` must be an int"),
+        ({"min_workers": 1, "reset_limit": -1}, InvalidValueError, "`reset_limit`"),
+        ({"min_workers": 1, "elastic_timeout": 0}, InvalidValueError, "`elastic_timeout`"),
+        ({"min_workers": 1, "cooldown_range": (0, 10)}, InvalidValueError, "cooldown_range"),
+        ({"min_workers": 1, "cooldown_range": (10, 5)}, InvalidValueError, "cooldown_range"),
+        ({"min_workers": 1, "cooldown_range": (1, 4000)}, InvalidValueError, "cooldown_range"),
+        ({"min_workers": 1, "cooldown_range": 10}, InvalidValueError, "pair"),
+        ({"min_workers": 1, "gpus_per_worker": 1}, InvalidValueError, "use_gpu is False"),
+        ({"min_workers": 1, "cpus_per_worker": 0}, InvalidValueError, "`cpus_per_worker`"),
+        ({"min_workers": 1, "override_discovery": False}, InvalidValueError, "settings.discovery"),
+    ],
+)
+def test_bad_arguments_are_typed_errors_before_any_actor(cluster, kwargs, error, match):
+    before = len(_kolo_actors())
+    with pytest.raises(error, match=match):
+        RayExecutor(SETTINGS, **kwargs)
+    assert len(_kolo_actors()) == before == 0
+
+
+def test_elastic_mode_refuses_what_needs_fixed_workers(cluster):
+    executor = RayExecutor(SETTINGS, min_workers=1)
+    with pytest.raises(NotSupportedError, match="run_remote"):
+        executor.run_remote(lambda: 1)
+    with pytest.raises(NotSupportedError, match="execute_single"):
+        executor.execute_single(lambda _: 1)
+    with pytest.raises(InvalidValueError, match="use_gpu is False"):
+        ElasticRayExecutor(ElasticRayExecutor.create_settings(), gpus_per_slot=1)
+    with pytest.raises(InvalidArgumentError, match="unknown argument"):
+        ElasticRayExecutor.create_settings(min_num_proc=1, hosts="a:1")
+
+
+def _where():
+    import os
+
+    import kolo.torch as hvd
+
+    hvd.init()
+    total = hvd.allreduce(__import__("torch").ones(1), op=hvd.Sum).item()
+    return hvd.rank(), hvd.size(), total, os.environ["KOLO_RAY_NODE_ID"]
+
+
+def test_elastic_ray_executor_runs_on_every_slot(cluster):
+    nodes = {n.node_id for n in _worker_nodes(cluster)}
+    settings = ElasticRayExecutor.create_settings(min_num_proc=2, max_num_proc=4, timeout_s=60)
+    executor = ElasticRayExecutor(settings, cpus_per_slot=1)
+    executor.start()
+    results = executor.run(_where)
+    executor.shutdown()
+    assert [r[0] for r in results] == list(range(len(nodes)))
+    assert all(r[1] == len(nodes) and r[2] == len(nodes) for r in results)
+    assert {r[3] for r in results} == nodes
