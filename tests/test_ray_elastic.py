@@ -13,6 +13,8 @@ repeated a step, would not match.
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import sys
 import threading
 import time
@@ -85,9 +87,9 @@ def _reference(steps: int) -> list[float]:
     return [float(v) for v in torch.cat([p.detach().flatten() for p in model.parameters()])]
 
 
-def _train(grow_to: int, shrink: bool, hold: int, cap: int, pause: float):
-    """One worker: trains until the job reached ``grow_to`` workers (and, with ``shrink``,
-    then lost some) and ``hold`` more steps ran, or ``cap`` steps. Rank 0 logs every step."""
+def _train(pattern: list, hold: int, cap: int, pause: float):
+    """One worker: trains until the job's sizes went through ``pattern`` (e.g. ``[2, 4]``)
+    and ``hold`` more steps ran, or ``cap`` steps. Every rank logs every step."""
     import os
 
     import torch
@@ -103,7 +105,7 @@ def _train(grow_to: int, shrink: bool, hold: int, cap: int, pause: float):
                 parameter.add_(float(os.getpid() % 97) + 1.0)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     x, y = _data()
-    state = hvd.elastic.TorchState(model, optimizer, step=0, peak=0, held=0, sizes=[])
+    state = hvd.elastic.TorchState(model, optimizer, step=0, held=0, sizes=[])
 
     def average(tensor):
         return hvd.allreduce(tensor, op=hvd.Average)
@@ -114,13 +116,11 @@ def _train(grow_to: int, shrink: bool, hold: int, cap: int, pause: float):
             size = hvd.size()
             _step(state.model, state.optimizer, x, y, average)
             state.step += 1
-            state.peak = max(state.peak, size)
             if not state.sizes or state.sizes[-1] != size:
                 state.sizes = [*state.sizes, size]
-            reached = state.peak >= grow_to and (not shrink or size < state.peak)
-            state.held = state.held + 1 if reached else state.held
-            if hvd.rank() == 0:
-                log({"step": state.step, "size": size, "rank": hvd.rank()})
+            if state.sizes[-len(pattern) :] == list(pattern):
+                state.held += 1
+            log({"step": state.step, "size": size, "rank": hvd.rank(), "pid": os.getpid()})
             time.sleep(pause)
             state.commit()
         weights = torch.cat([p.detach().flatten() for p in state.model.parameters()])
@@ -180,6 +180,32 @@ def _worker_nodes(cluster) -> list:
     return [node for node in cluster.list_all_nodes() if not node.head]
 
 
+def _cpus(node) -> int:
+    resources = next(n["Resources"] for n in ray.nodes() if n["NodeID"] == node.node_id)
+    return int(resources.get("CPU", 0))
+
+
+def _shape(cluster, *cpus: int) -> list:
+    """Makes the worker nodes ``cpus`` (one node per entry, that many CPUs) and returns them in
+    that order: nodes already there are kept, others removed or added."""
+    wanted = list(cpus)
+    kept = []
+    for node in _worker_nodes(cluster):
+        if _cpus(node) in wanted:
+            wanted.remove(_cpus(node))
+            kept.append(node)
+        else:
+            cluster.remove_node(node)
+    for count in wanted:
+        kept.append(cluster.add_node(num_cpus=count, object_store_memory=80 * MiB))
+    cluster.wait_for_nodes()
+    deadline = time.monotonic() + 30
+    while sum(1 for n in ray.nodes() if n["Alive"]) != len(kept) + 1:
+        assert time.monotonic() < deadline, "the cluster did not settle"
+        time.sleep(0.2)
+    return sorted(kept, key=lambda node: list(cpus).index(_cpus(node)))
+
+
 def _run_while(executor, args, trigger, action, timeout: float = 180):
     """Runs ``executor.run(_train, args)`` in a thread (its callback sets ``trigger`` when
     the logged value calls for it) and, here in the main thread (Ray's ``Cluster`` needs it),
@@ -189,7 +215,8 @@ def _run_while(executor, args, trigger, action, timeout: float = 180):
     outcome: dict = {}
 
     def on_log(value):
-        if trigger(value):
+        if not event.is_set() and trigger(value):
+            outcome["trigger"] = value
             event.set()
 
     def run():
@@ -205,7 +232,7 @@ def _run_while(executor, args, trigger, action, timeout: float = 180):
     while not event.wait(0.1):
         assert thread.is_alive(), f"the run ended before its trigger: {outcome}"
         assert time.monotonic() < deadline, "the trigger never came"
-    action()
+    action(outcome["trigger"])
     thread.join(max(1.0, deadline - time.monotonic()))
     assert not thread.is_alive(), "the run did not end"
     elapsed = time.monotonic() - began
@@ -226,17 +253,16 @@ def _check_results(results: list[dict], final_size: int) -> None:
 
 
 def test_scales_up_when_a_node_is_added(cluster, caplog):
-    while len(_worker_nodes(cluster)) > 2:
-        cluster.remove_node(_worker_nodes(cluster)[-1])
+    _shape(cluster, 1, 1)
     executor = RayExecutor(SETTINGS, min_workers=2, max_workers=4, elastic_timeout=60)
     executor.start()
     # One node with two slots: the job goes from 2 to 4 workers at once (2 on the new node).
     with caplog.at_level(logging.INFO, logger="kolo.ray"):
         results, elapsed = _run_while(
             executor,
-            [4, False, 5, CAP, 0.05],
+            [[2, 4], 5, CAP, 0.05],
             lambda v: v["size"] == 2 and v["step"] >= 3,
-            lambda: cluster.add_node(num_cpus=2, object_store_memory=80 * MiB),
+            lambda _: cluster.add_node(num_cpus=2, object_store_memory=80 * MiB),
         )
     print(f"\nscale-up run: {elapsed:.1f} s, round sizes {executor.elastic_round_sizes}")
     _check_results(results, 4)
@@ -248,27 +274,42 @@ def test_scales_up_when_a_node_is_added(cluster, caplog):
 
 
 def test_survives_the_removal_of_a_node(cluster):
-    if len(_worker_nodes(cluster)) < 3:
-        cluster.add_node(num_cpus=2, object_store_memory=80 * MiB)
-        cluster.wait_for_nodes()
-    victim = next(node for node in _worker_nodes(cluster) if node.num_cpus == 2)
+    victim = _shape(cluster, 2, 1, 1)[0]
     executor = RayExecutor(SETTINGS, min_workers=2, max_workers=4, elastic_timeout=60)
     executor.start()
     # Its raylet and both workers on it killed at once (SIGKILL: no goodbye to anyone).
     results, elapsed = _run_while(
         executor,
-        [4, True, 5, CAP, 0.05],
+        [[4, 2], 5, CAP, 0.05],
         lambda v: v["size"] == 4 and v["step"] >= 3,
-        lambda: cluster.remove_node(victim, allow_graceful=False),
+        lambda _: cluster.remove_node(victim, allow_graceful=False),
     )
     print(f"\nnode-loss run: {elapsed:.1f} s, round sizes {executor.elastic_round_sizes}")
     _check_results(results, 2)
     assert results[0]["sizes"][0] == 4 and results[0]["sizes"][-1] == 2, results[0]["sizes"]
 
 
+def test_a_failing_host_is_blacklisted_then_retried_after_its_cooldown(cluster):
+    _shape(cluster, 1, 1)
+    executor = RayExecutor(
+        SETTINGS, min_workers=1, max_workers=2, cooldown_range=(1, 2), elastic_timeout=60
+    )
+    executor.start()
+    # kill -9 of rank 1's process (its node stays): the host is blacklisted, the job goes on
+    # with one worker, and once the cooldown ends a new worker joins on that host again.
+    results, elapsed = _run_while(
+        executor,
+        [[2, 1, 2], 5, CAP, 0.05],
+        lambda v: v["size"] == 2 and v["rank"] == 1 and v["step"] >= 3,
+        lambda value: os.kill(value["pid"], signal.SIGKILL),
+    )
+    print(f"\ncooldown run: {elapsed:.1f} s, round sizes {executor.elastic_round_sizes}")
+    _check_results(results, 2)
+    assert results[0]["sizes"][-3:] == [2, 1, 2], results[0]["sizes"]
+
+
 def test_fewer_than_min_workers_for_elastic_timeout_is_a_clear_error(cluster):
-    nodes = _worker_nodes(cluster)
-    assert len(nodes) >= 2
+    nodes = _shape(cluster, 1, 1)
     executor = RayExecutor(SETTINGS, min_workers=2, max_workers=2, elastic_timeout=3)
     executor.start()
     with pytest.raises(
@@ -276,30 +317,24 @@ def test_fewer_than_min_workers_for_elastic_timeout_is_a_clear_error(cluster):
     ):
         _run_while(
             executor,
-            [99, False, 1, CAP, 0.05],
+            [[99], 1, CAP, 0.05],
             lambda v: v["step"] >= 2,
-            lambda: cluster.remove_node(nodes[-1], allow_graceful=False),
+            lambda _: cluster.remove_node(nodes[-1], allow_graceful=False),
         )
-    # Back to two 1-CPU worker nodes for the next tests.
-    while len(_worker_nodes(cluster)) < 2:
-        cluster.add_node(num_cpus=1, object_store_memory=80 * MiB)
-    cluster.wait_for_nodes()
 
 
 def test_reset_limit_exceeded_stops_the_job(cluster):
+    nodes = _shape(cluster, 1, 1)
     executor = RayExecutor(SETTINGS, min_workers=1, max_workers=4, reset_limit=0)
     executor.start()
     with pytest.raises(ResetLimitExceededError) as raised:
         _run_while(
             executor,
-            [99, False, 1, CAP, 0.05],
+            [[99], 1, CAP, 0.05],
             lambda v: v["step"] >= 2,
-            lambda: cluster.remove_node(_worker_nodes(cluster)[-1], allow_graceful=False),
+            lambda _: cluster.remove_node(nodes[-1], allow_graceful=False),
         )
     assert raised.value.limit == 0
-    while len(_worker_nodes(cluster)) < 2:
-        cluster.add_node(num_cpus=1, object_store_memory=80 * MiB)
-    cluster.wait_for_nodes()
 
 
 def test_start_waits_for_min_workers_slots_then_names_both_numbers(cluster):
@@ -360,7 +395,7 @@ def _where():
 
 
 def test_elastic_ray_executor_runs_on_every_slot(cluster):
-    nodes = {n.node_id for n in _worker_nodes(cluster)}
+    nodes = {n.node_id for n in _shape(cluster, 1, 1)}
     settings = ElasticRayExecutor.create_settings(min_num_proc=2, max_num_proc=4, timeout_s=60)
     executor = ElasticRayExecutor(settings, cpus_per_slot=1)
     executor.start()

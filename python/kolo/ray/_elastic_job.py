@@ -27,6 +27,7 @@ from typing import Any, Callable, Optional
 
 from kolo.exceptions import (
     InvalidValueError,
+    LaunchError,
     RankFailedError,
     ResetLimitExceededError,
     TimeoutError,
@@ -201,6 +202,7 @@ class ElasticJob:
         self._round: tuple[int, ...] = ()
         self._below_min_since: Optional[float] = None
         self._last_assignment: list[dict] = []
+        self._aborted = False
 
     # -- the run -----------------------------------------------------------------------------
 
@@ -233,10 +235,19 @@ class ElasticJob:
         failed = True
         try:
             if callbacks:
+                import ray
                 from ray.util.queue import Queue
+                from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-                # A zero-CPU actor: the workers may hold every CPU of the cluster.
-                self._queue = Queue(actor_options={"num_cpus": 0})
+                # A zero-CPU actor (the workers may hold every CPU of the cluster) on this
+                # driver's node, which outlives the nodes workers come and go with.
+                here = ray.get_runtime_context().get_node_id()
+                self._queue = Queue(
+                    actor_options={
+                        "num_cpus": 0,
+                        "scheduling_strategy": NodeAffinitySchedulingStrategy(here, soft=False),
+                    }
+                )
             logger.info(
                 "RayExecutor (elastic): starting %d worker(s) on %d node(s) (min_workers=%d, "
                 "max_workers=%s)",
@@ -262,6 +273,8 @@ class ElasticJob:
         finishing_since: Optional[float] = None
         while True:
             now = time.monotonic()
+            if self._aborted:
+                raise LaunchError("RayExecutor: shutdown() was called during the elastic run")
             cause = self._driver.failure()
             if cause is not None:
                 raise self._job_error(cause)
@@ -602,9 +615,13 @@ class ElasticJob:
         self._driver = None
 
     def abort(self) -> None:
-        """Stops everything this job started (``shutdown()`` during a run, from another
-        thread, or after an interrupted run)."""
-        self._teardown("shutdown() was called", None)
+        """``shutdown()`` during the run (from another thread): the job driver aborts the
+        workers at once and the run's own thread stops everything and raises
+        :class:`~kolo.exceptions.LaunchError`."""
+        self._aborted = True
+        driver = self._driver
+        if driver is not None:
+            driver.abort("RayExecutor: shutdown() was called during the run")
 
 
 def _wait_gone(actors: list[Any]) -> None:

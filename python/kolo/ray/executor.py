@@ -539,9 +539,13 @@ class RayExecutor:
 
             executor.shutdown()
         """
-        job, self._elastic_job = self._elastic_job, None
+        job = self._elastic_job
         if job is not None:
+            # The run's own thread stops its actors and job driver; wait for it (bounded).
             job.abort()
+            deadline = time.monotonic() + _KILL_WAIT_S + 5.0
+            while self._elastic_job is job and time.monotonic() < deadline:
+                time.sleep(_POLL_S)
         self._elastic_started = None
         self._teardown(None)
 
