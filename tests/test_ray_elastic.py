@@ -32,10 +32,12 @@ from kolo.exceptions import (  # noqa: E402
     InvalidArgumentError,
     InvalidValueError,
     NotSupportedError,
+    RankFailedError,
     ResetLimitExceededError,
 )
 from kolo.exceptions import TimeoutError as KoloTimeoutError  # noqa: E402
 from kolo.ray import ElasticRayExecutor, RayExecutor  # noqa: E402
+from kolo.ray._hosts import ADDED, NO_UPDATE, REMOVED, HostManager, plan_slots  # noqa: E402
 
 SETTINGS = RayExecutor.create_settings(timeout_s=60, nics=["lo"])
 MiB = 1024 * 1024
@@ -162,9 +164,12 @@ def _segments() -> set[str]:
 
 
 @pytest.fixture(autouse=True)
-def nothing_left_behind(cluster):
-    """After each test: no worker or queue actor alive, no placement group, no new kolo
-    shared-memory segment."""
+def nothing_left_behind(request):
+    """After each test on the cluster: no worker or queue actor alive, no placement group, no
+    new kolo shared-memory segment."""
+    if "cluster" not in request.fixturenames:
+        yield
+        return
     before = _segments()
     yield
     deadline = time.monotonic() + 15
@@ -404,3 +409,92 @@ def test_elastic_ray_executor_runs_on_every_slot(cluster):
     assert [r[0] for r in results] == list(range(len(nodes)))
     assert all(r[1] == len(nodes) and r[2] == len(nodes) for r in results)
     assert {r[3] for r in results} == nodes
+
+
+class Counter:
+    """An executable each elastic worker builds from ``start(executable_cls=...)``."""
+
+    def __init__(self, start):
+        self.value = start
+
+    def bump(self):
+        import kolo.torch as hvd
+
+        hvd.init()
+        self.value += 1
+        return hvd.rank(), hvd.size(), self.value
+
+
+def _raise_value_error():
+    import kolo.torch as hvd
+
+    hvd.init()
+    raise ValueError(f"bad input on rank {hvd.rank()}")
+
+
+def test_execute_builds_the_executable_and_a_raising_function_fails_the_run(cluster):
+    _shape(cluster, 1, 1)
+    executor = RayExecutor(SETTINGS, min_workers=2, max_workers=2)
+    executor.start(executable_cls=Counter, executable_args=[10])
+    assert executor.execute(lambda counter: counter.bump()) == [(0, 2, 11), (1, 2, 11)]
+    # Every worker raises: each is removed and its host blacklisted; with none left the run
+    # raises the first failure with its traceback (no hang, no retry on blacklisted hosts).
+    began = time.monotonic()
+    with pytest.raises(RankFailedError, match="every worker failed") as raised:
+        executor.run(_raise_value_error)
+    assert "ValueError: bad input on rank" in raised.value.remote_traceback
+    assert time.monotonic() - began < 60
+    executor.shutdown()
+
+
+class _Hosts:
+    """A discovery whose answer the test sets."""
+
+    def __init__(self):
+        self.slots: dict = {}
+
+    def find_available_hosts_and_slots(self):
+        return dict(self.slots)
+
+
+def test_host_order_and_slot_plan_follow_horovod():
+    discovery = _Hosts()
+    hosts = HostManager(discovery)
+    discovery.slots = {"b": 2, "a": 1}
+    assert hosts.update() == ADDED
+    discovery.slots = {"c": 1, "a": 1, "b": 2}
+    assert hosts.update() == ADDED
+    assert hosts.available() == [("b", 2), ("a", 1), ("c", 1)]  # older hosts first
+    assert hosts.update() == NO_UPDATE
+    discovery.slots = {"c": 1, "b": 1}
+    assert hosts.update() == REMOVED
+    discovery.slots = {"c": 1, "b": 1, "a": 3}
+    assert hosts.update() == ADDED
+    assert hosts.available() == [("b", 1), ("c", 1), ("a", 3)]  # "a" came back: it is new
+    assert plan_slots(hosts.available(), 4) == {"b": 1, "c": 1, "a": 2}
+    assert plan_slots(hosts.available(), None) == {"b": 1, "c": 1, "a": 3}
+
+
+def test_blacklist_is_permanent_without_cooldown_and_doubles_with_one():
+    now = [1000.0]
+    discovery = _Hosts()
+    discovery.slots = {"a": 1, "b": 1}
+    forever = HostManager(discovery, None, clock=lambda: now[0])
+    forever.update()
+    forever.blacklist("b")
+    now[0] += 10_000
+    assert forever.update() == NO_UPDATE and forever.available() == [("a", 1)]
+
+    hosts = HostManager(discovery, (10.0, 100.0), clock=lambda: now[0])
+    hosts.update()
+    cooldowns = []
+    for _ in range(3):
+        start = now[0]
+        hosts.blacklist("b")
+        assert hosts.available() == [("a", 1)] and hosts.update() == NO_UPDATE
+        while hosts.update() == NO_UPDATE:
+            now[0] += 0.5
+        assert hosts.available() == [("a", 1), ("b", 1)]
+        cooldowns.append(now[0] - start)
+    # lower * 2**n + uniform(0, 1) * lower, clamped to [lower, upper]: 20-30 s, 40-50 s, 80-90 s.
+    assert 20 <= cooldowns[0] <= 30.5 and 40 <= cooldowns[1] <= 50.5 and 80 <= cooldowns[2] <= 90.5
