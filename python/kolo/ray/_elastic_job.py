@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sys
 import time
 from typing import Any, Callable, Optional
 
@@ -43,6 +44,9 @@ DISCOVERY_PERIOD_S = 1.0
 #: A worker silent this long is removed by the job driver (its node may be gone without Ray
 #: noticing yet).
 _HEARTBEAT_TIMEOUT_S = 10.0
+#: How long new workers whose processes are up wait for others starting with them, to join
+#: the job together.
+_JOIN_BATCH_S = 2.0
 #: How long teardown waits for killed actors to be gone.
 _KILL_WAIT_S = 15.0
 #: ``max_np`` of the job driver when ``max_workers`` is None (unbounded, as in Horovod).
@@ -162,6 +166,9 @@ class _Worker:
     run_ref: Any = None
     pid: int = 0
     done: bool = False
+    #: Where its process came up (a new worker waits there for the others starting with it).
+    location: Optional[dict] = None
+    booted_at: float = 0.0
 
 
 @dataclasses.dataclass
@@ -203,6 +210,7 @@ class ElasticJob:
         self._below_min_since: Optional[float] = None
         self._last_assignment: list[dict] = []
         self._aborted = False
+        self._queue_lost = False
 
     # -- the run -----------------------------------------------------------------------------
 
@@ -324,13 +332,16 @@ class ElasticJob:
 
         from kolo.ray._worker import _RankActor
 
-        node_id = _node_of(host)
-        if node_id is None:
-            logger.warning("RayExecutor: host %r is not an alive Ray node; skipping it", host)
-            self.hosts.blacklist(host)
-            return
         task = self._next_task
         self._next_task += 1
+        node_id = _node_of(host)
+        if node_id is None:
+            reason = f"host {host!r} is not an alive Ray node (by node id or IP)"
+            logger.warning("RayExecutor: %s; blacklisting it", reason)
+            self.hosts.blacklist(host)
+            if member:  # a task of the first round: it will not register
+                self._driver.remove_task(task, reason)
+            return
         actor = (
             ray.remote(_RankActor)
             .options(
@@ -347,50 +358,67 @@ class ElasticJob:
             host=host,
             node_id=node_id,
             actor=actor,
-            boot_ref=actor.location.remote(),
+            boot_ref=actor.location.remote(_warm_modules()),
             boot_deadline=time.monotonic() + self.settings.timeout_s,
             member=member,
         )
         logger.info("RayExecutor (elastic): starting worker %d on node %s", task, node_id[:12])
 
     def _check_boots(self, now: float) -> None:
+        """Starts the function on workers whose process came up. New workers join the job
+        together: those starting at the same time are added in one ``add_tasks`` (one reset
+        of the running workers, not one each), waiting at most ``_JOIN_BATCH_S`` for a slow
+        one."""
         import ray
 
-        booting = {w.boot_ref: w for w in self.workers.values() if w.run_ref is None}
-        if not booting:
+        booting = {
+            w.boot_ref: w for w in self.workers.values() if w.run_ref is None and not w.location
+        }
+        if booting:
+            ready, _ = ray.wait(list(booting), num_returns=len(booting), timeout=0)
+            for ref in ready:
+                worker = booting.pop(ref)
+                try:
+                    location = ray.get(ref)
+                except Exception as error:
+                    self._drop(worker, f"its Ray actor did not start: {error}")
+                    continue
+                worker.location, worker.booted_at = location, now
+                if worker.member:
+                    self._start_run(worker)
+            for worker in booting.values():
+                if now > worker.boot_deadline:
+                    self._drop(
+                        worker,
+                        f"its Ray actor did not start within timeout_s="
+                        f"{self.settings.timeout_s:g} s (a worker needs "
+                        f"{self.params.slot_description()} free on its node)",
+                    )
+        joining = [w for w in self.workers.values() if w.run_ref is None and w.location]
+        if not joining:
             return
-        ready, _ = ray.wait(list(booting), num_returns=len(booting), timeout=0)
-        for ref in ready:
-            worker = booting.pop(ref)
-            try:
-                location = ray.get(ref)
-            except Exception as error:
-                self._drop(worker, f"its Ray actor did not start: {error}")
-                continue
-            self._start_run(worker, location)
-        for worker in booting.values():
-            if now > worker.boot_deadline:
-                self._drop(
-                    worker,
-                    f"its Ray actor did not start within timeout_s={self.settings.timeout_s:g} s "
-                    f"(a worker needs {self.params.slot_description()} free on its node)",
-                )
-
-    def _start_run(self, worker: _Worker, location: dict) -> None:
-        worker.pid = int(location.get("pid", 0))
-        if not worker.member:
-            try:
-                self._driver.add_tasks([worker.task_index])
-            except Exception as error:
+        still_booting = any(not w.member and not w.location for w in self.workers.values())
+        if still_booting and now - min(w.booted_at for w in joining) < _JOIN_BATCH_S:
+            return
+        try:
+            self._driver.add_tasks([w.task_index for w in joining])
+        except Exception as error:
+            for worker in joining:
                 self._drop(worker, f"the job driver refused it: {error}", failure=False)
-                return
+            return
+        logger.info(
+            "RayExecutor (elastic): worker(s) %s on node(s) %s join; %d live",
+            [w.task_index for w in joining],
+            sorted({w.node_id[:12] for w in joining}),
+            len(self._driver.live_tasks()),
+        )
+        for worker in joining:
             worker.member = True
-            logger.info(
-                "RayExecutor (elastic): worker %d on node %s joins; %d live",
-                worker.task_index,
-                worker.node_id[:12],
-                len(self._driver.live_tasks()),
-            )
+            self._start_run(worker)
+
+    def _start_run(self, worker: _Worker) -> None:
+        location = worker.location or {}
+        worker.pid = int(location.get("pid", 0))
         env = dict(self.extra_env_vars)
         env.update(self._driver.worker_env(worker.task_index))
         # An added task's index is past the first round's count; the worker checks the index
@@ -539,10 +567,17 @@ class ElasticJob:
 
     def _deliver(self, callbacks: Optional[list[Callable[[Any], Any]]]) -> None:
         queue = self._queue
-        if queue is None or not callbacks:
+        if queue is None or not callbacks or self._queue_lost:
             return
-        while not queue.empty():
-            value = queue.get_nowait()
+        while True:
+            try:
+                if queue.empty():
+                    return
+                value = queue.get_nowait()
+            except Exception as error:  # its actor died: the job goes on without callbacks
+                logger.warning("RayExecutor: the callbacks' queue is gone: %s", error)
+                self._queue_lost = True
+                return
             for callback in callbacks:
                 callback(value)
 
@@ -643,6 +678,18 @@ def _wait_gone(actors: list[Any]) -> None:
                 pass
     if pings:
         logger.warning("RayExecutor: %d actor(s) still alive after shutdown", len(pings))
+
+
+#: Frameworks a new worker imports before it joins, when the driver process has them loaded.
+_FRAMEWORKS = ("torch", "tensorflow", "keras")
+
+
+def _warm_modules() -> tuple[str, ...]:
+    """The frameworks (and kolo's adapters for them) this driver process has imported: a new
+    worker imports them before it joins the job, while the others keep training (importing
+    torch takes seconds)."""
+    loaded = [name for name in _FRAMEWORKS if name in sys.modules]
+    return tuple(loaded) + tuple(f"kolo.{name}" for name in loaded)
 
 
 def _node_of(host: str) -> Optional[str]:

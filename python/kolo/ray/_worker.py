@@ -9,6 +9,7 @@ then builds the user's executable (:meth:`BaseHorovodWorker.start_executable`), 
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import traceback
@@ -20,9 +21,19 @@ from kolo.ray.worker import BaseHorovodWorker
 class _RankActor(BaseHorovodWorker):
     """One rank (a Horovod ``BaseHorovodWorker``); wrapped with ``ray.remote`` by the executor."""
 
-    def location(self) -> dict[str, Any]:
-        """Where the actor runs: Ray node id and IP, hostname, pid, assigned GPU ids."""
+    def location(self, warm_modules: tuple = ()) -> dict[str, Any]:
+        """Where the actor runs: Ray node id and IP, hostname, pid, assigned GPU ids; first
+        imports ``warm_modules`` (an elastic worker joins the job only once they are loaded,
+        so the running workers do not wait for its framework to import)."""
+        import importlib
+
         import ray
+
+        for name in warm_modules:
+            try:
+                importlib.import_module(name)
+            except Exception as error:  # the function's own import will say what is wrong
+                logging.getLogger("kolo.ray").debug("warm-up import of %s: %s", name, error)
 
         return {
             "node_id": ray.get_runtime_context().get_node_id(),
