@@ -32,6 +32,7 @@ from support.ray import ray_cluster  # noqa: E402
 from kolo.exceptions import (  # noqa: E402
     InvalidArgumentError,
     InvalidValueError,
+    LaunchError,
     NotSupportedError,
     RankFailedError,
     ResetLimitExceededError,
@@ -359,6 +360,22 @@ def test_reset_limit_exceeded_stops_the_job(cluster):
             lambda _: cluster.remove_node(nodes[-1], allow_graceful=False),
         )
     assert raised.value.limit == 0
+
+
+def test_shutdown_during_a_run_stops_it_and_leaves_nothing(cluster):
+    _shape(cluster, 1, 1)
+    executor = RayExecutor(SETTINGS, min_workers=1, max_workers=2)
+    executor.start()
+    began = time.monotonic()
+    with pytest.raises(LaunchError, match="shutdown"):
+        _run_while(
+            executor,
+            [[99], 1, CAP, 0.05],
+            lambda v: v["step"] >= 2,
+            lambda _: executor.shutdown(),
+        )
+    assert time.monotonic() - began < 60
+    assert executor.workers == []
 
 
 def test_start_waits_for_min_workers_slots_then_names_both_numbers(cluster):

@@ -212,6 +212,8 @@ class RayExecutor:
         self.elastic: Optional[ElasticParams] = None
         self._elastic_started: Optional[dict] = None
         self._elastic_job: Any = None
+        #: Elastic mode: the sizes of the last run's rounds, in order (e.g. ``[2, 4, 3]``).
+        self.elastic_round_sizes: list[int] = []
         if min_workers is not None:
             self.elastic = ElasticParams.check(
                 min_workers,
@@ -381,7 +383,6 @@ class RayExecutor:
             return job.run(fn, args, kwargs, callbacks, with_executable)
         finally:
             self._elastic_job = None
-            #: The sizes of the last elastic run's rounds, in order.
             self.elastic_round_sizes = list(job.round_sizes)
 
     def _start(
