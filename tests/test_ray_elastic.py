@@ -12,6 +12,7 @@ repeated a step, would not match.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -436,7 +437,7 @@ class Counter:
 
         hvd.init()
         self.value += 1
-        return hvd.rank(), hvd.size(), self.value
+        return hvd.rank(), hvd.size(), self.value, os.environ["KOLO_RAY_NODE_ID"]
 
 
 def _raise_value_error():
@@ -446,11 +447,14 @@ def _raise_value_error():
     raise ValueError(f"bad input on rank {hvd.rank()}")
 
 
-def test_execute_builds_the_executable_in_every_worker(cluster):
-    _shape(cluster, 1, 1)
-    executor = RayExecutor(SETTINGS, min_workers=2, max_workers=2)
+def test_execute_builds_the_executable_on_the_hosts_of_a_discovery_of_ones_own(cluster):
+    first, _ = _shape(cluster, 1, 1)
+    discovery = _Hosts()
+    discovery.slots = {first.node_id: 1}  # the second node exists, but is not the job's
+    settings = dataclasses.replace(SETTINGS, discovery=discovery)
+    executor = RayExecutor(settings, min_workers=1, max_workers=2, override_discovery=False)
     executor.start(executable_cls=Counter, executable_args=[10])
-    assert executor.execute(lambda counter: counter.bump()) == [(0, 2, 11), (1, 2, 11)]
+    assert executor.execute(lambda counter: counter.bump()) == [(0, 1, 11, first.node_id)]
     executor.shutdown()
 
 
