@@ -304,6 +304,12 @@ class ElasticJob:
                 for worker in [w for w in self.workers.values() if w.run_ref is None]:
                     self._drop(worker, "the job ended before it started", failure=False)
             if finishing_since is not None:
+                # Workers outside the round that finished (joining one it will not open) are
+                # stopped at once; those in it return too.
+                in_round = {int(row["task_index"]) for row in self._last_assignment}
+                for worker in list(self.workers.values()):
+                    if in_round and not worker.done and worker.task_index not in in_round:
+                        self._drop(worker, "the job ended before it joined", failure=False)
                 pending = [w for w in self.workers.values() if not w.done]
                 if not pending:
                     return
