@@ -96,3 +96,68 @@ def test_elastic_arguments_are_checked() -> None:
             fixed.add_tasks([1])
     finally:
         fixed.shutdown()
+
+
+ADDED_MIDWAY = (
+    "import json, os, time, torch, kolo.torch as hvd\n"
+    "from kolo.exceptions import HostsUpdatedInterrupt\n"
+    "hvd.init()\n"
+    "raised = None\n"
+    "if os.environ['KOLO_TASK_INDEX'] != '2':\n"
+    "    state = hvd.elastic.ObjectState(hvd.broadcast_object, hvd.rank, step=0)\n"
+    "    print('ready', flush=True)\n"
+    "    for step in range(20000):\n"
+    "        hvd.allreduce(torch.ones(8), name='step')\n"
+    "        try:\n"
+    "            state.commit()\n"
+    "        except HostsUpdatedInterrupt as interrupt:\n"
+    "            raised = dict(step=step, skip_sync=interrupt.skip_sync)\n"
+    "            break\n"
+    "        time.sleep(0.001)\n"
+    "    hvd.shutdown(); hvd.init()\n"
+    "total = hvd.allreduce(torch.ones(1), op=hvd.Sum).item()\n"
+    "print(json.dumps(dict(raised=raised, size=hvd.size(), total=total)), flush=True)\n"
+    "hvd.shutdown()\n"
+)
+
+
+def test_an_added_task_interrupts_every_rank_at_the_same_commit() -> None:
+    """The driver's "added" notice reaches the ranks at different moments; every rank still
+    raises HostsUpdatedInterrupt at the same commit (no collective decides it), with
+    skip_sync False, and the new task joins the next round."""
+    driver = LaunchDriver(2, start_timeout=60, heartbeat_timeout=5, min_np=2, max_np=3)
+    workers = []
+
+    def start(task: int) -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, "-c", ADDED_MIDWAY],
+            cwd=REPO,
+            env=worker_env(dict(driver.worker_env(task))),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    try:
+        workers = [start(0), start(1)]
+        for worker in workers:
+            assert worker.stdout.readline().strip() == "ready", worker.stderr.read()
+        time.sleep(0.3)  # the step loop is running on both ranks
+        driver.add_tasks([2])
+        workers.append(start(2))
+        results = []
+        for worker in workers:
+            out, err = worker.communicate(timeout=60)
+            assert worker.returncode == 0, err[-3000:]
+            results.append(json.loads(out.strip().splitlines()[-1]))
+        first, second, new = results
+        assert first["raised"] is not None and first["raised"] == second["raised"], results
+        assert first["raised"]["skip_sync"] is False, results
+        assert new["raised"] is None
+        assert all(r["size"] == 3 and r["total"] == 3.0 for r in results), results
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+        driver.shutdown()
