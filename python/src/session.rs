@@ -114,9 +114,10 @@ pub fn record_host_update(timestamp: f64, result: u32) -> PyResult<()> {
         )))
         .py_err();
     }
-    kolo_collective::control::host_updates::record_news(
-        kolo_collective::control::HostUpdate { timestamp, result },
-    );
+    kolo_collective::control::host_updates::record_news(kolo_collective::control::HostUpdate {
+        timestamp,
+        result,
+    });
     Ok(())
 }
 

@@ -78,7 +78,9 @@ mod tests {
     fn removals_alone_skip_the_sync_and_additions_do_not() {
         let mut agreement = Agreement::default();
         agreement.observe(news(10.0, 3.0, 5.0));
-        let raised = agreement.check().expect("a removal newer than the handled update");
+        let raised = agreement
+            .check()
+            .expect("a removal newer than the handled update");
         assert_eq!((raised.timestamp, raised.skip_sync), (10.0, true));
         let mut agreement = Agreement::default();
         agreement.observe(news(10.0, 7.0, 5.0));
@@ -90,9 +92,17 @@ mod tests {
         let mut agreement = Agreement::default();
         agreement.observe(news(0.0, 9.0, 1.0));
         assert!(agreement.check().is_some());
-        assert_eq!(agreement.check(), None, "no op ran since: the same copy again");
+        assert_eq!(
+            agreement.check(),
+            None,
+            "no op ran since: the same copy again"
+        );
         agreement.observe(news(0.0, 9.0, 1.0));
-        assert_eq!(agreement.check(), None, "rank 0 had not marked it handled yet");
+        assert_eq!(
+            agreement.check(),
+            None,
+            "rank 0 had not marked it handled yet"
+        );
         agreement.observe(news(12.0, 9.0, 9.0));
         assert_eq!(agreement.check().map(|r| r.skip_sync), Some(true));
     }

@@ -120,7 +120,9 @@ impl CycleMessage {
             if value.is_finite() && value >= 0.0 {
                 Ok(value)
             } else {
-                Err(malformed(format!("host news {what} time {value} is not a timestamp")))
+                Err(malformed(format!(
+                    "host news {what} time {value} is not a timestamp"
+                )))
             }
         };
         let news = HostNews {

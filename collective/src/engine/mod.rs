@@ -262,6 +262,18 @@ impl Engine {
     /// it alike. `initializing`: part of `init` (allowed without dynamic process sets). The
     /// handle completes with [`Output::ProcessSet`].
     pub fn add_process_set(&self, members: &[usize], initializing: bool) -> Result<u64> {
+        self.add_process_set_as(members, initializing, None)
+    }
+
+    /// [`Engine::add_process_set`] under id `id` when it is free and not below the next id
+    /// (else the next id): an elastic job registers its sets again after a reset and keeps the
+    /// ids of those that still fit even when an earlier one no longer does.
+    pub fn add_process_set_as(
+        &self,
+        members: &[usize],
+        initializing: bool,
+        id: Option<u32>,
+    ) -> Result<u64> {
         self.require_dynamic(initializing, "add_process_set")?;
         let size = self.shared.comm.info().size;
         let mut sorted = members.to_vec();
@@ -273,7 +285,12 @@ impl Engine {
                 size - 1
             )));
         }
-        if let Some((id, _)) = lock(&self.shared.sets).iter().find(|(_, m)| **m == sorted) {
+        // An elastic round's set may come to hold every rank; it keeps its own id.
+        let duplicate = lock(&self.shared.sets)
+            .iter()
+            .find(|(set, m)| **m == sorted && !(id.is_some() && **set == 0))
+            .map(|(set, _)| *set);
+        if let Some(id) = duplicate {
             return Err(Error::InvalidArgument(format!(
                 "process set {id} already has ranks {sorted:?}; a set can be registered once"
             )));
@@ -281,6 +298,8 @@ impl Engine {
         let name = self.set_op_name("add");
         let mut sub = Submission::new(OpKind::AddProcessSet, &name);
         sub.splits = sorted.iter().map(|&r| r as u64).collect();
+        // The wanted id travels in `root` (0: the next one), so ranks that disagree fail.
+        sub.root = id.unwrap_or(0) as usize;
         self.submit(sub)
     }
 
@@ -802,9 +821,13 @@ impl Shared {
         me: usize,
     ) {
         match action {
-            SetAction::Add { members, handle } => {
-                let id = *next_set_id;
-                *next_set_id += 1;
+            SetAction::Add {
+                members,
+                handle,
+                wanted,
+            } => {
+                let id = (*next_set_id).max(wanted);
+                *next_set_id = id.saturating_add(1);
                 lock(&self.sets).insert(id, members.clone());
                 if let Some(group) = Group::new(id, members, me) {
                     sets.insert(id, SetRuntime::new(group, self.config.cache_capacity));
