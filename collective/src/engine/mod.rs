@@ -444,6 +444,10 @@ impl Engine {
         if thread.join().is_err() {
             log::error!("the engine thread panicked");
         }
+        // The NCCL communicators belong to this engine's membership: a later init (an elastic
+        // reset) must not find them by their member list and pair with the old round's peers.
+        #[cfg(feature = "cuda")]
+        device::nccl::reset();
         self.shared.stop(Error::Closed(
             "kolo was shut down on this rank; call init() again to run more collectives".into(),
         ));
