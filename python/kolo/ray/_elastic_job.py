@@ -13,7 +13,8 @@ driver runs in elastic mode (``min_np``/``max_np``/``elastic_timeout``/``reset_l
   and continue in a smaller round; the worker's host is blacklisted (Horovod's
   ``cooldown_range``) unless its node is simply gone;
 - the first worker to return ends the job: the others of its round return too (bounded by
-  ``timeout_s``); the results are their return values by rank.
+  ``min(timeout_s, 10 s)``), then they leave the job together; the results are their return
+  values by rank.
 
 The discovery is polled about every second (Horovod's ``DISCOVER_HOSTS_FREQUENCY_SECS``).
 """
@@ -47,6 +48,11 @@ _HEARTBEAT_TIMEOUT_S = 10.0
 #: How long new workers whose processes are up wait for others starting with them, to join
 #: the job together.
 _JOIN_BATCH_S = 2.0
+#: Once a worker returned, how long the others of its round have to return too (they run the
+#: same loop, so normally they return within milliseconds).
+_FINISH_GRACE_S = 10.0
+#: How long the workers that returned have to leave the job (``hvd.shutdown()``) at the end.
+_LEAVE_WAIT_S = 10.0
 #: How long teardown waits for killed actors to be gone.
 _KILL_WAIT_S = 15.0
 #: ``max_np`` of the job driver when ``max_workers`` is None (unbounded, as in Horovod).
@@ -284,7 +290,7 @@ class ElasticJob:
             if self._aborted:
                 raise LaunchError("RayExecutor: shutdown() was called during the elastic run")
             cause = self._driver.failure()
-            if cause is not None:
+            if cause is not None and finishing_since is None:
                 raise self._job_error(cause)
             self._deliver(callbacks)
             self._note_round()
@@ -313,12 +319,13 @@ class ElasticJob:
                 pending = [w for w in self.workers.values() if not w.done]
                 if not pending:
                     return
-                if time.monotonic() - finishing_since > self.settings.timeout_s:
+                grace = min(self.settings.timeout_s, _FINISH_GRACE_S)
+                if time.monotonic() - finishing_since > grace or cause is not None:
                     logger.warning(
-                        "RayExecutor (elastic): %d worker(s) still running %g s after the first "
-                        "returned; stopping them (their results are left out)",
+                        "RayExecutor (elastic): %d worker(s) did not return with the first "
+                        "(within %g s); stopping them (their results are left out)",
                         len(pending),
-                        self.settings.timeout_s,
+                        grace,
                     )
                     return
                 continue
@@ -636,6 +643,8 @@ class ElasticJob:
                 self._deliver(callbacks)
             except Exception as error:
                 logger.warning("RayExecutor: a callback raised during teardown: %s", error)
+        if reason is None:
+            _leave([w.actor for w in self.workers.values() if w.done])
         actors = [w.actor for w in self.workers.values()] + self._gone
         self.workers = {}
         self._gone = []
@@ -663,6 +672,23 @@ class ElasticJob:
         driver = self._driver
         if driver is not None:
             driver.abort("RayExecutor: shutdown() was called during the run")
+
+
+def _leave(actors: list[Any]) -> None:
+    """Has the workers that returned leave the job together (bounded), so their connections
+    and shared memory are released before they are killed."""
+    import ray
+
+    refs = []
+    for actor in actors:
+        try:
+            refs.append(actor.leave_job.remote())
+        except Exception as error:
+            logger.debug("leave_job: %s", error)
+    if refs:
+        _, pending = ray.wait(refs, num_returns=len(refs), timeout=_LEAVE_WAIT_S)
+        if pending:
+            logger.warning("RayExecutor: %d worker(s) did not leave the job in time", len(pending))
 
 
 def _wait_gone(actors: list[Any]) -> None:

@@ -81,21 +81,25 @@ class _RankActor(BaseHorovodWorker):
         executable: Optional[tuple[Callable[..., Any], tuple, dict]],
     ) -> Any:
         """One worker of an elastic run: sets the job's variables, builds the executable (for
-        ``execute``), runs ``fn`` (its ``hvd.init()`` registers with the job driver; its
-        ``hvd.elastic.run`` loop resets as the job's membership changes), then leaves the job
-        so its connections and shared memory are released before the actor is stopped."""
+        ``execute``) and runs ``fn`` (its ``hvd.init()`` registers with the job driver; its
+        ``hvd.elastic.run`` loop resets as the job's membership changes). The worker stays in
+        the job after ``fn`` returns (others may still finish their last collectives) until
+        :meth:`leave_job`."""
         os.environ.update(env)
         if with_executable:
             if executable is not None:
                 self.start_executable(*executable)
-            value = fn(self.executable)
-        else:
-            value = fn(*args, **kwargs)
+            return fn(self.executable)
+        return fn(*args, **kwargs)
+
+    def leave_job(self) -> None:
+        """``hvd.shutdown()`` if the function left kolo initialized: its connections and shared
+        memory are released before the actor is stopped (every worker of the run has returned
+        by then)."""
         from kolo import _core, _lifecycle
 
         if _core.is_initialized():
             _lifecycle.shutdown()
-        return value
 
     def ping(self) -> bool:
         """True (the executor uses it to see an actor is gone)."""
