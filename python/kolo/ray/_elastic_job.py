@@ -434,9 +434,6 @@ class ElasticJob:
         worker.pid = int(location.get("pid", 0))
         env = dict(self.extra_env_vars)
         env.update(self._driver.worker_env(worker.task_index))
-        # An added task's index is past the first round's count; the worker checks the index
-        # against KOLO_NUM_TASKS (an elastic worker does not compare it with the job's size).
-        env["KOLO_NUM_TASKS"] = str(max(int(env["KOLO_NUM_TASKS"]), worker.task_index + 1))
         env["KOLO_HOSTNAME"] = f"ray-node-{worker.node_id[:12]}"
         env["KOLO_RAY_NODE_ID"] = worker.node_id
         env["PYTHONUNBUFFERED"] = "1"
