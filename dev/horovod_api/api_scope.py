@@ -16,6 +16,11 @@ TENSORFLOW = "issue 22 (TensorFlow)"
 ELASTIC = "issue 21 (elastic)"
 AUTOTUNE = "issue 24 (performance: autotune)"
 NOT_PLANNED = "not planned"
+#: Flags whose effect needs what this project cannot run (NVIDIA GPUs, IBM LSF's jsrun):
+#: accepted with a notice (issue 19's decision), so outside the effect target.
+NO_HARDWARE = "needs NVIDIA GPUs or IBM LSF (accepted with a notice)"
+#: horovodrun flags whose effect is :data:`NO_HARDWARE`'s (by argparse ``dest``).
+NO_HARDWARE_FLAGS = ("use_jsrun", "torus_allreduce", "num_nccl_streams")
 INTERNAL = "internal"
 
 #: Modules whose every public name is API: those Horovod's API reference (docs/api.rst)

@@ -26,6 +26,8 @@ from api_scope import (
     ELASTIC,
     ESTIMATOR_CLASSES,
     EXAMPLE_IMPORTS,
+    NO_HARDWARE,
+    NO_HARDWARE_FLAGS,
     NOT_API,
     PUBLIC_MODULES,
     STORE_MODULE,
@@ -101,7 +103,8 @@ def public_names(src: HorovodSource) -> List[Dict]:
 
 def flags(src: HorovodSource) -> List[Dict]:
     """Horovodrun's flags, all in scope for acceptance; the effect of the elastic ones is
-    elastic training's (issue 21), of the autotune ones the performance issue's (24)."""
+    elastic training's (issue 21), of the autotune ones the performance issue's (24), of
+    ``--jsrun``/``--torus-allreduce``/``--num-nccl-streams`` hardware's this project lacks."""
     rows = launcher_flags(src.read("horovod/runner/launch.py"))
     for row in rows:
         row["scope"] = {"owner": module_scope("horovod.runner.launch")["owner"]}
@@ -109,6 +112,8 @@ def flags(src: HorovodSource) -> List[Dict]:
             row["effect_owner"] = ELASTIC
         elif row["group"] == AUTOTUNE_GROUP:
             row["effect_owner"] = AUTOTUNE
+        elif row["dest"] in NO_HARDWARE_FLAGS:
+            row["effect_owner"] = NO_HARDWARE
     return rows
 
 
