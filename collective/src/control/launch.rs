@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use crate::control::ids::{JobId, JobSecret};
 use crate::control::proto::{task_event, TaskEvent};
+use crate::control::service::MAX_TASKS;
 use crate::control::{DriverConfig, DriverService, ElasticConfig, PeerAssignment, WorkerEnv};
 use crate::error::{Error, Result};
 use crate::AbortCause;
@@ -316,8 +317,14 @@ impl LaunchDriver {
                 .and_then(|ranks| ranks.get(task as usize).copied())
                 .filter(|rank| *rank != u32::MAX);
             if task as usize >= collected.starts.len() {
-                log::warn!("an event from task {task}, which this job does not have; ignored");
-                continue;
+                if self.config.elastic.is_none() || task as usize >= MAX_TASKS {
+                    log::warn!("an event from task {task}, which this job does not have; ignored");
+                    continue;
+                }
+                // Elastic launches: a task the launcher has not added yet (a Spark task attempt
+                // announcing itself before the launcher admits it with `add_tasks`).
+                collected.starts.resize(task as usize + 1, None);
+                collected.exits.resize(task as usize + 1, None);
             }
             if let Some(event) = convert(&mut collected, task, rank, event) {
                 events.push(event);
