@@ -246,3 +246,107 @@ def test_signature_is_horovods_in_order():
     ]
     assert positional == HOROVOD_RUN_ELASTIC_PARAMS
     assert run_elastic is kolo.spark.run_elastic
+
+
+STANDALONE_DRIVER = r"""
+import json, sys, time
+sys.path.insert(0, sys.argv[2])
+import cloudpickle
+from support.spark import local_session_builder
+import kolo.spark
+from kolo.spark.runner import task_slots
+
+with open(sys.argv[3], "rb") as f:
+    fn, kwargs, env = cloudpickle.load(f)
+session = (local_session_builder(sys.argv[1]).config("spark.executor.memory", "512m")
+           .config("spark.executor.cores", "1").config("spark.cores.max", "4")
+           .config("spark.default.parallelism", "2").getOrCreate())
+session.sparkContext.setLogLevel("ERROR")
+deadline = time.monotonic() + 120
+# The four executors (one core each): JVMs start slowly on a busy machine.
+while (task_slots(session.sparkContext) or 0) < 4:
+    assert time.monotonic() < deadline, "the executors did not register"
+    time.sleep(0.2)
+results = kolo.spark.run_elastic(fn, kwargs=kwargs, num_proc=2, min_num_proc=1, env=env)
+print("RESULTS " + json.dumps(results), flush=True)
+session.stop()
+"""
+
+
+def executor_jvm(pid: int) -> bytes:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read()
+
+
+def run_standalone_and_kill(standalone_cluster, tmp_path, fn, kwargs, report_dir, marker):
+    """Runs ``fn`` with run_elastic on the standalone cluster (one core per executor, so each
+    rank has its own executor JVM); once both ranks reported their executor's pid, SIGKILLs
+    rank 1's executor JVM. Returns the driver's results and how long the job took after the
+    kill."""
+    job = tmp_path / "job.pkl"
+    job.write_bytes(cloudpickle.dumps((fn, kwargs, {MARKER_VAR: marker})))
+    script = tmp_path / "driver.py"
+    script.write_text(STANDALONE_DRIVER)
+    env = dict(os.environ, KOLO_HEARTBEAT_TIMEOUT_SECONDS="15")
+    driver = subprocess.Popen(
+        [sys.executable, str(script), standalone_cluster, str(REPO / "tests"), str(job)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        reports = [report_dir / f"rank-{rank}.json" for rank in (0, 1)]
+        deadline = time.monotonic() + 180
+        while not all(path.exists() for path in reports):
+            assert driver.poll() is None, driver.communicate()
+            assert time.monotonic() < deadline, "the ranks never started training"
+            time.sleep(0.05)
+        pids = [json.loads(path.read_text())["executor_pid"] for path in reports]
+        assert pids[0] != pids[1] and all(pids), pids
+        victim = pids[1]
+        assert b"CoarseGrainedExecutorBackend" in executor_jvm(victim)
+        os.kill(victim, signal.SIGKILL)
+        killed = time.monotonic()
+        out, err = driver.communicate(timeout=240)
+        after_kill = time.monotonic() - killed
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.communicate()
+    lines = [line for line in out.splitlines() if line.startswith("RESULTS ")]
+    assert driver.returncode == 0 and lines, out[-3000:] + err[-6000:]
+    return json.loads(lines[0][len("RESULTS ") :]), after_kill
+
+
+def test_standalone_survives_a_killed_executor_jvm(standalone_cluster, tmp_path):
+    """An executor JVM is SIGKILLed mid-training: its rank leaves, Spark retries its task on
+    another executor (attempt 1 = task index 2), the retry joins as a new worker, the survivor
+    restores its last commit, and both finish the same steps with the same state."""
+    marker = uuid.uuid4().hex
+    segments = kolo_segments()
+    report_dir = tmp_path / "reports"
+    report_dir.mkdir()
+    steps = 16
+    results, after_kill = run_standalone_and_kill(
+        standalone_cluster,
+        tmp_path,
+        elastic_steps,
+        {"steps": steps, "step_s": 0.25, "report_dir": str(report_dir)},
+        report_dir,
+        marker,
+    )
+    assert [r["rank"] for r in results] == [0, 1], results
+    assert all(r["size"] == 2 and r["step"] == steps for r in results), results
+    # The survivor (an attempt-0 task) and the retry of the killed task (attempt 1 of its
+    # partition: index partition + 1 * max_num_proc).
+    tasks = sorted(r["task"] for r in results)
+    assert tasks[0] in (0, 1) and tasks[1] in (2, 3), tasks
+    # The state is rank 0's on both (the retry synced it); every committed step ran once.
+    assert results[0]["sizes"] == results[1]["sizes"] and len(results[0]["sizes"]) == steps
+    assert results[0]["sizes"][0] == 2 and results[0]["sizes"][-1] == 2
+    survivor = next(r for r in results if r["task"] < 2)
+    assert survivor["resets"] and survivor["resets"][-1] == 2, survivor
+    assert_no_orphans(marker)
+    assert kolo_segments() <= segments
+    print(f"run_elastic standalone: executor JVM SIGKILLed, job done {after_kill:.1f}s later")
