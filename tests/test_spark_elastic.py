@@ -350,3 +350,103 @@ def test_standalone_survives_a_killed_executor_jvm(standalone_cluster, tmp_path)
     assert_no_orphans(marker)
     assert kolo_segments() <= segments
     print(f"run_elastic standalone: executor JVM SIGKILLed, job done {after_kill:.1f}s later")
+    print(json.dumps(results))
+
+
+class KillRankAt:
+    """A TorchEstimator callback: at ``epoch``'s first batch, rank ``rank`` of the first round
+    SIGKILLs itself (``report_dir``: instead, write the executor JVM's pid and slow the epoch
+    down so the test can kill that JVM)."""
+
+    def __init__(self, rank, epoch, report_dir=None, step_s=0.0):
+        self.rank, self.epoch, self.report_dir, self.step_s = rank, epoch, report_dir, step_s
+        self.armed = True
+
+    def on_train_batch_end(self, step, logs):
+        import json
+        import os
+        import signal
+        import time
+
+        import kolo.torch as hvd
+
+        time.sleep(self.step_s)
+        if not self.armed or logs["epoch"] != self.epoch or step != 0:
+            return
+        self.armed = False
+        if self.report_dir is None:
+            if hvd.rank() == self.rank:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return
+        pid = os.getpid()
+        while pid > 1:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"CoarseGrainedExecutorBackend" in f.read():
+                    break
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        path = os.path.join(self.report_dir, f"rank-{hvd.rank()}.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump({"executor_pid": pid, "pid": os.getpid()}, f)
+        os.replace(path + ".tmp", path)
+
+
+def elastic_estimator(store_dir, backend_kwargs, callback, epochs=4):
+    import torch
+
+    from kolo.spark.common.backend import SparkBackend
+    from kolo.spark.common.store import Store
+    from kolo.spark.torch import TorchEstimator
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+    return TorchEstimator(
+        backend=SparkBackend(**backend_kwargs),
+        store=Store.create(store_dir),
+        model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.05),
+        loss=torch.nn.functional.mse_loss,
+        feature_cols=["x"],
+        label_cols=["y"],
+        batch_size=8,
+        epochs=epochs,
+        callbacks=[callback],
+        random_seed=1,
+        verbose=0,
+    )
+
+
+def linear_rows(n=256):
+    return [([i / n, 1.0 - i / n], 2.0 * i / n + 0.5) for i in range(n)]
+
+
+def check_fitted(spark, fitted, epochs):
+    history = fitted.getHistory()
+    assert len(history["train_loss"]) == epochs, history
+    assert history["train_loss"][-1] < history["train_loss"][0], history
+    df = spark.createDataFrame(linear_rows(16), ["x", "y"])
+    predictions = fitted.transform(df).collect()
+    assert len(predictions) == 16
+    column = fitted.getOutputCols()[0]
+    errors = [abs(float(row[column]) - row["y"]) for row in predictions]
+    assert max(errors) < 1.0, errors
+
+
+def test_elastic_fit_survives_a_killed_rank(spark, tmp_path, caplog):
+    """local[2]: rank 1 SIGKILLs itself at the start of epoch 2; rank 0 goes back to its
+    commit (end of epoch 1), re-reads all the data as the only rank and trains the remaining
+    epochs; the fitted model has the full history and transforms."""
+    marker = uuid.uuid4().hex
+    df = spark.createDataFrame(linear_rows(), ["x", "y"])
+    est = elastic_estimator(
+        str(tmp_path / "store"),
+        dict(num_proc=2, min_num_proc=1, env={MARKER_VAR: marker}, stderr=io.StringIO()),
+        KillRankAt(rank=1, epoch=2),
+    )
+    with caplog.at_level("INFO", logger="kolo.spark"):
+        fitted = est.fit(df)
+    messages = [record.getMessage() for record in caplog.records]
+    assert any("task 1 was killed by signal 9 (SIGKILL)" in m for m in messages), messages
+    assert any("round of 1 rank(s): tasks [0]" in m for m in messages), messages
+    check_fitted(spark, fitted, 4)
+    assert_no_orphans(marker)

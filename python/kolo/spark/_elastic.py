@@ -423,6 +423,12 @@ class _ElasticJob(_Job):
             return
         if "signal" in description:
             # Killed (OOM killer, a lost executor's process tree): the others continue.
+            log.warning(
+                "kolo.spark.run_elastic: the rank process of task %d %s; the other ranks "
+                "continue without it",
+                task,
+                description,
+            )
             self.remove(task, f"its rank process {description}")
             return
         # The function raised outside the elastic loop's recovery: the job fails, as
@@ -471,7 +477,11 @@ class _ElasticJob(_Job):
         a failure) and lets waiting tasks in."""
         live = set(self.driver.live_tasks())
         for task in sorted(self.live - live):
-            log.warning("kolo.spark.run_elastic: the job driver removed task %d", task)
+            log.warning(
+                "kolo.spark.run_elastic: task %d left the job (a failure report or lost "
+                "heartbeats)",
+                task,
+            )
         self.live = live
         self.admit()
 
