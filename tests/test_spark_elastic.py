@@ -105,7 +105,7 @@ def elastic_steps(steps, step_s, report_dir=None, die_rank=None):
                 os.kill(os.getpid(), signal.SIGKILL)
             total = hvd.allreduce(torch.ones(1), op=hvd.Sum)
             time.sleep(step_s)
-            state.sizes = state.sizes + [int(total.item())]
+            state.sizes = [*state.sizes, int(total.item())]
             state.step += 1
             state.commit()
         return {
@@ -149,7 +149,6 @@ def test_a_rank_killed_leaves_and_the_survivor_finishes(spark):
 
 
 def raising_elastic_fn(marker):
-    import os
     import time
 
     import kolo.torch as hvd
@@ -206,7 +205,7 @@ def test_bad_arguments_are_typed_errors_before_any_spark_job(spark):
     conf = spark.sparkContext._conf
     conf.set("spark.speculation", "true")
     try:
-        with pytest.raises(ConfigError, match="spark.speculation"):
+        with pytest.raises(ConfigError, match=r"spark\.speculation"):
             run(elastic_steps, num_proc=2)
     finally:
         conf.set("spark.speculation", "false")
@@ -249,26 +248,28 @@ def test_signature_is_horovods_in_order():
 
 
 STANDALONE_DRIVER = r"""
-import json, sys, time
+import json, logging, sys, time
 sys.path.insert(0, sys.argv[2])
 import cloudpickle
 from support.spark import local_session_builder
-import kolo.spark
 from kolo.spark.runner import task_slots
 
+logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+logging.getLogger("kolo.spark").setLevel(logging.INFO)
 with open(sys.argv[3], "rb") as f:
-    fn, kwargs, env = cloudpickle.load(f)
+    jobs = cloudpickle.load(f)
 session = (local_session_builder(sys.argv[1]).config("spark.executor.memory", "512m")
            .config("spark.executor.cores", "1").config("spark.cores.max", "4")
            .config("spark.default.parallelism", "2").getOrCreate())
 session.sparkContext.setLogLevel("ERROR")
-deadline = time.monotonic() + 120
-# The four executors (one core each): JVMs start slowly on a busy machine.
-while (task_slots(session.sparkContext) or 0) < 4:
-    assert time.monotonic() < deadline, "the executors did not register"
-    time.sleep(0.2)
-results = kolo.spark.run_elastic(fn, kwargs=kwargs, num_proc=2, min_num_proc=1, env=env)
-print("RESULTS " + json.dumps(results), flush=True)
+for index, job in enumerate(jobs):
+    # Executors of one core each: two for the ranks, one for the retry of the killed one
+    # (the master replaces a killed executor too, but a JVM starts slowly on a busy machine).
+    deadline = time.monotonic() + 120
+    while (task_slots(session.sparkContext) or 0) < 3:
+        assert time.monotonic() < deadline, "the executors did not register"
+        time.sleep(0.2)
+    print(f"RESULT {index} " + json.dumps(job(session)), flush=True)
 session.stop()
 """
 
@@ -278,68 +279,131 @@ def executor_jvm(pid: int) -> bytes:
         return f.read()
 
 
-def run_standalone_and_kill(standalone_cluster, tmp_path, fn, kwargs, report_dir, marker):
-    """Runs ``fn`` with run_elastic on the standalone cluster (one core per executor, so each
-    rank has its own executor JVM); once both ranks reported their executor's pid, SIGKILLs
-    rank 1's executor JVM. Returns the driver's results and how long the job took after the
-    kill."""
-    job = tmp_path / "job.pkl"
-    job.write_bytes(cloudpickle.dumps((fn, kwargs, {MARKER_VAR: marker})))
+def run_jobs_killing_executors(standalone_cluster, tmp_path, jobs, report_dirs):
+    """Runs ``jobs`` (each ``job(session) -> JSON value``) one after the other in one Spark
+    application on the standalone cluster (one core per executor, so each rank has its own
+    executor JVM). During job ``i``, once ranks 0 and 1 wrote their executor's pid to
+    ``report_dirs[i]``, SIGKILLs rank 1's executor JVM. Returns each job's value, the seconds
+    from each kill to its job's end, and the driver's stderr (its ``kolo.spark`` log)."""
+    import queue
+    import threading
+
+    path = tmp_path / "jobs.pkl"
+    path.write_bytes(cloudpickle.dumps(jobs))
     script = tmp_path / "driver.py"
     script.write_text(STANDALONE_DRIVER)
     env = dict(os.environ, KOLO_HEARTBEAT_TIMEOUT_SECONDS="15")
     driver = subprocess.Popen(
-        [sys.executable, str(script), standalone_cluster, str(REPO / "tests"), str(job)],
+        [sys.executable, str(script), standalone_cluster, str(REPO / "tests"), str(path)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env=env,
     )
+    lines: queue.Queue = queue.Queue()
+    err: list[str] = []
+    readers = [
+        threading.Thread(target=lambda: [lines.put(line) for line in driver.stdout], daemon=True),
+        threading.Thread(target=lambda: err.extend(driver.stderr), daemon=True),
+    ]
+    for reader in readers:
+        reader.start()
+    values, after_kill = [], []
     try:
-        reports = [report_dir / f"rank-{rank}.json" for rank in (0, 1)]
-        deadline = time.monotonic() + 180
-        while not all(path.exists() for path in reports):
-            assert driver.poll() is None, driver.communicate()
-            assert time.monotonic() < deadline, "the ranks never started training"
-            time.sleep(0.05)
-        pids = [json.loads(path.read_text())["executor_pid"] for path in reports]
-        assert pids[0] != pids[1] and all(pids), pids
-        victim = pids[1]
-        assert b"CoarseGrainedExecutorBackend" in executor_jvm(victim)
-        os.kill(victim, signal.SIGKILL)
-        killed = time.monotonic()
-        out, err = driver.communicate(timeout=240)
-        after_kill = time.monotonic() - killed
+        for index, report_dir in enumerate(report_dirs):
+            reports = [report_dir / f"rank-{rank}.json" for rank in (0, 1)]
+            deadline = time.monotonic() + 180
+            while not all(path.exists() for path in reports):
+                assert driver.poll() is None, "".join(err)[-8000:]
+                assert time.monotonic() < deadline, "the ranks never started training"
+                time.sleep(0.05)
+            pids = [json.loads(path.read_text())["executor_pid"] for path in reports]
+            assert pids[0] != pids[1] and all(pids), pids
+            assert b"CoarseGrainedExecutorBackend" in executor_jvm(pids[1])
+            os.kill(pids[1], signal.SIGKILL)
+            killed = time.monotonic()
+            while True:
+                try:
+                    line = lines.get(timeout=240)
+                except queue.Empty:
+                    raise AssertionError("".join(err)[-8000:]) from None
+                if line.startswith(f"RESULT {index} "):
+                    break
+            after_kill.append(time.monotonic() - killed)
+            values.append(json.loads(line[len(f"RESULT {index} ") :]))
+        driver.wait(timeout=60)
     finally:
         if driver.poll() is None:
             driver.kill()
-            driver.communicate()
-    lines = [line for line in out.splitlines() if line.startswith("RESULTS ")]
-    assert driver.returncode == 0 and lines, out[-3000:] + err[-6000:]
-    return json.loads(lines[0][len("RESULTS ") :]), after_kill
+            driver.wait()
+        for reader in readers:
+            reader.join(timeout=10)
+    assert driver.returncode == 0, "".join(err)[-8000:]
+    return values, after_kill, "".join(err)
 
 
-def test_standalone_survives_a_killed_executor_jvm(standalone_cluster, tmp_path):
-    """An executor JVM is SIGKILLed mid-training: its rank leaves, Spark retries its task on
-    another executor (attempt 1 = task index 2), the retry joins as a new worker, the survivor
-    restores its last commit, and both finish the same steps with the same state."""
+def run_elastic_job(report_dir, marker, steps):
+    def job(session):
+        import kolo.spark
+
+        return kolo.spark.run_elastic(
+            elastic_steps,
+            kwargs={"steps": steps, "step_s": 0.2, "report_dir": report_dir},
+            num_proc=2,
+            min_num_proc=1,
+            env={MARKER_VAR: marker},
+        )
+
+    return job
+
+
+def fit_job(store_dir, report_dir, marker, epochs):
+    def job(session):
+        df = session.createDataFrame(linear_rows(), ["x", "y"])
+        est = elastic_estimator(
+            store_dir,
+            dict(num_proc=2, min_num_proc=1, env={MARKER_VAR: marker}),
+            KillRankAt(rank=1, epoch=1, report_dir=report_dir, step_s=0.03),
+            epochs=epochs,
+        )
+        fitted = est.fit(df)
+        column = fitted.getOutputCols()[0]
+        rows = fitted.transform(session.createDataFrame(linear_rows(16), ["x", "y"])).collect()
+        return {
+            "history": fitted.getHistory(),
+            "errors": [abs(float(row[column]) - row["y"]) for row in rows],
+        }
+
+    return job
+
+
+def test_standalone_survives_killed_executor_jvms(standalone_cluster, tmp_path):
+    """On the standalone cluster, an executor JVM is SIGKILLed mid-training, twice:
+
+    (a) under ``run_elastic``: its rank leaves, Spark retries its task on another executor
+    (attempt 1 = task index partition + 2), the retry joins as a new worker, the survivor
+    restores its last commit, and both finish every step with the same state;
+    (b) during an elastic ``TorchEstimator`` fit: the same, and the fit ends with all its
+    epochs and a model that transforms.
+
+    No rank process or shared-memory segment is left afterwards."""
     marker = uuid.uuid4().hex
     segments = kolo_segments()
-    report_dir = tmp_path / "reports"
-    report_dir.mkdir()
-    steps = 16
-    results, after_kill = run_standalone_and_kill(
-        standalone_cluster,
-        tmp_path,
-        elastic_steps,
-        {"steps": steps, "step_s": 0.25, "report_dir": str(report_dir)},
-        report_dir,
-        marker,
+    reports = [tmp_path / "reports-run", tmp_path / "reports-fit"]
+    for report_dir in reports:
+        report_dir.mkdir()
+    steps, epochs = 10, 4
+    jobs = [
+        run_elastic_job(str(reports[0]), marker, steps),
+        fit_job(str(tmp_path / "store"), str(reports[1]), marker, epochs),
+    ]
+    (results, fit), after_kill, log = run_jobs_killing_executors(
+        standalone_cluster, tmp_path, jobs, reports
     )
+    # (a)
     assert [r["rank"] for r in results] == [0, 1], results
     assert all(r["size"] == 2 and r["step"] == steps for r in results), results
-    # The survivor (an attempt-0 task) and the retry of the killed task (attempt 1 of its
-    # partition: index partition + 1 * max_num_proc).
+    # The survivor (an attempt-0 task) and the retry of the killed one (attempt 1).
     tasks = sorted(r["task"] for r in results)
     assert tasks[0] in (0, 1) and tasks[1] in (2, 3), tasks
     # The state is rank 0's on both (the retry synced it); every committed step ran once.
@@ -347,10 +411,20 @@ def test_standalone_survives_a_killed_executor_jvm(standalone_cluster, tmp_path)
     assert results[0]["sizes"][0] == 2 and results[0]["sizes"][-1] == 2
     survivor = next(r for r in results if r["task"] < 2)
     assert survivor["resets"] and survivor["resets"][-1] == 2, survivor
+    # (b)
+    assert len(fit["history"]["train_loss"]) == epochs, fit
+    assert fit["history"]["train_loss"][-1] < fit["history"]["train_loss"][0], fit
+    assert len(fit["errors"]) == 16 and max(fit["errors"]) < 1.0, fit
+    joins = [line for line in log.splitlines() if "joins the job" in line]
+    assert len(joins) == 2, log[-6000:]
     assert_no_orphans(marker)
     assert kolo_segments() <= segments
-    print(f"run_elastic standalone: executor JVM SIGKILLed, job done {after_kill:.1f}s later")
+    print(
+        "standalone: executor JVM SIGKILLed; run_elastic done %.1fs later, fit done %.1fs later"
+        % tuple(after_kill)
+    )
     print(json.dumps(results))
+    print("\n".join(line for line in log.splitlines() if "kolo.spark " in line))
 
 
 class KillRankAt:

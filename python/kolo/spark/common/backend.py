@@ -127,8 +127,10 @@ class SparkBackend(Backend):
         launcher = run_elastic if self._elastic else run
         name = "kolo.spark.run_elastic" if self._elastic else "kolo.spark.run"
         known = [p for p in inspect.signature(launcher).parameters if not p.startswith("_")]
-        allowed = [p for p in known if p not in _OWN_RUN_PARAMS + ("min_np", "max_np")]
-        unknown = sorted(set(kwargs) - set(allowed) - set(ELASTIC_BOUNDS))
+        allowed = [p for p in known if p not in (*_OWN_RUN_PARAMS, "min_np", "max_np")]
+        if not self._elastic:
+            kwargs = {k: v for k, v in kwargs.items() if k not in ELASTIC_BOUNDS}
+        unknown = sorted(set(kwargs) - set(allowed))
         if unknown:
             raise InvalidArgumentError(
                 f"SparkBackend got {', '.join(map(repr, unknown))}, which {name} does "
