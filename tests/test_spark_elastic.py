@@ -148,6 +148,25 @@ def test_a_rank_killed_leaves_and_the_survivor_finishes(spark):
     print(f"run_elastic local[2], one rank killed: {elapsed:.2f}s")
 
 
+def test_the_reset_past_reset_limit_stops_the_job(spark):
+    marker = uuid.uuid4().hex
+    started = time.monotonic()
+    with pytest.raises(RankFailedError, match="exceeded its limit of 0") as caught:
+        kolo.spark.run_elastic(
+            elastic_steps,
+            kwargs={"steps": 8, "step_s": 0.05, "die_rank": 1},
+            num_proc=2,
+            min_num_proc=1,
+            reset_limit=0,
+            env={MARKER_VAR: marker},
+            stdout=io.StringIO(),
+            stderr=io.StringIO(),
+        )
+    assert time.monotonic() - started < 60
+    assert "reset" in str(caught.value)
+    assert_no_orphans(marker)
+
+
 def raising_elastic_fn(marker):
     import time
 

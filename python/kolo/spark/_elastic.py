@@ -359,8 +359,8 @@ class _ElasticJob(_Job):
         super().__init__(sc, driver, num_proc, out, err, timestamps, on_message)
         self.group = self.group.replace("kolo.spark.run-", "kolo.spark.run_elastic-")
         self.max_num_proc = max_num_proc
-        #: Task indices whose rank process started.
-        self.started: set[int] = set()
+        #: ``(attempt, hostname)`` of every task whose rank process started.
+        self.starts: dict[int, tuple[int, str]] = {}
         #: Started tasks waiting for room (``max_num_proc`` live), oldest first.
         self.pending: list[int] = []
         self.live: set[int] = set(range(num_proc))
@@ -396,7 +396,8 @@ class _ElasticJob(_Job):
     # -- events -----------------------------------------------------------------------------
 
     def on_started(self, task: int, attempt: int, hostname: str) -> None:
-        self.started.add(task)
+        # Kept here: the driver forgets a task's start when it is added (a new process).
+        self.starts[task] = (attempt, hostname)
         partition = task % self.max_num_proc
         for earlier in range(task % self.max_num_proc, task, self.max_num_proc):
             if earlier in self.live:
@@ -536,8 +537,7 @@ class _ElasticJob(_Job):
     def rank_failed_from_exit(
         self, task: int, rank: Optional[int], description: str
     ) -> RankFailedError:
-        start = self.driver.task_start(task)
-        attempt, host = (start[0], start[1]) if start is not None else (None, None)
+        attempt, host = self.starts.get(task, (None, None))
         tail = "\n".join(self.stderr_tail.get(task, ()))
         where = f"rank {rank}" if rank is not None else f"task {task}"
         if host:
