@@ -438,9 +438,9 @@ def test_standalone_survives_killed_executor_jvms(standalone_cluster, tmp_path):
     assert len(joins) == 2, log[-6000:]
     assert_no_orphans(marker)
     assert kolo_segments() <= segments
+    run_s, fit_s = after_kill
     print(
-        "standalone: executor JVM SIGKILLed; run_elastic done %.1fs later, fit done %.1fs later"
-        % tuple(after_kill)
+        f"standalone: executor JVM SIGKILLed; run_elastic done {run_s:.1f}s later, fit {fit_s:.1f}s"
     )
     print(json.dumps(results))
     print("\n".join(line for line in log.splitlines() if "kolo.spark " in line))
