@@ -166,6 +166,9 @@ class SparkBackend(Backend):
         if env:
             full_env.update(env)
         full_env.pop("CUDA_VISIBLE_DEVICES", None)
+        if not self._elastic:
+            # The elastic launchers' mark for their workers: not for the ranks of a fixed job.
+            full_env.pop("KOLO_ELASTIC_TIMEOUT", None)
         return (run_elastic if self._elastic else run)(
             fn,
             args=args,
