@@ -148,6 +148,27 @@ def test_a_rank_killed_leaves_and_the_survivor_finishes(spark):
     print(f"run_elastic local[2], one rank killed: {elapsed:.2f}s")
 
 
+def test_a_task_past_num_proc_is_admitted_and_joins(spark):
+    """num_proc=1, max_num_proc=2 on local[2]: Spark starts both tasks; task 1 is not a member
+    of the first round, announces itself, is admitted (add_tasks) and joins, so the job ends
+    on two ranks that agree on the state."""
+    marker = uuid.uuid4().hex
+    results = kolo.spark.run_elastic(
+        elastic_steps,
+        kwargs={"steps": 12, "step_s": 0.1},
+        num_proc=1,
+        max_num_proc=2,
+        env={MARKER_VAR: marker},
+        stdout=io.StringIO(),
+        stderr=io.StringIO(),
+    )
+    assert [r["rank"] for r in results] == [0, 1], results
+    assert sorted(r["task"] for r in results) == [0, 1]
+    assert all(r["size"] == 2 and r["step"] == 12 for r in results), results
+    assert results[0]["sizes"] == results[1]["sizes"] and results[0]["sizes"][-1] == 2
+    assert_no_orphans(marker)
+
+
 def test_the_reset_past_reset_limit_stops_the_job(spark):
     marker = uuid.uuid4().hex
     started = time.monotonic()
@@ -221,6 +242,10 @@ def test_bad_arguments_are_typed_errors_before_any_spark_job(spark):
     with pytest.warns(DeprecationWarning, match="min_np is deprecated"):
         with pytest.raises(InvalidArgumentError, match="min_num_proc"):
             run(elastic_steps, num_proc=2, min_np=5)
+    from kolo.spark.common.backend import SparkBackend
+
+    with pytest.raises(InvalidArgumentError, match=r"'use_mpi', which kolo.spark.run_elastic"):
+        SparkBackend(num_proc=2, min_num_proc=1, use_mpi=True)
     conf = spark.sparkContext._conf
     conf.set("spark.speculation", "true")
     try:

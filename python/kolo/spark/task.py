@@ -152,17 +152,22 @@ def _run_elastic_task(
         yield (index, False, f"attempt {attempt} is past the task indices kolo supports")
         return
     num_tasks = max(int(job_env.get("KOLO_NUM_TASKS", "1")), index + 1)
+    hostname = (
+        user_env.get("KOLO_HOSTNAME") or os.environ.get("KOLO_HOSTNAME") or socket.gethostname()
+    )
     envs = list(user_env.items())
     envs += list(job_env.items())
     envs += [
         ("KOLO_TASK_INDEX", str(index)),
         ("KOLO_NUM_TASKS", str(num_tasks)),
+        # The host the rank registers from, fixed before it joins: `hvd.init()` then finds the
+        # same job environment as the rank process's early registration and adopts it (after
+        # the join the rank variables include HOROVOD_HOSTNAME, which would otherwise differ
+        # from the unset name the early registration saw, and init() would register again).
+        ("KOLO_HOSTNAME", hostname),
         (GPU_ADDRESSES_VAR, ",".join(_task_gpu_addresses(context))),
         ("PYTHONUNBUFFERED", "1"),
     ]
-    hostname = (
-        user_env.get("KOLO_HOSTNAME") or os.environ.get("KOLO_HOSTNAME") or socket.gethostname()
-    )
     program = executable or sys.executable
     success, description = _native.spark_run_task(
         envs, program, ["-c", ELASTIC_CHILD_CODE], attempt, hostname, term_grace
