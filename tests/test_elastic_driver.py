@@ -96,3 +96,136 @@ def test_elastic_arguments_are_checked() -> None:
             fixed.add_tasks([1])
     finally:
         fixed.shutdown()
+
+
+ADDED_MIDWAY = (
+    "import json, os, time, torch, kolo.torch as hvd\n"
+    "from kolo.exceptions import HostsUpdatedInterrupt\n"
+    "hvd.init()\n"
+    "raised = None\n"
+    "if os.environ['KOLO_TASK_INDEX'] != '2':\n"
+    "    state = hvd.elastic.ObjectState(hvd.broadcast_object, hvd.rank, step=0)\n"
+    "    print('ready', flush=True)\n"
+    "    for step in range(20000):\n"
+    "        hvd.allreduce(torch.ones(8), name='step')\n"
+    "        try:\n"
+    "            state.commit()\n"
+    "        except HostsUpdatedInterrupt as interrupt:\n"
+    "            raised = dict(step=step, skip_sync=interrupt.skip_sync)\n"
+    "            break\n"
+    "        time.sleep(0.001)\n"
+    "    hvd.shutdown(); hvd.init()\n"
+    "total = hvd.allreduce(torch.ones(1), op=hvd.Sum).item()\n"
+    "print(json.dumps(dict(raised=raised, size=hvd.size(), total=total)), flush=True)\n"
+    "hvd.shutdown()\n"
+)
+
+
+def test_an_added_task_interrupts_every_rank_at_the_same_commit() -> None:
+    """The driver's "added" notice reaches the ranks at different moments; every rank still
+    raises HostsUpdatedInterrupt at the same commit (no collective decides it), with
+    skip_sync False, and the new task joins the next round."""
+    driver = LaunchDriver(2, start_timeout=60, heartbeat_timeout=5, min_np=2, max_np=3)
+    workers = []
+
+    def start(task: int) -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, "-c", ADDED_MIDWAY],
+            cwd=REPO,
+            env=worker_env(dict(driver.worker_env(task))),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    try:
+        workers = [start(0), start(1)]
+        for worker in workers:
+            assert worker.stdout.readline().strip() == "ready", worker.stderr.read()
+        time.sleep(0.3)  # the step loop is running on both ranks
+        driver.add_tasks([2])
+        workers.append(start(2))
+        results = []
+        for worker in workers:
+            out, err = worker.communicate(timeout=60)
+            assert worker.returncode == 0, err[-3000:]
+            results.append(json.loads(out.strip().splitlines()[-1]))
+        first, second, new = results
+        assert first["raised"] is not None and first["raised"] == second["raised"], results
+        assert first["raised"]["skip_sync"] is False, results
+        assert new["raised"] is None
+        assert all(r["size"] == 3 and r["total"] == 3.0 for r in results), results
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+        driver.shutdown()
+
+
+SETS_ACROSS_A_RESET = (
+    "import json, torch, kolo.elastic, kolo.torch as hvd\n"
+    "from kolo.exceptions import InternalError, InvalidArgumentError\n"
+    "a, b = hvd.ProcessSet([1, 2]), hvd.ProcessSet([0, 1])\n"
+    "hvd.init(process_sets=[a, b])\n"
+    "ids = [a.process_set_id, b.process_set_id]\n"
+    "print('ready', flush=True)\n"
+    "try:\n"
+    "    while True: hvd.allreduce(torch.ones(64))\n"
+    "except InternalError:\n"
+    "    pass\n"
+    "kolo.elastic.reset()\n"
+    "total = hvd.allreduce(torch.ones(1), op=hvd.Sum, process_set=b).item()\n"
+    "try:\n"
+    "    hvd.allreduce(torch.ones(1), process_set=a)\n"
+    "    left_out = None\n"
+    "except InvalidArgumentError as err:\n"
+    "    left_out = str(err)\n"
+    "print(json.dumps(dict(ids=ids, after=[a.process_set_id, b.process_set_id], total=total,\n"
+    "                      left_out=left_out, included=a.included(), size=hvd.size())),\n"
+    "      flush=True)\n"
+    "hvd.shutdown()\n"
+)
+
+
+def test_process_sets_are_registered_again_after_a_reset_with_stable_ids() -> None:
+    """Sets given to init(process_sets=...) come back after an elastic reset: one that still
+    fits the smaller job keeps its id even though the set before it no longer fits; the one
+    that does not fit says why when used."""
+    driver = LaunchDriver(3, start_timeout=60, heartbeat_timeout=5, min_np=2, max_np=3)
+    workers = []
+    try:
+        for task in range(3):
+            workers.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", SETS_ACROSS_A_RESET],
+                    cwd=REPO,
+                    env=worker_env(dict(driver.worker_env(task))),
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
+        for worker in workers:
+            assert worker.stdout.readline().strip() == "ready", worker.stderr.read()
+        time.sleep(0.2)
+        os.kill(workers[2].pid, signal.SIGKILL)
+        workers[2].wait(timeout=30)
+        driver.report_task_failure(2, "was killed by signal 9 (SIGKILL)")
+        results = []
+        for worker in workers[:2]:
+            out, err = worker.communicate(timeout=60)
+            assert worker.returncode == 0, err[-3000:]
+            results.append(json.loads(out.strip().splitlines()[-1]))
+        for result in results:
+            assert result["ids"] == [1, 2] and result["size"] == 2, result
+            assert result["after"] == [None, 2], "b keeps id 2; a does not fit 2 ranks"
+            assert result["total"] == 2.0 and result["included"] is None, result
+            assert "not registered in this round" in result["left_out"], result
+            assert "[1, 2] need at least 3 ranks" in result["left_out"], result
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+        driver.shutdown()

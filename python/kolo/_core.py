@@ -326,6 +326,32 @@ def host_updates() -> list[tuple[float, int]]:
     return [(float(timestamp), int(result)) for timestamp, result in _native.host_updates()]
 
 
+def check_host_updates(timeout: float = 60.0) -> Optional[tuple[float, bool]]:
+    """Elastic jobs: whether this commit raises ``HostsUpdatedInterrupt``, as
+    ``(timestamp of the newest host update, skip_sync)``, or None.
+
+    Every rank gets the same answer without a collective: rank 0's view of the host updates
+    travels in the engine's cycle messages, and the answer is the view of the latest cycle that
+    decided one of the global collectives submitted before this call (waiting up to
+    ``timeout`` seconds for them). An update is raised once. None when kolo is not initialized.
+
+    Example::
+
+        raised = _core.check_host_updates()
+        if raised is not None:
+            raise HostsUpdatedInterrupt(skip_sync=raised[1])
+    """
+    raised = _native.check_host_updates(timeout)
+    return None if raised is None else (float(raised[0]), bool(raised[1]))
+
+
+def record_host_update(timestamp: float, result: int) -> None:
+    """Elastic jobs: records a host update (``HostUpdateResult``: 1 removed, 2 added, 3 mixed)
+    this process learned of, as the driver's notices are recorded; rank 0's records decide the
+    commits of every rank (:func:`check_host_updates`)."""
+    _native.record_host_update(float(timestamp), int(result))
+
+
 def holds(handle: int) -> bool:
     """Whether the engine still holds the tensor submitted with ``handle``: from the submit call
     until ``wait`` consumed its result (so an interrupt in between cannot free it)."""

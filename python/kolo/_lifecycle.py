@@ -60,8 +60,23 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     # driver this process hosts for mpirun/srun ranks (it waits for every rank to leave).
     atexit.unregister(shutdown)
     atexit.register(shutdown)
-    for ps in process_sets or []:
+    global _init_process_sets
+    _init_process_sets = list(process_sets or [])
+    if os.environ.get("KOLO_ELASTIC_TIMEOUT"):
+        _sets.register_for_round(_init_process_sets)
+        return
+    for ps in _init_process_sets:
         _sets.register(ps, initializing=True)
+
+
+#: The ``process_sets`` of the latest ``init``: an elastic reset registers them again.
+_init_process_sets: list[Any] = []
+
+
+def init_process_sets() -> list[Any]:
+    """The ``process_sets`` the latest :func:`init` was given (an elastic reset passes them to
+    the next one)."""
+    return list(_init_process_sets)
 
 
 def shutdown() -> None:

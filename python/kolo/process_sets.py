@@ -140,6 +140,12 @@ def resolve(process_set: Any) -> ProcessSet:
             f"process_set must be a kolo.ProcessSet, got {type(process_set).__name__}"
         )
     if process_set.process_set_id is None:
+        left_out = getattr(process_set, "_left_out", None)
+        if left_out:
+            raise InvalidArgumentError(
+                f"{process_set!r} is not registered in this round of the elastic job: "
+                f"{left_out}; check included() before using it, or build sets from hvd.size()"
+            )
         raise InvalidArgumentError(
             f"{process_set!r} is not registered; pass it to init(process_sets=[...]) or to "
             "add_process_set() first"
@@ -170,8 +176,35 @@ def register(process_set: Union[ProcessSet, Iterable[int]], initializing: bool) 
     return ps
 
 
-def _register_ranks(ps: ProcessSet, initializing: bool) -> ProcessSet:
-    handle = _native.add_process_set(list(ps.ranks or []), initializing)
+def register_for_round(process_sets: Iterable[Union[ProcessSet, Iterable[int]]]) -> None:
+    """Elastic jobs: registers the ``init(process_sets=...)`` sets that fit this round, each
+    under id 1, 2, ... by its position in the list, so a set keeps its id across resets even
+    when an earlier one stops fitting. A set with a rank beyond this round's size stays
+    unregistered (``included()`` is None; an op on it says why) until a round is big enough.
+    Every rank (survivors after a reset, and new workers at their first ``init``) registers the
+    same list, so they agree."""
+    size = _core.size()
+    for position, entry in enumerate(process_sets, start=1):
+        ps = _as_set(entry)
+        if ps.ranks is None:
+            raise InvalidArgumentError(
+                f"{ps!r}: an elastic job's process sets are lists of ranks (a communicator's "
+                "ranks do not survive a reset); pass hvd.ProcessSet([...])"
+            )
+        if ps.process_set_id is not None:
+            raise InvalidArgumentError(f"{ps!r} is already registered")
+        if ps.ranks and ps.ranks[-1] >= size:
+            ps._left_out = (  # type: ignore[attr-defined]
+                f"its ranks {ps.ranks} need at least {ps.ranks[-1] + 1} ranks and this round "
+                f"has {size}"
+            )
+            continue
+        ps._left_out = None  # type: ignore[attr-defined]
+        _register_ranks(ps, initializing=True, set_id=position)
+
+
+def _register_ranks(ps: ProcessSet, initializing: bool, set_id: Optional[int] = None) -> ProcessSet:
+    handle = _native.add_process_set(list(ps.ranks or []), initializing, set_id)
     ps.process_set_id = int(_wait_for_every_rank(handle, f"add_process_set({ps.ranks})"))
     _live_sets[id(ps)] = ps
     return ps

@@ -119,12 +119,19 @@ pub fn join(py: Python<'_>) -> PyResult<u64> {
     session::current(py)?.engine().join().py_err()
 }
 
-/// Submits the registration of a process set of `ranks`; the handle's result is its id.
+/// Submits the registration of a process set of `ranks`; the handle's result is its id
+/// (`id` when given, free and not below the next one).
 #[pyfunction]
-pub fn add_process_set(py: Python<'_>, ranks: Vec<usize>, initializing: bool) -> PyResult<u64> {
+#[pyo3(signature = (ranks, initializing, id = None))]
+pub fn add_process_set(
+    py: Python<'_>,
+    ranks: Vec<usize>,
+    initializing: bool,
+    id: Option<u32>,
+) -> PyResult<u64> {
     session::current(py)?
         .engine()
-        .add_process_set(&ranks, initializing)
+        .add_process_set_as(&ranks, initializing, id)
         .py_err()
 }
 

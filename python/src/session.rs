@@ -85,11 +85,49 @@ pub fn host_updates() -> Vec<(f64, u32)> {
         .unwrap_or_default()
 }
 
+/// Elastic jobs: whether this commit raises `HostsUpdatedInterrupt` — `(timestamp, skip_sync)`
+/// of the newest host update, or `None` — agreed on every rank without a collective. Waits up
+/// to `timeout` seconds for the global collectives submitted before it; `None` when not
+/// initialized.
+#[pyfunction]
+#[pyo3(signature = (timeout = 60.0))]
+pub fn check_host_updates(py: Python<'_>, timeout: f64) -> PyResult<Option<(f64, bool)>> {
+    let Some(worker) = slot().as_ref().map(Arc::clone) else {
+        return Ok(None);
+    };
+    let timeout = Duration::try_from_secs_f64(timeout.max(0.0)).unwrap_or(Duration::MAX);
+    let raised = py
+        .detach(|| worker.engine().check_host_updates(timeout))
+        .py_err()?;
+    Ok(raised.map(|r| (r.timestamp, r.skip_sync)))
+}
+
+/// Elastic jobs: records a host update (`HostUpdateResult`: 1 removed, 2 added, 3 mixed) this
+/// process learned of, as if the driver had sent it; rank 0's record reaches every rank's next
+/// commit.
+#[pyfunction]
+pub fn record_host_update(timestamp: f64, result: u32) -> PyResult<()> {
+    if !(timestamp.is_finite() && timestamp >= 0.0) || result > 3 {
+        return Err::<(), _>(kolo_collective::error::Error::InvalidArgument(format!(
+            "a host update needs a timestamp (seconds since the epoch, got {timestamp}) and a \
+             HostUpdateResult of 0-3 (got {result})"
+        )))
+        .py_err();
+    }
+    kolo_collective::control::host_updates::record_news(kolo_collective::control::HostUpdate {
+        timestamp,
+        result,
+    });
+    Ok(())
+}
+
 /// Adds the session functions to the native module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(init, m)?)?;
     m.add_function(wrap_pyfunction!(shutdown, m)?)?;
     m.add_function(wrap_pyfunction!(rank_info, m)?)?;
     m.add_function(wrap_pyfunction!(host_updates, m)?)?;
+    m.add_function(wrap_pyfunction!(check_host_updates, m)?)?;
+    m.add_function(wrap_pyfunction!(record_host_update, m)?)?;
     Ok(())
 }

@@ -228,26 +228,41 @@ def hosts_updated_once(skip_sync: bool) -> None:
 
 def scenario_check_host_updates() -> None:
     """Rank 0's host update interrupts every rank at the same commit; one only rank 1 got
-    does not (Horovod broadcasts rank 0's view)."""
+    does not (rank 0's view decides, as in Horovod). A commit costs no collective: rank 0's
+    view reaches the others in the cycle of the step before it."""
     state = hvd.elastic.ObjectState(hvd.broadcast_object, hvd.rank, batch=0)
-    state.commit()  # nothing new: no interrupt
+
+    def train_step() -> None:
+        hvd.allreduce(torch.ones(4), name="check_host_updates.step")
+
+    train_step()
+    before = hvd.engine_stats()
+    for _ in range(50):
+        state.commit()  # nothing new: no interrupt, and no collective
+    after = hvd.engine_stats()
+    for counter in ("tensors", "collectives"):
+        assert after[counter] == before[counter], (counter, before, after)
     if hvd.rank() == 1:
         state.on_hosts_updated(50.0, HostUpdateResult.added)
+    train_step()
     state.commit()  # rank 1's update alone does not interrupt
     if hvd.rank() == 0:
         state.on_hosts_updated(100.0, HostUpdateResult.removed)
     for expected_skip in (True, False):
+        train_step()
         try:
             state.commit()
         except HostsUpdatedInterrupt as interrupt:
             assert interrupt.skip_sync is expected_skip, (interrupt.skip_sync, expected_skip)
         else:
             raise AssertionError(f"rank {hvd.rank()}: rank 0's update did not interrupt")
+        state.commit()  # raised once: the same view again does not interrupt twice
         if hvd.rank() == 0:
             # An older update is ignored; a newer one mixing additions needs the sync.
             state.on_hosts_updated(90.0, HostUpdateResult.added)
             state.on_hosts_updated(150.0, HostUpdateResult.removed)
             state.on_hosts_updated(120.0, HostUpdateResult.added)
+    train_step()
     state.commit()  # everything handled: no interrupt
     assert state._last_updated_timestamp == 150.0, state._last_updated_timestamp
 

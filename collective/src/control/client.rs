@@ -15,7 +15,7 @@ use crate::abort::{AbortCause, AbortSignal};
 use crate::control::env::{DRIVER_ADDR, JOB_SECRET};
 use crate::control::handlers::{KIND_HOSTS_UPDATED, KIND_RESET};
 use crate::control::handshake::{control_key, prove_to_driver, DriverNotProven};
-use crate::control::host_updates::{HostUpdate, HostUpdateQueue, MAX_HOST_UPDATES};
+use crate::control::host_updates::{record_news, HostUpdate, HostUpdateQueue, MAX_HOST_UPDATES};
 use crate::control::ids::{JobId, JobSecret};
 use crate::control::mac::MacKey;
 use crate::control::proto::driver_client::DriverClient as RawClient;
@@ -736,10 +736,12 @@ async fn abort_watcher(client: DriverClient, rank: u32, abort: AbortSignal) {
                         Ok(Some(event)) if event.kind == KIND_HOSTS_UPDATED => {
                             let mut queue = lock(&client.host_updates);
                             for update in event.host_updates.iter().take(MAX_HOST_UPDATES) {
-                                queue.push(HostUpdate {
+                                let update = HostUpdate {
                                     timestamp: update.timestamp,
                                     result: update.result,
-                                });
+                                };
+                                record_news(update);
+                                queue.push(update);
                             }
                         }
                         Ok(Some(event)) if event.kind == KIND_RESET => {

@@ -2,6 +2,7 @@
 //! driver's bounded log of them, and a worker's bounded queue of the ones it received.
 
 use std::collections::VecDeque;
+use std::sync::{Mutex, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// The most updates the driver's log and a worker's queue hold; older ones are merged (so
@@ -79,6 +80,71 @@ impl HostUpdateQueue {
     pub fn is_empty(&self) -> bool {
         self.updates.is_empty()
     }
+}
+
+/// What this process knows of host updates, as timestamps (seconds since the Unix epoch, 0 for
+/// none): the newest removal, the newest addition, and the newest update its elastic state
+/// handled. Rank 0 sends its copy in every engine cycle message, so the ranks agree on whether a
+/// commit must raise `HostsUpdatedInterrupt` without a collective of their own
+/// (see `crate::engine::host_news`).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct HostNews {
+    /// When hosts were last removed.
+    pub removed: f64,
+    /// When hosts were last added.
+    pub added: f64,
+    /// The newest update the elastic state already handled.
+    pub handled: f64,
+}
+
+impl HostNews {
+    /// The newest update of either kind.
+    pub fn newest(&self) -> f64 {
+        self.removed.max(self.added)
+    }
+
+    /// Takes `update` in (only newer timestamps move a field).
+    pub fn record(&mut self, update: HostUpdate) {
+        if update.result & REMOVED != 0 {
+            self.removed = self.removed.max(update.timestamp);
+        }
+        if update.result & ADDED != 0 {
+            self.added = self.added.max(update.timestamp);
+        }
+    }
+
+    /// Marks every update up to `timestamp` handled.
+    pub fn mark_handled(&mut self, timestamp: f64) {
+        self.handled = self.handled.max(timestamp);
+    }
+}
+
+/// The process's [`HostNews`], written by the driver client as notices arrive and by the elastic
+/// state, read by the engine at every cycle.
+pub fn process_news() -> &'static Mutex<HostNews> {
+    static NEWS: OnceLock<Mutex<HostNews>> = OnceLock::new();
+    NEWS.get_or_init(Mutex::default)
+}
+
+/// Records `update` in [`process_news`].
+pub fn record_news(update: HostUpdate) {
+    process_news()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .record(update);
+}
+
+/// A copy of [`process_news`].
+pub fn news_snapshot() -> HostNews {
+    *process_news().lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Marks everything this process heard of so far handled: a new round of the job already
+/// includes those changes (Horovod drops the queued notices at a reset too).
+pub fn mark_all_news_handled() {
+    let mut news = process_news().lock().unwrap_or_else(|p| p.into_inner());
+    let newest = news.newest();
+    news.mark_handled(newest);
 }
 
 /// The driver's log: updates numbered in order, the newest [`MAX_HOST_UPDATES`] kept (a watcher

@@ -176,13 +176,21 @@ impl LaunchDriver {
     }
 
     /// The job environment of task `task_index` (add [`WorkerEnv::to_vars`] to its process).
+    /// In an elastic job, whose task indices grow as tasks are added and never come back,
+    /// `KOLO_NUM_TASKS` counts the indices issued up to this one (at least `task_index + 1`).
     pub fn worker_env(&self, task_index: u32) -> WorkerEnv {
+        let num_tasks = u32::try_from(self.config.num_tasks).unwrap_or(u32::MAX);
+        let num_tasks = if self.config.elastic.is_some() {
+            num_tasks.max(task_index.saturating_add(1))
+        } else {
+            num_tasks
+        };
         WorkerEnv {
             driver_addr: self.service.addr().to_string(),
             secret: self.config.secret.clone(),
             job_id: self.config.job_id,
             task_index,
-            num_tasks: u32::try_from(self.config.num_tasks).unwrap_or(u32::MAX),
+            num_tasks,
             start_timeout: self.config.start_timeout,
             hostname: None,
             host_hash_salt: None,

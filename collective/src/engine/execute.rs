@@ -145,6 +145,8 @@ pub(crate) enum SetAction {
     Add {
         members: Vec<usize>,
         handle: Option<u64>,
+        /// The id asked for (used when not below the next free id).
+        wanted: u32,
     },
     /// Remove set `id`; complete `handle` (if this rank submitted it) once it is gone.
     Remove { id: u32, handle: Option<u64> },
@@ -432,6 +434,7 @@ impl Executor<'_> {
                 action = Some(SetAction::Add {
                     members: desc.splits.iter().map(|&m| m as usize).collect(),
                     handle,
+                    wanted: desc.root,
                 });
                 Ok(Output::Done)
             }

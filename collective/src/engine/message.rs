@@ -2,6 +2,7 @@
 //! the response-cache bits of the tensors it submitted since the last cycle, and the full
 //! descriptors of those the cache does not know.
 
+use crate::control::host_updates::HostNews;
 use crate::wire::{FrameError, FrameKind, OpDescriptor};
 
 fn malformed(what: String) -> FrameError {
@@ -30,6 +31,8 @@ pub(crate) struct CycleMessage {
     pub bits: Vec<u64>,
     /// Descriptors of submitted tensors the cache does not hold.
     pub requests: Vec<OpDescriptor>,
+    /// The sender's host-update news (only group rank 0's is read; see `super::host_news`).
+    pub news: HostNews,
 }
 
 impl CycleMessage {
@@ -67,6 +70,9 @@ impl CycleMessage {
             let bytes = desc.encode();
             out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
             out.extend_from_slice(&bytes);
+        }
+        for stamp in [self.news.removed, self.news.added, self.news.handled] {
+            out.extend_from_slice(&stamp.to_le_bytes());
         }
         out
     }
@@ -109,6 +115,21 @@ impl CycleMessage {
             let len = u32_at(take(4)?);
             requests.push(OpDescriptor::decode(take(len)?, world)?);
         }
+        let mut stamp = |what: &str| -> Result<f64, FrameError> {
+            let value = f64::from_le_bytes(take(8)?.try_into().unwrap_or_default());
+            if value.is_finite() && value >= 0.0 {
+                Ok(value)
+            } else {
+                Err(malformed(format!(
+                    "host news {what} time {value} is not a timestamp"
+                )))
+            }
+        };
+        let news = HostNews {
+            removed: stamp("removal")?,
+            added: stamp("addition")?,
+            handled: stamp("handled")?,
+        };
         if !rest.is_empty() {
             return Err(malformed(format!(
                 "{} trailing bytes after a cycle message",
@@ -119,6 +140,7 @@ impl CycleMessage {
             flags,
             bits,
             requests,
+            news,
         })
     }
 }
@@ -143,8 +165,10 @@ mod tests {
         #[test]
         fn round_trips(flags in 0u8..8, bits in proptest::collection::vec(0usize..200, 0..20),
                        names in proptest::collection::vec("[a-z.0-9]{0,12}", 0..5),
-                       dims in proptest::collection::vec(0i64..1000, 0..4)) {
-            let mut m = CycleMessage { flags, ..Default::default() };
+                       dims in proptest::collection::vec(0i64..1000, 0..4),
+                       stamps in proptest::array::uniform3(0.0f64..2e9)) {
+            let news = HostNews { removed: stamps[0], added: stamps[1], handled: stamps[2] };
+            let mut m = CycleMessage { flags, news, ..Default::default() };
             for b in &bits { m.set_bit(*b); }
             m.requests = names.into_iter().map(|n| desc(n, dims.clone())).collect();
             let decoded = CycleMessage::decode(&m.encode(), 4, 256).unwrap();
@@ -171,5 +195,20 @@ mod tests {
             ..Default::default()
         };
         assert!(CycleMessage::decode(&bad.encode(), 2, 64).is_err());
+    }
+
+    #[test]
+    fn rejects_host_news_that_is_not_a_timestamp() {
+        for bad in [f64::NAN, f64::INFINITY, -1.0] {
+            let m = CycleMessage {
+                news: HostNews {
+                    added: bad,
+                    ..HostNews::default()
+                },
+                ..Default::default()
+            };
+            let error = CycleMessage::decode(&m.encode(), 2, 64).unwrap_err();
+            assert!(error.to_string().contains("addition"), "{error}");
+        }
     }
 }

@@ -25,6 +25,7 @@ mod execute;
 #[doc(hidden)]
 pub mod fuzzing;
 mod handles;
+pub mod host_news;
 mod message;
 pub mod request;
 mod stats;
@@ -41,6 +42,7 @@ use crate::collectives::allgather::check_first_dim;
 use crate::collectives::alltoall::check_splits;
 use crate::collectives::{check_tensor, AlignedBuf, Group, Session};
 use crate::communicator::Communicator;
+use crate::control::host_updates::{news_snapshot, process_news};
 use crate::error::{Error, Result};
 use crate::reduce;
 use crate::wire::OpKind;
@@ -49,6 +51,7 @@ use coordinator::Coordinator;
 pub use execute::recycle_output;
 use execute::{Executor, Local, SetAction};
 use handles::{Handles, Region};
+use host_news::{Agreement, HostsUpdated};
 use message::{CycleMessage, FLAG_JOINED, FLAG_SHUTDOWN, FLAG_STALL_ABORT, MAX_MESSAGE_LEN};
 pub use request::{Output, RawTensor, Submission};
 use stats::Stats;
@@ -115,6 +118,8 @@ struct CycleState {
     sets: BTreeMap<u32, SetRuntime>,
     next_set_id: u32,
     fusion: AlignedBuf,
+    /// What commits agree on about host updates (see [`host_news`]).
+    news: Agreement,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -146,6 +151,7 @@ impl Engine {
             sets: runtimes,
             next_set_id: 1,
             fusion: AlignedBuf::default(),
+            news: Agreement::default(),
         });
         let shared = Arc::new(Shared {
             comm,
@@ -256,6 +262,18 @@ impl Engine {
     /// it alike. `initializing`: part of `init` (allowed without dynamic process sets). The
     /// handle completes with [`Output::ProcessSet`].
     pub fn add_process_set(&self, members: &[usize], initializing: bool) -> Result<u64> {
+        self.add_process_set_as(members, initializing, None)
+    }
+
+    /// [`Engine::add_process_set`] under id `id` when it is free and not below the next id
+    /// (else the next id): an elastic job registers its sets again after a reset and keeps the
+    /// ids of those that still fit even when an earlier one no longer does.
+    pub fn add_process_set_as(
+        &self,
+        members: &[usize],
+        initializing: bool,
+        id: Option<u32>,
+    ) -> Result<u64> {
         self.require_dynamic(initializing, "add_process_set")?;
         let size = self.shared.comm.info().size;
         let mut sorted = members.to_vec();
@@ -267,7 +285,12 @@ impl Engine {
                 size - 1
             )));
         }
-        if let Some((id, _)) = lock(&self.shared.sets).iter().find(|(_, m)| **m == sorted) {
+        // An elastic round's set may come to hold every rank; it keeps its own id.
+        let duplicate = lock(&self.shared.sets)
+            .iter()
+            .find(|(set, m)| **m == sorted && !(id.is_some() && **set == 0))
+            .map(|(set, _)| *set);
+        if let Some(id) = duplicate {
             return Err(Error::InvalidArgument(format!(
                 "process set {id} already has ranks {sorted:?}; a set can be registered once"
             )));
@@ -275,6 +298,8 @@ impl Engine {
         let name = self.set_op_name("add");
         let mut sub = Submission::new(OpKind::AddProcessSet, &name);
         sub.splits = sorted.iter().map(|&r| r as u64).collect();
+        // The wanted id travels in `root` (0: the next one), so ranks that disagree fail.
+        sub.root = id.unwrap_or(0) as usize;
         self.submit(sub)
     }
 
@@ -339,6 +364,48 @@ impl Engine {
             .wait(handle, deadline.saturating_duration_since(Instant::now()))
     }
 
+    /// Elastic jobs: whether this commit must raise `HostsUpdatedInterrupt`, the same answer on
+    /// every rank and without a collective (see [`host_news`]). First waits up to `timeout` until
+    /// every op this rank submitted to the global process set was decided. When it raises, this
+    /// process marks the update handled (rank 0's mark is what every rank reads next).
+    pub fn check_host_updates(&self, timeout: Duration) -> Result<Option<HostsUpdated>> {
+        let shared = &self.shared;
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(error) = lock(&shared.stopped).as_ref() {
+                return Err(error.replicate());
+            }
+            {
+                let mut state = lock(&shared.cycles);
+                let undecided = state
+                    .sets
+                    .get(&0)
+                    .is_some_and(|set| !set.pending.is_empty() || set.join.is_some())
+                    || lock(&shared.inbox).items.iter().any(|item| match item {
+                        Item::Op(_, sub) => sub.process_set == 0,
+                        Item::Join(_, id) => *id == 0,
+                    });
+                if !undecided {
+                    let raised = state.news.check();
+                    if let Some(raised) = raised {
+                        lock(process_news()).mark_handled(raised.timestamp);
+                    }
+                    return Ok(raised);
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout {
+                    what: "a commit waited for the collectives submitted before it to be agreed \
+                           on every rank (some rank did not submit them: is it running the same \
+                           steps?)"
+                        .into(),
+                    after: timeout,
+                });
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
     /// The counters: cycles, tensors, collectives, shm_collectives, fused_tensors, cache_hits, cache_misses,
     /// negotiation_ns, negotiated_tensors.
     pub fn stats(&self) -> Vec<(&'static str, u64)> {
@@ -377,6 +444,10 @@ impl Engine {
         if thread.join().is_err() {
             log::error!("the engine thread panicked");
         }
+        // The NCCL communicators belong to this engine's membership: a later init (an elastic
+        // reset) must not find them by their member list and pair with the old round's peers.
+        #[cfg(feature = "cuda")]
+        device::nccl::reset();
         self.shared.stop(Error::Closed(
             "kolo was shut down on this rank; call init() again to run more collectives".into(),
         ));
@@ -539,10 +610,11 @@ impl Shared {
             sets,
             next_set_id,
             fusion,
+            news,
         } = state;
         let outcome = self
             .comm
-            .run(|session| self.cycle(session, sets, next_set_id, fusion));
+            .run(|session| self.cycle(session, sets, next_set_id, fusion, news));
         self.handles.cycle_ended();
         match outcome {
             Ok(Flow::Continue) => true,
@@ -621,6 +693,7 @@ impl Shared {
         sets: &mut BTreeMap<u32, SetRuntime>,
         next_set_id: &mut u32,
         fusion: &mut AlignedBuf,
+        news: &mut Agreement,
     ) -> Result<Flow> {
         let (items, shutdown) = {
             let mut inbox = lock(&self.inbox);
@@ -662,7 +735,10 @@ impl Shared {
             let Some(set) = sets.get_mut(&id) else {
                 continue;
             };
-            let mut msg = CycleMessage::default();
+            let mut msg = CycleMessage {
+                news: news_snapshot(),
+                ..CycleMessage::default()
+            };
             if set.join.is_some() {
                 msg.flags |= FLAG_JOINED;
             }
@@ -702,6 +778,9 @@ impl Shared {
             }
             let now = Instant::now();
             let decision = set.coordinator.decide(&msgs, now);
+            if id == 0 && !decision.responses.is_empty() {
+                news.observe(msgs[0].news);
+            }
             // Idle cycles (nothing submitted anywhere) are not negotiation.
             if msgs
                 .iter()
@@ -746,9 +825,13 @@ impl Shared {
         me: usize,
     ) {
         match action {
-            SetAction::Add { members, handle } => {
-                let id = *next_set_id;
-                *next_set_id += 1;
+            SetAction::Add {
+                members,
+                handle,
+                wanted,
+            } => {
+                let id = (*next_set_id).max(wanted);
+                *next_set_id = id.saturating_add(1);
                 lock(&self.sets).insert(id, members.clone());
                 if let Some(group) = Group::new(id, members, me) {
                     sets.insert(id, SetRuntime::new(group, self.config.cache_capacity));

@@ -142,6 +142,8 @@ impl Worker {
     }
 
     fn join_once(env: &WorkerEnv, engine_config: EngineConfig) -> Result<Self> {
+        // A new round already includes the host changes heard of so far.
+        crate::control::host_updates::mark_all_news_handled();
         let (listener, registration, driver, abort) = match take_early(env) {
             Some(early) => {
                 log::debug!(

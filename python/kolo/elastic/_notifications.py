@@ -2,9 +2,8 @@
 
 The driver tells every worker when hosts were added to or removed from the job; the worker's
 engine keeps those notices until :func:`kolo._core.host_updates` drains them. The manager here
-hands what it drains to the registered states (Horovod's listeners), and
-:func:`newest_host_update` / :func:`host_update_interrupt` are the pure decision that
-``State.check_host_updates`` takes on them.
+hands what it drains to the registered states (Horovod's listeners). Whether a commit raises is
+decided natively (:func:`kolo._core.check_host_updates`).
 """
 
 from __future__ import annotations
@@ -12,9 +11,7 @@ from __future__ import annotations
 import enum
 import logging
 import threading
-from typing import Any, Callable, Iterable, Optional
-
-from kolo.exceptions import HostsUpdatedInterrupt
+from typing import Any, Callable, Optional
 
 _log = logging.getLogger("kolo.elastic")
 
@@ -27,40 +24,6 @@ class HostUpdateResult(enum.IntFlag):
     removed = 1
     added = 2
     mixed = removed | added
-
-
-def newest_host_update(
-    last_timestamp: float, updates: Iterable[tuple[float, int]]
-) -> tuple[float, HostUpdateResult]:
-    """The newest timestamp among ``updates`` newer than ``last_timestamp`` and the union of
-    what those updates changed; ``(last_timestamp, no_update)`` when none is newer.
-
-    Updates at or before ``last_timestamp`` were handled by an earlier reset and are ignored,
-    as in Horovod.
-    """
-    newest = last_timestamp
-    changed = HostUpdateResult.no_update
-    for timestamp, update in updates:
-        if timestamp > last_timestamp:
-            newest = max(newest, timestamp)
-            changed |= HostUpdateResult(int(update))
-    return newest, changed
-
-
-def host_update_interrupt(
-    prev_timestamp: float, agreed_timestamp: float, agreed_update: int
-) -> Optional[HostsUpdatedInterrupt]:
-    """The interrupt every rank raises once the ranks agreed on ``(prev_timestamp,
-    agreed_timestamp, agreed_update)`` (rank 0's view), or None when nothing is newer.
-
-    The sync after the reset is skipped only when hosts were removed and none added (the
-    survivors already hold the same state; a new host needs it).
-    """
-    if agreed_timestamp > prev_timestamp:
-        return HostsUpdatedInterrupt(
-            HostUpdateResult(int(agreed_update)) == HostUpdateResult.removed
-        )
-    return None
 
 
 class WorkerNotificationManager:

@@ -106,14 +106,17 @@ def run_fn(func: F, reset: Callable[[], None], reset_limit: Optional[int] = None
 
 def reset() -> None:
     """Leaves and rejoins the job in this process: ``shutdown()`` then ``init()`` (Horovod's
-    ``_reset``); the new rank and size follow the job's new membership.
+    ``_reset``); the new rank and size follow the job's new membership. The process sets the
+    last ``init(process_sets=...)`` registered are registered again: those that fit the new
+    size keep their ids, the others wait for a round big enough (see docs/elastic.md).
 
     Example::
 
         kolo.elastic.reset()
     """
+    process_sets = _lifecycle.init_process_sets()
     _lifecycle.shutdown()
-    _lifecycle.init()
+    _lifecycle.init(process_sets=process_sets)
 
 
 def run(func: F) -> F:

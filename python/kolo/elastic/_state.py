@@ -6,12 +6,9 @@ from __future__ import annotations
 import queue
 from typing import Any, Callable, Iterable
 
-from kolo.elastic._notifications import (
-    HostUpdateResult,
-    WorkerNotificationManager,
-    host_update_interrupt,
-    newest_host_update,
-)
+from kolo import _core
+from kolo.elastic._notifications import HostUpdateResult, WorkerNotificationManager
+from kolo.exceptions import HostsUpdatedInterrupt
 
 #: The process's one notification manager (Horovod's ``notification_manager``): the run
 #: decorator registers its state here, and ``check_host_updates`` polls it.
@@ -76,7 +73,9 @@ class State:
             callback()
 
     def on_hosts_updated(self, timestamp: float, update_res: HostUpdateResult) -> None:
-        """Queues a host update (called by the notification manager)."""
+        """Takes a host update in (called by the notification manager): queued, and recorded
+        for this process's view (rank 0's view decides every rank's next commit)."""
+        _core.record_host_update(timestamp, int(update_res))
         self._host_messages.put((timestamp, update_res))
 
     def commit(self) -> None:
@@ -96,13 +95,14 @@ class State:
 
     def check_host_updates(self) -> None:
         """Raises :class:`~kolo.exceptions.HostsUpdatedInterrupt` on every rank when rank 0
-        received a host update newer than the last one handled (Horovod's rule: rank 0's view
-        is broadcast so that every rank raises at the same point). ``skip_sync`` is true when
-        hosts were only removed.
+        heard of a host update newer than the last one handled (Horovod's rule: rank 0's view
+        decides, so every rank raises at the same point). ``skip_sync`` is true when hosts were
+        only removed.
 
-        This is one small broadcast on every call, as in Horovod: the ranks receive the
-        driver's notices at different moments, so none can tell alone that the others have
-        nothing new (see docs/elastic.md).
+        Unlike Horovod's, this costs no collective: rank 0's view travels in the engine's cycle
+        messages, and every rank reads the view of the same cycle — the latest that decided a
+        global collective submitted before this call (see docs/elastic.md). An update that
+        reaches rank 0 after that cycle is raised at a later commit.
 
         Example::
 
@@ -111,17 +111,12 @@ class State:
             except HostsUpdatedInterrupt as interrupt:
                 print("hosts changed; skip sync:", interrupt.skip_sync)
         """
-        messages = []
-        while not self._host_messages.empty():
-            messages.append(self._host_messages.get())
-        prev_timestamp = self._last_updated_timestamp
-        newest, changed = newest_host_update(prev_timestamp, messages)
-        prev_timestamp, self._last_updated_timestamp, changed = self._bcast_object(
-            (prev_timestamp, newest, int(changed))
-        )
-        interrupt = host_update_interrupt(prev_timestamp, self._last_updated_timestamp, changed)
-        if interrupt is not None:
-            raise interrupt
+        while not self._host_messages.empty():  # hands the driver's notices to the listeners
+            self._host_messages.get()
+        raised = _core.check_host_updates()
+        if raised is not None:
+            self._last_updated_timestamp, skip_sync = raised
+            raise HostsUpdatedInterrupt(skip_sync)
 
     def save(self) -> None:
         """Saves the state to host memory."""
