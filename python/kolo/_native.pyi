@@ -85,7 +85,8 @@ class LaunchDriver:
     def poll(self, timeout: float) -> list[tuple[Any, ...]]:
         """``("started", task, attempt, hostname, pid)``, ``("output", task, rank, stderr,
         text, unix_micros)``, ``("message", task, rank, data)``, ``("exited", task, rank,
-        success, description)``."""
+        success, description)``. An elastic launch also gets the events of task indices it
+        has not added yet (a Spark task attempt announcing itself before it is admitted)."""
     def result(self, task_index: int) -> Optional[bytes]: ...
     def task_start(self, task_index: int) -> Optional[tuple[int, str, int]]: ...
     def task_exit(self, task_index: int) -> Optional[tuple[bool, str]]: ...

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 import traceback
+from typing import Callable, Optional
 
 #: How long a rank process waits for its function (published before any rank starts, or
 #: once every rank registered).
@@ -26,14 +27,15 @@ def rank_code(launcher: str) -> str:
     return f"from kolo._rank_process import rank_main; rank_main({launcher!r})"
 
 
-def rank_main(launcher: str) -> None:
+def rank_main(launcher: str, join: Optional[Callable[[], list[tuple[str, str]]]] = None) -> None:
     """A rank process: join the job (the rank variables go into ``os.environ`` before the
     function is unpickled), run the function, return its result or report its failure (its
-    traceback on stderr and to the driver, exit status 1)."""
+    traceback on stderr and to the driver, exit status 1). ``join`` replaces
+    ``kolo._native.session_join`` (``kolo.spark.run_elastic`` waits there to be admitted)."""
     from kolo import _native
 
     try:
-        for name, value in _native.session_join():
+        for name, value in (join or _native.session_join)():
             os.environ[name] = value
     except BaseException as err:
         print(f"{launcher}: the rank process could not join its job: {err}", file=sys.stderr)

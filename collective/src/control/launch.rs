@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use crate::control::ids::{JobId, JobSecret};
 use crate::control::proto::{task_event, TaskEvent};
+use crate::control::service::MAX_TASKS;
 use crate::control::{DriverConfig, DriverService, ElasticConfig, PeerAssignment, WorkerEnv};
 use crate::error::{Error, Result};
 use crate::AbortCause;
@@ -324,8 +325,14 @@ impl LaunchDriver {
                 .and_then(|ranks| ranks.get(task as usize).copied())
                 .filter(|rank| *rank != u32::MAX);
             if task as usize >= collected.starts.len() {
-                log::warn!("an event from task {task}, which this job does not have; ignored");
-                continue;
+                if self.config.elastic.is_none() || task as usize >= MAX_TASKS {
+                    log::warn!("an event from task {task}, which this job does not have; ignored");
+                    continue;
+                }
+                // Elastic launches: a task the launcher has not added yet (a Spark task attempt
+                // announcing itself before the launcher admits it with `add_tasks`).
+                collected.starts.resize(task as usize + 1, None);
+                collected.exits.resize(task as usize + 1, None);
             }
             if let Some(event) = convert(&mut collected, task, rank, event) {
                 events.push(event);
@@ -381,4 +388,66 @@ fn convert(
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::control::proto::TaskStarted;
+    use crate::control::{ClientOptions, DriverClient};
+
+    fn options() -> LaunchDriverOptions {
+        LaunchDriverOptions {
+            bind: "127.0.0.1:0".parse().unwrap(),
+            num_tasks: 1,
+            start_timeout: Duration::from_secs(20),
+            heartbeat_timeout: Duration::from_secs(20),
+        }
+    }
+
+    /// Posts a `Started` event for `task` (attempt 1) as a Spark task runner does.
+    fn post_started(driver: &LaunchDriver, task: u32) {
+        let client = kolo_runtime::block_on(DriverClient::connect(
+            &driver.addr().to_string(),
+            &driver.config.secret,
+            ClientOptions::default(),
+        ))
+        .unwrap()
+        .unwrap();
+        let started = TaskEvent {
+            kind: Some(task_event::Kind::Started(TaskStarted {
+                attempt: 1,
+                hostname: "host-a".into(),
+                pid: 42,
+            })),
+        };
+        kolo_runtime::block_on(client.post(task, vec![started]))
+            .unwrap()
+            .unwrap();
+    }
+
+    #[test]
+    fn an_elastic_launch_hears_tasks_it_has_not_added_yet() {
+        // A Spark task attempt reports its start before the launcher admits it.
+        let driver = LaunchDriver::start_elastic(&options(), ElasticConfig::new(1, 2)).unwrap();
+        post_started(&driver, 5);
+        let events = driver.poll(Duration::from_secs(10)).unwrap();
+        assert!(
+            matches!(&events[..], [DriverEvent::Started { task: 5, start }] if start.attempt == 1),
+            "{events:?}"
+        );
+        assert_eq!(driver.task_start(5).map(|s| s.pid), Some(42));
+        assert_eq!(driver.task_exit(5), None);
+        driver.add_tasks(&[5]).unwrap();
+        assert_eq!(driver.live_tasks(), vec![0, 5]);
+    }
+
+    #[test]
+    fn a_fixed_launch_ignores_tasks_it_does_not_have() {
+        let driver = LaunchDriver::start(&options()).unwrap();
+        post_started(&driver, 5);
+        let events = driver.poll(Duration::from_millis(500)).unwrap();
+        assert!(events.is_empty(), "{events:?}");
+        assert_eq!(driver.task_start(5), None);
+    }
 }

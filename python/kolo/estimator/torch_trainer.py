@@ -93,6 +93,12 @@ def load_checkpoint(store: Any, run_id: str) -> Optional[Dict[str, Any]]:
     return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
 
 
+def elastic_launch() -> bool:
+    """Whether this rank runs under an elastic launcher (``kolo.spark.run_elastic``; every
+    elastic launch gives its workers ``KOLO_ELASTIC_TIMEOUT``)."""
+    return bool(os.environ.get("KOLO_ELASTIC_TIMEOUT"))
+
+
 def _device(use_gpu: bool, local_rank: int) -> Any:
     import torch
 
@@ -379,6 +385,8 @@ class TorchTrainer:
         hvd.init()
         self._float64 = torch.float64
         self._build(hvd, torch)
+        if elastic_launch():
+            return self._train_elastic(hvd, torch, rank_timings(started, started_unix))
         self.train_loader, self.val_loader = self.spec.open_loaders(hvd.rank(), hvd.size())
         self.reporter = ProgressReporter(self.send, hvd.rank(), self.spec.epochs)
         resume = self._resume(hvd)
@@ -425,6 +433,94 @@ class TorchTrainer:
             return None
         self._scale_lr(self.optimizer, 1.0)
         result = rank_result(state_bytes(self.model), history, start_epoch, hvd.size(), timings)
+        result["optimizer"] = _serialize_checkpoint(self.optimizer.state_dict())
+        return result
+
+    # -- elastic launches ---------------------------------------------------------------------
+
+    def _load_checkpoint(self, hvd: Any) -> Dict[str, Any]:
+        """Rank 0 loads the run's checkpoint, if any, without a collective (the elastic loop's
+        first sync hands its state to every rank)."""
+        ckpt = load_checkpoint(self.spec.store, self.spec.run_id) if hvd.rank() == 0 else None
+        if ckpt is None:
+            return {"epoch": 0, "history": {}, "loader": None}
+        self.model.load_state_dict(ckpt["model"])
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        self._scale_lr(self.optimizer, hvd.size())
+        log.info(
+            "run %s: resuming at epoch %d from its checkpoint", self.spec.run_id, ckpt["epoch"]
+        )
+        return {
+            "epoch": int(ckpt["epoch"]) + 1,
+            "history": {k: list(v) for k, v in ckpt["history"].items()},
+            "loader": ckpt.get("loader"),
+        }
+
+    def _open_loaders(self, hvd: Any, loader_state: Optional[Dict[str, Any]]) -> None:
+        """(Re)opens this rank's loaders for the current rank and size: rank r of n reads
+        shard r of n, from the committed loader position (the rest of that epoch is spread
+        over the current ranks when the size changed)."""
+        for loader in (getattr(self, "train_loader", None), getattr(self, "val_loader", None)):
+            if loader is not None:
+                loader.close()
+        self.train_loader, self.val_loader = self.spec.open_loaders(hvd.rank(), hvd.size())
+        resume_position(self.train_loader, {"epoch": 0, "loader": loader_state})
+        self.reporter = ProgressReporter(self.send, hvd.rank(), self.spec.epochs)
+
+    def _train_elastic(self, hvd: Any, torch: Any, timings: Dict[str, Any]) -> Optional[Dict]:
+        """The epochs inside ``hvd.elastic.run`` with a ``TorchState`` committed after every
+        epoch: when a rank is lost the others go back to the last commit (the end of the last
+        whole epoch), re-open their loaders for the new rank and size, rescale the learning
+        rate and train the rest of the epochs, so the run has its full number of epochs."""
+        resume = self._load_checkpoint(hvd)
+        state = hvd.elastic.TorchState(
+            self.model,
+            self.optimizer,
+            epoch=resume["epoch"],
+            start_epoch=resume["epoch"],
+            history=resume["history"],
+            loader=resume["loader"],
+        )
+        state.register_reset_callbacks([lambda: self._scale_lr(self.optimizer, hvd.size())])
+
+        @hvd.elastic.run
+        def train(state: Any) -> None:
+            self._open_loaders(hvd, state.loader)
+            while state.epoch < self.spec.epochs:
+                epoch = state.epoch
+                self._call("on_epoch_begin", epoch, None)
+                t0 = time.monotonic()
+                if timings["first_step_unix"] is None:
+                    timings["first_step_unix"] = time.time()
+                logs = self._run_epoch(hvd, torch, epoch, train=True)
+                if self.val_loader is not None:
+                    logs.update(self._run_epoch(hvd, torch, epoch, train=False))
+                history = {k: list(v) for k, v in state.history.items()}
+                for key, value in logs.items():
+                    history.setdefault(key, []).append(value)
+                timings["train_s"] += time.monotonic() - t0
+                t1 = time.monotonic()
+                self._checkpoint(hvd, epoch, history)
+                timings["checkpoint_s"] += time.monotonic() - t1
+                self._call("on_epoch_end", epoch, dict(logs))
+                self.reporter.epoch_done(epoch, logs)
+                state.history = history
+                state.loader = self.train_loader.state_dict()
+                state.epoch = epoch + 1
+                state.commit()
+
+        try:
+            train(state)
+        finally:
+            self.train_loader.close()
+            if self.val_loader is not None:
+                self.val_loader.close()
+        if hvd.rank() != 0:
+            return None
+        self._scale_lr(self.optimizer, 1.0)
+        result = rank_result(
+            state_bytes(self.model), state.history, state.start_epoch, hvd.size(), timings
+        )
         result["optimizer"] = _serialize_checkpoint(self.optimizer.state_dict())
         return result
 

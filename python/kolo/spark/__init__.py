@@ -2,6 +2,9 @@
 
 - :func:`run` runs a function on ``num_proc`` ranks of a Spark barrier stage
   (``horovod.spark.run``); :mod:`kolo.spark.task` has the helpers for inside that function.
+- :func:`run_elastic` runs an elastic training function on ``num_proc`` to ``max_num_proc``
+  ranks of non-barrier Spark tasks that survive lost executors
+  (``horovod.spark.run_elastic``; docs/elastic.md).
 - ``kolo.spark.common.store`` holds the stores (``Store.create``);
   ``kolo.spark.common.backend`` Horovod's ``Backend``/``SparkBackend``, through which the
   estimators can launch.
@@ -20,6 +23,6 @@ Example::
     results = kolo.spark.run(fn, args=(42,), num_proc=2)
 """
 
-from kolo.spark.runner import run
+from kolo.spark.runner import run, run_elastic
 
-__all__ = ["run"]
+__all__ = ["run", "run_elastic"]

@@ -24,7 +24,7 @@ from kolo.exceptions import (
 )
 from kolo.spark._python_probe import PROBE_TIMEOUT_S, check_executor_python
 
-__all__ = ["run", "task_slots"]
+__all__ = ["run", "run_elastic", "task_slots"]
 
 log = logging.getLogger("kolo.spark")
 
@@ -280,11 +280,21 @@ class _Job:
             elif kind == "started":
                 _, task, attempt, hostname, pid = event
                 log.debug("task %d (attempt %d) started pid %d on %s", task, attempt, pid, hostname)
+                self.on_started(task, attempt, hostname)
+            elif kind == "exited":
+                _, task, rank, success, description = event
+                self.on_exited(task, rank, bool(success), str(description))
         for stream in (self.out, self.err):
             try:
                 stream.flush()
             except (OSError, ValueError):
                 pass
+
+    def on_started(self, task: int, attempt: int, hostname: str) -> None:
+        """A task started its rank process (the elastic driver admits it here)."""
+
+    def on_exited(self, task: int, rank: Optional[int], success: bool, description: str) -> None:
+        """A task's rank process ended (the elastic driver removes or fails on it here)."""
 
     def write(
         self,
@@ -511,3 +521,8 @@ def _bind_ip(sc: Any, nics: Any) -> str:
             f"cannot resolve the Spark driver host {host!r} ({error}); set spark.driver.host "
             "to an address executors can reach, or pass nics=[...]"
         ) from error
+
+
+# Horovod's module path: horovod.spark.runner.run_elastic (defined in its own module, which
+# builds on the helpers above).
+from kolo.spark._elastic import run_elastic  # noqa: E402

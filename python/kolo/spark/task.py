@@ -121,3 +121,55 @@ def _run_barrier_task(
         envs, program, ["-c", CHILD_CODE], attempt, hostname, term_grace
     )
     yield (index, bool(success), str(description))
+
+
+#: How a ``kolo.spark.run_elastic`` task starts its rank process (``executable -c ...``).
+ELASTIC_CHILD_CODE = "from kolo.spark._elastic_rank import main; main()"
+#: The job driver's bound on task indices (``MAX_TASKS`` in collective/src/control/service.rs).
+_MAX_TASK_INDICES = 1 << 20
+
+
+def _run_elastic_task(
+    job_env: dict[str, str],
+    user_env: dict[str, str],
+    executable: Optional[str],
+    term_grace: float,
+    max_num_proc: int,
+    partition: Iterable[Any],
+) -> Iterator[tuple[int, bool, str]]:
+    """One task of ``kolo.spark.run_elastic`` (not a barrier task): attempt ``a`` of partition
+    ``p`` is task ``p + a * max_num_proc``; start its rank process and wait for it."""
+    from pyspark import TaskContext
+
+    from kolo import _native
+
+    for _ in partition:
+        pass
+    context = TaskContext.get()
+    attempt = context.attemptNumber()
+    index = context.partitionId() + attempt * max_num_proc
+    if index >= _MAX_TASK_INDICES:
+        yield (index, False, f"attempt {attempt} is past the task indices kolo supports")
+        return
+    num_tasks = max(int(job_env.get("KOLO_NUM_TASKS", "1")), index + 1)
+    hostname = (
+        user_env.get("KOLO_HOSTNAME") or os.environ.get("KOLO_HOSTNAME") or socket.gethostname()
+    )
+    envs = list(user_env.items())
+    envs += list(job_env.items())
+    envs += [
+        ("KOLO_TASK_INDEX", str(index)),
+        ("KOLO_NUM_TASKS", str(num_tasks)),
+        # The host the rank registers from, fixed before it joins: `hvd.init()` then finds the
+        # same job environment as the rank process's early registration and adopts it (after
+        # the join the rank variables include HOROVOD_HOSTNAME, which would otherwise differ
+        # from the unset name the early registration saw, and init() would register again).
+        ("KOLO_HOSTNAME", hostname),
+        (GPU_ADDRESSES_VAR, ",".join(_task_gpu_addresses(context))),
+        ("PYTHONUNBUFFERED", "1"),
+    ]
+    program = executable or sys.executable
+    success, description = _native.spark_run_task(
+        envs, program, ["-c", ELASTIC_CHILD_CODE], attempt, hostname, term_grace
+    )
+    yield (index, bool(success), str(description))

@@ -34,6 +34,8 @@ __all__ = ["Backend", "SparkBackend", "default_num_proc"]
 
 #: ``kolo.spark.run`` parameters a ``SparkBackend`` sets itself (not through ``**kwargs``).
 _OWN_RUN_PARAMS = ("fn", "args", "kwargs", "num_proc", "env")
+#: Any of these makes a ``SparkBackend`` elastic: it runs through ``kolo.spark.run_elastic``.
+ELASTIC_BOUNDS = ("min_num_proc", "max_num_proc")
 
 
 def default_num_proc() -> int:
@@ -101,25 +103,37 @@ class SparkBackend(Backend):
         **kwargs: further arguments of :func:`kolo.spark.run` (``stdout``, ``stderr``,
             ``verbose``, ``nics``, ``start_timeout``, ``prefix_output_with_timestamp``,
             ``use_mpi``, ``use_gloo``, ``extra_mpi_args``, ``executable``); an unknown name
-            raises :class:`~kolo.exceptions.InvalidArgumentError` here.
+            raises :class:`~kolo.exceptions.InvalidArgumentError` here. With elastic bounds
+            (``min_num_proc`` and/or ``max_num_proc``, Horovod's ``run_elastic`` names) the
+            backend runs through :func:`kolo.spark.run_elastic` and takes its arguments
+            instead (``elastic_timeout``, ``reset_limit``, ...): an estimator fit through it
+            survives the loss of ranks (kolo's addition; Horovod's estimators are not elastic).
 
     Example::
 
         backend = SparkBackend(num_proc=2, stdout=sys.stdout, verbose=2)
         results = backend.run(lambda: 42)     # [42, 42]
+
+        elastic = SparkBackend(num_proc=2, min_num_proc=1, max_num_proc=2)
+        model = TorchEstimator(backend=elastic, store=store, model=model, ...).fit(df)
     """
 
     def __init__(
         self, num_proc: Optional[int] = None, env: Optional[dict[str, str]] = None, **kwargs: Any
     ) -> None:
-        from kolo.spark.runner import run
+        from kolo.spark.runner import run, run_elastic
 
-        known = [p for p in inspect.signature(run).parameters if not p.startswith("_")]
-        allowed = [p for p in known if p not in _OWN_RUN_PARAMS]
+        self._elastic = any(kwargs.get(name) is not None for name in ELASTIC_BOUNDS)
+        launcher = run_elastic if self._elastic else run
+        name = "kolo.spark.run_elastic" if self._elastic else "kolo.spark.run"
+        known = [p for p in inspect.signature(launcher).parameters if not p.startswith("_")]
+        allowed = [p for p in known if p not in (*_OWN_RUN_PARAMS, "min_np", "max_np")]
+        if not self._elastic:
+            kwargs = {k: v for k, v in kwargs.items() if k not in ELASTIC_BOUNDS}
         unknown = sorted(set(kwargs) - set(allowed))
         if unknown:
             raise InvalidArgumentError(
-                f"SparkBackend got {', '.join(map(repr, unknown))}, which kolo.spark.run does "
+                f"SparkBackend got {', '.join(map(repr, unknown))}, which {name} does "
                 f"not take; its arguments are: {', '.join(allowed)}"
             )
         if env is not None and not isinstance(env, dict):
@@ -146,13 +160,16 @@ class SparkBackend(Backend):
 
             results = SparkBackend(num_proc=2).run(fn, args=(3,))
         """
-        from kolo.spark.runner import run
+        from kolo.spark.runner import run, run_elastic
 
         full_env = dict(self._env or os.environ)
         if env:
             full_env.update(env)
         full_env.pop("CUDA_VISIBLE_DEVICES", None)
-        return run(
+        if not self._elastic:
+            # The elastic launchers' mark for their workers: not for the ranks of a fixed job.
+            full_env.pop("KOLO_ELASTIC_TIMEOUT", None)
+        return (run_elastic if self._elastic else run)(
             fn,
             args=args,
             kwargs=kwargs,

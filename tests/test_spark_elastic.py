@@ -1,0 +1,570 @@
+"""``kolo.spark.run_elastic`` and an elastic ``TorchEstimator`` fit on real Spark: local[2] (the
+session fixture) and the shared standalone cluster, where an executor JVM is killed with
+SIGKILL mid-training and the job finishes on a replacement.
+
+The functions below are pickled by value (this module is not importable in the rank
+processes), so each keeps its imports inside.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import cloudpickle
+import pytest
+
+import kolo.spark
+from kolo.exceptions import ConfigError, InvalidArgumentError, RankFailedError
+
+pytestmark = pytest.mark.spark
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+REPO = Path(__file__).resolve().parents[1]
+MARKER_VAR = "KOLO_TEST_MARKER"
+
+
+def marked_pids(marker: str) -> list[int]:
+    """Processes whose environment carries ``KOLO_TEST_MARKER=marker`` (the rank processes)."""
+    needle = f"{MARKER_VAR}={marker}".encode()
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                if needle in f.read():
+                    pids.append(int(name))
+        except OSError:
+            continue
+    return pids
+
+
+def assert_no_orphans(marker: str, within: float = 15.0) -> None:
+    deadline = time.monotonic() + within
+    while marked_pids(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert marked_pids(marker) == [], "rank processes survived the job"
+
+
+def next_job_id(spark) -> int:
+    """The id the next Spark job of this context gets (counts every job ever started)."""
+    return int(spark.sparkContext._jsc.sc().dagScheduler().nextJobId())
+
+
+def kolo_segments() -> set[str]:
+    return {name for name in os.listdir("/dev/shm") if name.startswith("kolo")}
+
+
+def elastic_steps(steps, step_s, report_dir=None, die_rank=None):
+    """An elastic loop of ``steps`` committed steps of one allreduce each; the state keeps the
+    size every step ran at. With ``report_dir``, each rank writes the pid of the executor JVM
+    it runs under once it is training; with ``die_rank``, that rank of the first round
+    SIGKILLs itself at step 2."""
+    import json
+    import os
+    import signal
+    import time
+
+    import torch
+
+    import kolo.torch as hvd
+
+    hvd.init()
+    resets = []
+    state = hvd.elastic.ObjectState(hvd.broadcast_object, hvd.rank, step=0, sizes=[])
+    state.register_reset_callbacks([lambda: resets.append(hvd.size())])
+
+    def executor_pid():
+        pid = os.getpid()
+        while pid > 1:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"CoarseGrainedExecutorBackend" in f.read():
+                    return pid
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        return None
+
+    @hvd.elastic.run
+    def train(state):
+        while state.step < steps:
+            if report_dir and state.step == 1 and not resets:
+                path = os.path.join(report_dir, f"rank-{hvd.rank()}.json")
+                with open(path + ".tmp", "w") as f:
+                    json.dump({"executor_pid": executor_pid(), "pid": os.getpid()}, f)
+                os.replace(path + ".tmp", path)
+            if die_rank is not None and hvd.rank() == die_rank and state.step == 2 and not resets:
+                os.kill(os.getpid(), signal.SIGKILL)
+            total = hvd.allreduce(torch.ones(1), op=hvd.Sum)
+            time.sleep(step_s)
+            state.sizes = [*state.sizes, int(total.item())]
+            state.step += 1
+            state.commit()
+        return {
+            "rank": hvd.rank(),
+            "size": hvd.size(),
+            "task": int(os.environ["KOLO_TASK_INDEX"]),
+            "step": state.step,
+            "sizes": state.sizes,
+            "resets": resets,
+        }
+
+    return train(state)
+
+
+def test_a_rank_killed_leaves_and_the_survivor_finishes(spark):
+    """local[2]: rank 1 SIGKILLs itself mid-training; rank 0 restores its last commit and
+    finishes alone (min_num_proc=1); no rank process or shared-memory segment is left."""
+    marker = uuid.uuid4().hex
+    segments = kolo_segments()
+    started = time.monotonic()
+    results = kolo.spark.run_elastic(
+        elastic_steps,
+        kwargs={"steps": 8, "step_s": 0.05, "die_rank": 1},
+        num_proc=2,
+        min_num_proc=1,
+        env={MARKER_VAR: marker},
+        stdout=io.StringIO(),
+        stderr=io.StringIO(),
+    )
+    elapsed = time.monotonic() - started
+    assert len(results) == 1, results
+    (result,) = results
+    assert result["rank"] == 0 and result["size"] == 1
+    assert result["step"] == 8 and len(result["sizes"]) == 8
+    # Two steps ran on two ranks before the kill, the rest on the survivor alone.
+    assert result["sizes"][:2] == [2, 2] and set(result["sizes"][2:]) == {1}, result
+    assert result["resets"] == [1]
+    assert_no_orphans(marker)
+    assert kolo_segments() <= segments
+    print(f"run_elastic local[2], one rank killed: {elapsed:.2f}s")
+
+
+def test_a_task_past_num_proc_is_admitted_and_joins(spark):
+    """num_proc=1, max_num_proc=2 on local[2]: Spark starts both tasks; task 1 is not a member
+    of the first round, announces itself, is admitted (add_tasks) and joins, so the job ends
+    on two ranks that agree on the state."""
+    marker = uuid.uuid4().hex
+    results = kolo.spark.run_elastic(
+        elastic_steps,
+        kwargs={"steps": 12, "step_s": 0.1},
+        num_proc=1,
+        max_num_proc=2,
+        env={MARKER_VAR: marker},
+        stdout=io.StringIO(),
+        stderr=io.StringIO(),
+    )
+    assert [r["rank"] for r in results] == [0, 1], results
+    assert sorted(r["task"] for r in results) == [0, 1]
+    assert all(r["size"] == 2 and r["step"] == 12 for r in results), results
+    assert results[0]["sizes"] == results[1]["sizes"] and results[0]["sizes"][-1] == 2
+    assert_no_orphans(marker)
+
+
+def test_the_reset_past_reset_limit_stops_the_job(spark):
+    marker = uuid.uuid4().hex
+    started = time.monotonic()
+    with pytest.raises(RankFailedError, match="exceeded its limit of 0") as caught:
+        kolo.spark.run_elastic(
+            elastic_steps,
+            kwargs={"steps": 8, "step_s": 0.05, "die_rank": 1},
+            num_proc=2,
+            min_num_proc=1,
+            reset_limit=0,
+            env={MARKER_VAR: marker},
+            stdout=io.StringIO(),
+            stderr=io.StringIO(),
+        )
+    assert time.monotonic() - started < 60
+    assert "reset" in str(caught.value)
+    assert_no_orphans(marker)
+
+
+def raising_elastic_fn(marker):
+    import time
+
+    import kolo.torch as hvd
+
+    hvd.init()
+    if hvd.rank() == 1:
+        time.sleep(0.3)
+        raise ValueError(f"boom {marker}")
+    time.sleep(120)
+
+
+def test_a_raising_function_fails_the_job_fast(spark):
+    marker = uuid.uuid4().hex
+    started = time.monotonic()
+    with pytest.raises(RankFailedError) as caught:
+        kolo.spark.run_elastic(
+            raising_elastic_fn,
+            args=(marker,),
+            num_proc=2,
+            min_num_proc=1,
+            env={MARKER_VAR: marker},
+            stderr=io.StringIO(),
+        )
+    assert time.monotonic() - started < 30
+    assert caught.value.rank == 1
+    assert f"ValueError: boom {marker}" in caught.value.remote_traceback
+    assert_no_orphans(marker)
+
+
+def test_bad_arguments_are_typed_errors_before_any_spark_job(spark):
+    run = kolo.spark.run_elastic
+    jobs_before = next_job_id(spark)
+    cases = [
+        (dict(num_proc=0), "num_proc"),
+        (dict(num_proc=2, min_num_proc=0), "min_num_proc"),
+        (dict(num_proc=2, max_num_proc="3"), "max_num_proc"),
+        (dict(num_proc=2, min_num_proc=3), "min_num_proc <= num_proc <= max_num_proc"),
+        (dict(num_proc=2, max_num_proc=1), "min_num_proc <= num_proc <= max_num_proc"),
+        (dict(num_proc=2, elastic_timeout=-1), "elastic_timeout"),
+        (dict(num_proc=2, elastic_timeout=float("nan")), "elastic_timeout"),
+        (dict(num_proc=2, reset_limit=-1), "reset_limit"),
+        (dict(num_proc=2, reset_limit=1.5), "reset_limit"),
+        (dict(num_proc=2, start_timeout=0), "start_timeout"),
+        (dict(num_proc=2, env={"A": 1}), "env"),
+    ]
+    for kwargs, match in cases:
+        with pytest.raises(InvalidArgumentError, match=match):
+            run(elastic_steps, **kwargs)
+    with pytest.raises(InvalidArgumentError, match="callable"):
+        run("not a function", num_proc=1)
+    with pytest.warns(DeprecationWarning, match="min_np is deprecated"):
+        with pytest.raises(InvalidArgumentError, match="min_num_proc"):
+            run(elastic_steps, num_proc=2, min_np=5)
+    from kolo.spark.common.backend import SparkBackend
+
+    with pytest.raises(InvalidArgumentError, match=r"'use_mpi', which kolo.spark.run_elastic"):
+        SparkBackend(num_proc=2, min_num_proc=1, use_mpi=True)
+    conf = spark.sparkContext._conf
+    conf.set("spark.speculation", "true")
+    try:
+        with pytest.raises(ConfigError, match=r"spark\.speculation"):
+            run(elastic_steps, num_proc=2)
+    finally:
+        conf.set("spark.speculation", "false")
+    assert next_job_id(spark) == jobs_before, "a Spark job ran before the arguments were checked"
+
+
+#: ``horovod.spark.run_elastic``'s parameters in Horovod 0.28.1's order.
+HOROVOD_RUN_ELASTIC_PARAMS = [
+    "fn",
+    "args",
+    "kwargs",
+    "num_proc",
+    "min_num_proc",
+    "max_num_proc",
+    "start_timeout",
+    "elastic_timeout",
+    "reset_limit",
+    "env",
+    "stdout",
+    "stderr",
+    "verbose",
+    "nics",
+    "prefix_output_with_timestamp",
+    "min_np",
+    "max_np",
+]
+
+
+def test_signature_is_horovods_in_order():
+    import inspect
+
+    from kolo.spark.runner import run_elastic
+
+    params = inspect.signature(kolo.spark.run_elastic).parameters
+    positional = [
+        name for name, p in params.items() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    assert positional == HOROVOD_RUN_ELASTIC_PARAMS
+    assert run_elastic is kolo.spark.run_elastic
+
+
+STANDALONE_DRIVER = r"""
+import json, logging, sys, time
+sys.path.insert(0, sys.argv[2])
+import cloudpickle
+from support.spark import local_session_builder
+from kolo.spark.runner import task_slots
+
+logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+logging.getLogger("kolo.spark").setLevel(logging.INFO)
+with open(sys.argv[3], "rb") as f:
+    jobs = cloudpickle.load(f)
+session = (local_session_builder(sys.argv[1]).config("spark.executor.memory", "512m")
+           .config("spark.executor.cores", "1").config("spark.cores.max", "4")
+           .config("spark.default.parallelism", "2").getOrCreate())
+session.sparkContext.setLogLevel("ERROR")
+for index, job in enumerate(jobs):
+    # Executors of one core each: two for the ranks, one for the retry of the killed one
+    # (the master replaces a killed executor too, but a JVM starts slowly on a busy machine).
+    deadline = time.monotonic() + 120
+    while (task_slots(session.sparkContext) or 0) < 3:
+        assert time.monotonic() < deadline, "the executors did not register"
+        time.sleep(0.2)
+    print(f"RESULT {index} " + json.dumps(job(session)), flush=True)
+session.stop()
+"""
+
+
+def executor_jvm(pid: int) -> bytes:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read()
+
+
+def run_jobs_killing_executors(standalone_cluster, tmp_path, jobs, report_dirs):
+    """Runs ``jobs`` (each ``job(session) -> JSON value``) one after the other in one Spark
+    application on the standalone cluster (one core per executor, so each rank has its own
+    executor JVM). During job ``i``, once ranks 0 and 1 wrote their executor's pid to
+    ``report_dirs[i]``, SIGKILLs rank 1's executor JVM. Returns each job's value, the seconds
+    from each kill to its job's end, and the driver's stderr (its ``kolo.spark`` log)."""
+    import queue
+    import threading
+
+    path = tmp_path / "jobs.pkl"
+    path.write_bytes(cloudpickle.dumps(jobs))
+    script = tmp_path / "driver.py"
+    script.write_text(STANDALONE_DRIVER)
+    env = dict(os.environ, KOLO_HEARTBEAT_TIMEOUT_SECONDS="15")
+    driver = subprocess.Popen(
+        [sys.executable, str(script), standalone_cluster, str(REPO / "tests"), str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    lines: queue.Queue = queue.Queue()
+    err: list[str] = []
+    readers = [
+        threading.Thread(target=lambda: [lines.put(line) for line in driver.stdout], daemon=True),
+        threading.Thread(target=lambda: err.extend(driver.stderr), daemon=True),
+    ]
+    for reader in readers:
+        reader.start()
+    values, after_kill = [], []
+    try:
+        for index, report_dir in enumerate(report_dirs):
+            reports = [report_dir / f"rank-{rank}.json" for rank in (0, 1)]
+            deadline = time.monotonic() + 180
+            while not all(path.exists() for path in reports):
+                assert driver.poll() is None, "".join(err)[-8000:]
+                assert time.monotonic() < deadline, "the ranks never started training"
+                time.sleep(0.05)
+            pids = [json.loads(path.read_text())["executor_pid"] for path in reports]
+            assert pids[0] != pids[1] and all(pids), pids
+            assert b"CoarseGrainedExecutorBackend" in executor_jvm(pids[1])
+            os.kill(pids[1], signal.SIGKILL)
+            killed = time.monotonic()
+            while True:
+                try:
+                    line = lines.get(timeout=240)
+                except queue.Empty:
+                    raise AssertionError("".join(err)[-8000:]) from None
+                if line.startswith(f"RESULT {index} "):
+                    break
+            after_kill.append(time.monotonic() - killed)
+            values.append(json.loads(line[len(f"RESULT {index} ") :]))
+        driver.wait(timeout=60)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+        for reader in readers:
+            reader.join(timeout=10)
+    assert driver.returncode == 0, "".join(err)[-8000:]
+    return values, after_kill, "".join(err)
+
+
+def run_elastic_job(report_dir, marker, steps):
+    def job(session):
+        import kolo.spark
+
+        return kolo.spark.run_elastic(
+            elastic_steps,
+            kwargs={"steps": steps, "step_s": 0.2, "report_dir": report_dir},
+            num_proc=2,
+            min_num_proc=1,
+            env={MARKER_VAR: marker},
+        )
+
+    return job
+
+
+def fit_job(store_dir, report_dir, marker, epochs):
+    def job(session):
+        df = session.createDataFrame(linear_rows(), ["x", "y"])
+        est = elastic_estimator(
+            store_dir,
+            dict(num_proc=2, min_num_proc=1, env={MARKER_VAR: marker}),
+            KillRankAt(rank=1, epoch=1, report_dir=report_dir, step_s=0.03),
+            epochs=epochs,
+        )
+        fitted = est.fit(df)
+        column = fitted.getOutputCols()[0]
+        rows = fitted.transform(session.createDataFrame(linear_rows(16), ["x", "y"])).collect()
+        return {
+            "history": fitted.getHistory(),
+            "errors": [abs(float(row[column]) - row["y"]) for row in rows],
+        }
+
+    return job
+
+
+def test_standalone_survives_killed_executor_jvms(standalone_cluster, tmp_path):
+    """On the standalone cluster, an executor JVM is SIGKILLed mid-training, twice:
+
+    (a) under ``run_elastic``: its rank leaves, Spark retries its task on another executor
+    (attempt 1 = task index partition + 2), the retry joins as a new worker, the survivor
+    restores its last commit, and both finish every step with the same state;
+    (b) during an elastic ``TorchEstimator`` fit: the same, and the fit ends with all its
+    epochs and a model that transforms.
+
+    No rank process or shared-memory segment is left afterwards."""
+    marker = uuid.uuid4().hex
+    segments = kolo_segments()
+    reports = [tmp_path / "reports-run", tmp_path / "reports-fit"]
+    for report_dir in reports:
+        report_dir.mkdir()
+    steps, epochs = 10, 4
+    jobs = [
+        run_elastic_job(str(reports[0]), marker, steps),
+        fit_job(str(tmp_path / "store"), str(reports[1]), marker, epochs),
+    ]
+    (results, fit), after_kill, log = run_jobs_killing_executors(
+        standalone_cluster, tmp_path, jobs, reports
+    )
+    # (a)
+    assert [r["rank"] for r in results] == [0, 1], results
+    assert all(r["size"] == 2 and r["step"] == steps for r in results), results
+    # The survivor (an attempt-0 task) and the retry of the killed one (attempt 1).
+    tasks = sorted(r["task"] for r in results)
+    assert tasks[0] in (0, 1) and tasks[1] in (2, 3), tasks
+    # The state is rank 0's on both (the retry synced it); every committed step ran once.
+    assert results[0]["sizes"] == results[1]["sizes"] and len(results[0]["sizes"]) == steps
+    assert results[0]["sizes"][0] == 2 and results[0]["sizes"][-1] == 2
+    survivor = next(r for r in results if r["task"] < 2)
+    assert survivor["resets"] and survivor["resets"][-1] == 2, survivor
+    # (b)
+    assert len(fit["history"]["train_loss"]) == epochs, fit
+    assert fit["history"]["train_loss"][-1] < fit["history"]["train_loss"][0], fit
+    assert len(fit["errors"]) == 16 and max(fit["errors"]) < 1.0, fit
+    joins = [line for line in log.splitlines() if "joins the job" in line]
+    assert len(joins) == 2, log[-6000:]
+    assert_no_orphans(marker)
+    assert kolo_segments() <= segments
+    run_s, fit_s = after_kill
+    print(
+        f"standalone: executor JVM SIGKILLed; run_elastic done {run_s:.1f}s later, fit {fit_s:.1f}s"
+    )
+    print(json.dumps(results))
+    print("\n".join(line for line in log.splitlines() if "kolo.spark " in line))
+
+
+class KillRankAt:
+    """A TorchEstimator callback: at ``epoch``'s first batch, rank ``rank`` of the first round
+    SIGKILLs itself (``report_dir``: instead, write the executor JVM's pid and slow the epoch
+    down so the test can kill that JVM)."""
+
+    def __init__(self, rank, epoch, report_dir=None, step_s=0.0):
+        self.rank, self.epoch, self.report_dir, self.step_s = rank, epoch, report_dir, step_s
+        self.armed = True
+
+    def on_train_batch_end(self, step, logs):
+        import json
+        import os
+        import signal
+        import time
+
+        import kolo.torch as hvd
+
+        time.sleep(self.step_s)
+        if not self.armed or logs["epoch"] != self.epoch or step != 0:
+            return
+        self.armed = False
+        if self.report_dir is None:
+            if hvd.rank() == self.rank:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return
+        pid = os.getpid()
+        while pid > 1:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"CoarseGrainedExecutorBackend" in f.read():
+                    break
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        path = os.path.join(self.report_dir, f"rank-{hvd.rank()}.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump({"executor_pid": pid, "pid": os.getpid()}, f)
+        os.replace(path + ".tmp", path)
+
+
+def elastic_estimator(store_dir, backend_kwargs, callback, epochs=4):
+    import torch
+
+    from kolo.spark.common.backend import SparkBackend
+    from kolo.spark.common.store import Store
+    from kolo.spark.torch import TorchEstimator
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+    return TorchEstimator(
+        backend=SparkBackend(**backend_kwargs),
+        store=Store.create(store_dir),
+        model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.05),
+        loss=torch.nn.functional.mse_loss,
+        feature_cols=["x"],
+        label_cols=["y"],
+        batch_size=8,
+        epochs=epochs,
+        callbacks=[callback],
+        random_seed=1,
+        verbose=0,
+    )
+
+
+def linear_rows(n=256):
+    return [([i / n, 1.0 - i / n], 2.0 * i / n + 0.5) for i in range(n)]
+
+
+def check_fitted(spark, fitted, epochs):
+    history = fitted.getHistory()
+    assert len(history["train_loss"]) == epochs, history
+    assert history["train_loss"][-1] < history["train_loss"][0], history
+    df = spark.createDataFrame(linear_rows(16), ["x", "y"])
+    predictions = fitted.transform(df).collect()
+    assert len(predictions) == 16
+    column = fitted.getOutputCols()[0]
+    errors = [abs(float(row[column]) - row["y"]) for row in predictions]
+    assert max(errors) < 1.0, errors
+
+
+def test_elastic_fit_survives_a_killed_rank(spark, tmp_path, caplog):
+    """local[2]: rank 1 SIGKILLs itself at the start of epoch 2; rank 0 goes back to its
+    commit (end of epoch 1), re-reads all the data as the only rank and trains the remaining
+    epochs; the fitted model has the full history and transforms."""
+    marker = uuid.uuid4().hex
+    df = spark.createDataFrame(linear_rows(), ["x", "y"])
+    est = elastic_estimator(
+        str(tmp_path / "store"),
+        dict(num_proc=2, min_num_proc=1, env={MARKER_VAR: marker}, stderr=io.StringIO()),
+        KillRankAt(rank=1, epoch=2),
+    )
+    with caplog.at_level("INFO", logger="kolo.spark"):
+        fitted = est.fit(df)
+    messages = [record.getMessage() for record in caplog.records]
+    assert any("task 1 was killed by signal 9 (SIGKILL)" in m for m in messages), messages
+    assert any("round of 1 rank(s): tasks [0]" in m for m in messages), messages
+    check_fitted(spark, fitted, 4)
+    assert_no_orphans(marker)
