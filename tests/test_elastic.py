@@ -78,3 +78,28 @@ def test_keras_state_callbacks_and_recovery_in_a_two_rank_fit() -> None:
             result.stdout[-3000:] + result.stderr[-5000:]
         )
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+COMMIT_AFTER_A_PEER_FINISHED = (
+    "import time, torch, kolo.torch as hvd\n"
+    "hvd.init()\n"
+    "state = hvd.elastic.ObjectState(hvd.broadcast_object, hvd.rank, step=0)\n"
+    "hvd.allreduce(torch.ones(4), name='last_step')\n"
+    "if hvd.rank() == 0:\n"
+    "    hvd.shutdown()\n"
+    "else:\n"
+    "    time.sleep(1.0)  # rank 0 finished and shut down meanwhile\n"
+    "    state.step = 1\n"
+    "    state.commit()\n"
+    "    print('rank 1 committed after rank 0 finished', flush=True)\n"
+)
+
+
+def test_a_commit_after_a_finished_peer_shut_down_still_succeeds() -> None:
+    """The last commit of a slower rank needs no collective, so a peer that already finished
+    and shut the engine down must not turn it into a failure (and an elastic reset)."""
+    result = run_kolorun(["-np", "2", "python", "-c", COMMIT_AFTER_A_PEER_FINISHED], timeout=60)
+    assert "rank 1 committed after rank 0 finished" in result.stdout, (
+        result.stdout[-2000:] + result.stderr[-4000:]
+    )
+    assert result.returncode == 0, result.stderr[-3000:]

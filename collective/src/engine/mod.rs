@@ -366,15 +366,14 @@ impl Engine {
 
     /// Elastic jobs: whether this commit must raise `HostsUpdatedInterrupt`, the same answer on
     /// every rank and without a collective (see [`host_news`]). First waits up to `timeout` until
-    /// every op this rank submitted to the global process set was decided. When it raises, this
+    /// every op this rank submitted to the global process set was decided (it fails when the
+    /// engine stopped before they were; once they were, it answers even after a peer that
+    /// finished shut the engine down). When it raises, this
     /// process marks the update handled (rank 0's mark is what every rank reads next).
     pub fn check_host_updates(&self, timeout: Duration) -> Result<Option<HostsUpdated>> {
         let shared = &self.shared;
         let deadline = Instant::now() + timeout;
         loop {
-            if let Some(error) = lock(&shared.stopped).as_ref() {
-                return Err(error.replicate());
-            }
             {
                 let mut state = lock(&shared.cycles);
                 let undecided = state
@@ -392,6 +391,11 @@ impl Engine {
                     }
                     return Ok(raised);
                 }
+            }
+            // Only a commit with undecided collectives fails with the engine: one whose
+            // collectives all ran still answers after a finished peer shut the engine down.
+            if let Some(error) = lock(&shared.stopped).as_ref() {
+                return Err(error.replicate());
             }
             if Instant::now() >= deadline {
                 return Err(Error::Timeout {
