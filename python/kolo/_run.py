@@ -65,10 +65,10 @@ def run(
     ranks that fail leave the job while the others reset, hosts come and go, and the first
     rank to return ends the job; ``run`` then returns the results of the last round's ranks
     that returned one, ordered by rank. ``elastic_timeout`` (keyword only, seconds; not in
-    Horovod, which reads ``HOROVOD_ELASTIC_TIMEOUT``) is ``--elastic-timeout``. ``use_gloo``, ``use_mpi`` and ``mpi_args`` are
-    accepted as kolorun accepts their flags (a notice on stderr says what kolo does instead);
-    ``np``, ``min_np``, ``max_np`` and ``network_interface`` are Horovod's deprecated
-    spellings.
+    Horovod, which reads ``HOROVOD_ELASTIC_TIMEOUT``) is ``--elastic-timeout``. ``use_gloo``,
+    ``use_mpi`` and ``mpi_args`` are accepted as kolorun accepts their flags (a notice on
+    stderr says what kolo does instead); ``np``, ``min_np``, ``max_np`` and
+    ``network_interface`` are Horovod's deprecated spellings.
 
     Example::
 

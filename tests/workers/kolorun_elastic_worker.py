@@ -17,8 +17,6 @@ import signal
 import sys
 import time
 
-import logging
-
 import torch
 
 import kolo.torch as hvd
@@ -67,7 +65,6 @@ if args.fail_host and host == args.fail_host and args.fail_counter:
         log(f"failing on purpose on {host} ({failed + 1} of {args.fail_times})")
         sys.exit(1)
 
-logging.basicConfig(level=logging.DEBUG, format="%(name)s %(message)s")
 hvd.init()
 torch.manual_seed(0)
 model = torch.nn.Linear(4, 3).double()
