@@ -79,7 +79,9 @@ def batch_rows(index: int) -> tuple[torch.Tensor, torch.Tensor]:
     return data[hvd.rank() :: hvd.size()], target[hvd.rank() :: hvd.size()]
 
 
-state = hvd.elastic.TorchState(model, optimizer, epoch=0, batch=0, rendezvous=0, steps=0)
+state = hvd.elastic.TorchState(
+    model, optimizer, epoch=0, batch=0, rendezvous=0, steps=0, sized_epochs=0
+)
 if args.resume_from:
     saved = torch.load(args.resume_from, weights_only=False)
     model.load_state_dict(saved["model"])
@@ -115,7 +117,7 @@ kill_at = tuple(json.loads(args.kill_at))
 def done(state) -> bool:
     if state.epoch >= args.max_epochs:
         return True
-    return state.epoch >= args.epochs and hvd.size() >= args.until_size
+    return state.epoch >= args.epochs and (args.until_size == 0 or state.sized_epochs > 0)
 
 
 @hvd.elastic.run
@@ -156,6 +158,8 @@ def train(state) -> None:
                     time.sleep(0.05)
         if args.epoch_wait:
             time.sleep(args.epoch_wait)
+        if args.until_size and hvd.size() >= args.until_size:
+            state.sized_epochs += 1
         state.epoch += 1
         state.batch = 0
         state.commit()

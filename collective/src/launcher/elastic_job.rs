@@ -607,6 +607,11 @@ impl ElasticLaunch<'_> {
     fn replan(&mut self) -> Result<()> {
         let usable = self.blacklist.usable(&self.hosts);
         let live = self.live();
+        if live.is_empty() {
+            // Every rank is being stopped after the driver dropped it: nobody could send the
+            // state to new ranks. The job fails once their exits are handled (`rank_failed`).
+            return Ok(());
+        }
         let request = PlanRequest {
             hosts: &usable,
             live: &live,
