@@ -305,3 +305,49 @@ def test_kolo_run_with_elastic_bounds_returns_the_survivors_results(clean) -> No
     )
     # Steps 0-4 at size 2 (total 10), steps 5-11 at size 1 (7).
     assert results == [dict(rank=0, size=1, total=17.0, host="localhost")]
+
+
+def test_a_rank_that_raises_after_a_reset_leaves_alone(clean) -> None:
+    """A rank's failure report names its task, not the rank of its first round: after a reset
+    renumbered the ranks, the rank that raises leaves and the one that now holds its old rank
+    number carries on. Three host names of this machine: localhost, LOCALHOST and its hostname
+    (each a host of its own to the job)."""
+    import kolo
+
+    def fn(kill_host: str, raise_host: str) -> dict:
+        import os
+        import signal
+
+        import torch
+
+        import kolo.torch as hvd
+
+        hvd.init()
+        state = hvd.elastic.ObjectState(hvd.broadcast_object, hvd.rank, step=0)
+
+        @hvd.elastic.run
+        def train(state):
+            host = os.environ["HOROVOD_HOSTNAME"]
+            while state.step < 10:
+                if state.step == 2 and host == kill_host:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                if state.step == 5 and host == raise_host:
+                    raise ValueError(f"{host} gives up")
+                hvd.allreduce(torch.ones(1))
+                state.step += 1
+                state.commit()
+
+        train(state)
+        return dict(host=os.environ["HOROVOD_HOSTNAME"], rank=hvd.rank(), size=hvd.size())
+
+    # Round 1: localhost 0, ME 1, LOCALHOST 2. localhost dies: round 2 has ME as rank 0 and
+    # LOCALHOST as rank 1. ME raises: a report by its first rank (1) would remove LOCALHOST.
+    results = kolo.run(
+        fn,
+        args=("localhost", ME),
+        num_proc=3,
+        min_num_proc=1,
+        hosts=f"localhost:1,{ME}:1,LOCALHOST:1",
+        elastic_timeout=30,
+    )
+    assert results == [dict(host="LOCALHOST", rank=0, size=1)]
