@@ -315,7 +315,8 @@ fn this_hostname() -> String {
 
 /// An elastic launch's loop on shell ranks: a rank that fails leaves the job and blacklists
 /// its host instead of stopping the others; the first rank to exit 0 ends the job with exit
-/// code 0; every rank sees the elastic variables and its own task index.
+/// code 0; every rank sees the elastic variables and its own task index; `--output-filename`
+/// writes each task's output to `DIR/task.T/`.
 #[test]
 fn an_elastic_launch_survives_a_failed_rank_and_ends_with_the_first_success() {
     let dir = temp_dir("elastic-loop");
@@ -334,6 +335,8 @@ fn an_elastic_launch_survives_a_failed_rank_and_ends_with_the_first_success() {
         std::thread::sleep(Duration::from_secs(2));
         std::fs::write(go, b"").unwrap();
     });
+    let files = dir.join("out");
+    let files_arg = files.display().to_string();
     let r = run(&[
         "-np",
         "2",
@@ -343,11 +346,18 @@ fn an_elastic_launch_survives_a_failed_rank_and_ends_with_the_first_success() {
         "7",
         "-H",
         &hosts,
+        "--output-filename",
+        &files_arg,
         "sh",
         "-c",
         &script,
     ]);
     watcher.join().unwrap();
+    // Per task (a rank number is reused across rounds, a task index never is).
+    for task in 0..2 {
+        let text = std::fs::read_to_string(files.join(format!("task.{task}/stdout"))).unwrap();
+        assert!(text.starts_with(&format!("task={task} ")), "{text}");
+    }
     assert_eq!(r.result.unwrap(), 0, "{}", r.stderr);
     assert!(dir.join("finished").exists());
     for task in 0..2 {
