@@ -163,6 +163,9 @@ def train(state) -> None:
         state.epoch += 1
         state.batch = 0
         state.commit()
+    # Every rank leaves training together: a rank that returned and exited while another still
+    # commits would fail that commit (its engine sees the peer go) and send it into a reset.
+    hvd.allreduce(torch.zeros(1), name="train.end")
 
 
 train(state)
