@@ -1,6 +1,6 @@
 """kolo's elastic Python API on real ranks under kolorun (fixed size): TorchState and
 ObjectState commit/restore/sync, the run decorator recovering from a real collective failure
-through shutdown()+init(), the reset limit, HostsUpdatedInterrupt, check_host_updates' rank-0
+through shutdown()+init(), HostsUpdatedInterrupt, check_host_updates' rank-0
 agreement, and ElasticSampler resuming and re-splitting across 3 → 2 ranks.
 
 tests/workers/elastic_worker.py runs the scenarios in one launch (in order; a failing scenario
@@ -24,7 +24,6 @@ SCENARIOS = (
     "check_host_updates",
     "sampler",
     "recover",
-    "reset_limit",
     "hosts_updated",
 )
 

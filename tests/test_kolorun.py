@@ -417,26 +417,6 @@ def test_kolo_run_returns_results_by_rank_and_raises_a_failing_ranks_error() -> 
     assert isinstance(caught.value, RuntimeError)  # what horovod.run raises
 
 
-def test_an_elastic_launch_fails_fast_until_kolorun_runs_elastic_jobs(tmp_path) -> None:
-    """The elastic options are parsed and checked, but this build cannot run an elastic job:
-    kolorun says so at once (a usage error, exit 2) and starts nothing, not even the script."""
-    marker = tmp_path / "ran"
-    script = tmp_path / "discover.sh"
-    script.write_text(f"#!/bin/sh\ntouch {marker}.script\necho localhost:2\n")
-    script.chmod(0o755)
-    command = ["python", "-c", f"open({str(marker)!r}, 'w').close()"]
-    for options in (
-        ["--host-discovery-script", str(script), "--slots-per-host", "2", "--min-np", "2"],
-        ["-np", "2", "--min-np", "1", "--max-np", "4", "-H", "localhost:4"],
-    ):
-        started = time.monotonic()
-        result = run_kolorun([*options, *command], timeout=60)
-        assert result.returncode == 2, result.stderr
-        assert "elastic launches are not available yet in this build" in result.stderr
-        assert time.monotonic() - started < 30
-    assert not marker.exists() and not (tmp_path / "ran.script").exists()
-
-
 def test_elastic_option_errors_through_parse_args() -> None:
     """Bad elastic combinations are ConfigErrors naming the option and the fix, raised while
     parsing (kolo.runner.parse_args, so kolo.run and the kolorun script share them)."""

@@ -56,6 +56,7 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         raise
     finally:
         _mpi_launch.forget_env_vars()
+    _refresh_elastic_rank_env()
     # Registered afresh at every init so it runs first at exit: before the exit hook of a job
     # driver this process hosts for mpirun/srun ranks (it waits for every rank to leave).
     atexit.unregister(shutdown)
@@ -77,6 +78,22 @@ def init_process_sets() -> list[Any]:
     """The ``process_sets`` the latest :func:`init` was given (an elastic reset passes them to
     the next one)."""
     return list(_init_process_sets)
+
+
+#: The rank variables a launcher sets (``KOLO_*`` and ``HOROVOD_*``), by ``rank_info`` key.
+_RANK_VARS = ("rank", "size", "local_rank", "local_size", "cross_rank", "cross_size")
+
+
+def _refresh_elastic_rank_env() -> None:
+    """In an elastic job (the launcher set ``KOLO_ELASTIC_TIMEOUT``), rewrites the rank
+    variables in ``os.environ`` from this round's assignment, as Horovod's Gloo context does
+    after an elastic reset: a rank's ``HOROVOD_RANK`` etc. never describe an older round."""
+    if not os.environ.get("KOLO_ELASTIC_TIMEOUT"):
+        return
+    for name in _RANK_VARS:
+        value = str(_core._get(name))
+        os.environ[f"KOLO_{name.upper()}"] = value
+        os.environ[f"HOROVOD_{name.upper()}"] = value
 
 
 def shutdown() -> None:

@@ -48,6 +48,8 @@ def run(
     np: Optional[int] = None,
     min_np: Optional[int] = None,
     max_np: Optional[int] = None,
+    *,
+    elastic_timeout: Optional[int] = None,
 ) -> list[Any]:
     """Runs ``func(*args, **kwargs)`` on ``num_proc`` ranks and returns their results, ordered
     by rank — Horovod's ``horovod.run`` with the same parameters in the same order.
@@ -59,11 +61,14 @@ def run(
     ``hvd.init()`` as usual. A rank that raises stops the others and ``run`` raises
     :class:`~kolo.exceptions.RankFailedError` with that rank's traceback. The elastic
     parameters are checked as kolorun checks their flags; an elastic run (``min_num_proc`` or
-    ``host_discovery_script``) raises :class:`~kolo.exceptions.ConfigError` in this build
-    (kolorun cannot run elastic jobs yet). ``use_gloo``, ``use_mpi`` and ``mpi_args`` are
-    accepted as kolorun accepts their flags (a notice on stderr says what kolo does instead);
-    ``np``, ``min_np``, ``max_np`` and ``network_interface`` are Horovod's deprecated
-    spellings.
+    ``host_discovery_script``) runs as ``kolorun --min-np ...`` does (see docs/elastic.md):
+    ranks that fail leave the job while the others reset, hosts come and go, and the first
+    rank to return ends the job; ``run`` then returns the results of the last round's ranks
+    that returned one, ordered by rank. ``elastic_timeout`` (keyword only, seconds; not in
+    Horovod, which reads ``HOROVOD_ELASTIC_TIMEOUT``) is ``--elastic-timeout``. ``use_gloo``,
+    ``use_mpi`` and ``mpi_args`` are accepted as kolorun accepts their flags (a notice on
+    stderr says what kolo does instead); ``np``, ``min_np``, ``max_np`` and
+    ``network_interface`` are Horovod's deprecated spellings.
 
     Example::
 
@@ -118,7 +123,9 @@ def run(
         use_mpi=use_mpi,
         mpi_args=mpi_args,
         network_interfaces=network_interfaces,
+        elastic_timeout=elastic_timeout,
     )
+    elastic = min_num_proc is not None or host_discovery_script is not None
     argv += ["--", executable or sys.executable, "-c", RANK_CODE]
     payload = _pickle(func, tuple(args), dict(kwargs or {}))
     code, results, failure = _native.kolorun_function(argv, payload)
@@ -126,6 +133,9 @@ def run(
         raise _rank_failed(code, failure)
     import cloudpickle
 
+    if elastic:
+        # The ranks of the last round that returned (any returning rank ends the job).
+        return [cloudpickle.loads(data) for data in results if data is not None]
     missing = [rank for rank, data in enumerate(results) if data is None]
     if missing:
         raise RankFailedError(
@@ -147,6 +157,7 @@ def _command_line(**options: Any) -> list[str]:
         ("hosts", "-H"),
         ("hostfile", "--hostfile"),
         ("host_discovery_script", "--host-discovery-script"),
+        ("elastic_timeout", "--elastic-timeout"),
         ("start_timeout", "--start-timeout"),
         ("ssh_port", "--ssh-port"),
         ("ssh_identity_file", "--ssh-identity-file"),

@@ -215,10 +215,10 @@ class HostsUpdatedInterrupt(KoloError, RuntimeError):
 
 class ResetLimitExceededError(KoloError, RuntimeError):
     """An elastic job reset more often than its reset limit allows (``--reset-limit``,
-    ``reset_limit=`` of the launchers, ``KOLO_RESET_LIMIT`` in a worker); Horovod stops the job
-    with the same condition ("number of resets during elastic job exceeded limit"). A
-    ``RuntimeError`` too. The exception that would have caused one more reset is its
-    ``__cause__``.
+    ``reset_limit=`` of the launchers): the job driver stopped the job instead of one more
+    reset, as Horovod's driver does ("number of resets during elastic job exceeded limit"), and
+    a rank's ``hvd.elastic.run`` raises this from the driver's error (its ``__cause__``). A
+    ``RuntimeError`` too.
 
     Attributes: ``limit`` (the limit) and ``resets`` (the resets done).
 
@@ -236,7 +236,7 @@ class ResetLimitExceededError(KoloError, RuntimeError):
         super().__init__(
             f"kolo was shut down because the number of resets during the elastic job exceeded "
             f"the limit: {limit} (resets done: {self.resets}); raise the reset limit "
-            f"(kolorun --reset-limit, KOLO_RESET_LIMIT) or find why the workers keep failing "
+            f"(kolorun --reset-limit, reset_limit=) or find why the workers keep failing "
             f"(the cause is below)"
         )
 

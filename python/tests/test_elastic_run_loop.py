@@ -12,8 +12,8 @@ from kolo.elastic import State, run_fn
 from kolo.exceptions import (
     HostsUpdatedInterrupt,
     InternalError,
-    InvalidArgumentError,
     MismatchError,
+    RendezvousError,
     ResetLimitExceededError,
 )
 
@@ -37,7 +37,7 @@ class RecordingState(State):
         self.calls.append("state.reset")
 
 
-def run_with(failures: list[BaseException], reset_limit: int | None = None) -> list[str]:
+def run_with(failures: list[BaseException]) -> list[str]:
     calls: list[str] = []
     pending = list(failures)
 
@@ -47,7 +47,7 @@ def run_with(failures: list[BaseException], reset_limit: int | None = None) -> l
             raise pending.pop(0)
         return value * 2
 
-    wrapped = run_fn(train, lambda: calls.append("reset"), reset_limit=reset_limit)
+    wrapped = run_fn(train, lambda: calls.append("reset"))
     assert wrapped(RecordingState(calls), 21) == 42
     return calls
 
@@ -83,41 +83,44 @@ def test_other_exceptions_leave_the_loop() -> None:
     assert calls == ["sync"]
 
 
-def test_the_reset_limit_allows_that_many_resets_then_raises_from_the_cause() -> None:
-    assert run_with([InternalError("a"), InternalError("b")], reset_limit=2).count("reset") == 2
+#: What a rank's rejoin raises when the job driver stopped the job for its reset limit.
+DRIVER_LIMIT = (
+    "cannot join the job: job aborted: the number of resets of this elastic job exceeded its "
+    "limit of 2 (--reset-limit 2); kolo stopped the job instead of resetting again"
+)
+
+
+def test_the_drivers_reset_limit_becomes_reset_limit_exceeded_from_its_error() -> None:
+    """The driver keeps the one reset count (kolorun --reset-limit); a rank whose rejoin it
+    refuses for the limit raises the typed error, not a RendezvousError."""
     calls: list[str] = []
-    failures = [InternalError("first"), MismatchError("second")]
+    failures = [InternalError("first"), InternalError("second")]
 
     def train(state: State) -> None:
         raise failures.pop(0)
 
-    with pytest.raises(ResetLimitExceededError, match="exceeded the limit: 1") as info:
-        run_fn(train, lambda: calls.append("reset"), reset_limit=1)(RecordingState(calls))
+    def reset() -> None:
+        calls.append("reset")
+        if calls.count("reset") == 2:
+            raise RendezvousError(DRIVER_LIMIT)
+
+    with pytest.raises(ResetLimitExceededError, match="exceeded the limit: 2") as info:
+        run_fn(train, reset)(RecordingState(calls))
     assert isinstance(info.value, RuntimeError)
-    assert isinstance(info.value.__cause__, MismatchError)
-    assert calls.count("reset") == 1 and calls[-1] == "restore", calls
+    assert isinstance(info.value.__cause__, RendezvousError)
+    assert (info.value.limit, info.value.resets) == (2, 1)
+    assert calls.count("reset") == 2 and calls[-2:] == ["restore", "reset"], calls
 
 
-def test_a_reset_limit_of_zero_allows_no_reset(monkeypatch) -> None:
-    monkeypatch.setenv("KOLO_RESET_LIMIT", "0")
-    calls: list[str] = []
-
+def test_other_rejoin_failures_pass_through() -> None:
     def train(state: State) -> None:
-        raise HostsUpdatedInterrupt(False)
+        raise InternalError("peer gone")
 
-    with pytest.raises(ResetLimitExceededError) as info:
-        run_fn(train, lambda: calls.append("reset"))(RecordingState(calls))
-    assert "reset" not in calls and info.value.limit == 0
+    def reset() -> None:
+        raise RendezvousError("cannot join the job: the driver is gone")
 
-
-@pytest.mark.parametrize("raw", ["-1", "two", "1.5"])
-def test_a_bad_reset_limit_is_a_typed_error(monkeypatch, raw: str) -> None:
-    monkeypatch.setenv("KOLO_RESET_LIMIT", raw)
-    wrapped = run_fn(lambda state: None, lambda: None)
-    with pytest.raises(InvalidArgumentError, match="KOLO_RESET_LIMIT"):
-        wrapped(RecordingState([]))
-    with pytest.raises(InvalidArgumentError, match="reset_limit=-2"):
-        run_fn(lambda state: None, lambda: None, reset_limit=-2)
+    with pytest.raises(RendezvousError, match="driver is gone"):
+        run_fn(train, reset)(RecordingState([]))
 
 
 def test_reset_limit_exceeded_pickles() -> None:

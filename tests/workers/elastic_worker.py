@@ -3,7 +3,6 @@ result and prints ``rank R: <scenario> ok``; the first failure stops the launch.
 
 from __future__ import annotations
 
-import os
 import random
 import sys
 
@@ -11,7 +10,7 @@ import torch
 
 import kolo.torch as hvd
 from kolo.elastic import HostUpdateResult
-from kolo.exceptions import HostsUpdatedInterrupt, MismatchError, ResetLimitExceededError
+from kolo.exceptions import HostsUpdatedInterrupt
 
 
 def make_model(seed: int) -> torch.nn.Module:
@@ -164,30 +163,6 @@ def scenario_recover() -> None:
     assert total.item() == 2.0
 
 
-def scenario_reset_limit() -> None:
-    state = hvd.elastic.ObjectState(hvd.broadcast_object, hvd.rank, attempts=0)
-    resets = []
-    state.register_reset_callbacks([lambda: resets.append(1)])
-
-    @hvd.elastic.run
-    def always_fails(state):
-        mismatched_allreduce()
-
-    os.environ["KOLO_RESET_LIMIT"] = "1"
-    try:
-        always_fails(state)
-    except ResetLimitExceededError as err:
-        assert isinstance(err, RuntimeError)
-        assert isinstance(err.__cause__, MismatchError), repr(err.__cause__)
-        assert err.limit == 1 and "exceeded the limit: 1" in str(err), str(err)
-    else:
-        raise AssertionError("no ResetLimitExceededError")
-    finally:
-        del os.environ["KOLO_RESET_LIMIT"]
-    assert resets == [1], f"expected exactly one reset before the limit, got {len(resets)}"
-    hvd.allreduce(torch.ones(1), name="elastic.after_limit")  # the job is still usable
-
-
 def scenario_hosts_updated() -> None:
     """HostsUpdatedInterrupt from user code resets without restoring; skip_sync skips the
     sync."""
@@ -293,7 +268,6 @@ SCENARIOS = {
     "torch_state": scenario_torch_state,
     "object_state": scenario_object_state,
     "recover": scenario_recover,
-    "reset_limit": scenario_reset_limit,
     "hosts_updated": scenario_hosts_updated,
     "check_host_updates": scenario_check_host_updates,
     "sampler": scenario_sampler,

@@ -100,9 +100,10 @@ elastic options (horovodrun's; --host-discovery-script or --min-np makes a launc
                                a failing host returns after a cooldown of MIN..MAX seconds
                                that doubles per failure (1 <= MIN <= MAX <= 3600; default: it
                                never returns)
-  This build checks these options but cannot run elastic launches yet: such a launch stops at
-  once with a ConfigError. On a fixed-size launch (neither --min-np nor a script) the other
-  elastic options change nothing and print a notice, as horovodrun ignores them.
+  A failed rank leaves the job (the others reset) and blacklists its host; new slots get new
+  ranks; the first rank to return ends the job (docs/elastic.md). On a fixed-size launch
+  (neither --min-np nor a script) the other elastic options change nothing and print a
+  notice, as horovodrun ignores them.
 
 accepted with a notice (kolo has no such mechanism; the HOROVOD_* variable is still set):
   --jsrun, --torus-allreduce, --autotune,

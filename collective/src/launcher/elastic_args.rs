@@ -250,18 +250,6 @@ pub fn resolve(
     }))
 }
 
-/// The `Config` error a launch gives while kolorun cannot run elastic jobs yet: the elastic
-/// options are parsed and checked, but the launcher is not wired to the driver's elastic rounds.
-pub fn elastic_launch_unavailable(elastic: &ElasticArgs) -> Error {
-    Error::Config(format!(
-        "kolorun: elastic launches are not available yet in this build (issue 21): \
-         --host-discovery-script or --min-np asked for one (min {} / start {} processes); run a \
-         fixed-size job instead: drop --min-np and --host-discovery-script and give -np N with \
-         -H/--hostfile",
-        elastic.min_num_proc, elastic.num_proc
-    ))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -436,20 +424,5 @@ mod tests {
                 other => panic!("{bad}: {other:?}"),
             }
         }
-    }
-
-    #[test]
-    fn the_unavailable_error_says_what_to_do_instead() {
-        let ElasticMode::Elastic(args) =
-            resolve(&flags(Some(2), None), Some(3), false, false).unwrap()
-        else {
-            panic!()
-        };
-        let message = elastic_launch_unavailable(&args).to_string();
-        assert!(
-            message.contains("elastic launches are not available yet in this build")
-                && message.contains("-np N"),
-            "{message}"
-        );
     }
 }

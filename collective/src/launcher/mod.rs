@@ -26,6 +26,7 @@ mod args;
 pub mod blacklist;
 pub mod discovery;
 mod elastic_args;
+mod elastic_job;
 pub mod forward_env;
 mod hosts;
 mod knobs;
@@ -43,7 +44,7 @@ pub use args::{
     notice_for, parse_args, HostSource, Invocation, LaunchArgs, HOROVODRUN_OPTIONS, USAGE,
 };
 pub use elastic_args::{
-    elastic_launch_unavailable, resolve_elastic_timeout, CooldownRange, ElasticArgs, ElasticFlags,
+    resolve_elastic_timeout, CooldownRange, ElasticArgs, ElasticFlags,
     COOLDOWN_LOWER_LIMIT_SECONDS, COOLDOWN_UPPER_LIMIT_SECONDS, DEFAULT_ELASTIC_TIMEOUT,
     ELASTIC_TIMEOUT_ENV, HOROVOD_ELASTIC_TIMEOUT_ENV,
 };
@@ -134,6 +135,9 @@ pub fn run_with_output(
                 .into(),
         ));
     }
+    if parsed.elastic.is_some() {
+        return Ok(elastic_job::run(parsed, interrupted, output, None)?.exit_code);
+    }
     Ok(Job::plan(parsed, output)?
         .run(interrupted, output, None)?
         .exit_code)
@@ -156,6 +160,9 @@ pub fn run_function(
                      function travels through kolo's job driver); `kolorun --mpi` launches a \
                      command through mpirun",
                 );
+            }
+            if parsed.elastic.is_some() {
+                return elastic_job::run(*parsed, interrupted, &output, Some(payload));
             }
             Job::plan(*parsed, &output)?.run(interrupted, &output, Some(payload))
         }
@@ -189,38 +196,15 @@ struct Job {
     /// Where the driver listens, and the IP workers are told.
     bind: IpAddr,
     advertise: IpAddr,
+    /// Variables every rank gets besides the rank and job ones (elastic launches:
+    /// `KOLO_ELASTIC_TIMEOUT`, `HOROVOD_ELASTIC`).
+    extra_env: Vec<(String, String)>,
 }
 
 impl Job {
     fn plan(args: LaunchArgs, output: &Output) -> Result<Self> {
-        // The elastic options are checked, but the launcher is not wired to the driver's
-        // elastic rounds yet (issue 21).
-        if let Some(elastic) = &args.elastic {
-            return Err(elastic_launch_unavailable(elastic));
-        }
-        for (flag, text) in &args.notices {
-            output.message(&format!("kolorun: note: {flag}: {text}"));
-        }
-        let host_list = match &args.hosts {
-            None => None,
-            Some(HostSource::Flag(text)) => Some((parse_hosts_flag(text)?, "-H".to_owned())),
-            Some(HostSource::File(path)) => {
-                let text = std::fs::read_to_string(path).map_err(|err| {
-                    Error::Config(format!(
-                        "kolorun: cannot read --hostfile {}: {err}",
-                        path.display()
-                    ))
-                })?;
-                let name = format!("--hostfile {}", path.display());
-                Some((parse_hostfile(&text, &path.display().to_string())?, name))
-            }
-            Some(HostSource::Discovery(script)) => {
-                return Err(Error::Internal(format!(
-                    "--host-discovery-script {} reached a fixed-size launch",
-                    script.display()
-                )))
-            }
-        };
+        print_notices(&args, output);
+        let host_list = fixed_host_list(&args)?;
         let task_hosts = plan_slots(
             host_list
                 .as_ref()
@@ -236,6 +220,18 @@ impl Job {
             .map(|(task, host)| (task as u32, hosts::host_name(host).to_owned()))
             .collect();
         let assignments = assign_ranks(&keyed);
+        let hosts_given = host_list.is_some();
+        Self::settle(args, task_hosts, assignments, hosts_given)
+    }
+
+    /// The settings every launch shares (timeouts, grace, the driver's addresses for hosts
+    /// `task_hosts`), for tasks on `task_hosts` with `assignments`.
+    fn settle(
+        args: LaunchArgs,
+        task_hosts: Vec<String>,
+        assignments: Vec<Assignment>,
+        hosts_given: bool,
+    ) -> Result<Self> {
         let this_hostname = system_hostname();
         let start_timeout = match args.start_timeout {
             Some(timeout) => timeout,
@@ -255,7 +251,7 @@ impl Job {
         };
         let (bind, advertise) = driver_addresses(&args, &task_hosts, &this_hostname)?;
         Ok(Self {
-            hosts_given: host_list.is_some(),
+            hosts_given,
             args,
             task_hosts,
             assignments,
@@ -265,6 +261,7 @@ impl Job {
             grace,
             bind,
             advertise,
+            extra_env: Vec::new(),
         })
     }
 
@@ -339,40 +336,18 @@ impl Job {
                         Some(dir) => Some(open_rank_files(dir, assignment.rank, np)?),
                         None => None,
                     };
-                    let (process, (stdout, stderr)) = RankProcess::spawn(task, host, &launch)
-                        .map_err(|err| {
-                            Error::Launch(format!(
-                                "kolorun: cannot start {:?} for task {task} on {host}: {err}",
-                                launch.program
-                            ))
-                        })?;
+                    let process = spawn_rank(
+                        task,
+                        host,
+                        &launch,
+                        files,
+                        &labels,
+                        output,
+                        &done_sender,
+                        self.args.prefix_timestamp,
+                    )?;
                     ranks.push(process);
-                    let (out_file, err_file) =
-                        files.map_or((None, None), |(o, e)| (Some(o), Some(e)));
-                    for (reader, stream, file) in [
-                        (
-                            Box::new(stdout) as Box<dyn std::io::Read + Send>,
-                            Stream::Stdout,
-                            out_file,
-                        ),
-                        (Box::new(stderr), Stream::Stderr, err_file),
-                    ] {
-                        forward(
-                            reader,
-                            task,
-                            stream,
-                            labels.clone(),
-                            if stream == Stream::Stdout {
-                                output.stdout.clone()
-                            } else {
-                                output.stderr.clone()
-                            },
-                            file,
-                            self.args.prefix_timestamp,
-                            done_sender.clone(),
-                        )?;
-                        forwarders += 1;
-                    }
+                    forwarders += 2;
                     Ok(())
                 });
             if let Err(err) = started {
@@ -464,6 +439,7 @@ impl Job {
             vars.push(("HOROVOD_GLOO_IFACE".into(), (*first).to_owned()));
         }
         vars.extend(self.args.engine_env.iter().cloned());
+        vars.extend(self.extra_env.iter().cloned());
         let hostname = if self.hosts_given {
             hosts::host_name(host)
         } else {
@@ -506,6 +482,91 @@ impl Job {
             stdin_text: stdin_env(&exported)?,
         })
     }
+}
+
+/// The hosts of `-H` or `--hostfile` with the name of their source, `None` without either.
+/// An `Internal` error for a discovery script (only elastic launches have one).
+fn fixed_host_list(args: &LaunchArgs) -> Result<Option<(Vec<HostSlots>, String)>> {
+    Ok(match &args.hosts {
+        None => None,
+        Some(HostSource::Flag(text)) => Some((parse_hosts_flag(text)?, "-H".to_owned())),
+        Some(HostSource::File(path)) => {
+            let text = std::fs::read_to_string(path).map_err(|err| {
+                Error::Config(format!(
+                    "kolorun: cannot read --hostfile {}: {err}",
+                    path.display()
+                ))
+            })?;
+            let name = format!("--hostfile {}", path.display());
+            Some((parse_hostfile(&text, &path.display().to_string())?, name))
+        }
+        Some(HostSource::Discovery(script)) => {
+            return Err(Error::Internal(format!(
+                "--host-discovery-script {} reached a fixed-size launch",
+                script.display()
+            )))
+        }
+    })
+}
+
+/// Prints a notice for each flag kolo accepts without horovodrun's effect.
+fn print_notices(args: &LaunchArgs, output: &Output) {
+    for (flag, text) in &args.notices {
+        output.message(&format!("kolorun: note: {flag}: {text}"));
+    }
+}
+
+/// Starts task `task`'s process on `host` and two threads forwarding its stdout and stderr
+/// with its label (and to `files` when given); each thread sends on `done` at EOF.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "shared by the fixed and the elastic launch; each argument is one concern"
+)]
+fn spawn_rank(
+    task: u32,
+    host: &str,
+    launch: &Launch,
+    files: Option<(std::fs::File, std::fs::File)>,
+    labels: &RankLabels,
+    output: &Output,
+    done: &mpsc::Sender<()>,
+    timestamps: bool,
+) -> Result<RankProcess> {
+    let (process, (stdout, stderr)) = RankProcess::spawn(task, host, launch).map_err(|err| {
+        Error::Launch(format!(
+            "kolorun: cannot start {:?} for task {task} on {host}: {err}",
+            launch.program
+        ))
+    })?;
+    let (out_file, err_file) = files.map_or((None, None), |(o, e)| (Some(o), Some(e)));
+    let mut process = process;
+    let forwarded = forward(
+        stdout,
+        task,
+        Stream::Stdout,
+        labels.clone(),
+        output.stdout.clone(),
+        out_file,
+        timestamps,
+        done.clone(),
+    )
+    .and_then(|_| {
+        forward(
+            stderr,
+            task,
+            Stream::Stderr,
+            labels.clone(),
+            output.stderr.clone(),
+            err_file,
+            timestamps,
+            done.clone(),
+        )
+    });
+    if let Err(err) = forwarded {
+        stop_all(std::slice::from_mut(&mut process));
+        return Err(err.into());
+    }
+    Ok(process)
 }
 
 /// Where the driver listens and the IP it advertises: the first `--network-interfaces` entry

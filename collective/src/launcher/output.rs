@@ -85,6 +85,18 @@ impl RankLabels {
     pub(crate) fn set(&self, ranks: Vec<u32>) {
         *self.0.write().unwrap_or_else(PoisonError::into_inner) = ranks;
     }
+
+    /// Sets the label of task `task` alone (elastic launches: tasks come and go, and their
+    /// ranks change at every round).
+    pub(crate) fn set_one(&self, task: u32, label: u32) {
+        let mut labels = self.0.write().unwrap_or_else(PoisonError::into_inner);
+        let index = task as usize;
+        if labels.len() <= index {
+            let from = labels.len() as u32;
+            labels.extend(from..=task);
+        }
+        labels[index] = label;
+    }
 }
 
 /// `rank` zero-padded to the width of `size - 1` (horovodrun's `_pad_rank`).
@@ -95,8 +107,11 @@ pub(crate) fn pad_rank(rank: u32, size: usize) -> String {
 
 /// Creates `DIR/rank.R/` and opens its `stdout` and `stderr` files for rank `R` of `size`.
 pub(crate) fn open_rank_files(dir: &Path, rank: u32, size: usize) -> Result<(File, File)> {
-    let rank_dir = dir.join(format!("rank.{}", pad_rank(rank, size)));
-    std::fs::create_dir_all(&rank_dir).map_err(|err| {
+    open_files_in(&dir.join(format!("rank.{}", pad_rank(rank, size))))
+}
+
+fn open_files_in(rank_dir: &Path) -> Result<(File, File)> {
+    std::fs::create_dir_all(rank_dir).map_err(|err| {
         Error::Config(format!(
             "kolorun: cannot create --output-filename directory {}: {err}",
             rank_dir.display()
@@ -111,6 +126,13 @@ pub(crate) fn open_rank_files(dir: &Path, rank: u32, size: usize) -> Result<(Fil
         })
     };
     Ok((open("stdout")?, open("stderr")?))
+}
+
+/// Creates `DIR/task.T/` and opens its `stdout` and `stderr` files for task `T` (elastic
+/// launches: a task's rank changes from round to round, its task index never does and is never
+/// reused, so no process overwrites another's files).
+pub(crate) fn open_task_files(dir: &Path, task: u32) -> Result<(File, File)> {
+    open_files_in(&dir.join(format!("task.{task}")))
 }
 
 /// The local time as C's `asctime` writes it, without the newline (`Wed Nov 25 08:10:00 2026`).

@@ -97,9 +97,13 @@ impl WorkerSession {
     }
 
     /// Reports that the user's function failed (`message` carries the traceback); the driver
-    /// aborts the job with it.
+    /// aborts the job with it (an elastic job's task leaves it instead). Sent by task index:
+    /// the rank of the first registration is stale once an elastic job has reset.
     pub fn report_failure(&self, message: &str) -> Result<()> {
-        kolo_runtime::block_on(self.client.report_failure(self.registration.rank, message))??;
+        kolo_runtime::block_on(
+            self.client
+                .report_task_failure(self.env.task_index, message),
+        )??;
         Ok(())
     }
 

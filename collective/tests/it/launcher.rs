@@ -304,54 +304,150 @@ fn bad_usage_is_a_config_error() {
     assert!(r.stdout.starts_with("usage: kolorun"), "{}", r.stdout);
 }
 
-/// Elastic options are checked, but this build cannot run an elastic launch: it stops before
-/// starting anything (no rank, no discovery script run) with a Config error saying so.
+/// This machine's hostname: a second local host name besides `localhost` (both run as local
+/// child processes, with different host identities).
+fn this_hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .unwrap()
+        .trim()
+        .to_owned()
+}
+
+/// An elastic launch's loop on shell ranks: a rank that fails leaves the job and blacklists
+/// its host instead of stopping the others; the first rank to exit 0 ends the job with exit
+/// code 0; every rank sees the elastic variables and its own task index; `--output-filename`
+/// writes each task's output to `DIR/task.T/`.
 #[test]
-fn an_elastic_launch_fails_fast_before_starting_anything() {
-    let dir = temp_dir("elastic");
-    let marker = dir.join("started");
-    let script = dir.join("discover.sh");
-    std::fs::write(
-        &script,
-        format!(
-            "#!/bin/sh\ntouch {}.script\necho localhost:2\n",
-            marker.display()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let touch = format!("touch {}", marker.display());
-    let script_arg = script.display().to_string();
-    let launches: [&[&str]; 3] = [
-        &["-np", "2", "--min-np", "1", "sh", "-c", &touch],
-        &[
-            "-np",
-            "2",
-            "--host-discovery-script",
-            &script_arg,
-            "sh",
-            "-c",
-            &touch,
-        ],
-        &["--min-np", "2", "-H", "localhost:2", "sh", "-c", &touch],
-    ];
-    for args in launches {
-        let r = run(args);
-        match r.result {
-            Err(Error::Config(message)) => assert!(
-                message.contains("elastic launches are not available yet in this build"),
-                "{args:?}: {message}"
-            ),
-            other => panic!("{args:?}: expected a Config error, got {other:?}"),
-        }
-        assert!(r.took < Duration::from_secs(2), "{args:?}: {:?}", r.took);
-    }
-    std::thread::sleep(Duration::from_millis(200));
-    assert!(!marker.exists(), "a rank started");
-    assert!(
-        !dir.join("started.script").exists(),
-        "the discovery script ran"
+fn an_elastic_launch_survives_a_failed_rank_and_ends_with_the_first_success() {
+    let dir = temp_dir("elastic-loop");
+    let me = this_hostname();
+    let hosts = format!("localhost:1,{me}:1");
+    let script = format!(
+        "echo task=$KOLO_TASK_INDEX elastic=$HOROVOD_ELASTIC timeout=$KOLO_ELASTIC_TIMEOUT \
+         host=$HOROVOD_HOSTNAME rank=$HOROVOD_RANK size=$HOROVOD_SIZE; \
+         if [ \"$HOROVOD_HOSTNAME\" = localhost ]; then exit 3; fi; \
+         while [ ! -e {0}/go ]; do sleep 0.05; done; touch {0}/finished",
+        dir.display()
     );
+    let go = dir.join("go");
+    let watcher = std::thread::spawn(move || {
+        // Released once the failure was handled (the launch goes on without the failed rank).
+        std::thread::sleep(Duration::from_secs(2));
+        std::fs::write(go, b"").unwrap();
+    });
+    let files = dir.join("out");
+    let files_arg = files.display().to_string();
+    let r = run(&[
+        "-np",
+        "2",
+        "--min-np",
+        "1",
+        "--elastic-timeout",
+        "7",
+        "-H",
+        &hosts,
+        "--output-filename",
+        &files_arg,
+        "sh",
+        "-c",
+        &script,
+    ]);
+    watcher.join().unwrap();
+    // Per task (a rank number is reused across rounds, a task index never is).
+    for task in 0..2 {
+        let text = std::fs::read_to_string(files.join(format!("task.{task}/stdout"))).unwrap();
+        assert!(text.starts_with(&format!("task={task} ")), "{text}");
+    }
+    assert_eq!(r.result.unwrap(), 0, "{}", r.stderr);
+    assert!(dir.join("finished").exists());
+    for task in 0..2 {
+        assert!(
+            r.stdout
+                .contains(&format!("task={task} elastic=1 timeout=7 ")),
+            "{}",
+            r.stdout
+        );
+    }
+    assert!(
+        r.stdout.contains("host=localhost rank=0 size=2"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout.contains(&format!("host={me} rank=1 size=2")),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stderr
+            .contains("(task 0) on host localhost exited with code 3")
+            && r.stderr
+                .contains("host localhost is blacklisted for the rest of the job"),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        r.stderr
+            .contains(&format!("(task 1) on host {me} finished")),
+        "{}",
+        r.stderr
+    );
+    // The failed rank was not replaced on its blacklisted host, nor were new indices needed.
+    assert!(!r.stdout.contains("task=2"), "{}", r.stdout);
+}
+
+/// When every rank fails the elastic job fails (Horovod: every worker recorded a failure),
+/// with the last failure's exit code.
+#[test]
+fn an_elastic_launch_fails_when_every_rank_failed() {
+    let me = this_hostname();
+    let hosts = format!("localhost:1,{me}:1");
+    let r = run(&[
+        "-np", "2", "--min-np", "1", "-H", &hosts, "sh", "-c", "exit 4",
+    ]);
+    assert_eq!(r.result.unwrap(), 4, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("every rank of the elastic job failed"),
+        "{}",
+        r.stderr
+    );
+    assert!(r.took < Duration::from_secs(20), "{:?}", r.took);
+}
+
+/// Too few slots to start: the launch waits at most --elastic-timeout, then fails naming the
+/// numbers, having started nothing.
+#[test]
+fn an_elastic_launch_without_enough_slots_times_out_naming_the_numbers() {
+    let dir = temp_dir("elastic-wait");
+    let marker = dir.join("started");
+    let touch = format!("touch {}", marker.display());
+    let r = run(&[
+        "-np",
+        "3",
+        "--min-np",
+        "2",
+        "--elastic-timeout",
+        "1",
+        "-H",
+        "localhost:1",
+        "sh",
+        "-c",
+        &touch,
+    ]);
+    match r.result {
+        Err(Error::Timeout { what, after }) => {
+            assert_eq!(after, Duration::from_secs(1));
+            assert!(
+                what.contains("3 slot(s)")
+                    && what.contains("--min-np 2")
+                    && what.contains("only 1 were available"),
+                "{what}"
+            );
+        }
+        other => panic!("expected a Timeout, got {other:?}"),
+    }
+    assert!(r.took < Duration::from_secs(10), "{:?}", r.took);
+    assert!(!marker.exists(), "a rank started");
     // A fixed-size launch with elastic-only options runs, with a notice for each.
     let r = run(&["-np", "1", "--max-np", "4", "--reset-limit", "2", "true"]);
     assert_eq!(r.result.unwrap(), 0);

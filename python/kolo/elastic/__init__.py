@@ -27,11 +27,10 @@ Example::
 """
 
 from kolo.elastic._notifications import HostUpdateResult, WorkerNotificationManager
-from kolo.elastic._run import RESET_LIMIT_ENV, reset, run, run_fn
+from kolo.elastic._run import reset, run, run_fn
 from kolo.elastic._state import ObjectState, State, notification_manager
 
 __all__ = [
-    "RESET_LIMIT_ENV",
     "HostUpdateResult",
     "ObjectState",
     "State",

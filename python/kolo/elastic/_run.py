@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
+import re
 from typing import Any, Callable, Optional, TypeVar
 
 from kolo import _lifecycle
@@ -12,36 +12,26 @@ from kolo.elastic._state import notification_manager
 from kolo.exceptions import (
     HorovodInternalError,
     HostsUpdatedInterrupt,
-    InvalidArgumentError,
+    KoloError,
     ResetLimitExceededError,
 )
 
 _log = logging.getLogger("kolo.elastic")
 
-#: The environment variable a launcher sets to cap the resets of each worker's run loop.
-RESET_LIMIT_ENV = "KOLO_RESET_LIMIT"
+#: How the job driver words its abort when a reset would pass ``--reset-limit`` (the driver
+#: keeps the one count of the job's resets; collective/src/control/driver_state.rs).
+_DRIVER_RESET_LIMIT = re.compile(r"exceeded its limit of (\d+) \(--reset-limit")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def reset_limit_from_env() -> Optional[int]:
-    """The reset limit of ``KOLO_RESET_LIMIT`` (None when unset or empty)."""
-    raw = os.environ.get(RESET_LIMIT_ENV, "").strip()
-    if not raw:
-        return None
-    try:
-        limit = int(raw)
-    except ValueError:
-        limit = -1
-    if limit < 0:
-        raise InvalidArgumentError(
-            f"{RESET_LIMIT_ENV}={raw!r} is not a reset limit: give a whole number >= 0 (0: no "
-            f"reset allowed), or unset it for no limit"
-        )
-    return limit
+def _driver_reset_limit(error: BaseException) -> Optional[int]:
+    """The limit when ``error`` says the job driver stopped the job for its reset limit."""
+    found = _DRIVER_RESET_LIMIT.search(str(error))
+    return int(found.group(1)) if found else None
 
 
-def run_fn(func: F, reset: Callable[[], None], reset_limit: Optional[int] = None) -> F:
+def run_fn(func: F, reset: Callable[[], None]) -> F:
     """Wraps ``func(state, *args, **kwargs)`` in Horovod's elastic loop, with ``reset`` (e.g.
     ``shutdown(); init()``) to rejoin the job.
 
@@ -50,23 +40,20 @@ def run_fn(func: F, reset: Callable[[], None], reset_limit: Optional[int] = None
     its last commit, the job reset and the state synced again; on
     :class:`~kolo.exceptions.HostsUpdatedInterrupt` it resets without restoring, and skips
     the sync when the interrupt says so (hosts only removed). After each reset,
-    ``state.on_reset()`` runs ``state.reset()`` and the reset callbacks. ``reset_limit`` (or,
-    when None, ``KOLO_RESET_LIMIT``) caps the resets: one more raises
-    :class:`~kolo.exceptions.ResetLimitExceededError` from the failure that asked for it.
+    ``state.on_reset()`` runs ``state.reset()`` and the reset callbacks. The job driver counts
+    the job's resets (``kolorun --reset-limit``, ``reset_limit=`` of the launchers): when it
+    stops the job for the limit, the reset fails here with
+    :class:`~kolo.exceptions.ResetLimitExceededError` (its ``__cause__`` is the driver's
+    error).
 
     Example::
 
         run = kolo.elastic.run_fn(train, reset=lambda: (hvd.shutdown(), hvd.init()))
         run(state, epochs=3)
     """
-    if reset_limit is not None and reset_limit < 0:
-        raise InvalidArgumentError(
-            f"reset_limit={reset_limit} is not a reset limit: give a whole number >= 0, or None"
-        )
 
     @functools.wraps(func)
     def wrapper(state: Any, *args: Any, **kwargs: Any) -> Any:
-        limit = reset_limit if reset_limit is not None else reset_limit_from_env()
         notification_manager.init()
         notification_manager.register_listener(state)
         skip_sync = False
@@ -84,8 +71,6 @@ def run_fn(func: F, reset: Callable[[], None], reset_limit: Optional[int] = None
                 except HostsUpdatedInterrupt as interrupt:
                     cause = interrupt
                     skip_sync = interrupt.skip_sync
-                if limit is not None and resets >= limit:
-                    raise ResetLimitExceededError(limit, resets) from cause
                 resets += 1
                 _log.info(
                     "elastic reset %d (%s: %s)%s",
@@ -96,7 +81,13 @@ def run_fn(func: F, reset: Callable[[], None], reset_limit: Optional[int] = None
                     if isinstance(cause, HorovodInternalError)
                     else "",
                 )
-                reset()
+                try:
+                    reset()
+                except KoloError as err:
+                    limit = _driver_reset_limit(err)
+                    if limit is None:
+                        raise
+                    raise ResetLimitExceededError(limit, resets - 1) from err
                 state.on_reset()
         finally:
             notification_manager.remove_listener(state)

@@ -9,6 +9,7 @@ before the wrapped optimizer updates the weights.
 
 from __future__ import annotations
 
+import os
 import warnings
 import weakref
 from collections.abc import Iterable, Iterator
@@ -84,7 +85,10 @@ class _DistributedOptimizerMixin:
         self._synchronized = False
         self._should_synchronize = True
 
-        if _process_set_included(process_set) and _core.size() > 1:
+        # As Horovod: an elastic job (HOROVOD_ELASTIC=1, set by kolorun's elastic launch) may
+        # start with one rank and grow, so the hooks are needed at any size.
+        elastic = os.environ.get("HOROVOD_ELASTIC") == "1"
+        if _process_set_included(process_set) and (_core.size() > 1 or elastic):
             self._register_hooks()
 
     # --- setup ---------------------------------------------------------------------------------
