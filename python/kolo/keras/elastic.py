@@ -160,6 +160,15 @@ class KerasState(ObjectState):
         self._load_model()
         super().restore()
 
+    def reset(self) -> None:
+        """After a reset: drops the model's compiled train/test/predict functions, so the next
+        ``fit`` traces its step for the new job size (a step traced on one rank leaves the
+        gradient allreduce out; Horovod's example calls ``fit`` once more in a reset callback
+        for the same reason)."""
+        self.model.train_function = None
+        self.model.test_function = None
+        self.model.predict_function = None
+
     def sync(self) -> None:
         """Broadcasts rank 0's variables and attributes, and commits them."""
         broadcast_variables(self.model.variables, root_rank=0)

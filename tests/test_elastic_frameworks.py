@@ -1,0 +1,99 @@
+"""Keras ``model.fit`` and a Lightning ``Trainer.fit`` through ``KoloStrategy`` survive a rank
+SIGKILLed mid-fit: 3 ranks under an elastic driver (tests/support/elastic_ranks.py: a real
+``LaunchDriver``, real processes, a real SIGKILL, the task removed as a launcher does), one
+killed mid-epoch; the 2 survivors restore the last commit, reset to 2 ranks, finish every epoch
+and end with the same weights."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+from support.elastic_ranks import ElasticRanks, RankResult
+
+from conftest import worker
+
+
+def results_of(finished: dict[int, RankResult]) -> list[dict]:
+    out = []
+    for task, result in finished.items():
+        assert result.returncode == 0, f"task {task}:\n{result.stdout[-3000:]}\n{result.stderr}"
+        line = [x for x in result.stdout.splitlines() if x.startswith("result ")]
+        assert line, f"task {task} printed no result:\n{result.stdout[-3000:]}\n{result.stderr}"
+        out.append(json.loads(line[-1].partition(" ")[2]))
+    return out
+
+
+def test_keras_fit_survives_a_killed_rank() -> None:
+    env = {"KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
+    with ElasticRanks(3, min_np=2, max_np=3, env=env) as ranks:
+        for task in range(3):
+            ranks.start(task, [sys.executable, worker("keras_elastic_fit_worker.py")])
+        # Epoch 0 was committed by every rank; task 2 is inside epoch 1.
+        ranks.wait_for(2, lambda line: line.startswith("batch 1 1 3"), timeout=120)
+        ranks.kill(2)
+        results = results_of(ranks.finish([0, 1], timeout=120))
+        assert ranks.driver.failure() is None
+        assert ranks.driver.live_tasks() == [0, 1]
+    epochs, steps = 4, 3  # keras_elastic_fit_worker.EPOCHS, STEPS
+    for result in results:
+        assert result["size"] == 2 and result["epochs"] == epochs, result
+        # The first round on 3 ranks from epoch 0; after the kill, one on 2 ranks from the
+        # last commit (the end of epoch 0, or of epoch 1 if the kill landed after it).
+        assert result["rounds"][0] == [0, 3], result["rounds"]
+        assert result["rounds"][-1][1] == 2 and result["rounds"][-1][0] in (1, 2), result
+        # Restored to an epoch end: the interrupted epoch's steps were undone.
+        assert result["steps"] == epochs * steps, result
+    assert sorted(r["rank"] for r in results) == [0, 1]
+    first, second = ([np.array(w) for w in r["weights"]] for r in results)
+    assert all(np.array_equal(a, b) for a, b in zip(first, second)), "the survivors' weights differ"
+
+
+def test_keras_fit_retraces_its_step_when_a_rank_joins_a_one_rank_job() -> None:
+    # A step traced on 1 rank skips the gradient allreduce (nothing to average); after a
+    # reset to 2 ranks, fit must trace it again or the ranks stop averaging (and the new
+    # rank's allreduce waits for one that never comes).
+    env = {"KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
+    argv = [sys.executable, worker("keras_elastic_fit_worker.py")]
+    with ElasticRanks(1, min_np=1, max_np=2, env=env) as ranks:
+        ranks.start(0, argv)
+        ranks.wait_for(0, lambda line: line.startswith("batch 0 1 1"), timeout=120)
+        ranks.add(1, argv)
+        results = results_of(ranks.finish([0, 1], timeout=90))
+        assert ranks.driver.failure() is None
+    for result in results:
+        assert result["size"] == 2 and result["epochs"] == 4, result
+        assert result["rounds"][-1][1] == 2, result["rounds"]
+    assert results[0]["rounds"][0] == [0, 1], results[0]["rounds"]
+    first, second = ([np.array(w) for w in r["weights"]] for r in results)
+    assert all(np.array_equal(a, b) for a, b in zip(first, second)), (
+        "the ranks' weights differ: the step traced on 1 rank did not average the gradients"
+    )
+
+
+def test_lightning_fit_survives_a_killed_rank() -> None:
+    with ElasticRanks(3, min_np=2, max_np=3) as ranks:
+        for task in range(3):
+            ranks.start(task, [sys.executable, worker("lightning_elastic_fit_worker.py")])
+        # Epoch 0 was committed by every rank; task 2 is inside epoch 1.
+        ranks.wait_for(2, lambda line: line.startswith("batch 1 1 3"), timeout=120)
+        ranks.kill(2)
+        results = results_of(ranks.finish([0, 1], timeout=120))
+        assert ranks.driver.failure() is None
+        assert ranks.driver.live_tasks() == [0, 1]
+    for result in results:
+        assert result["size"] == 2 and result["epochs"] == 4, result
+        # Epoch 0 on 3 ranks, then the fit resumed from its commit at the end of epoch 0 on 2
+        # (or epoch 1, had the kill landed after it).
+        assert result["rounds"][0] == [0, 3], result["rounds"]
+        assert result["rounds"][-1][1] == 2 and result["rounds"][-1][0] in (1, 2), result
+        # 48 rows, batches of 4 per rank: 4 steps an epoch on 3 ranks, 6 on 2; the steps of
+        # the interrupted epoch were undone.
+        steps = sum(4 if size == 3 else 6 for size in result["epoch_sizes"])
+        assert result["global_step"] == steps, result
+        # Equal to one process training each epoch on that epoch's ranks' rows, with one
+        # optimizer: weights, momentum and the epoch were resumed from the commit.
+        assert result["reference_max_diff"] < 1e-9, result
+    assert sorted(r["rank"] for r in results) == [0, 1]
+    assert results[0]["weights"] == results[1]["weights"], "the survivors' weights differ"
