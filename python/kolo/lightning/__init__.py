@@ -18,12 +18,13 @@ Example (``kolorun -np 2 python train.py``)::
 from lightning.fabric.strategies import STRATEGY_REGISTRY
 from lightning.pytorch.strategies import StrategyRegistry
 
+from kolo.lightning import elastic
 from kolo.lightning.environment import KoloEnvironment
 from kolo.lightning.fabric import KoloFabricStrategy
 from kolo.lightning.layer_sync import KoloSyncBatchNorm
 from kolo.lightning.strategy import KoloStrategy
 
-__all__ = ["KoloEnvironment", "KoloFabricStrategy", "KoloStrategy", "KoloSyncBatchNorm"]
+__all__ = ["KoloEnvironment", "KoloFabricStrategy", "KoloStrategy", "KoloSyncBatchNorm", "elastic"]
 
 KoloStrategy.register_strategies(StrategyRegistry)
 KoloFabricStrategy.register_strategies(STRATEGY_REGISTRY)

@@ -52,6 +52,7 @@ from lightning_utilities.core.rank_zero import rank_zero_only as utils_rank_zero
 from torch import Tensor
 
 from kolo.lightning import _collectives as collectives
+from kolo.lightning.elastic import CommittedCheckpoint
 from kolo.lightning.environment import KoloEnvironment, _hvd
 from kolo.lightning.layer_sync import KoloSyncBatchNorm
 
@@ -219,6 +220,19 @@ class KoloStrategy(collectives.KoloRanks, ParallelStrategy):
         if isinstance(self._layer_sync, KoloSyncBatchNorm) and self.model is not None:
             self.model = self._layer_sync.revert(self.model)
         super().teardown()
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: Optional[bool] = None) -> Any:
+        """Loads a checkpoint through the ``CheckpointIO``, or, for
+        ``ckpt_path=state.ckpt_path`` of an elastic fit (:mod:`kolo.lightning.elastic`), a
+        copy of the state's last commit from host memory.
+
+        Example::
+
+            trainer.fit(state.model, loader, ckpt_path=state.ckpt_path)
+        """
+        if isinstance(checkpoint_path, CommittedCheckpoint):
+            return checkpoint_path.load()
+        return super().load_checkpoint(checkpoint_path, weights_only=weights_only)
 
     # -- collectives ----------------------------------------------------------------------------
 
