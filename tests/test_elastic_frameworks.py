@@ -97,3 +97,45 @@ def test_lightning_fit_survives_a_killed_rank() -> None:
         assert result["reference_max_diff"] < 1e-9, result
     assert sorted(r["rank"] for r in results) == [0, 1]
     assert results[0]["weights"] == results[1]["weights"], "the survivors' weights differ"
+
+
+JOIN_ONE_RANK = (
+    "import json, time, torch, kolo.torch as hvd\n"
+    "hvd.init()\n"
+    "torch.manual_seed(0)\n"
+    "model = torch.nn.Linear(4, 1)\n"
+    "opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),\n"
+    "                               named_parameters=model.named_parameters())\n"
+    "state = hvd.elastic.TorchState(model, opt, batch=0)\n"
+    "@hvd.elastic.run\n"
+    "def train(state):\n"
+    "    print(f'round {hvd.size()}', flush=True)\n"
+    "    start = state.batch\n"
+    "    while hvd.size() == 1 or state.batch < start + 5:\n"
+    "        opt.zero_grad()\n"
+    "        model(torch.full((2, 4), hvd.rank() + 1.0)).sum().backward()\n"
+    "        opt.step()\n"
+    "        state.batch += 1\n"
+    "        time.sleep(0.02 if hvd.size() == 1 else 0)\n"
+    "        state.commit()\n"
+    "    return [p.tolist() for p in model.parameters()]\n"
+    "weights = train(state)\n"
+    "print('result ' + json.dumps(dict(rank=hvd.rank(), size=hvd.size(), weights=weights)))\n"
+    "hvd.shutdown()\n"
+)
+
+
+def test_torch_optimizer_of_a_one_rank_elastic_job_averages_once_a_rank_joins() -> None:
+    # Horovod registers DistributedOptimizer's gradient hooks in an elastic job even on one
+    # rank; without them the first rank never reduces its gradients after a second joins
+    # (which then waits for it forever).
+    argv = [sys.executable, "-c", JOIN_ONE_RANK]
+    with ElasticRanks(1, min_np=1, max_np=2) as ranks:
+        ranks.start(0, argv)
+        ranks.wait_for(0, lambda line: line == "round 1", timeout=60)
+        ranks.add(1, argv)
+        results = results_of(ranks.finish([0, 1], timeout=60))
+    assert [r["size"] for r in results] == [2, 2], results
+    assert results[0]["weights"] == results[1]["weights"], (
+        "the ranks' weights differ: the gradients were not averaged"
+    )

@@ -9,7 +9,6 @@ before the wrapped optimizer updates the weights.
 
 from __future__ import annotations
 
-import os
 import warnings
 import weakref
 from collections.abc import Iterable, Iterator
@@ -20,6 +19,7 @@ import torch
 
 from kolo import _core
 from kolo._core import Average, resolve_op
+from kolo.elastic._launch import elastic_launch
 from kolo.torch._objects import broadcast_object
 from kolo.torch._process_set_args import _process_set_included, _process_set_kwargs
 from kolo.torch.compression import Compression
@@ -85,10 +85,10 @@ class _DistributedOptimizerMixin:
         self._synchronized = False
         self._should_synchronize = True
 
-        # As Horovod: an elastic job (HOROVOD_ELASTIC=1, set by kolorun's elastic launch) may
-        # start with one rank and grow, so the hooks are needed at any size.
-        elastic = os.environ.get("HOROVOD_ELASTIC") == "1"
-        if _process_set_included(process_set) and (_core.size() > 1 or elastic):
+        # As Horovod: an elastic job (HOROVOD_ELASTIC=1 from kolorun's elastic launch,
+        # KOLO_ELASTIC_TIMEOUT from every elastic driver) may start with one rank and grow, so
+        # the hooks are needed at any size.
+        if _process_set_included(process_set) and (_core.size() > 1 or elastic_launch()):
             self._register_hooks()
 
     # --- setup ---------------------------------------------------------------------------------
