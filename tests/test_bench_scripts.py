@@ -260,3 +260,42 @@ def test_lightning_benchmark_compares_kolo_strategy_with_ddp(tmp_path) -> None:
     figures = json.loads(out.read_text())
     assert figures["ranks"] == 2 and set(figures["samples_per_sec"]) == {"kolo", "ddp"}
     assert all(len(v) == 2 and min(v) > 0 for v in figures["rounds_samples_per_sec"].values())
+
+
+def test_elastic_benchmark_times_each_recovery_phase(tmp_path) -> None:
+    out = tmp_path / "elastic.json"
+    args = ["--quick", "--width", "64", "--commit-mb", "1", "--json", str(out)]
+    result = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "elastic.py"), *args],
+        cwd=REPO,
+        env=worker_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    assert any(
+        re.fullmatch(
+            r"elastic kill 2 ranks: detection \d+ ms \| reset \d+ ms \| sync \d+ ms \| first step "
+            r"\d+ ms \| total \d+ ms \| [\d.]+x target 1 s",
+            x,
+        )
+        for x in lines
+    ), result.stdout
+    assert any(
+        re.fullmatch(
+            r"elastic add 2 ranks: notice \d+ ms \| process start \d+ ms \| rendezvous \d+ ms "
+            r"\| new rank setup \d+ ms \| sync \d+ ms \| first step \d+ ms \| total \d+ ms "
+            r"\| [\d.]+x target 2 s",
+            x,
+        )
+        for x in lines
+    ), result.stdout
+    assert any(re.match(r"elastic commit [\d.]+ MB: .* commit/memcpy [\d.]+x", x) for x in lines)
+    figures = json.loads(out.read_text())
+    assert figures["bench"] == "elastic" and figures["params"] == 64 * 64 + 64
+    assert [(r["scenario"], r["ranks"]) for r in figures["results"]] == [("kill", 2), ("add", 2)]
+    for row in figures["results"]:
+        assert 0 < row["total_s"] < 60, row
+    assert figures["commit"]["ranks"] == 2 and figures["commit"]["commit_over_memcpy"] > 0

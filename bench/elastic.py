@@ -1,0 +1,201 @@
+"""How fast an elastic job recovers: a rank SIGKILLed, and a rank added, at 2, 4 and 8 ranks;
+and what a commit of a 100 MB ``TorchState`` costs against a memcpy of it.
+
+    python bench/elastic.py [--ranks 2,4,8] [--repeats 3] [--commit-mb 100] [--quick]
+        [--json PATH]
+
+Not run in CI (tests/test_bench_scripts.py runs a tiny configuration). The ranks run
+bench/_elastic_rank.py (a ~1 M-parameter linear model, ``DistributedOptimizer``, a
+``TorchState`` commit after every step, under ``hvd.elastic.run``) as real processes of an
+elastic job whose ``LaunchDriver`` runs in this process (tests/support/elastic_ranks.py: it
+removes a rank's task when its process dies and adds tasks as a launcher does). The ranks print
+``time.time()`` at each phase (one machine, one clock). For each size ``n``:
+
+- kill: ``n`` ranks train; the last task is SIGKILLed. Phases, each up to the slowest survivor:
+  detection (kill -> ``HorovodInternalError`` raised), reset (-> ``shutdown()`` + ``init()``
+  done: restore, rendezvous of the smaller round), sync (-> ``TorchState.sync()`` done), first
+  step (-> the first step of the new round completed); total kill -> first step.
+- add: ``n - 1`` ranks train; a task is added (``add_tasks`` + its process started). Phases:
+  notice (-> the running ranks' commit raised ``HostsUpdatedInterrupt``), process start (-> the
+  new process imported torch and kolo), rendezvous (-> every rank's ``init()`` of the new round
+  done), new rank setup (-> it built its model, optimizer and ``TorchState``), sync, first
+  step; total appearance -> the new rank's first step.
+
+Each figure is the median over ``--repeats``. Then ``kolorun -np 2 bench/elastic_commit.py``
+measures the commit (its JSON line is included). Prints one line per scenario and size, the
+targets' ratios (kill <= 1 s at 8 ranks, add <= 2 s, commit <= 1.5x memcpy), and writes JSON to
+bench/results/ (or ``--json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests"))
+
+from common import write_results  # noqa: E402
+from support.elastic_ranks import ElasticRanks, rank_env  # noqa: E402
+
+RANK = [sys.executable, str(HERE / "_elastic_rank.py")]
+TARGETS = {"kill_s": 1.0, "add_s": 2.0, "commit_over_memcpy": 1.5}
+
+
+def events(ranks: ElasticRanks, tasks: list[int], name: str, after: float) -> list[float]:
+    """The time of each task's first ``name`` event after ``after``."""
+    times = []
+    for task in tasks:
+        line = ranks.wait_for(
+            task,
+            lambda x: x.startswith(f"event {name} ") and float(x.split()[2]) > after,
+            timeout=120,
+        )
+        times.append(float(line.split()[2]))
+    return times
+
+
+def steady(ranks: ElasticRanks, tasks: list[int], size: int) -> None:
+    """Waits until every task completed a step in a round of ``size`` ranks, then a little
+    longer (the loop is warm)."""
+    for task in tasks:
+        ranks.wait_for(
+            task, lambda x: x.startswith("event step ") and x.endswith(f" {size}"), timeout=180
+        )
+    time.sleep(0.5)
+
+
+def kill_once(n: int, width: int) -> dict[str, float]:
+    """``n`` ranks, the last one SIGKILLed: the phases up to the survivors' first step."""
+    with ElasticRanks(n, min_np=max(1, n - 1), max_np=n, env={"OMP_NUM_THREADS": "1"}) as ranks:
+        for task in range(n):
+            ranks.start(task, [*RANK, "--width", str(width)])
+        steady(ranks, list(range(n)), n)
+        killed = ranks.kill(n - 1)
+        survivors = list(range(n - 1))
+        detected = max(events(ranks, survivors, "detected", killed))
+        reset = max(events(ranks, survivors, "reset", killed))
+        synced = max(events(ranks, survivors, "synced", killed))
+        step = max(events(ranks, survivors, "step", killed))
+    return {
+        "detection_s": detected - killed,
+        "reset_s": reset - detected,
+        "sync_s": synced - reset,
+        "first_step_s": step - synced,
+        "total_s": step - killed,
+    }
+
+
+def add_once(n: int, width: int) -> dict[str, float]:
+    """``n - 1`` ranks, one task added: the phases up to the new rank's first step."""
+    with ElasticRanks(n - 1, min_np=n - 1, max_np=n, env={"OMP_NUM_THREADS": "1"}) as ranks:
+        for task in range(n - 1):
+            ranks.start(task, [*RANK, "--width", str(width)])
+        steady(ranks, list(range(n - 1)), n - 1)
+        appeared = time.time()
+        ranks.add(n - 1, [*RANK, "--width", str(width)])
+        running = list(range(n - 1))
+        everyone = list(range(n))
+        noticed = max(events(ranks, running, "interrupted", appeared))
+        up = events(ranks, [n - 1], "up", appeared)[0]
+        reset = max(events(ranks, everyone, "reset", appeared))
+        ready = events(ranks, [n - 1], "ready", appeared)[0]
+        synced = max(events(ranks, everyone, "synced", appeared))
+        step = events(ranks, [n - 1], "step", appeared)[0]
+    return {
+        "notice_s": noticed - appeared,
+        "process_start_s": up - appeared,
+        "rendezvous_s": reset - max(noticed, up),
+        "new_rank_setup_s": max(ready - reset, 0.0),
+        "sync_s": synced - max(reset, ready),
+        "first_step_s": step - synced,
+        "total_s": step - appeared,
+    }
+
+
+def median_phases(samples: list[dict[str, float]]) -> dict[str, float]:
+    return {k: round(statistics.median(s[k] for s in samples), 4) for k in samples[0]}
+
+
+def commit_figures(mb: float, repeats: int) -> dict[str, float]:
+    """bench/elastic_commit.py's JSON line, on 2 ranks under kolorun."""
+    script = [sys.executable, str(HERE / "elastic_commit.py"), "--mb", str(mb)]
+    result = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "kolorun"),
+            "-np",
+            "2",
+            *script,
+            "--repeats",
+            str(repeats),
+        ],
+        cwd=HERE.parent,
+        env=rank_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"elastic_commit.py failed:\n{result.stdout}\n{result.stderr}")
+    line = next(x for x in result.stdout.splitlines() if x.startswith("[0]<stdout>:{"))
+    return json.loads(line.partition(":")[2])
+
+
+def phases_text(phases: dict[str, float]) -> str:
+    return " | ".join(f"{k[:-2].replace('_', ' ')} {v * 1e3:.0f} ms" for k, v in phases.items())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--ranks", default="2,4,8", help="job sizes, comma-separated")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each scenario and size")
+    parser.add_argument("--width", type=int, default=1000, help="model: width x width linear")
+    parser.add_argument("--commit-mb", type=float, default=100.0, help="0: skip the commit bench")
+    parser.add_argument("--quick", action="store_true", help="2 ranks, 1 repeat, a 10 MB commit")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    sizes = [int(x) for x in args.ranks.split(",")]
+    repeats, commit_mb = args.repeats, args.commit_mb
+    if args.quick:
+        sizes, repeats, commit_mb = [2], 1, min(commit_mb, 10.0)
+
+    results = []
+    for n in sizes:
+        for scenario, once in (("kill", kill_once), ("add", add_once)):
+            phases = median_phases([once(n, args.width) for _ in range(repeats)])
+            target = TARGETS[f"{scenario}_s"]
+            results.append({"scenario": scenario, "ranks": n, **phases})
+            print(
+                f"elastic {scenario} {n} ranks: {phases_text(phases)} "
+                f"| {phases['total_s'] / target:.2f}x target {target:g} s",
+                flush=True,
+            )
+    payload = {
+        "width": args.width,
+        "params": args.width * args.width + args.width,
+        "repeats": repeats,
+        "targets": TARGETS,
+        "results": results,
+    }
+    if commit_mb > 0:
+        commit = commit_figures(commit_mb, max(3, repeats))
+        ratio = commit["commit_over_memcpy"]
+        print(
+            f"elastic commit {commit['state_mb']} MB: {commit['commit_s'] * 1e3:.1f} ms, memcpy "
+            f"{commit['memcpy_s'] * 1e3:.1f} ms | commit/memcpy {ratio:.2f}x "
+            f"| {ratio / TARGETS['commit_over_memcpy']:.2f}x target",
+            flush=True,
+        )
+        payload["commit"] = commit
+    write_results("elastic", payload, args.json)
+
+
+if __name__ == "__main__":
+    main()
