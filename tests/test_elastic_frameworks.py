@@ -139,3 +139,29 @@ def test_torch_optimizer_of_a_one_rank_elastic_job_averages_once_a_rank_joins() 
     assert results[0]["weights"] == results[1]["weights"], (
         "the ranks' weights differ: the gradients were not averaged"
     )
+
+
+def test_lightning_fit_grows_when_a_rank_joins() -> None:
+    # A task added while 2 ranks fit: they are interrupted at the next epoch-end commit
+    # (HostsUpdatedInterrupt, no restore), the new rank takes rank 0's committed checkpoint in
+    # the sync, and the 3 resume the fit from it.
+    argv = [sys.executable, worker("lightning_elastic_fit_worker.py")]
+    with ElasticRanks(2, min_np=2, max_np=3) as ranks:
+        for task in range(2):
+            ranks.start(task, argv)
+        ranks.wait_for(0, lambda line: line.startswith("batch 0 1 2"), timeout=120)
+        ranks.add(2, argv)
+        results = results_of(ranks.finish([0, 1, 2], timeout=120))
+        assert ranks.driver.failure() is None
+    first, second, joined = results
+    for result in results:
+        assert result["size"] == 3 and result["epochs"] == 4, result
+    for result in (first, second):
+        assert result["rounds"][0] == [0, 2] and result["rounds"][-1][1] == 3, result["rounds"]
+        steps = sum(6 if size == 2 else 4 for size in result["epoch_sizes"])
+        assert result["global_step"] == steps, result
+        assert result["reference_max_diff"] < 1e-9, result
+    # The new rank started where the others resumed, from their checkpoint (global step too).
+    assert joined["rounds"] == [first["rounds"][-1]], (joined["rounds"], first["rounds"])
+    assert joined["global_step"] == first["global_step"], (joined, first)
+    assert first["weights"] == second["weights"] == joined["weights"]
