@@ -2,7 +2,9 @@
 SIGKILLed mid-fit: 3 ranks under an elastic driver (tests/support/elastic_ranks.py: a real
 ``LaunchDriver``, real processes, a real SIGKILL, the task removed as a launcher does), one
 killed mid-epoch; the 2 survivors restore the last commit, reset to 2 ranks, finish every epoch
-and end with the same weights."""
+and end with the same weights, leaving no process or shared-memory segment behind. And jobs
+that grow: a rank joining a Lightning fit, and a rank joining a one-rank job (Keras and torch
+optimizers must then start averaging)."""
 
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ def test_keras_fit_survives_a_killed_rank() -> None:
         ranks.kill(2)
         results = results_of(ranks.finish([0, 1], timeout=120))
         assert ranks.driver.failure() is None
+        assert ranks.leftovers() == []
         assert ranks.driver.live_tasks() == [0, 1]
     epochs, steps = 4, 3  # keras_elastic_fit_worker.EPOCHS, STEPS
     for result in results:
@@ -62,6 +65,7 @@ def test_keras_fit_retraces_its_step_when_a_rank_joins_a_one_rank_job() -> None:
         ranks.add(1, argv)
         results = results_of(ranks.finish([0, 1], timeout=90))
         assert ranks.driver.failure() is None
+        assert ranks.leftovers() == []
     for result in results:
         assert result["size"] == 2 and result["epochs"] == 4, result
         assert result["rounds"][-1][1] == 2, result["rounds"]
@@ -81,6 +85,7 @@ def test_lightning_fit_survives_a_killed_rank() -> None:
         ranks.kill(2)
         results = results_of(ranks.finish([0, 1], timeout=120))
         assert ranks.driver.failure() is None
+        assert ranks.leftovers() == []
         assert ranks.driver.live_tasks() == [0, 1]
     for result in results:
         assert result["size"] == 2 and result["epochs"] == 4, result
@@ -135,6 +140,7 @@ def test_torch_optimizer_of_a_one_rank_elastic_job_averages_once_a_rank_joins() 
         ranks.wait_for(0, lambda line: line == "round 1", timeout=60)
         ranks.add(1, argv)
         results = results_of(ranks.finish([0, 1], timeout=60))
+        assert ranks.leftovers() == []
     assert [r["size"] for r in results] == [2, 2], results
     assert results[0]["weights"] == results[1]["weights"], (
         "the ranks' weights differ: the gradients were not averaged"
@@ -153,6 +159,7 @@ def test_lightning_fit_grows_when_a_rank_joins() -> None:
         ranks.add(2, argv)
         results = results_of(ranks.finish([0, 1, 2], timeout=120))
         assert ranks.driver.failure() is None
+        assert ranks.leftovers() == []
     first, second, joined = results
     for result in results:
         assert result["size"] == 3 and result["epochs"] == 4, result

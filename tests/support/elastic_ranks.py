@@ -6,7 +6,9 @@ and the rank subprocesses it starts with ``driver.worker_env(task)``. Like a lau
 watches every rank process and calls ``driver.remove_task(task, reason)`` as soon as one exits
 with a failure (a SIGKILL included), and ``add`` calls ``driver.add_tasks([task])`` before it
 starts the new task's process. Each rank's stdout and stderr are read by threads (no pipe can
-fill up), line by line, with the time each line arrived.
+fill up), line by line, with the time each line arrived. The ranks' shared-memory segments go
+to a directory of their own (``KOLO_SHM_DIR``), so :meth:`ElasticRanks.leftovers` can tell that
+nothing of the job outlived it (other jobs on the machine use ``/dev/shm``).
 
 Example::
 
@@ -21,9 +23,11 @@ Example::
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -109,7 +113,8 @@ class ElasticRanks:
             max_np=max_np,
             elastic_timeout=elastic_timeout,
         )
-        self.env = dict(env or {})
+        self.shm_dir = tempfile.mkdtemp(prefix="kolo-elastic-shm-")
+        self.env = {"KOLO_SHM_DIR": self.shm_dir, **(env or {})}
         self.ranks: dict[int, RankProcess] = {}
         self._changed = threading.Condition()
         self._closing = False
@@ -216,6 +221,17 @@ class ElasticRanks:
 
     # -- cleanup -----------------------------------------------------------------------------
 
+    def leftovers(self) -> list[str]:
+        """What of the job is still there: rank processes still running, shared-memory
+        segments still in the ranks' segment directory (empty when all went away cleanly,
+        killed ranks included)."""
+        running = [
+            f"task {r.task} (pid {r.process.pid}) is running"
+            for r in self.ranks.values()
+            if r.process.poll() is None
+        ]
+        return running + [f"segment {name}" for name in sorted(os.listdir(self.shm_dir))]
+
     def close(self) -> None:
         """Kills the rank processes still running and shuts the driver down."""
         self._closing = True
@@ -224,6 +240,7 @@ class ElasticRanks:
                 rank.process.kill()
             rank.process.wait()
         self.driver.shutdown()
+        shutil.rmtree(self.shm_dir, ignore_errors=True)
 
     def __enter__(self) -> ElasticRanks:
         return self
