@@ -232,6 +232,8 @@ class KoloStrategy(collectives.KoloRanks, ParallelStrategy):
         """
         if isinstance(checkpoint_path, CommittedCheckpoint):
             return checkpoint_path.load()
+        if weights_only is None:  # (Lightning before 2.5 has no weights_only)
+            return super().load_checkpoint(checkpoint_path)
         return super().load_checkpoint(checkpoint_path, weights_only=weights_only)
 
     # -- collectives ----------------------------------------------------------------------------
