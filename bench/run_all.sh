@@ -38,4 +38,6 @@ echo "== training (1 rank, then $ranks)"
 kolorun -np 1 python bench/training.py "${quick[@]}" --json "$scratch/one.json" | figures
 kolorun -np "$ranks" python bench/training.py "${quick[@]}" \
   --single-rank-json "$scratch/one.json" | figures
+echo "== elastic (kill and add -> first step; commit vs memcpy)"
+python bench/elastic.py "${quick[@]}"
 echo "== done in $(( $(date +%s) - start )) s"
