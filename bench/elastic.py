@@ -12,7 +12,8 @@ removes a rank's task when its process dies and adds tasks as a launcher does). 
 ``time.time()`` at each phase (one machine, one clock). For each size ``n``:
 
 - kill: ``n`` ranks train; the last task is SIGKILLed. Phases, each up to the slowest survivor:
-  detection (kill -> ``HorovodInternalError`` raised), reset (-> ``shutdown()`` + ``init()``
+  detection (kill -> ``HorovodInternalError`` raised; of which "exit seen": kill -> the
+  launcher's ``waitpid`` returned and it removed the task), reset (-> ``shutdown()`` + ``init()``
   done: restore, rendezvous of the smaller round), sync (-> ``TorchState.sync()`` done), first
   step (-> the first step of the new round completed); total kill -> first step.
 - add: ``n - 1`` ranks train; a task is added (``add_tasks`` + its process started). Phases:
@@ -82,7 +83,9 @@ def kill_once(n: int, width: int) -> dict[str, float]:
         reset = max(events(ranks, survivors, "reset", killed))
         synced = max(events(ranks, survivors, "synced", killed))
         step = max(events(ranks, survivors, "step", killed))
+        removed = ranks.ranks[n - 1].removed_at or killed
     return {
+        "exit_seen_s": removed - killed,
         "detection_s": detected - killed,
         "reset_s": reset - detected,
         "sync_s": synced - reset,

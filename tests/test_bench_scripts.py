@@ -277,8 +277,8 @@ def test_elastic_benchmark_times_each_recovery_phase(tmp_path) -> None:
     lines = result.stdout.splitlines()
     assert any(
         re.fullmatch(
-            r"elastic kill 2 ranks: detection \d+ ms \| reset \d+ ms \| sync \d+ ms \| first step "
-            r"\d+ ms \| total \d+ ms \| [\d.]+x target 1 s",
+            r"elastic kill 2 ranks: exit seen \d+ ms \| detection \d+ ms \| reset \d+ ms "
+            r"\| sync \d+ ms \| first step \d+ ms \| total \d+ ms \| [\d.]+x target 1 s",
             x,
         )
         for x in lines
