@@ -125,6 +125,7 @@ JOIN_ONE_RANK = (
     "        state.commit()\n"
     "    return [p.tolist() for p in model.parameters()]\n"
     "weights = train(state)\n"
+    "hvd.barrier()  # no rank leaves while another is still in its last commit\n"
     "print('result ' + json.dumps(dict(rank=hvd.rank(), size=hvd.size(), weights=weights)))\n"
     "hvd.shutdown()\n"
 )

@@ -73,6 +73,8 @@ def main() -> None:
         return state.epoch
 
     epochs = train(state)
+    # No rank leaves while another is still in its last commit (a rank that left ends the round).
+    hvd.barrier()
     result = dict(
         rank=hvd.rank(),
         size=hvd.size(),

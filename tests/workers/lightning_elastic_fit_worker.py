@@ -108,6 +108,8 @@ def main() -> None:
         return trainer
 
     trainer = train(state)
+    # No rank leaves while another is still in its last commit (a rank that left ends the round).
+    hvd.barrier()
     sizes = []
     for i, (start, size) in enumerate(rounds):
         end = rounds[i + 1][0] if i + 1 < len(rounds) else EPOCHS

@@ -19,6 +19,7 @@ import numpy as np
 
 from kolo import _core
 from kolo._core import Average, ReduceOp, resolve_op
+from kolo.elastic._launch import elastic_launch
 from kolo.exceptions import ConfigError, InvalidArgumentError, InvalidValueError
 from kolo.keras import _arrays, _bridge
 from kolo.keras.compression import Compression
@@ -150,7 +151,10 @@ def _reduce_gradients(
 ) -> list[Any]:
     if not grads:
         return grads
-    if _core.size() == 1 and settings.process_set in (None, global_process_set):
+    # One rank has nothing to average, but an elastic job's step must keep its allreduce:
+    # ranks may join while the traced step runs on (Horovod's Keras uses the live size then).
+    alone = _core.size() == 1 and not elastic_launch()
+    if alone and settings.process_set in (None, global_process_set):
         scale = settings.prescale * settings.postscale
         return grads if scale == 1.0 else [g * scale for g in grads]
     names = _grad_names(settings, variables, len(grads))
