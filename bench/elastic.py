@@ -17,7 +17,8 @@ removes a rank's task when its process dies and adds tasks as a launcher does). 
   done: restore, rendezvous of the smaller round), sync (-> ``TorchState.sync()`` done), first
   step (-> the first step of the new round completed); total kill -> first step.
 - add: ``n - 1`` ranks train; a task is added (``add_tasks`` + its process started). Phases:
-  notice (-> the running ranks' commit raised ``HostsUpdatedInterrupt``), process start (-> the
+  notice (-> the running ranks' commit raised ``HostsUpdatedInterrupt``, or a collective
+  failed because the new rank's registration ended their round), process start (-> the
   new process imported torch and kolo), rendezvous (-> every rank's ``init()`` of the new round
   done), new rank setup (-> it built its model, optimizer and ``TorchState``), sync, first
   step; total appearance -> the new rank's first step.
@@ -51,12 +52,15 @@ TARGETS = {"kill_s": 1.0, "add_s": 2.0, "commit_over_memcpy": 1.5}
 
 
 def events(ranks: ElasticRanks, tasks: list[int], name: str, after: float) -> list[float]:
-    """The time of each task's first ``name`` event after ``after``."""
+    """The time of each task's first ``name`` event (``a|b``: either) after ``after``."""
+    names = name.split("|")
     times = []
     for task in tasks:
         line = ranks.wait_for(
             task,
-            lambda x: x.startswith(f"event {name} ") and float(x.split()[2]) > after,
+            lambda x: (
+                x.split(" ")[:2] in (["event", n] for n in names) and float(x.split()[2]) > after
+            ),
             timeout=120,
         )
         times.append(float(line.split()[2]))
@@ -106,7 +110,9 @@ def add_once(n: int, width: int) -> dict[str, float]:
         ranks.add(n - 1, [*RANK, "--width", str(width)])
         running = list(range(n - 1))
         everyone = list(range(n))
-        noticed = max(events(ranks, running, "interrupted", appeared))
+        # A commit's HostsUpdatedInterrupt, or a failed collective when the new rank's
+        # registration ended the round first.
+        noticed = max(events(ranks, running, "interrupted|detected", appeared))
         up = events(ranks, [n - 1], "up", appeared)[0]
         reset = max(events(ranks, everyone, "reset", appeared))
         ready = events(ranks, [n - 1], "ready", appeared)[0]
