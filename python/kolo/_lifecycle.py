@@ -12,6 +12,7 @@ from typing import Any
 
 from kolo import _core, _mpi_launch
 from kolo import process_sets as _sets
+from kolo._env import elastic_launch
 
 __all__ = ["init", "shutdown"]
 
@@ -63,7 +64,7 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     atexit.register(shutdown)
     global _init_process_sets
     _init_process_sets = list(process_sets or [])
-    if os.environ.get("KOLO_ELASTIC_TIMEOUT"):
+    if elastic_launch():
         _sets.register_for_round(_init_process_sets)
         return
     for ps in _init_process_sets:
@@ -88,7 +89,7 @@ def _refresh_elastic_rank_env() -> None:
     """In an elastic job (the launcher set ``KOLO_ELASTIC_TIMEOUT``), rewrites the rank
     variables in ``os.environ`` from this round's assignment, as Horovod's Gloo context does
     after an elastic reset: a rank's ``HOROVOD_RANK`` etc. never describe an older round."""
-    if not os.environ.get("KOLO_ELASTIC_TIMEOUT"):
+    if not elastic_launch():
         return
     for name in _RANK_VARS:
         value = str(_core._get(name))

@@ -1,11 +1,11 @@
-"""``kolo.elastic._launch.elastic_launch``: which environments mark a worker of an elastic job
+"""``kolo._env.elastic_launch``: which environments mark a worker of an elastic job
 (``DistributedOptimizer`` then registers its hooks on one rank, as Horovod's does)."""
 
 from __future__ import annotations
 
 import pytest
 
-from kolo.elastic._launch import elastic_launch
+from kolo._env import elastic_launch
 
 NAMES = ("KOLO_ELASTIC_TIMEOUT", "KOLO_ELASTIC", "HOROVOD_ELASTIC")
 

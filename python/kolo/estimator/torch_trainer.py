@@ -30,6 +30,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import cloudpickle
 
+from kolo._env import elastic_launch
 from kolo._rank_gpu import rank_gpu_index
 from kolo.estimator.progress import (
     ProgressReporter,
@@ -91,12 +92,6 @@ def load_checkpoint(store: Any, run_id: str) -> Optional[Dict[str, Any]]:
     if data is None:
         return None
     return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
-
-
-def elastic_launch() -> bool:
-    """Whether this rank runs under an elastic launcher (``kolo.spark.run_elastic``; every
-    elastic launch gives its workers ``KOLO_ELASTIC_TIMEOUT``)."""
-    return bool(os.environ.get("KOLO_ELASTIC_TIMEOUT"))
 
 
 def _device(use_gpu: bool, local_rank: int) -> Any:

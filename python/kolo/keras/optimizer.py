@@ -19,7 +19,7 @@ import numpy as np
 
 from kolo import _core
 from kolo._core import Average, ReduceOp, resolve_op
-from kolo.elastic._launch import elastic_launch
+from kolo._env import elastic_launch
 from kolo.exceptions import ConfigError, InvalidArgumentError, InvalidValueError
 from kolo.keras import _arrays, _bridge
 from kolo.keras.compression import Compression

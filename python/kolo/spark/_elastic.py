@@ -34,8 +34,7 @@ import warnings
 from typing import Any, Callable, Optional, TextIO
 
 from kolo.exceptions import ConfigError, InvalidArgumentError, LaunchError, RankFailedError
-from kolo.spark._python_probe import PROBE_TIMEOUT_S, check_executor_python
-from kolo.spark.runner import (
+from kolo.spark._driver_job import (
     POLL_S,
     STOP_WAIT_S,
     TERM_GRACE_S,
@@ -49,6 +48,7 @@ from kolo.spark.runner import (
     _start_timeout,
     log,
 )
+from kolo.spark._python_probe import PROBE_TIMEOUT_S, check_executor_python
 
 __all__ = ["run_elastic"]
 

@@ -19,7 +19,7 @@ import torch
 
 from kolo import _core
 from kolo._core import Average, resolve_op
-from kolo.elastic._launch import elastic_launch
+from kolo._env import elastic_launch
 from kolo.torch._objects import broadcast_object
 from kolo.torch._process_set_args import _process_set_included, _process_set_kwargs
 from kolo.torch.compression import Compression

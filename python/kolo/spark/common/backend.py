@@ -45,7 +45,7 @@ def default_num_proc() -> int:
 
         num_proc = default_num_proc()   # e.g. 2 on local[2]
     """
-    from kolo.spark.runner import _active_spark_context
+    from kolo.spark._driver_job import _active_spark_context
 
     return int(_active_spark_context().defaultParallelism)
 

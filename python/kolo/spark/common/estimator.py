@@ -64,13 +64,13 @@ from kolo.estimator.dataset import PreparedDataset, get_dataset_metadata
 from kolo.estimator.params import NO_EFFECT, reject_unknown, warn_no_effect
 from kolo.estimator.training import train_on_ranks
 from kolo.exceptions import InvalidArgumentError, InvalidValueError
+from kolo.spark._driver_job import _active_spark_context
 from kolo.spark._python_probe import check_executor_python
 from kolo.spark.common._df_argument import dataframe_argument
 from kolo.spark.common.backend import SparkBackend
 from kolo.spark.common.model import HorovodModel
 from kolo.spark.common.serialization import KoloPersistence
 from kolo.spark.common.util import prepare_data
-from kolo.spark.runner import _active_spark_context
 
 __all__ = ["HorovodEstimator", "HorovodModel", "KoloEstimator"]
 
