@@ -63,12 +63,18 @@ def clean(tmp_path):
     """Checks that nothing the test started outlives it: rank processes (their command lines
     name tmp_path; kolo.run's ranks are this process's children) and shared memory."""
     segments = set(glob.glob("/dev/shm/kolo*"))
+    # Other tests' long-lived helpers (Spark, Ray, sshd) may be this process's children too.
+    before = set(_children())
+
+    def new_children() -> set[int]:
+        return set(_children()) - before
+
     yield tmp_path
     deadline = time.monotonic() + 10
-    while (_processes_mentioning(str(tmp_path)) or _children()) and time.monotonic() < deadline:
+    while (_processes_mentioning(str(tmp_path)) or new_children()) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _processes_mentioning(str(tmp_path)), "rank processes outlived the launch"
-    assert not _children(), "kolo.run left child processes"
+    assert not new_children(), "kolo.run left child processes"
     assert not set(glob.glob("/dev/shm/kolo*")) - segments, "shared memory segments were left"
 
 

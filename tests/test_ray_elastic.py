@@ -79,12 +79,17 @@ def _step(model, optimizer, x, y, allreduce=None):
 
 
 def _reference(steps: int) -> list[float]:
-
+    """The workers' SGD steps, without torch.optim in this (pytest) process: its first use
+    imports torch._dynamo and Triton, whose LLVM aborts a process that already loaded
+    TensorFlow's (the suite's Keras tests do)."""
     model = _model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     x, y = _data()
     for _ in range(steps):
-        _step(model, optimizer, x, y)
+        model.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.add_(parameter.grad, alpha=-0.05)
     return [float(v) for v in torch.cat([p.detach().flatten() for p in model.parameters()])]
 
 

@@ -25,6 +25,7 @@ import dataclasses
 import logging
 import sys
 import time
+import types
 from typing import Any, Callable, Optional
 
 from kolo.exceptions import (
@@ -217,6 +218,7 @@ class ElasticJob:
         self._last_assignment: list[dict] = []
         self._aborted = False
         self._queue_lost = False
+        self._warm: tuple[str, ...] = ()
 
     # -- the run -----------------------------------------------------------------------------
 
@@ -246,6 +248,7 @@ class ElasticJob:
             reset_limit=params.reset_limit,
         )
         self._call = (fn, args, kwargs, with_executable)
+        self._warm = _warm_modules(fn)
         failed = True
         try:
             if callbacks:
@@ -371,7 +374,7 @@ class ElasticJob:
             host=host,
             node_id=node_id,
             actor=actor,
-            boot_ref=actor.location.remote(_warm_modules()),
+            boot_ref=actor.location.remote(self._warm),
             boot_deadline=time.monotonic() + self.settings.timeout_s,
             member=member,
         )
@@ -713,11 +716,25 @@ def _wait_gone(actors: list[Any]) -> None:
 _FRAMEWORKS = ("torch", "tensorflow", "keras")
 
 
-def _warm_modules() -> tuple[str, ...]:
-    """The frameworks (and kolo's adapters for them) this driver process has imported: a new
-    worker imports them before it joins the job, while the others keep training (importing
-    torch takes seconds)."""
-    loaded = [name for name in _FRAMEWORKS if name in sys.modules]
+def _warm_modules(fn: Callable[..., Any]) -> tuple[str, ...]:
+    """The frameworks (and kolo's adapters for them) ``fn`` uses and this driver process has
+    imported: a new worker imports them before it joins the job, while the others keep
+    training (importing torch takes seconds). Only what ``fn`` names (modules it refers to, or
+    imports in its body or nested functions): importing every framework the driver holds could
+    load two that cannot share a process (TensorFlow and torch each bring an LLVM)."""
+    named: set[str] = set()
+    code_objects = [getattr(fn, "__code__", None)]
+    scope = getattr(fn, "__globals__", {})
+    while code_objects:
+        code = code_objects.pop()
+        if code is None:
+            continue
+        for name in code.co_names:
+            value = scope.get(name)
+            module = value.__name__ if isinstance(value, types.ModuleType) else name
+            named.update(module.split(".")[:2])
+        code_objects.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+    loaded = [name for name in _FRAMEWORKS if name in named and name in sys.modules]
     return tuple(loaded) + tuple(f"kolo.{name}" for name in loaded)
 
 
