@@ -64,11 +64,12 @@ def kolo_segments() -> set[str]:
     return {name for name in os.listdir("/dev/shm") if name.startswith("kolo")}
 
 
-def elastic_steps(steps, step_s, report_dir=None, die_rank=None):
+def elastic_steps(steps, step_s, report_dir=None, die_rank=None, grow_to=None):
     """An elastic loop of ``steps`` committed steps of one allreduce each; the state keeps the
     size every step ran at. With ``report_dir``, each rank writes the pid of the executor JVM
     it runs under once it is training; with ``die_rank``, that rank of the first round
-    SIGKILLs itself at step 2."""
+    SIGKILLs itself at step 2; with ``grow_to``, it also keeps stepping (at most 600 steps)
+    until a step ran at that size, so a slow joiner cannot miss the job."""
     import json
     import os
     import signal
@@ -95,7 +96,13 @@ def elastic_steps(steps, step_s, report_dir=None, die_rank=None):
 
     @hvd.elastic.run
     def train(state):
-        while state.step < steps:
+        def more() -> bool:
+            if state.step < steps:
+                return True
+            grown = grow_to is None or (state.sizes and state.sizes[-1] >= grow_to)
+            return not grown and state.step < 600
+
+        while more():
             if report_dir and state.step == 1 and not resets:
                 path = os.path.join(report_dir, f"rank-{hvd.rank()}.json")
                 with open(path + ".tmp", "w") as f:
@@ -155,7 +162,7 @@ def test_a_task_past_num_proc_is_admitted_and_joins(spark):
     marker = uuid.uuid4().hex
     results = kolo.spark.run_elastic(
         elastic_steps,
-        kwargs={"steps": 12, "step_s": 0.1},
+        kwargs={"steps": 12, "step_s": 0.1, "grow_to": 2},
         num_proc=1,
         max_num_proc=2,
         env={MARKER_VAR: marker},
@@ -164,7 +171,7 @@ def test_a_task_past_num_proc_is_admitted_and_joins(spark):
     )
     assert [r["rank"] for r in results] == [0, 1], results
     assert sorted(r["task"] for r in results) == [0, 1]
-    assert all(r["size"] == 2 and r["step"] == 12 for r in results), results
+    assert all(r["size"] == 2 and r["step"] == results[0]["step"] >= 12 for r in results), results
     assert results[0]["sizes"] == results[1]["sizes"] and results[0]["sizes"][-1] == 2
     assert_no_orphans(marker)
 
