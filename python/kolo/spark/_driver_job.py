@@ -38,6 +38,17 @@ STOP_WAIT_S = 15.0
 POLL_S = 0.1
 
 
+def abort_and_cancel(driver: Any, sc: Any, group: str, reason: Optional[str]) -> None:
+    """Aborts the job's driver with ``reason`` (unless it already failed, or ``reason`` is None)
+    and cancels its Spark job group: the first half of stopping a launch."""
+    if reason is not None and driver.failure() is None:
+        driver.abort(reason)
+    try:
+        sc.cancelJobGroup(group)
+    except Exception as error:  # the context may be stopping
+        log.debug("cancelling job group %s: %s", group, error)
+
+
 class _Job:
     """One launch: the Spark stage in a background thread and the driver loop."""
 
@@ -179,12 +190,7 @@ class _Job:
 
     def stop(self, reason: Optional[str]) -> None:
         """Aborts the job, cancels the stage and waits (bounded) for every rank process."""
-        if reason is not None and self.driver.failure() is None:
-            self.driver.abort(reason)
-        try:
-            self.sc.cancelJobGroup(self.group)
-        except Exception as error:  # the context may be stopping
-            log.debug("cancelling job group %s: %s", self.group, error)
+        abort_and_cancel(self.driver, self.sc, self.group, reason)
         deadline = time.monotonic() + STOP_WAIT_S
         while time.monotonic() < deadline:
             self.pump(POLL_S)

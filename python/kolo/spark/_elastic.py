@@ -46,6 +46,7 @@ from kolo.spark._driver_job import (
     _pickle_payload,
     _spark_message,
     _start_timeout,
+    abort_and_cancel,
     log,
 )
 from kolo.spark._python_probe import PROBE_TIMEOUT_S, check_executor_python
@@ -554,12 +555,7 @@ class _ElasticJob(_Job):
         )
 
     def stop(self, reason: Optional[str]) -> None:
-        if reason is not None and self.driver.failure() is None:
-            self.driver.abort(reason)
-        try:
-            self.sc.cancelJobGroup(self.group)
-        except Exception as error:  # the context may be stopping
-            log.debug("cancelling job group %s: %s", self.group, error)
+        abort_and_cancel(self.driver, self.sc, self.group, reason)
         deadline = time.monotonic() + STOP_WAIT_S
         while time.monotonic() < deadline:
             self.pump(POLL_S)
