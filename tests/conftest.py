@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -52,6 +53,25 @@ def run_kolorun(
         capture_output=True,
         text=True,
         timeout=timeout,
+    )
+
+
+_RANK_LINE = re.compile(r"^\[(\d+)\]<(?:stdout|stderr)>:")
+
+
+def output_tail(result: subprocess.CompletedProcess, lines: int = 30) -> str:
+    """The end of a finished launch's output for an assertion message: the last ``lines`` lines
+    of each rank (kolorun prefixes them ``[i]<stream>:``) and of everything else, so a failure
+    shows the rank that failed first, not only the rank that printed last."""
+    groups: dict[str, list[str]] = {}
+    for line in (result.stdout + "\n" + result.stderr).splitlines():
+        if not line.strip():
+            continue
+        match = _RANK_LINE.match(line)
+        groups.setdefault(f"rank {match.group(1)}" if match else "launcher", []).append(line)
+    return "\n".join(
+        f"--- {name} (last {lines} lines) ---\n" + "\n".join(group[-lines:])
+        for name, group in sorted(groups.items())
     )
 
 

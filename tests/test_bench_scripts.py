@@ -7,7 +7,7 @@ import re
 import subprocess
 import sys
 
-from conftest import REPO, run_kolorun, worker_env
+from conftest import REPO, output_tail, run_kolorun, worker_env
 
 
 def test_synthetic_benchmark_prints_horovod_style_figures(tmp_path) -> None:
@@ -32,7 +32,7 @@ def test_synthetic_benchmark_prints_horovod_style_figures(tmp_path) -> None:
         ],
         timeout=60,
     )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.returncode == 0, output_tail(result)
     rank0 = [
         line.partition("<stdout>:")[2]
         for line in result.stdout.splitlines()
@@ -73,7 +73,7 @@ def test_loader_benchmark_compares_kolo_with_pyarrow(tmp_path) -> None:
         text=True,
         timeout=120,
     )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.returncode == 0, output_tail(result)
     lines = [x for x in result.stdout.splitlines() if x.startswith("loader ")]
     assert len(lines) == 2, result.stdout
     for line, variant in zip(lines, ("uncompressed", "array")):
@@ -125,7 +125,7 @@ def test_calibrate_prints_and_saves_the_physical_limits(tmp_path) -> None:
         text=True,
         timeout=60,
     )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.returncode == 0, output_tail(result)
     assert (
         len(re.findall(r"^memcpy +\d+ KiB: 1 thread .* total [\d.]+x$", result.stdout, re.M)) == 2
     )
@@ -150,7 +150,7 @@ def test_collectives_benchmark_covers_every_op_dtype_and_transport(tmp_path) -> 
     result = run_kolorun(
         ["-np", "2", "python", str(REPO / "bench" / "collectives.py"), *args], timeout=90
     )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.returncode == 0, output_tail(result)
     lines = rank0_lines(result.stdout)
     ops = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter")
     for op in ops:
@@ -179,7 +179,7 @@ def test_fusion_benchmark_sweeps_threshold_and_cycle_time(tmp_path) -> None:
     result = run_kolorun(
         ["-np", "2", "python", str(REPO / "bench" / "fusion.py"), *args], timeout=60
     )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.returncode == 0, output_tail(result)
     lines = [x for x in rank0_lines(result.stdout) if x.startswith("fusion ")]
     assert len(lines) == 4, result.stdout
     for line in lines:
@@ -202,10 +202,10 @@ def test_training_benchmark_reports_scaling_efficiency(tmp_path) -> None:
     script = str(REPO / "bench" / "training.py")
     common = ["--batch-size", "4", "--steps", "1", "--warmup-steps", "1", "--rounds", "2"]
     result = run_kolorun(["-np", "1", "python", script, *common, "--json", str(one)], timeout=60)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.returncode == 0, output_tail(result)
     scaled = [*common, "--json", str(two), "--single-rank-json", str(one)]
     result = run_kolorun(["-np", "2", "python", script, *scaled], timeout=60)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.returncode == 0, output_tail(result)
     lines = rank0_lines(result.stdout)
     assert any(
         re.match(
@@ -251,7 +251,7 @@ def test_lightning_benchmark_compares_kolo_strategy_with_ddp(tmp_path) -> None:
         ],
         timeout=120,
     )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.returncode == 0, output_tail(result)
     lines = rank0_lines(result.stdout)
     assert any(
         re.match(r"lightning smallcnn batch 4x2: kolo .* ddp\(gloo\) .* ratio [\d.]+x$", x)
@@ -273,7 +273,7 @@ def test_elastic_benchmark_times_each_recovery_phase(tmp_path) -> None:
         text=True,
         timeout=240,
     )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.returncode == 0, output_tail(result)
     lines = result.stdout.splitlines()
     assert any(
         re.fullmatch(

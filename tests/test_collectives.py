@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from conftest import run_kolorun, worker
+from conftest import output_tail, run_kolorun, worker
 
 #: The data planes the matrix runs on: (ranks, environment). "hier" simulates two hosts of two
 #: ranks each (shared memory within a host, TCP between the hosts' leaders).
@@ -46,7 +46,7 @@ def test_every_collective_dtype_and_op_matches_reference(layout: str) -> None:
 
 def test_mismatched_calls_raise_on_every_rank() -> None:
     result = run_kolorun(["-np", "2", "python", worker("mismatch_worker.py")], timeout=120)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.returncode == 0, output_tail(result)
     for rank in (0, 1):
         assert f"[{rank}]<stdout>:rank {rank}: 6 mismatches raised MismatchError" in result.stdout
         assert f"[{rank}]<stdout>:shape: MismatchError:" in result.stdout

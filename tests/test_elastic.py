@@ -16,7 +16,7 @@ import subprocess
 
 import pytest
 
-from conftest import run_kolorun, worker
+from conftest import output_tail, run_kolorun, worker
 
 SCENARIOS = (
     "torch_state",
@@ -51,7 +51,7 @@ def test_elastic_sampler_resplits_the_rest_of_the_epoch_from_3_to_2_ranks(tmp_pa
             ["-np", str(np), "python", worker("elastic_sampler_worker.py"), phase, str(tmp_path)],
             timeout=60,
         )
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        assert result.returncode == 0, output_tail(result)
     order = list(range(23))
     random.Random(7).shuffle(order)
     first = [json.loads((tmp_path / f"first-{r}.json").read_text()) for r in range(3)]

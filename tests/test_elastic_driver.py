@@ -6,14 +6,29 @@ run on the new membership."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
 import time
 
-from conftest import REPO, worker_env
+from support.elastic_ranks import ElasticRanks
+
 from kolo._native import LaunchDriver
+
+
+def start_ready(ranks: ElasticRanks, tasks: range, script: str) -> None:
+    """Starts ``tasks`` running ``script`` and waits until each printed "ready"."""
+    for task in tasks:
+        ranks.start(task, [sys.executable, "-c", script])
+    for task in tasks:
+        ranks.wait_for(task, lambda line: line == "ready", timeout=60)
+
+
+def last_json(ranks: ElasticRanks, tasks: list[int]) -> list[dict]:
+    """Waits for ``tasks`` to exit 0 and returns the JSON line each printed last."""
+    results = ranks.finish(tasks, timeout=60)
+    for result in results.values():
+        assert result.returncode == 0, result.stderr[-3000:]
+    return [json.loads(results[t].stdout.strip().splitlines()[-1]) for t in tasks]
+
 
 RESET_ONCE = (
     "import json, sys, torch, kolo.torch as hvd\n"
@@ -36,36 +51,17 @@ RESET_ONCE = (
 
 
 def test_a_killed_rank_leaves_and_the_survivors_continue_on_a_smaller_round() -> None:
-    driver = LaunchDriver(3, start_timeout=60, heartbeat_timeout=5, min_np=2, max_np=3)
-    workers = []
-    try:
-        env = dict(driver.worker_env(0))
+    with ElasticRanks(3, min_np=2, max_np=3) as ranks:
+        env = dict(ranks.driver.worker_env(0))
         assert float(env["KOLO_ELASTIC_TIMEOUT"]) == 600.0
-        for task in range(3):
-            workers.append(
-                subprocess.Popen(
-                    [sys.executable, "-c", RESET_ONCE],
-                    cwd=REPO,
-                    env=worker_env(dict(driver.worker_env(task))),
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                )
-            )
-        for worker in workers:
-            assert worker.stdout.readline().strip() == "ready", worker.stderr.read()
+        start_ready(ranks, range(3), RESET_ONCE)
         time.sleep(0.2)  # the allreduce loop is running on every rank
-        os.kill(workers[2].pid, signal.SIGKILL)
-        workers[2].wait(timeout=30)
-        # What a launcher does when a rank process exits with a failure.
-        driver.report_task_failure(2, "was killed by signal 9 (SIGKILL)")
-        results = []
-        for worker in workers[:2]:
-            out, err = worker.communicate(timeout=60)
-            assert worker.returncode == 0, err
-            results.append(json.loads(out.strip().splitlines()[-1]))
-        assert driver.failure() is None
-        assert driver.live_tasks() == [0, 1]
+        ranks.kill(2)
+        # A failure report of an elastic job's task removes it (it does not abort the job).
+        ranks.driver.report_task_failure(2, "was killed by signal 9 (SIGKILL)")
+        results = last_json(ranks, [0, 1])
+        assert ranks.driver.failure() is None
+        assert ranks.driver.live_tasks() == [0, 1]
         for result in results:
             assert result["error"] in ("InternalError", "PeerConnectionError"), result
             assert result["size"] == 2 and result["total"] == 2.0, result
@@ -73,12 +69,6 @@ def test_a_killed_rank_leaves_and_the_survivors_continue_on_a_smaller_round() ->
         # Both drained the "removed" update (HostUpdateResult.removed == 1) before resetting,
         # unless their allreduce failed on the broken socket first and they drained earlier.
         assert any(1 in r["updates"] for r in results), results
-    finally:
-        for worker in workers:
-            if worker.poll() is None:
-                worker.kill()
-                worker.wait()
-        driver.shutdown()
 
 
 def test_elastic_arguments_are_checked() -> None:
@@ -125,42 +115,15 @@ def test_an_added_task_interrupts_every_rank_at_the_same_commit() -> None:
     """The driver's "added" notice reaches the ranks at different moments; every rank still
     raises HostsUpdatedInterrupt at the same commit (no collective decides it), with
     skip_sync False, and the new task joins the next round."""
-    driver = LaunchDriver(2, start_timeout=60, heartbeat_timeout=5, min_np=2, max_np=3)
-    workers = []
-
-    def start(task: int) -> subprocess.Popen:
-        return subprocess.Popen(
-            [sys.executable, "-c", ADDED_MIDWAY],
-            cwd=REPO,
-            env=worker_env(dict(driver.worker_env(task))),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-
-    try:
-        workers = [start(0), start(1)]
-        for worker in workers:
-            assert worker.stdout.readline().strip() == "ready", worker.stderr.read()
+    with ElasticRanks(2, min_np=2, max_np=3) as ranks:
+        start_ready(ranks, range(2), ADDED_MIDWAY)
         time.sleep(0.3)  # the step loop is running on both ranks
-        driver.add_tasks([2])
-        workers.append(start(2))
-        results = []
-        for worker in workers:
-            out, err = worker.communicate(timeout=60)
-            assert worker.returncode == 0, err[-3000:]
-            results.append(json.loads(out.strip().splitlines()[-1]))
-        first, second, new = results
-        assert first["raised"] is not None and first["raised"] == second["raised"], results
-        assert first["raised"]["skip_sync"] is False, results
+        ranks.add(2, [sys.executable, "-c", ADDED_MIDWAY])
+        first, second, new = last_json(ranks, [0, 1, 2])
+        assert first["raised"] is not None and first["raised"] == second["raised"], (first, second)
+        assert first["raised"]["skip_sync"] is False, first
         assert new["raised"] is None
-        assert all(r["size"] == 3 and r["total"] == 3.0 for r in results), results
-    finally:
-        for worker in workers:
-            if worker.poll() is None:
-                worker.kill()
-                worker.wait()
-        driver.shutdown()
+        assert all(r["size"] == 3 and r["total"] == 3.0 for r in (first, second, new))
 
 
 SETS_ACROSS_A_RESET = (
@@ -192,40 +155,14 @@ def test_process_sets_are_registered_again_after_a_reset_with_stable_ids() -> No
     """Sets given to init(process_sets=...) come back after an elastic reset: one that still
     fits the smaller job keeps its id even though the set before it no longer fits; the one
     that does not fit says why when used."""
-    driver = LaunchDriver(3, start_timeout=60, heartbeat_timeout=5, min_np=2, max_np=3)
-    workers = []
-    try:
-        for task in range(3):
-            workers.append(
-                subprocess.Popen(
-                    [sys.executable, "-c", SETS_ACROSS_A_RESET],
-                    cwd=REPO,
-                    env=worker_env(dict(driver.worker_env(task))),
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                )
-            )
-        for worker in workers:
-            assert worker.stdout.readline().strip() == "ready", worker.stderr.read()
+    with ElasticRanks(3, min_np=2, max_np=3) as ranks:
+        start_ready(ranks, range(3), SETS_ACROSS_A_RESET)
         time.sleep(0.2)
-        os.kill(workers[2].pid, signal.SIGKILL)
-        workers[2].wait(timeout=30)
-        driver.report_task_failure(2, "was killed by signal 9 (SIGKILL)")
-        results = []
-        for worker in workers[:2]:
-            out, err = worker.communicate(timeout=60)
-            assert worker.returncode == 0, err[-3000:]
-            results.append(json.loads(out.strip().splitlines()[-1]))
-        for result in results:
+        ranks.kill(2)
+        for result in last_json(ranks, [0, 1]):
             assert result["ids"] == [1, 2] and result["size"] == 2, result
             assert result["after"] == [None, 2], "b keeps id 2; a does not fit 2 ranks"
             assert result["total"] == 2.0 and result["included"] is None, result
             assert "not registered in this round" in result["left_out"], result
             assert "[1, 2] need at least 3 ranks" in result["left_out"], result
-    finally:
-        for worker in workers:
-            if worker.poll() is None:
-                worker.kill()
-                worker.wait()
-        driver.shutdown()
+        assert ranks.leftovers() == []

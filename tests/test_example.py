@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from conftest import run_kolorun
+from conftest import output_tail, run_kolorun
 
 
 def parse_run(stdout: str) -> tuple[float, set[str], list[str]]:
@@ -16,7 +16,7 @@ def parse_run(stdout: str) -> tuple[float, set[str], list[str]]:
 
 def test_torch_digits_trains_to_90_percent_with_identical_weights() -> None:
     result = run_kolorun(["-np", "2", "python", "examples/torch_digits.py"], timeout=300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.returncode == 0, output_tail(result)
     accuracy, checksums, placements = parse_run(result.stdout)
     assert accuracy >= 0.90, result.stdout[-2000:]
     assert len(checksums) == 1, f"ranks ended with different weights: {checksums}"

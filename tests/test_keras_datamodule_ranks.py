@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from conftest import run_kolorun, worker
+from conftest import output_tail, run_kolorun, worker
 
 
 def test_seed_fn_agrees_and_petastorm_module_shards_by_rank(tmp_path):
@@ -20,7 +20,7 @@ def test_seed_fn_agrees_and_petastorm_module_shards_by_rank(tmp_path):
         timeout=240,
         env={"KERAS_BACKEND": "torch"},
     )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.returncode == 0, output_tail(result)
     found = {
         int(rank): (seed, [int(i) for i in ids.split(",")])
         for rank, seed, ids in re.findall(r"rank (\d): (seed \d+) ids ([\d,]+)", result.stdout)

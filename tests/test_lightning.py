@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, run_kolorun, worker, worker_env
+from conftest import REPO, output_tail, run_kolorun, worker, worker_env
 
 SCENARIOS = ("equal", "accumulate", "refit", "syncbn", "fabric", "sync_dist", "checkpoint")
 
@@ -108,7 +108,7 @@ def test_strategy_kolo_runs_as_one_rank_without_a_launcher(tmp_path: Path) -> No
 
 def test_lightning_digits_example_trains_to_90_percent_with_identical_weights() -> None:
     result = run_kolorun(["-np", "2", "python", "examples/lightning_digits.py"], timeout=300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.returncode == 0, output_tail(result)
     accuracy = float(re.search(r"\[0\]<stdout>:test accuracy: ([\d.]+)", result.stdout).group(1))
     assert accuracy >= 0.90, result.stdout[-2000:]
     checksums = set(re.findall(r"<stdout>:rank \d+: parameter checksum (\w+)", result.stdout))

@@ -22,7 +22,7 @@ import pytest
 from support.netns import Cluster, qdisc_available, unavailable_reason
 
 import kolo.exceptions
-from conftest import BIN, REPO, worker, worker_env
+from conftest import BIN, REPO, output_tail, worker, worker_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.ssh]
 
@@ -76,7 +76,7 @@ def run_on(cluster: Cluster, host: str, argv: list[str], env=None, timeout=180):
 
 
 def train_output(result: subprocess.CompletedProcess) -> tuple[list, list[dict]]:
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.returncode == 0, output_tail(result)
     weights, places = None, []
     for line in result.stdout.splitlines():
         _, _, payload = line.partition("<stdout>:")
@@ -436,7 +436,7 @@ def test_ray_executor_on_three_ray_nodes_reaches_the_one_host_weights(cluster, o
             env=env,
             timeout=180,
         )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.returncode == 0, output_tail(result)
     line = next(x for x in result.stdout.splitlines() if x.startswith("RESULTS "))
     results = json.loads(line[len("RESULTS ") :])
     places = sorted((place["rank"], place["hostname"]) for _, place in results)

@@ -10,7 +10,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from conftest import BIN, REPO, kill_quietly, run_kolorun, worker_env
+from conftest import BIN, REPO, kill_quietly, output_tail, run_kolorun, worker_env
 from kolo import _native
 
 # Each rank lists kolo's segments in /dev/shm right after init() (all ranks mapped them, so
@@ -33,7 +33,7 @@ def test_segments_are_gone_once_every_rank_mapped_them() -> None:
         timeout=120,
         env={"KOLO_TRANSPORT": "shm"},
     )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.returncode == 0, output_tail(result)
     for rank in range(3):
         assert f"[{rank}]<stdout>:rank {rank} left 0 sum 6.0" in result.stdout, result.stdout
 
@@ -129,7 +129,7 @@ def test_segments_of_ranks_killed_before_unlink_are_reclaimed_by_the_next_init(t
             timeout=120,
             env={**env, "KOLO_SHM_CHUNK_BYTES": str(1 << 20)},
         )
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        assert result.returncode == 0, output_tail(result)
         for rank in range(2):
             assert f"[{rank}]<stdout>:rank {rank} left 0 sum 3.0" in result.stdout, result.stdout
         assert segment_files(shm_dir) == [], "stale or fresh segments left after the clean job"

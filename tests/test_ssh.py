@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, run_kolorun
+from conftest import REPO, output_tail, run_kolorun
 from test_example import parse_run
 
 pytestmark = pytest.mark.ssh
@@ -55,7 +55,7 @@ def test_torch_digits_over_ssh_on_two_simulated_hosts(sshd) -> None:
         env=ssh_env(sshd),
         timeout=300,
     )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.returncode == 0, output_tail(result)
     accuracy, checksums, placements = parse_run(result.stdout)
     assert accuracy >= 0.90
     assert len(checksums) == 1, checksums
@@ -115,7 +115,7 @@ def test_config_file_and_forwarded_environment_reach_ssh_ranks_off_the_command_l
         env=ssh_env(sshd, {"MY_TOKEN": token, "SHLVL": "9", "OLDPWD": "/nowhere"}),
         timeout=180,
     )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.returncode == 0, output_tail(result)
     ranks = {}
     for line in result.stdout.splitlines():
         _, _, payload = line.partition("<stdout>:")

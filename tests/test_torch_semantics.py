@@ -16,7 +16,7 @@ import re
 
 import pytest
 
-from conftest import run_kolorun, worker
+from conftest import output_tail, run_kolorun, worker
 
 #: The public names of ``horovod/torch/mpi_ops.py`` at v0.28.1 (its collectives, autograd
 #: functions, basics and re-exported process-set and exception names).
@@ -99,7 +99,7 @@ def test_a_killed_peer_raises_a_runtime_error_and_horovod_internal_error() -> No
     match = re.search(
         r"\[0\]<stdout>:killed peer: (\w+) runtime=True horovod_internal=(\w+)", result.stdout
     )
-    assert match, result.stdout[-3000:] + result.stderr[-3000:]
+    assert match, output_tail(result)
     assert match.group(1) in ("JobAbortedError", "PeerConnectionError"), match.group(1)
     assert match.group(2) == "True"
 

@@ -343,10 +343,9 @@ class ElasticJob:
     # -- workers -----------------------------------------------------------------------------
 
     def _spawn(self, host: str, member: bool) -> None:
-        import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        from kolo.ray._worker import _RankActor
+        from kolo.ray._worker import start_rank_actor
 
         task = self._next_task
         self._next_task += 1
@@ -358,16 +357,12 @@ class ElasticJob:
             if member:  # a task of the first round: it will not register
                 self._driver.remove_task(task, reason)
             return
-        actor = (
-            ray.remote(_RankActor)
-            .options(
-                num_cpus=self.params.cpus_per_worker,
-                num_gpus=self.params.gpus_per_worker if self.params.use_gpu else 0,
-                max_restarts=0,
-                max_task_retries=0,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-            )
-            .remote(world_rank=task, world_size=max(1, len(self.workers) + 1))
+        actor = start_rank_actor(
+            num_cpus=self.params.cpus_per_worker,
+            num_gpus=self.params.gpus_per_worker if self.params.use_gpu else 0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+            world_rank=task,
+            world_size=max(1, len(self.workers) + 1),
         )
         self.workers[task] = _Worker(
             task_index=task,

@@ -117,3 +117,23 @@ class _RankActor(BaseHorovodWorker):
             except Exception:
                 pass
             raise
+
+
+def start_rank_actor(
+    *, num_cpus: float, num_gpus: float, scheduling_strategy: Any, world_rank: int, world_size: int
+) -> Any:
+    """Starts one :class:`_RankActor` that Ray never restarts nor retries (a lost rank is the
+    job's to handle: the fixed job aborts, the elastic job replaces it)."""
+    import ray
+
+    return (
+        ray.remote(_RankActor)
+        .options(
+            num_cpus=num_cpus,
+            num_gpus=num_gpus,
+            max_restarts=0,
+            max_task_retries=0,
+            scheduling_strategy=scheduling_strategy,
+        )
+        .remote(world_rank=world_rank, world_size=world_size)
+    )

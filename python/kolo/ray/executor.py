@@ -396,7 +396,7 @@ class RayExecutor:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         from kolo import _native
-        from kolo.ray._worker import _RankActor
+        from kolo.ray._worker import start_rank_actor
 
         settings = self.settings
         self._acquire_placement_group()
@@ -405,19 +405,18 @@ class RayExecutor:
             self._plan["bundles"]
         ):
             bundle_of = [-1] * self.num_workers
-        actor_cls = ray.remote(_RankActor)
         actors = [
-            actor_cls.options(
+            start_rank_actor(
                 num_cpus=self._plan["cpus_per_worker"],
                 num_gpus=self._plan["gpus_per_worker"],
-                max_restarts=0,
-                max_task_retries=0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=self._placement_group,
                     placement_group_bundle_index=bundle,
                     placement_group_capture_child_tasks=True,
                 ),
-            ).remote(world_rank=index, world_size=len(bundle_of))
+                world_rank=index,
+                world_size=len(bundle_of),
+            )
             for index, bundle in enumerate(bundle_of)
         ]
         # Known at once so that teardown can kill them whatever happens next.
