@@ -89,6 +89,12 @@ def _task_gpu_addresses(context: Any) -> list[str]:
     return list(gpu.addresses) if gpu is not None else []
 
 
+def _task_hostname(user_env: dict[str, str]) -> str:
+    """The host name a task's rank registers from: ``KOLO_HOSTNAME`` of the job's ``env``, else
+    of the executor, else the system host name."""
+    return user_env.get("KOLO_HOSTNAME") or os.environ.get("KOLO_HOSTNAME") or socket.gethostname()
+
+
 def _run_barrier_task(
     job_env: dict[str, str],
     user_env: dict[str, str],
@@ -113,9 +119,7 @@ def _run_barrier_task(
         (GPU_ADDRESSES_VAR, ",".join(_task_gpu_addresses(context))),
         ("PYTHONUNBUFFERED", "1"),
     ]
-    hostname = (
-        user_env.get("KOLO_HOSTNAME") or os.environ.get("KOLO_HOSTNAME") or socket.gethostname()
-    )
+    hostname = _task_hostname(user_env)
     program = executable or sys.executable
     success, description = _native.spark_run_task(
         envs, program, ["-c", CHILD_CODE], attempt, hostname, term_grace
@@ -152,9 +156,7 @@ def _run_elastic_task(
         yield (index, False, f"attempt {attempt} is past the task indices kolo supports")
         return
     num_tasks = max(int(job_env.get("KOLO_NUM_TASKS", "1")), index + 1)
-    hostname = (
-        user_env.get("KOLO_HOSTNAME") or os.environ.get("KOLO_HOSTNAME") or socket.gethostname()
-    )
+    hostname = _task_hostname(user_env)
     envs = list(user_env.items())
     envs += list(job_env.items())
     envs += [
