@@ -563,7 +563,19 @@ impl Executor<'_> {
         if session.size > 1 {
             session.set_agreed(vec![fused; session.size]);
         }
-        let result = collectives::allreduce(session, &name, buf, &[elements], dtype, reduction);
+        let counts: Vec<usize> = parts
+            .iter()
+            .map(|(desc, _, _)| tensor_bytes(desc) / dtype.size())
+            .collect();
+        let result = collectives::allreduce_tensors(
+            session,
+            &name,
+            buf,
+            &[elements],
+            dtype,
+            reduction,
+            &counts,
+        );
         self.stats.ran(parts.len(), session.shm_layout().is_some());
         for (desc, local, at) in parts {
             let Some(local) = local else { continue };
