@@ -70,7 +70,7 @@ def test_allreduce_is_differentiable() -> None:
     [
         (lambda: hvd.allreduce(torch.ones(2, dtype=torch.complex64)), "complex64"),
         (lambda: hvd.allreduce(torch.ones(2, dtype=torch.bool), op=hvd.Average), "Average"),
-        (lambda: hvd.allreduce(torch.ones(2), op=hvd.Adasum), "Adasum"),
+        (lambda: hvd.allreduce(torch.ones(2, dtype=torch.int32), op=hvd.Adasum), "Adasum"),
         (lambda: hvd.allreduce(torch.ones(2), op=hvd.Sum, average=True), "not both"),
         (lambda: hvd.allgather(torch.tensor(1.0)), "0-dim"),
         (lambda: hvd.alltoall(torch.ones(4), splits=[1, 3]), "1 ranks"),
