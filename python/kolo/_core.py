@@ -121,7 +121,8 @@ def op_name(kind: str, name: Optional[str]) -> str:
 def engine_stats() -> dict[str, int]:
     """The engine's counters since ``init``: ``cycles``, ``tensors`` (completed),
     ``collectives`` (run on the data plane; a fused allreduce counts once), ``shm_collectives``
-    (those run on a shared-memory data plane, flat or hierarchical), ``fused_tensors``,
+    (those run on a shared-memory data plane, flat or hierarchical; never Adasum, which runs
+    over TCP), ``fused_tensors``,
     ``cache_hits`` / ``cache_misses`` (tensors agreed through the response cache / in full),
     ``negotiation_ns`` and ``negotiated_tensors``.
 

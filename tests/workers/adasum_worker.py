@@ -100,7 +100,13 @@ def check_ops(r: int, n: int) -> None:
     per_tensor = [inputs(n, c, torch.float32, 100 + i) for i, c in enumerate(counts)]
     # Tensor 0 identical on every rank (Adasum averages it), tensor 1 anti-correlated.
     per_tensor[0] = [per_tensor[0][0].clone() for _ in range(n)]
+    before = kolo.engine_stats()
     outs = hvd.grouped_allreduce([t[r] for t in per_tensor], op=hvd.Adasum, name="fused")
+    after = kolo.engine_stats()
+    # Fused collectives (the engine may split a batch across cycles), over TCP: Adasum never
+    # uses shared memory.
+    assert after["fused_tensors"] - before["fused_tensors"] >= 2, (before, after)
+    assert after["shm_collectives"] == before["shm_collectives"], (before, after)
     for i, (out, ranks) in enumerate(zip(outs, per_tensor)):
         check_close(out, tree(ranks), torch.float32, f"grouped tensor {i}")
     assert torch.allclose(outs[0], per_tensor[0][0]), "identical tensors must average"
