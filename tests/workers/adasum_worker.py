@@ -139,6 +139,29 @@ def check_ops(r: int, n: int) -> None:
         raise AssertionError("reducescatter accepted Adasum")
 
 
+def check_stability(r: int, n: int) -> None:
+    """Horovod's test_stability and test_stability_2 (test_adasum_pytorch.py): every rank's
+    vector is a multiple of one vector (so Adasum averages them), with values near the dtype's
+    smallest normal, or magnitudes spread from the smallest to sqrt(largest) (their squares
+    overflow float32: the norms must be accumulated in float64). Horovod's closeness rule."""
+    for dtype, np_dtype in ((torch.float16, np.float16), (torch.float32, np.float32)):
+        info = np.finfo(np_dtype)
+        rng = np.random.default_rng(2)
+        a = rng.normal(0, float(info.tiny), (1024, 1))
+        scales = rng.normal(0, 1, (n, 1))
+        lo, hi = float(info.tiny), float(np.sqrt(float(info.max)))
+        spread = np.array([[hi ** ((i + 1) / n) * lo ** ((n - i - 1) / n)] for i in range(n)])
+        rng.shuffle(spread)
+        b = rng.normal(0, 1, (1024, 1))
+        for case, q in (("tiny", a @ scales.T), ("spread", b @ spread.T)):
+            q = q.astype(np_dtype).astype(np.float64)
+            t = torch.from_numpy(q[:, r].copy()).to(dtype)
+            hvd.allreduce_(t, op=hvd.Adasum, name=f"stability.{case}.{np_dtype.__name__}")
+            want = q.sum(axis=1) / n
+            ratio = np.linalg.norm(want - t.double().numpy()) / np.linalg.norm(want) / 100.0
+            assert ratio < info.eps, f"stability {case} {dtype}: {ratio} >= {info.eps}"
+
+
 def check_process_sets(r: int, n: int, pair: kolo.ProcessSet, three: kolo.ProcessSet) -> None:
     if pair.included():
         ranks = inputs(2, 300, torch.float64, 500)
@@ -262,6 +285,7 @@ def main() -> None:
         return
     # The checks are spread over the launches to keep each one short.
     check_ops(r, n)
+    check_stability(r, n)
     if n == 2:
         check_optimizer_definition(r, n)
     if n == 4:
