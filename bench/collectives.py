@@ -11,9 +11,11 @@ kolo and gloo alternately (``--rounds`` rounds, median per library), so machine 
 alike. For allreduce it also times 2 concurrent memcpys of the same size (each rank copies its
 own buffer at the same time): the physical floor of a shared-memory allreduce.
 
-S (the size axis) follows nccl-tests: the tensor for allreduce and broadcast, the gathered
-output for allgather, the input for reducescatter, and each rank's send buffer for alltoall.
-algbw = S / t; busbw = algbw x 2(n-1)/n (allreduce), (n-1)/n (allgather, reducescatter,
+``adasum`` is kolo's ``op=hvd.Adasum`` allreduce (power-of-two rank counts) against gloo's Sum
+allreduce (gloo has no Adasum). S (the size axis) follows nccl-tests: the tensor for allreduce,
+adasum and broadcast, the gathered output for allgather, the input for reducescatter, and each
+rank's send buffer for alltoall.
+algbw = S / t; busbw = algbw x 2(n-1)/n (allreduce, adasum), (n-1)/n (allgather, reducescatter,
 alltoall), 1 (broadcast). One line per (op, dtype, size) with each kolo transport's time and
 busbw, its ratio to gloo's busbw and, for allreduce, its time over the 2-memcpy time. JSON
 (with the newest calibration as the physical-limit denominators) goes to bench/results/.
@@ -34,12 +36,12 @@ from common import human, init_gloo, load_calibration, pin_one_core_per_rank, wr
 
 import kolo.torch as hvd
 
-OPS = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter")
+OPS = ("allreduce", "adasum", "allgather", "broadcast", "alltoall", "reducescatter")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def bus_factor(op: str, n: int) -> float:
-    if op == "allreduce":
+    if op in ("allreduce", "adasum"):
         return 2 * (n - 1) / n
     if op == "broadcast":
         return 1.0
@@ -57,6 +59,14 @@ def make_calls(
         t = torch.ones(elements, dtype=dtype)
         return (
             lambda: hvd.allreduce_(t, op=hvd.Sum, name="bench.op"),
+            lambda: dist.all_reduce(t, op=dist.ReduceOp.SUM),
+        )
+    if op == "adasum":
+        # gloo has no Adasum: its Sum allreduce of the same tensor is the reference. Equal
+        # tensors stay equal (Adasum averages parallel vectors), so repeated calls are stable.
+        t = torch.ones(elements, dtype=dtype)
+        return (
+            lambda: hvd.allreduce_(t, op=hvd.Adasum, name="bench.op"),
             lambda: dist.all_reduce(t, op=dist.ReduceOp.SUM),
         )
     if op == "broadcast":

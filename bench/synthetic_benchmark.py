@@ -2,6 +2,7 @@
 
     kolorun -np 2 python bench/synthetic_benchmark.py [--model smallcnn] [--batch-size 32]
         [--num-warmup-batches 10] [--num-batches-per-iter 10] [--num-iters 10] [--fp16-allreduce]
+        [--use-adasum]
 
 Every rank trains the model on one fixed random batch (no data loading) with
 ``hvd.DistributedOptimizer``, after ``hvd.broadcast_parameters`` and
@@ -13,7 +14,8 @@ half-width) and writes JSON to bench/results/ (or ``--json PATH``).
 Models: ``smallcnn`` (default: two conv layers and two linear ones on 3x32x32 images, quick on
 CPU) and ``mlp``; with torchvision installed, any ``torchvision.models`` name too (``resnet50``,
 on 224x224 images unless ``--image-size`` says otherwise). Each rank uses one CPU thread
-(``--num-threads``). ``--use-adasum`` is rejected: kolo has no Adasum.
+(``--num-threads``). ``--use-adasum`` reduces with ``op=hvd.Adasum`` (on a power-of-two number
+of ranks) and, as Horovod's benchmark, does not scale the learning rate by the rank count.
 """
 
 from __future__ import annotations
@@ -65,14 +67,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--fp16-allreduce", action="store_true", help="hvd.Compression.fp16 on the wire"
     )
-    parser.add_argument("--use-adasum", action="store_true", help="not supported by kolo")
+    parser.add_argument("--use-adasum", action="store_true", help="reduce with hvd.Adasum")
     parser.add_argument("--json", type=Path, default=None, help="where rank 0 writes results")
     args = parser.parse_args()
-    if args.use_adasum:
-        parser.error(
-            "--use-adasum: kolo does not support Adasum (hvd.Adasum); run without it to "
-            "average gradients (hvd.Average)"
-        )
     for flag in ("batch_size", "num_batches_per_iter", "num_iters", "num_threads"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be at least 1")
@@ -106,14 +103,15 @@ def main() -> None:
     rank, size = hvd.rank(), hvd.size()
 
     model = build_model(args.model, args.num_classes, args.image_size)
-    # Horovod scales the learning rate by the number of ranks.
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * size, momentum=0.9)
+    # Horovod scales the learning rate by the number of ranks (not with Adasum).
+    lr_scaler = 1 if args.use_adasum else size
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * lr_scaler, momentum=0.9)
     compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
     optimizer = hvd.DistributedOptimizer(
         optimizer,
         named_parameters=model.named_parameters(),
         compression=compression,
-        op=hvd.Average,
+        op=hvd.Adasum if args.use_adasum else hvd.Average,
     )
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
@@ -161,6 +159,7 @@ def main() -> None:
                 "batch_size": args.batch_size,
                 "image_size": args.image_size,
                 "fp16_allreduce": args.fp16_allreduce,
+                "use_adasum": args.use_adasum,
                 "img_sec_per_rank": img_secs,
                 "img_sec_per_rank_mean": mean,
                 "img_sec_per_rank_conf95": conf,

@@ -161,14 +161,17 @@ def test_exception_classes_are_horovods_builtins_and_pickle() -> None:
     assert issubclass(exc.InvalidArgumentError, ValueError)
     assert issubclass(exc.InvalidValueError, ValueError)
     assert issubclass(exc.NotInitializedError, ValueError)
-    # Horovod raises NotImplementedError (a RuntimeError) where it cannot run Adasum; its
-    # reducescatter test expects a RuntimeError.
+    # Horovod raises NotImplementedError (a RuntimeError) where it cannot run Adasum (a
+    # number of ranks that is not a power of two); its reducescatter test expects a
+    # RuntimeError for Adasum.
     assert issubclass(exc.NotSupportedError, NotImplementedError)
     assert issubclass(exc.NotSupportedError, exc.InvalidArgumentError)
-    from kolo._core import Adasum, resolve_op
+    from kolo._core import Adasum, check_adasum, resolve_op
 
-    with pytest.raises(RuntimeError, match="Adasum is not supported by kolo"):
-        resolve_op(Adasum, None)
+    assert resolve_op(Adasum, None) is Adasum
+    with pytest.raises(NotImplementedError, match="non-power of 2 ranks"):
+        check_adasum(6)
+    check_adasum(8)
     assert issubclass(common.HostsUpdatedInterrupt, RuntimeError)
     assert not issubclass(common.HostsUpdatedInterrupt, common.HorovodInternalError)
     assert issubclass(common.HorovodVersionMismatchError, ImportError)

@@ -106,7 +106,7 @@ impl FromStr for DType {
     }
 }
 
-/// A reduction operation (Horovod's `Sum`, `Average`, `Min`, `Max`, `Product`).
+/// A reduction operation (Horovod's `Sum`, `Average`, `Min`, `Max`, `Product`, `Adasum`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum ReduceOp {
@@ -120,11 +120,25 @@ pub enum ReduceOp {
     Max = 3,
     /// Elementwise product (logical and for bool).
     Product = 4,
+    /// Horovod's Adasum: ranks' float tensors combined pairwise,
+    /// `(1 - a·b / 2|a|²) a + (1 - a·b / 2|b|²) b`, over a power-of-two number of ranks (not an
+    /// elementwise op: see `collectives::adasum`).
+    Adasum = 5,
 }
 
 impl ReduceOp {
     /// Every op, in wire-code order.
-    pub const ALL: [ReduceOp; 5] = [
+    pub const ALL: [ReduceOp; 6] = [
+        ReduceOp::Sum,
+        ReduceOp::Average,
+        ReduceOp::Min,
+        ReduceOp::Max,
+        ReduceOp::Product,
+        ReduceOp::Adasum,
+    ];
+
+    /// The elementwise ops (every op but Adasum), in wire-code order.
+    pub const ELEMENTWISE: [ReduceOp; 5] = [
         ReduceOp::Sum,
         ReduceOp::Average,
         ReduceOp::Min,
@@ -140,6 +154,7 @@ impl ReduceOp {
             ReduceOp::Min => "Min",
             ReduceOp::Max => "Max",
             ReduceOp::Product => "Product",
+            ReduceOp::Adasum => "Adasum",
         }
     }
 
@@ -164,7 +179,7 @@ impl FromStr for ReduceOp {
             .find(|op| op.name().eq_ignore_ascii_case(s))
             .ok_or_else(|| {
                 Error::InvalidArgument(format!(
-                    "unsupported reduction op {s:?}; use Sum, Average, Min, Max or Product"
+                    "unsupported reduction op {s:?}; use Sum, Average, Min, Max, Product or Adasum"
                 ))
             })
     }

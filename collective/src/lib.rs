@@ -5,7 +5,7 @@
 //!   Ray launches (the launcher's side is [`control::launch`]).
 //! - [`transport`] and [`wire`]: the direct TCP data plane between ranks and its framed protocol.
 //! - [`collectives`] and [`reduce`]: allreduce, allgather, broadcast, alltoall, reducescatter and
-//!   barrier on CPU memory, with Horovod's reduction ops and scaling.
+//!   barrier on CPU memory, with Horovod's reduction ops (Adasum included) and scaling.
 //! - [`communicator`]: runs one collective at a time on a rank's mesh.
 //! - [`cuda`]: the CUDA, NCCL and NVRTC wrappers (device memory, NCCL collectives, the pack
 //!   kernel, library discovery; feature `cuda`, libraries loaded at run time).

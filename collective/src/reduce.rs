@@ -66,7 +66,8 @@ impl Isa {
 }
 
 /// Checks that `op` and the scale factors are supported for `dtype`: bool tensors support
-/// `Sum`, `Min`, `Max` and `Product` without scaling. Returns the reason otherwise.
+/// `Sum`, `Min`, `Max` and `Product` without scaling; `Adasum` needs a float dtype. Returns the
+/// reason otherwise.
 pub fn check_reduction(
     dtype: DType,
     op: ReduceOp,
@@ -76,6 +77,12 @@ pub fn check_reduction(
     if !prescale.is_finite() || !postscale.is_finite() {
         return Err(format!(
             "prescale_factor={prescale} and postscale_factor={postscale}: scale factors must be finite numbers"
+        ));
+    }
+    if op == ReduceOp::Adasum && !dtype.is_float() {
+        return Err(format!(
+            "op Adasum is not supported for {dtype} tensors: Adasum combines float16, bfloat16, \
+             float32 or float64 tensors; convert the tensor to a float dtype or use Sum"
         ));
     }
     if dtype != DType::Bool {
@@ -120,6 +127,12 @@ pub fn reduce_into_with(
     if dtype == DType::Bool && op == ReduceOp::Average {
         return Err(Error::InvalidArgument(
             "op Average is not supported for bool tensors; use Sum, Max, Min or Product".into(),
+        ));
+    }
+    if op == ReduceOp::Adasum {
+        return Err(Error::Internal(
+            "reduce_into: Adasum is not an elementwise reduction (collectives::adasum runs it)"
+                .into(),
         ));
     }
     match checked(isa) {
@@ -327,10 +340,12 @@ fn zip_with<T: Copy>(acc: &mut [T], src: &[T], f: impl Fn(T, T) -> T) {
     }
 }
 
+// The elementwise kernels group `Adasum` with `Sum` only to stay exhaustive:
+// `reduce_into_with` refuses Adasum before any kernel runs.
 #[inline(always)]
 fn reduce_num<T: Num>(op: ReduceOp, acc: &mut [T], src: &[T]) {
     match op {
-        ReduceOp::Sum | ReduceOp::Average => zip_with(acc, src, T::sum),
+        ReduceOp::Sum | ReduceOp::Average | ReduceOp::Adasum => zip_with(acc, src, T::sum),
         ReduceOp::Product => zip_with(acc, src, T::prod),
         ReduceOp::Min => zip_with(acc, src, T::min),
         ReduceOp::Max => zip_with(acc, src, T::max),
@@ -357,7 +372,9 @@ fn bool_and(a: u8, b: u8) -> u8 {
 #[inline(always)]
 fn reduce_bool(op: ReduceOp, acc: &mut [u8], src: &[u8]) {
     match op {
-        ReduceOp::Sum | ReduceOp::Max | ReduceOp::Average => zip_with(acc, src, bool_or),
+        ReduceOp::Sum | ReduceOp::Max | ReduceOp::Average | ReduceOp::Adasum => {
+            zip_with(acc, src, bool_or)
+        }
         ReduceOp::Min | ReduceOp::Product => zip_with(acc, src, bool_and),
     }
 }
@@ -382,7 +399,7 @@ bf16_ops!(
 #[inline(always)]
 fn reduce_bf16(op: ReduceOp, acc: &mut [u16], src: &[u16]) {
     match op {
-        ReduceOp::Sum | ReduceOp::Average => zip_with(acc, src, bf16_sum),
+        ReduceOp::Sum | ReduceOp::Average | ReduceOp::Adasum => zip_with(acc, src, bf16_sum),
         ReduceOp::Product => zip_with(acc, src, bf16_prod),
         ReduceOp::Min => zip_with(acc, src, bf16_min),
         ReduceOp::Max => zip_with(acc, src, bf16_max),
@@ -528,7 +545,7 @@ mod x86 {
     #[target_feature(enable = "avx,f16c")]
     pub(super) unsafe fn reduce_f16_f16c(op: ReduceOp, acc: &mut [f16], src: &[f16]) {
         match op {
-            ReduceOp::Sum | ReduceOp::Average => {
+            ReduceOp::Sum | ReduceOp::Average | ReduceOp::Adasum => {
                 f16c_zip!(acc, src, |a, s| _mm256_add_ps(a, s), a + s)
             }
             ReduceOp::Product => f16c_zip!(acc, src, |a, s| _mm256_mul_ps(a, s), a * s),
@@ -596,13 +613,13 @@ fn is_aligned(dtype: DType, bytes: &[u8]) -> bool {
 }
 
 /// Fills `buf` with the identity of `op` for `dtype` (what a rank without data contributes):
-/// 0 for Sum and Average, 1 for Product, the largest value for Min, the smallest for Max.
+/// 0 for Sum, Average and Adasum, 1 for Product, the largest value for Min, the smallest for Max.
 pub fn fill_identity(dtype: DType, op: ReduceOp, buf: &mut [u8]) {
     fn pattern<T: Pod>(value: T) -> Vec<u8> {
         bytemuck::bytes_of(&value).to_vec()
     }
     let element: Vec<u8> = match (op, dtype) {
-        (ReduceOp::Sum | ReduceOp::Average, _) => {
+        (ReduceOp::Sum | ReduceOp::Average | ReduceOp::Adasum, _) => {
             buf.fill(0);
             return;
         }
@@ -704,7 +721,7 @@ mod tests {
         let a: Vec<f64> = (0..37).map(|i| f64::from((i * 7) % 11) - 5.0).collect();
         let b: Vec<f64> = (0..37).map(|i| f64::from((i * 5) % 9) - 4.0).collect();
         for dtype in DType::ALL {
-            for op in ReduceOp::ALL {
+            for op in ReduceOp::ELEMENTWISE {
                 if dtype == DType::Bool && op == ReduceOp::Average {
                     continue;
                 }
@@ -727,6 +744,7 @@ mod tests {
                             (_, ReduceOp::Product) => x * y,
                             (_, ReduceOp::Min) => x.min(y),
                             (_, ReduceOp::Max) => x.max(y),
+                            (_, ReduceOp::Adasum) => unreachable!("elementwise ops only"),
                         };
                         encode(dtype, r)
                     })
@@ -806,6 +824,7 @@ mod tests {
                     (None, ReduceOp::Product) => x.wrapping_mul(y),
                     (None, ReduceOp::Min) => x.min(y),
                     (None, ReduceOp::Max) => x.max(y),
+                    (None, ReduceOp::Adasum) => unreachable!("elementwise ops only"),
                 };
                 r.to_ne_bytes().to_vec()
             }};
@@ -831,6 +850,7 @@ mod tests {
                         x
                     }
                 }
+                (None, ReduceOp::Adasum) => unreachable!("elementwise ops only"),
             }
         };
         match dtype {
@@ -865,6 +885,7 @@ mod tests {
                             x
                         }
                     }
+                    (None, ReduceOp::Adasum) => unreachable!("elementwise ops only"),
                 };
                 r.to_ne_bytes().to_vec()
             }
@@ -883,6 +904,7 @@ mod tests {
                 vec![u8::from(match op {
                     ReduceOp::Sum | ReduceOp::Max | ReduceOp::Average => x || y,
                     ReduceOp::Min | ReduceOp::Product => x && y,
+                    ReduceOp::Adasum => unreachable!("elementwise ops only"),
                 })]
             }
         }
@@ -926,7 +948,7 @@ mod tests {
             src_offset in 0usize..8,
             small in proptest::prelude::any::<bool>(),
         ) {
-            let (dtype, op) = (DType::ALL[dtype_index], ReduceOp::ALL[op_index]);
+            let (dtype, op) = (DType::ALL[dtype_index], ReduceOp::ELEMENTWISE[op_index]);
             proptest::prop_assume!(!(dtype == DType::Bool && op == ReduceOp::Average));
             // Small values too, so that sums and products are not all overflow and NaN.
             let raw: Vec<u8> = if small && dtype.is_float() {
@@ -1004,7 +1026,7 @@ mod tests {
     fn large_buffers_match_across_tiers() {
         // Long enough for every vector body and tail; each tier must agree with the baseline.
         for dtype in DType::ALL {
-            for op in ReduceOp::ALL {
+            for op in ReduceOp::ELEMENTWISE {
                 if dtype == DType::Bool && op == ReduceOp::Average {
                     continue;
                 }

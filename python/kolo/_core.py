@@ -121,7 +121,8 @@ def op_name(kind: str, name: Optional[str]) -> str:
 def engine_stats() -> dict[str, int]:
     """The engine's counters since ``init``: ``cycles``, ``tensors`` (completed),
     ``collectives`` (run on the data plane; a fused allreduce counts once), ``shm_collectives``
-    (those run on a shared-memory data plane, flat or hierarchical), ``fused_tensors``,
+    (those run on a shared-memory data plane, flat or hierarchical; never Adasum, which runs
+    over TCP), ``fused_tensors``,
     ``cache_hits`` / ``cache_misses`` (tensors agreed through the response cache / in full),
     ``negotiation_ns`` and ``negotiated_tensors``.
 
@@ -171,7 +172,8 @@ def mpi_built() -> bool:
 
 def mpi_enabled() -> bool:
     """False: kolo's collectives never run over MPI (mpi4py only carries the rendezvous), so
-    code paths that need Horovod's MPI operations (Adasum) are skipped, as Horovod skips them.
+    Horovod code paths that test ``mpi_enabled()`` before Adasum skip it (kolo runs Adasum
+    on its own transport: ``op=hvd.Adasum`` works without MPI).
 
     Example::
 
@@ -266,7 +268,8 @@ class ReduceOp(enum.IntEnum):
 Average = ReduceOp.Average
 #: Reduce by summing over the ranks.
 Sum = ReduceOp.Sum
-#: Horovod's Adasum reduction: named for compatibility; kolo refuses it (NotSupportedError).
+#: Horovod's Adasum reduction: float tensors combined pairwise over a power-of-two number of
+#: ranks (see :func:`check_adasum`).
 Adasum = ReduceOp.Adasum
 #: Reduce by the element-wise minimum over the ranks.
 Min = ReduceOp.Min
@@ -279,7 +282,7 @@ Product = ReduceOp.Product
 def resolve_op(op: Any, average: Optional[bool]) -> ReduceOp:
     """Horovod's rule: ``op`` wins, the deprecated ``average`` flag maps to Average/Sum,
     and the default is Average."""
-    if average is None and type(op) is ReduceOp and op is not Adasum:
+    if average is None and type(op) is ReduceOp:
         return op  # the common case, first: it is on every collective's path
     if op is not None and average is not None:
         raise InvalidArgumentError(
@@ -298,14 +301,28 @@ def resolve_op(op: Any, average: Optional[bool]) -> ReduceOp:
         resolved = ReduceOp(op)
     except ValueError:
         raise InvalidArgumentError(
-            f"unknown reduction op {op!r}; use hvd.Sum, hvd.Average, hvd.Min, hvd.Max or "
-            "hvd.Product"
+            f"unknown reduction op {op!r}; use hvd.Sum, hvd.Average, hvd.Min, hvd.Max, "
+            "hvd.Product or hvd.Adasum"
         ) from None
-    if resolved is Adasum:
-        raise NotSupportedError(
-            "op=hvd.Adasum is not supported by kolo; use hvd.Average or hvd.Sum"
-        )
     return resolved
+
+
+def check_adasum(size: int) -> None:
+    """Raises :class:`NotSupportedError` (a ``NotImplementedError``, as Horovod raises) unless
+    Adasum can run on a process set of ``size`` ranks: a power of two (1, 2, 4, 8, ...).
+    Every rank of the set raises it at the call, so no rank waits for the others.
+
+    Example::
+
+        if op is hvd.Adasum:
+            _core.check_adasum(process_set.size())
+    """
+    if size < 1 or size & (size - 1):
+        raise NotSupportedError(
+            f"Running Adasum with non-power of 2 ranks is not supported yet: the process set "
+            f"has {size} ranks; run on 1, 2, 4, 8, ... ranks (or a process set of that size), "
+            "or use op=hvd.Average or op=hvd.Sum"
+        )
 
 
 def host_updates() -> list[tuple[float, int]]:

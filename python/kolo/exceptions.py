@@ -15,7 +15,8 @@ They are also the Python builtins Horovod raises, so code written for Horovod ca
   collective, for which Horovod raises ``HorovodInternalError`` too);
 - a bad argument raises :class:`InvalidArgumentError`, a ``ValueError`` (Horovod's argument
   checks raise ``ValueError``), as does :class:`NotInitializedError`; a Horovod feature kolo
-  lacks (Adasum) raises :class:`NotSupportedError`, a ``NotImplementedError`` too;
+  cannot run as asked (Adasum on 3 ranks) raises :class:`NotSupportedError`, a
+  ``NotImplementedError`` too;
 - :class:`HostsUpdatedInterrupt` is Horovod's elastic interrupt (a ``RuntimeError``).
 
 Example::
@@ -66,16 +67,17 @@ class InvalidValueError(InvalidArgumentError, ValueError):
 
 
 class NotSupportedError(InvalidArgumentError, NotImplementedError):
-    """A Horovod feature kolo does not implement was asked for (``op=hvd.Adasum``); the message
-    says what to use instead. A ``NotImplementedError`` (so a ``RuntimeError``), as Horovod raises
-    where it cannot run Adasum, and an :class:`InvalidArgumentError` (a ``ValueError``).
+    """A Horovod feature kolo cannot run as asked was asked for (``op=hvd.Adasum`` on a number
+    of ranks that is not a power of two, or with reducescatter); the message says what works
+    instead. A ``NotImplementedError`` (so a ``RuntimeError``), as Horovod raises where it cannot
+    run Adasum, and an :class:`InvalidArgumentError` (a ``ValueError``).
 
     Example::
 
         try:
-            hvd.allreduce(grad, op=hvd.Adasum)
+            hvd.allreduce(grad, op=hvd.Adasum)  # on 3 ranks
         except NotImplementedError as err:
-            print(err)  # op=hvd.Adasum is not supported by kolo; use hvd.Average or hvd.Sum
+            print(err)  # Running Adasum with non-power of 2 ranks is not supported yet: ...
     """
 
 

@@ -32,6 +32,9 @@ def test_single_rank_results_apply_ops_and_scaling() -> None:
     assert torch.equal(hvd.allreduce(x), x)
     assert torch.equal(hvd.allreduce(x, op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.5), x)
     assert torch.equal(hvd.allreduce(x, op=hvd.Max, postscale_factor=3.0), x * 3)
+    # Adasum on one rank: the tensor itself (scaled), as in Horovod.
+    assert torch.equal(hvd.allreduce(x, op=hvd.Adasum, postscale_factor=0.5), x * 0.5)
+    assert hvd.grouped_allreduce([x, x.half()], op=hvd.Adasum)[1].dtype == torch.float16
     assert torch.equal(hvd.allgather(x.reshape(3, 1)), x.reshape(3, 1))
     assert torch.equal(hvd.broadcast(x, root_rank=0), x)
     out, received = hvd.alltoall(x, splits=[3])
@@ -70,7 +73,7 @@ def test_allreduce_is_differentiable() -> None:
     [
         (lambda: hvd.allreduce(torch.ones(2, dtype=torch.complex64)), "complex64"),
         (lambda: hvd.allreduce(torch.ones(2, dtype=torch.bool), op=hvd.Average), "Average"),
-        (lambda: hvd.allreduce(torch.ones(2), op=hvd.Adasum), "Adasum"),
+        (lambda: hvd.allreduce(torch.ones(2, dtype=torch.int32), op=hvd.Adasum), "Adasum"),
         (lambda: hvd.allreduce(torch.ones(2), op=hvd.Sum, average=True), "not both"),
         (lambda: hvd.allgather(torch.tensor(1.0)), "0-dim"),
         (lambda: hvd.alltoall(torch.ones(4), splits=[1, 3]), "1 ranks"),

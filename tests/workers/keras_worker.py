@@ -222,16 +222,26 @@ def scenario_ops() -> None:
         hvd.allreduce(value, op=hvd.Sum, compression=hvd.Compression.fp16, name="ops.fp16")
     )
     assert half.dtype == np.float32 and np.allclose(half, 3.0), half
+    # Adasum of [1, 0] and [1, 1]: a.b = 1, |a|^2 = 1, |b|^2 = 2, so 0.5 a + 0.75 b.
+    pair = np.array([1.0, 0.0] if r == 0 else [1.0, 1.0], dtype="float32")
+    ada = keras.ops.convert_to_numpy(hvd.allreduce(pair, op=hvd.Adasum, name="ops.adasum"))
+    assert np.allclose(ada, [1.25, 0.75]), ada
     if keras.backend.backend() == "tensorflow":
         import tensorflow as tf
 
         @tf.function
         def step(t):
-            return hvd.allreduce(t, op=hvd.Sum, name="graph.sum"), hvd.allgather(t)
+            return (
+                hvd.allreduce(t, op=hvd.Sum, name="graph.sum"),
+                hvd.allgather(t),
+                hvd.allreduce(t + 1.0, op=hvd.Adasum, name="graph.adasum"),
+            )
 
         for _ in range(2):
-            s, g = step(tf.constant([float(r)]))
+            s, g, a = step(tf.constant([float(r)]))
             assert s.numpy().tolist() == [1.0] and g.numpy().tolist() == [0.0, 1.0], (s, g)
+            # [1] and [2] are parallel: Adasum averages them.
+            assert a.numpy().tolist() == [1.5], a
     var = keras.Variable(np.full(4, float(r), dtype="float32"))
     hvd.broadcast_variables([var], root_rank=1)
     assert np.allclose(keras.ops.convert_to_numpy(var), 1.0)

@@ -15,7 +15,6 @@ import torch
 import torch.nn.functional as F
 
 import kolo.torch as hvd
-from kolo.exceptions import InvalidArgumentError
 
 B = 8  # rows per rank and step
 STEPS = 20
@@ -164,7 +163,7 @@ def scenario_errors() -> str:
         ("duplicate names", {"named_parameters": duplicated}, ValueError),
         ("not tuples", {"named_parameters": [p for _, p in named]}, ValueError),
         ("unnamed parameter", {"named_parameters": named[:2]}, ValueError),
-        ("adasum", {"op": hvd.Adasum}, InvalidArgumentError),
+        ("adasum with predivide", {"op": hvd.Adasum, "gradient_predivide_factor": 2.0}, ValueError),
         ("predivide with sum", {"op": hvd.Sum, "gradient_predivide_factor": 2.0}, ValueError),
         ("groups zero", {"groups": 0}, ValueError),
         ("groups repeated", {"groups": [[named[0][1]], [named[0][1]]]}, ValueError),

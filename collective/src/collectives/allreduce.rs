@@ -76,19 +76,42 @@ pub(crate) fn allreduce(
     dtype: DType,
     reduction: Reduction,
 ) -> Result<()> {
+    let elements = buf.len() / dtype.size();
+    allreduce_tensors(session, name, buf, shape, dtype, reduction, &[elements])
+}
+
+/// [`allreduce`] of several tensors laid end to end in `buf` (`counts[i]` elements of tensor
+/// `i`): the engine's fused batches. Only Adasum looks at the boundaries (each tensor gets
+/// its own coefficients); the elementwise ops reduce the buffer as one.
+pub(crate) fn allreduce_tensors(
+    session: &mut Session,
+    name: &str,
+    buf: &mut [u8],
+    shape: &[i64],
+    dtype: DType,
+    reduction: Reduction,
+    counts: &[usize],
+) -> Result<()> {
     let kind = OpKind::Allreduce;
     let mut desc = reduction.descriptor(kind, name, dtype, shape);
+    let size = session.size;
     desc.invalid = check_tensor(name, buf.len(), shape, dtype, "input")
         .and_then(|()| {
             reduce::check_reduction(dtype, reduction.op, reduction.prescale, reduction.postscale)
         })
+        .and_then(|()| match reduction.op {
+            ReduceOp::Adasum => super::adasum::size_refusal(size).map_or(Ok(()), Err),
+            _ => Ok(()),
+        })
         .err()
         .map(|m| invalid(kind, name, m));
     let (_, tag) = session.negotiate(desc)?;
-    let size = session.size;
     let factor = reduction.result_factor(size);
     let what = label(kind, name);
     reduce::scale(dtype, buf, reduction.prescale).map_err(|e| session.abandon(&what, e))?;
+    if reduction.op == ReduceOp::Adasum {
+        return super::adasum::run(session, tag, &what, buf, dtype, counts, factor);
+    }
     if size == 1 {
         return reduce::scale(dtype, buf, factor);
     }

@@ -9,7 +9,8 @@
 //!
 //! The data then moves over the [`Mesh`]:
 //!
-//! - allreduce: ring reduce-scatter then ring allgather, pipelined chunk by chunk;
+//! - allreduce: ring reduce-scatter then ring allgather, pipelined chunk by chunk; Adasum by
+//!   Horovod's vector-halving distance-doubling pairwise exchanges ([`adasum`]);
 //! - reducescatter: the ring reduce-scatter alone, with Horovod's uneven row split
 //!   ([`reducescatter_rows`]);
 //! - allgather: ring allgather with one block per rank (sizes may differ, even be zero);
@@ -21,6 +22,7 @@
 //! (and, on one host, the negotiation) goes through it instead: [`shm`] on one host,
 //! [`hier`] across hosts.
 
+mod adasum;
 pub(crate) mod allgather;
 pub(crate) mod allreduce;
 pub(crate) mod alltoall;
@@ -29,8 +31,9 @@ mod hier;
 mod reducescatter;
 pub(crate) mod shm;
 
+pub(crate) use adasum::size_refusal as adasum_size_refusal;
 pub(crate) use allgather::allgather;
-pub(crate) use allreduce::allreduce;
+pub(crate) use allreduce::{allreduce, allreduce_tensors};
 pub(crate) use alltoall::alltoall;
 pub(crate) use broadcast::broadcast;
 pub(crate) use reducescatter::reducescatter;

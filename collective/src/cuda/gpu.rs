@@ -198,11 +198,7 @@ impl Gpu {
             let c = self.comm()?;
             (c.size(), c.version())
         };
-        let r = reduction(dtype, op, size, version).ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "NCCL cannot reduce {dtype} tensors; they take the host-staged path"
-            ))
-        })?;
+        let r = reduction(dtype, op, size, version).ok_or_else(|| no_nccl_reduction(dtype, op))?;
         let post = postscale * r.postscale;
         let elem = dtype.size();
         self.begin(user)?;
@@ -308,11 +304,7 @@ impl Gpu {
             let c = self.comm()?;
             (c.size(), c.version(), c.rank())
         };
-        let r = reduction(dtype, op, size, version).ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "NCCL cannot reduce {dtype} tensors; they take the host-staged path"
-            ))
-        })?;
+        let r = reduction(dtype, op, size, version).ok_or_else(|| no_nccl_reduction(dtype, op))?;
         if counts.get(rank).map(|&n| n * dtype.size()) != Some(recv.bytes) {
             return Err(Error::InvalidArgument(format!(
                 "reducescatter output has {} bytes, this rank's part is {:?} elements",
@@ -390,4 +382,15 @@ fn check_total(t: DevicePtr, counts: &[usize], dtype: DType, what: &str) -> Resu
         "{what} has {} bytes; the counts {counts:?} of {dtype} need {want}",
         t.bytes
     )))
+}
+
+/// Why NCCL cannot run this reduction.
+fn no_nccl_reduction(dtype: DType, op: ReduceOp) -> Error {
+    Error::InvalidArgument(if op == ReduceOp::Adasum {
+        "NCCL has no Adasum reduction; hvd.allreduce(op=hvd.Adasum) runs it on host copies of \
+         CUDA tensors"
+            .to_owned()
+    } else {
+        format!("NCCL cannot reduce {dtype} tensors; they take the host-staged path")
+    })
 }

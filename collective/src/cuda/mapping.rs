@@ -101,6 +101,8 @@ pub fn reduction(dtype: DType, op: ReduceOp, size: usize, version: i32) -> Optio
         (_, ReduceOp::Product) => (NcclOp::Prod, 1.0),
         (d, ReduceOp::Average) if d.is_float() && version >= NCCL_AVG_VERSION => (NcclOp::Avg, 1.0),
         (_, ReduceOp::Average) => (NcclOp::Sum, 1.0 / size.max(1) as f64),
+        // Not elementwise: NCCL has no such op; kolo.torch stages Adasum tensors on the host.
+        (_, ReduceOp::Adasum) => return None,
     };
     Some(NcclReduction {
         dtype: nccl,

@@ -451,7 +451,9 @@ impl Executor<'_> {
             self.timeline.end_op(&name);
         }
         if moves_data {
-            self.stats.ran(1, session.shm_layout().is_some());
+            // Adasum always runs over the TCP mesh.
+            let on_shm = desc.op != Some(crate::dtype::ReduceOp::Adasum);
+            self.stats.ran(1, on_shm && session.shm_layout().is_some());
         }
         match result {
             Ok(output) => {
@@ -563,8 +565,22 @@ impl Executor<'_> {
         if session.size > 1 {
             session.set_agreed(vec![fused; session.size]);
         }
-        let result = collectives::allreduce(session, &name, buf, &[elements], dtype, reduction);
-        self.stats.ran(parts.len(), session.shm_layout().is_some());
+        let counts: Vec<usize> = parts
+            .iter()
+            .map(|(desc, _, _)| tensor_bytes(desc) / dtype.size())
+            .collect();
+        let result = collectives::allreduce_tensors(
+            session,
+            &name,
+            buf,
+            &[elements],
+            dtype,
+            reduction,
+            &counts,
+        );
+        let on_shm = reduction.op != crate::dtype::ReduceOp::Adasum;
+        self.stats
+            .ran(parts.len(), on_shm && session.shm_layout().is_some());
         for (desc, local, at) in parts {
             let Some(local) = local else { continue };
             let outcome = match &result {

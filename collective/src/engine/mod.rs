@@ -43,6 +43,7 @@ use crate::collectives::alltoall::check_splits;
 use crate::collectives::{check_tensor, AlignedBuf, Group, Session};
 use crate::communicator::Communicator;
 use crate::control::host_updates::{news_snapshot, process_news};
+use crate::dtype::ReduceOp;
 use crate::error::{Error, Result};
 use crate::reduce;
 use crate::wire::OpKind;
@@ -502,10 +503,23 @@ fn validate(sub: &Submission, size: usize) -> Result<()> {
     let len = sub.tensor.len();
     let check = match kind {
         OpKind::Allreduce => check_tensor(&sub.name, len, &sub.shape, sub.dtype, "input")
-            .and_then(|()| reduce::check_reduction(sub.dtype, sub.op, sub.prescale, sub.postscale)),
+            .and_then(|()| reduce::check_reduction(sub.dtype, sub.op, sub.prescale, sub.postscale))
+            .and_then(|()| match sub.op {
+                // Every rank of the set refuses it here, at the call: none starts it.
+                ReduceOp::Adasum => {
+                    crate::collectives::adasum_size_refusal(size).map_or(Ok(()), Err)
+                }
+                _ => Ok(()),
+            }),
         OpKind::Reducescatter => check_first_dim(&sub.shape)
             .and_then(|()| check_tensor(&sub.name, len, &sub.shape, sub.dtype, "input"))
-            .and_then(|()| reduce::check_reduction(sub.dtype, sub.op, sub.prescale, sub.postscale)),
+            .and_then(|()| reduce::check_reduction(sub.dtype, sub.op, sub.prescale, sub.postscale))
+            .and_then(|()| match sub.op {
+                ReduceOp::Adasum => Err("op Adasum is not supported by reducescatter; use Sum or \
+                                         Average"
+                    .to_owned()),
+                _ => Ok(()),
+            }),
         OpKind::Broadcast => {
             if sub.root >= size {
                 Err(format!(

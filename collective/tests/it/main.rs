@@ -1,5 +1,6 @@
 //! The crate's one integration-test binary.
 
+mod adasum;
 mod collectives;
 mod driver;
 mod driver_auth;

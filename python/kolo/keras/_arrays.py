@@ -59,6 +59,8 @@ def _submit(
     postscale: float = 1.0,
     root: int = 0,
 ) -> int:
+    if op is _core.Adasum:
+        _core.check_adasum(ps.size() or _core.size())
     return _native.submit(
         kind,
         name,

@@ -18,9 +18,9 @@ import keras
 import numpy as np
 
 from kolo import _core
-from kolo._core import Average, ReduceOp, resolve_op
+from kolo._core import Adasum, Average, ReduceOp, resolve_op
 from kolo._env import elastic_launch
-from kolo.exceptions import ConfigError, InvalidArgumentError, InvalidValueError
+from kolo.exceptions import ConfigError, InvalidArgumentError, InvalidValueError, NotSupportedError
 from kolo.keras import _arrays, _bridge
 from kolo.keras.compression import Compression
 from kolo.process_sets import ProcessSet, global_process_set, resolve
@@ -329,7 +329,14 @@ def DistributedOptimizer(
         model.fit(x, y, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
     """
     del device_dense, device_sparse  # host staging; nothing to place
-    reduce_op = resolve_op(op, None)  # InvalidArgumentError for Adasum / unknown ops
+    reduce_op = resolve_op(op, None)  # InvalidArgumentError for unknown ops
+    if reduce_op is Adasum:
+        # Horovod's Keras optimizer with Adasum combines parameter deltas; not built yet here
+        # (hvd.allreduce(op=hvd.Adasum) works).
+        raise NotSupportedError(
+            "DistributedOptimizer(op=hvd.Adasum) is not supported by kolo.keras yet; use "
+            "hvd.Average or hvd.Sum (hvd.allreduce(..., op=hvd.Adasum) works)"
+        )
     if num_groups:
         warnings.warn("num_groups is deprecated; use groups=", DeprecationWarning, stacklevel=2)
         if groups is None:

@@ -11,8 +11,8 @@ from typing import Any, Optional, Union
 import torch
 
 from kolo import _core
-from kolo._core import ReduceOp, resolve_op
-from kolo.exceptions import InvalidArgumentError
+from kolo._core import Adasum, ReduceOp, resolve_op
+from kolo.exceptions import InvalidArgumentError, NotSupportedError
 from kolo.process_sets import ProcessSet, global_process_set, resolve
 from kolo.torch._buffers import (
     _device_or_owned,
@@ -58,7 +58,7 @@ def allreduce_async_(
     _core.require_initialized()
     ps = resolve(process_set)
     reduce_op = resolve_op(op, average)
-    staged = _device_or_staged(tensor)
+    staged = _device_or_staged(tensor, nccl=reduce_op is not Adasum)
     native = _allreduce_submit(
         staged, _core.op_name("allreduce", name), reduce_op, prescale_factor, postscale_factor, ps
     )
@@ -84,7 +84,7 @@ def allreduce_async(
     _core.require_initialized()
     ps = resolve(process_set)
     reduce_op = resolve_op(op, average)
-    out = _device_or_owned(tensor)
+    out = _device_or_owned(tensor, nccl=reduce_op is not Adasum)
     native = _allreduce_submit(
         out, _core.op_name("allreduce", name), reduce_op, prescale_factor, postscale_factor, ps
     )
@@ -108,7 +108,8 @@ def _grouped_allreduce(
     if not tensors:
         raise InvalidArgumentError("grouped ops need at least one tensor")
     base = _core.op_name("grouped_allreduce", name)
-    bufs = [_device_or_staged(t) if in_place else _device_or_owned(t) for t in tensors]
+    nccl = reduce_op is not Adasum
+    bufs = [_device_or_staged(t, nccl) if in_place else _device_or_owned(t, nccl) for t in tensors]
     natives = [
         _allreduce_submit(b, f"{base}.{i}", reduce_op, prescale_factor, postscale_factor, ps)
         for i, b in enumerate(bufs)
@@ -326,6 +327,10 @@ def _reducescatter_submit(
     ps: ProcessSet,
 ) -> tuple[int, Any, Any]:
     _require_dim(tensor, "reducescatter")
+    if op is Adasum:  # Horovod raises a RuntimeError; NotSupportedError is one
+        raise NotSupportedError(
+            "reducescatter does not support op=hvd.Adasum; use hvd.Sum or hvd.Average"
+        )
     src = _staged(tensor)
     native = _submit("reducescatter", name, src, ps, op=op, prescale=prescale, postscale=postscale)
     me = ps.rank()

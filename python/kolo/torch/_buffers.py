@@ -48,18 +48,18 @@ def _staged(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().cpu().contiguous()
 
 
-def _device_or_staged(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` itself when the engine runs it through NCCL (see ``on_nccl``), else
-    :func:`_staged`."""
-    if isinstance(tensor, torch.Tensor) and tensor.is_cuda and on_nccl(tensor):
+def _device_or_staged(tensor: torch.Tensor, nccl: bool = True) -> torch.Tensor:
+    """``tensor`` itself when the engine runs it through NCCL (see ``on_nccl``; never when
+    ``nccl`` is False, e.g. for Adasum, which runs on the host), else :func:`_staged`."""
+    if nccl and isinstance(tensor, torch.Tensor) and tensor.is_cuda and on_nccl(tensor):
         return tensor.detach()
     return _staged(tensor)
 
 
-def _device_or_owned(tensor: torch.Tensor) -> torch.Tensor:
-    """A copy on ``tensor``'s device when the engine runs it through NCCL, else
-    :func:`_owned_copy`."""
-    if isinstance(tensor, torch.Tensor) and tensor.is_cuda and on_nccl(tensor):
+def _device_or_owned(tensor: torch.Tensor, nccl: bool = True) -> torch.Tensor:
+    """A copy on ``tensor``'s device when the engine runs it through NCCL (and ``nccl``),
+    else :func:`_owned_copy`."""
+    if nccl and isinstance(tensor, torch.Tensor) and tensor.is_cuda and on_nccl(tensor):
         return tensor.detach().clone()
     return _owned_copy(tensor)
 

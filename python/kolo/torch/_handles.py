@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from kolo import _core, _native
-from kolo._core import ReduceOp
+from kolo._core import Adasum, ReduceOp, check_adasum
 from kolo.exceptions import InvalidArgumentError
 from kolo.process_sets import ProcessSet
 from kolo.torch._buffers import _dtype_name
@@ -90,6 +90,8 @@ def _submit(
     root: int = 0,
     splits: Sequence[int] = (),
 ) -> int:
+    if op is Adasum:
+        check_adasum(ps.size() or _core.size())
     event = ready_event(buf) if buf.is_cuda else None
     native = _native.submit(
         kind,
@@ -125,6 +127,8 @@ def _allreduce_now(
     path, with no handle and no engine wake-up (this thread runs the engine's cycle). Returns
     ``tensor``. Python's share of a small allreduce's latency, so kept to one submit and one
     wait (an allocation per call less also means fewer garbage collections)."""
+    if op is Adasum:
+        check_adasum(ps.size() or _core.size())
     native = _native.submit(
         "allreduce",
         name,

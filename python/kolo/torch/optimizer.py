@@ -18,8 +18,10 @@ from typing import Any, Callable, Optional, Union
 import torch
 
 from kolo import _core
-from kolo._core import Average, resolve_op
+from kolo._core import Adasum, Average, resolve_op
 from kolo._env import elastic_launch
+from kolo.process_sets import resolve
+from kolo.torch._adasum_optimizer import _DistributedAdasumOptimizerMixin
 from kolo.torch._objects import broadcast_object
 from kolo.torch._process_set_args import _process_set_included, _process_set_kwargs
 from kolo.torch.compression import Compression
@@ -465,7 +467,10 @@ def DistributedOptimizer(
             on the wire.
         backward_passes_per_step: backward passes accumulated locally (summed, as in Horovod;
             scale the loss by ``1 / backward_passes_per_step`` for a mean) before one allreduce.
-        op: ``hvd.Average`` (default) or ``hvd.Sum``; ``hvd.Adasum`` is not supported.
+        op: ``hvd.Average`` (default), ``hvd.Sum`` or ``hvd.Adasum``. With Adasum on more
+            than one rank (a power of two), each rank applies its own optimizer step and the
+            parameter deltas are combined with Adasum, as in Horovod: ``synchronize()`` does
+            nothing and ``skip_synchronize()`` is refused; use the learning rate of one rank.
         gradient_predivide_factor: with Average, gradients are scaled by
             ``1 / gradient_predivide_factor`` before the sum and by
             ``gradient_predivide_factor / size`` after it.
@@ -493,9 +498,9 @@ def DistributedOptimizer(
         raise ValueError(
             f"DistributedOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}"
         )
-    if isinstance(optimizer, _DistributedOptimizerMixin):
+    if isinstance(optimizer, (_DistributedOptimizerMixin, _DistributedAdasumOptimizerMixin)):
         raise ValueError("this optimizer is already a DistributedOptimizer; wrap it only once")
-    reduce_op = resolve_op(op, None)  # raises InvalidArgumentError for Adasum
+    reduce_op = resolve_op(op, None)
     if gradient_predivide_factor != 1.0 and reduce_op != Average:
         raise ValueError("gradient_predivide_factor is only supported with op=hvd.Average")
     if num_groups:
@@ -505,6 +510,16 @@ def DistributedOptimizer(
     passes = _validate_passes(backward_passes_per_step)
 
     base = optimizer.__class__
+    if reduce_op is Adasum and _core.size() > 1 and _process_set_included(process_set):
+        _core.check_adasum(resolve(process_set).size() or _core.size())
+        names = _parameter_names(optimizer.param_groups, named_parameters)
+        cls = type(
+            base.__name__, (_DistributedAdasumOptimizerMixin, base), {"__module__": __name__}
+        )
+        wrapped = cls(optimizer.param_groups, names, compression, passes, process_set)
+        for p, state in optimizer.state.items():
+            wrapped.state[p] = state
+        return wrapped
     cls = type(base.__name__, (_DistributedOptimizerMixin, base), {"__module__": __name__})
     wrapped = cls(
         optimizer.param_groups,
