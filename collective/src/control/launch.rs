@@ -525,6 +525,30 @@ mod tests {
     }
 
     #[test]
+    fn a_task_whose_rank_still_sends_heartbeats_is_not_lost_with_its_runner_watch() {
+        // The runner's connection broke but its rank lives: its heartbeats keep the task.
+        let driver = LaunchDriver::start_elastic(&options(), ElasticConfig::new(1, 2)).unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let (me, rank_client) = crate::control::join_job(
+            &driver.worker_env(0),
+            listener.local_addr().unwrap(),
+            AbortSignal::new(),
+        )
+        .unwrap();
+        assert_eq!((me.rank, me.size), (0, 1));
+        let runner = runner_client(&driver);
+        runner.start_task_watcher(0, AbortSignal::new()).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        runner.stop_background();
+        assert!(
+            next_exit(&driver, RUNNER_GRACE * 2).is_none(),
+            "the task was declared lost"
+        );
+        assert_eq!(driver.live_tasks(), vec![0]);
+        rank_client.stop_background();
+    }
+
+    #[test]
     fn a_fixed_launch_ignores_tasks_it_does_not_have() {
         let driver = LaunchDriver::start(&options()).unwrap();
         post_started(&driver, 5);
