@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -30,6 +31,9 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 REPO = Path(__file__).resolve().parents[1]
 MARKER_VAR = "KOLO_TEST_MARKER"
+#: A line of the driver's ``kolo.spark`` log, with its time (``%(asctime)s``); a rank's output
+#: may have been written into the same line before it.
+KOLO_SPARK_LINE = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) kolo\.spark ")
 
 
 def marked_pids(marker: str) -> list[int]:
@@ -94,6 +98,15 @@ def elastic_steps(steps, step_s, report_dir=None, die_rank=None, grow_to=None):
                 pid = int(f.read().rsplit(")", 1)[1].split()[1])
         return None
 
+    def executor_id():
+        """The Spark executor id of the JVM this rank runs under (None in local mode)."""
+        pid = executor_pid()
+        if pid is None:
+            return None
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            args = f.read().decode().split("\0")
+        return args[args.index("--executor-id") + 1] if "--executor-id" in args else None
+
     @hvd.elastic.run
     def train(state):
         def more() -> bool:
@@ -119,6 +132,7 @@ def elastic_steps(steps, step_s, report_dir=None, die_rank=None, grow_to=None):
             "rank": hvd.rank(),
             "size": hvd.size(),
             "task": int(os.environ["KOLO_TASK_INDEX"]),
+            "executor": executor_id(),
             "step": state.step,
             "sizes": state.sizes,
             "resets": resets,
@@ -303,26 +317,42 @@ import json, logging, sys, time
 sys.path.insert(0, sys.argv[2])
 import cloudpickle
 from support.spark import local_session_builder
-from kolo.spark.runner import task_slots
 
 logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
 logging.getLogger("kolo.spark").setLevel(logging.INFO)
 with open(sys.argv[3], "rb") as f:
     jobs = cloudpickle.load(f)
-session = (local_session_builder(sys.argv[1]).config("spark.executor.memory", "512m")
-           .config("spark.executor.cores", "1").config("spark.cores.max", "4")
-           .config("spark.default.parallelism", "2").getOrCreate())
+# Dynamic allocation from one executor of one core up to two: each rank has its own executor
+# JVM, an executor is added for a task that waits for a slot (the scale-up job), and the retry
+# of a killed rank's task waits for the executor started in its place (seconds), so the job
+# driver's own detection of the loss (about a second) always comes first.
+session = (
+    local_session_builder(sys.argv[1])
+    .config("spark.executor.memory", "512m")
+    .config("spark.executor.cores", "1")
+    .config("spark.dynamicAllocation.enabled", "true")
+    .config("spark.dynamicAllocation.shuffleTracking.enabled", "true")
+    .config("spark.dynamicAllocation.minExecutors", "1")
+    .config("spark.dynamicAllocation.initialExecutors", "1")
+    .config("spark.dynamicAllocation.maxExecutors", "2")
+    .config("spark.dynamicAllocation.schedulerBacklogTimeout", "1s")
+    .getOrCreate()
+)
 session.sparkContext.setLogLevel("ERROR")
+deadline = time.monotonic() + 120
+while not session.sparkContext._jsc.sc().getExecutorIds().nonEmpty():
+    assert time.monotonic() < deadline, "the first executor did not register"
+    time.sleep(0.2)
 for index, job in enumerate(jobs):
-    # Executors of one core each: two for the ranks, one for the retry of the killed one
-    # (the master replaces a killed executor too, but a JVM starts slowly on a busy machine).
-    deadline = time.monotonic() + 120
-    while (task_slots(session.sparkContext) or 0) < 3:
-        assert time.monotonic() < deadline, "the executors did not register"
-        time.sleep(0.2)
     print(f"RESULT {index} " + json.dumps(job(session)), flush=True)
 session.stop()
 """
+
+
+def executor_ids(session) -> list[str]:
+    """The ids of the application's executors now."""
+    ids = session.sparkContext._jsc.sc().getExecutorIds().mkString(",")
+    return sorted(ids.split(",")) if ids else []
 
 
 def executor_jvm(pid: int) -> bytes:
@@ -334,8 +364,9 @@ def run_jobs_killing_executors(standalone_cluster, tmp_path, jobs, report_dirs):
     """Runs ``jobs`` (each ``job(session) -> JSON value``) one after the other in one Spark
     application on the standalone cluster (one core per executor, so each rank has its own
     executor JVM). During job ``i``, once ranks 0 and 1 wrote their executor's pid to
-    ``report_dirs[i]``, SIGKILLs rank 1's executor JVM. Returns each job's value, the seconds
-    from each kill to its job's end, and the driver's stderr (its ``kolo.spark`` log)."""
+    ``report_dirs[i]`` (None: no kill), SIGKILLs rank 1's executor JVM. Returns each job's
+    value, the seconds from each kill (or job start) to its job's end, the wall-clock time of
+    each kill, and the driver's stderr (its ``kolo.spark`` log)."""
     import queue
     import threading
 
@@ -359,20 +390,23 @@ def run_jobs_killing_executors(standalone_cluster, tmp_path, jobs, report_dirs):
     ]
     for reader in readers:
         reader.start()
-    values, after_kill = [], []
+    values, after_kill, kill_times = [], [], []
     try:
         for index, report_dir in enumerate(report_dirs):
-            reports = [report_dir / f"rank-{rank}.json" for rank in (0, 1)]
-            deadline = time.monotonic() + 180
-            while not all(path.exists() for path in reports):
-                assert driver.poll() is None, "".join(err)[-8000:]
-                assert time.monotonic() < deadline, "the ranks never started training"
-                time.sleep(0.05)
-            pids = [json.loads(path.read_text())["executor_pid"] for path in reports]
-            assert pids[0] != pids[1] and all(pids), pids
-            assert b"CoarseGrainedExecutorBackend" in executor_jvm(pids[1])
-            os.kill(pids[1], signal.SIGKILL)
             killed = time.monotonic()
+            if report_dir is not None:
+                reports = [report_dir / f"rank-{rank}.json" for rank in (0, 1)]
+                deadline = time.monotonic() + 180
+                while not all(path.exists() for path in reports):
+                    assert driver.poll() is None, "".join(err)[-8000:]
+                    assert time.monotonic() < deadline, "the ranks never started training"
+                    time.sleep(0.05)
+                pids = [json.loads(path.read_text())["executor_pid"] for path in reports]
+                assert pids[0] != pids[1] and all(pids), pids
+                assert b"CoarseGrainedExecutorBackend" in executor_jvm(pids[1])
+                os.kill(pids[1], signal.SIGKILL)
+                killed = time.monotonic()
+                kill_times.append(time.time())
             while True:
                 try:
                     line = lines.get(timeout=240)
@@ -390,7 +424,7 @@ def run_jobs_killing_executors(standalone_cluster, tmp_path, jobs, report_dirs):
         for reader in readers:
             reader.join(timeout=10)
     assert driver.returncode == 0, "".join(err)[-8000:]
-    return values, after_kill, "".join(err)
+    return values, after_kill, kill_times, "".join(err)
 
 
 def run_elastic_job(report_dir, marker, steps):
@@ -399,7 +433,7 @@ def run_elastic_job(report_dir, marker, steps):
 
         return kolo.spark.run_elastic(
             elastic_steps,
-            kwargs={"steps": steps, "step_s": 0.2, "report_dir": report_dir},
+            kwargs={"steps": steps, "step_s": 0.2, "report_dir": report_dir, "grow_to": 2},
             num_proc=2,
             min_num_proc=1,
             env={MARKER_VAR: marker},
@@ -428,54 +462,178 @@ def fit_job(store_dir, report_dir, marker, epochs):
     return job
 
 
-def test_standalone_survives_killed_executor_jvms(standalone_cluster, tmp_path):
-    """On the standalone cluster, an executor JVM is SIGKILLed mid-training, twice:
+def scale_up_job(marker):
+    """``run_elastic(num_proc=1, max_num_proc=2)`` with the executors before and after."""
 
-    (a) under ``run_elastic``: its rank leaves, Spark retries its task on another executor
-    (attempt 1 = task index partition + 2), the retry joins as a new worker, the survivor
-    restores its last commit, and both finish every step with the same state;
-    (b) during an elastic ``TorchEstimator`` fit: the same, and the fit ends with all its
-    epochs and a model that transforms.
+    def job(session):
+        import kolo.spark
 
-    No rank process or shared-memory segment is left afterwards."""
+        before = executor_ids(session)
+        results = kolo.spark.run_elastic(
+            elastic_steps,
+            kwargs={"steps": 5, "step_s": 0.1, "grow_to": 2},
+            num_proc=1,
+            min_num_proc=1,
+            max_num_proc=2,
+            env={MARKER_VAR: marker},
+        )
+        return {"before": before, "after": executor_ids(session), "results": results}
+
+    return job
+
+
+@pytest.fixture(scope="module")
+def standalone_runs(standalone_cluster, tmp_path_factory):
+    """One Spark application with dynamic allocation (one executor of one core at first, two
+    at most) on the standalone cluster runs three jobs: a scale-up, then a ``run_elastic`` and
+    an elastic ``TorchEstimator`` fit during each of which rank 1's executor JVM is SIGKILLed.
+    Yields the jobs' values, the wall-clock time of each kill, the seconds from each kill to its
+    job's end, the driver's log, and the test processes' marker and shared-memory segments."""
+    tmp_path = tmp_path_factory.mktemp("standalone-runs")
     marker = uuid.uuid4().hex
     segments = kolo_segments()
     reports = [tmp_path / "reports-run", tmp_path / "reports-fit"]
     for report_dir in reports:
         report_dir.mkdir()
-    steps, epochs = 10, 4
     jobs = [
-        run_elastic_job(str(reports[0]), marker, steps),
-        fit_job(str(tmp_path / "store"), str(reports[1]), marker, epochs),
+        scale_up_job(marker),
+        run_elastic_job(str(reports[0]), marker, STEPS),
+        fit_job(str(tmp_path / "store"), str(reports[1]), marker, EPOCHS),
     ]
-    (results, fit), after_kill, log = run_jobs_killing_executors(
-        standalone_cluster, tmp_path, jobs, reports
+    values, after_kill, kill_times, log = run_jobs_killing_executors(
+        standalone_cluster, tmp_path, jobs, [None, *reports]
     )
+    print("\n".join(line for line in log.splitlines() if "kolo.spark " in line))
+    assert_no_orphans(marker)
+    assert kolo_segments() <= segments
+    yield {
+        "values": values,
+        "kill_times": kill_times,
+        "after_kill": after_kill[1:],
+        "log": log,
+    }
+
+
+#: Steps of the killed run_elastic job and epochs of the killed fit.
+STEPS, EPOCHS = 4, 4
+
+
+def test_dynamic_allocation_grows_the_job(standalone_runs):
+    """Scale-up through Spark dynamic allocation: the application has one executor of one
+    core when ``run_elastic(num_proc=1, max_num_proc=2)`` starts, so training starts on one
+    rank while the second task waits for a slot. Dynamic allocation sees the pending task and
+    adds an executor; the task starts there, is admitted and joins as a new worker: rank 0 sees
+    the host added, resets, and the job finishes on two ranks (on two executors, the second one
+    added during the job) that agree on the state. No rank process is left (the fixture)."""
+    value = standalone_runs["values"][0]
+    results = value["results"]
+    assert len(value["before"]) == 1, value
+    assert [r["rank"] for r in results] == [0, 1], results
+    assert sorted(r["task"] for r in results) == [0, 1], results
+    executors = [r["executor"] for r in results]
+    assert executors[0] in value["before"] and executors[1] not in value["before"], value
+    assert executors[1] in value["after"], value
+    # Training started on one rank and grew to two; both ranks hold rank 0's state.
+    assert all(r["size"] == 2 and r["step"] == results[0]["step"] for r in results), results
+    sizes = results[0]["sizes"]
+    assert results[1]["sizes"] == sizes and sizes[0] == 1 and sizes[-1] == 2, results
+    assert sorted(sizes) == sizes, sizes  # grew once, never shrank
+    first_kill = standalone_runs["kill_times"][0]
+    joins = [
+        line
+        for line in standalone_runs["log"].splitlines()
+        if "joins the job" in line and log_time(line) < first_kill
+    ]
+    assert len(joins) == 1 and "task 1 (partition 1, attempt 0)" in joins[0], joins
+    print(f"dynamic allocation: grew 1 -> 2 after {sizes.count(1)} step(s)")
+
+
+def test_standalone_survives_killed_executor_jvms(standalone_runs):
+    """On the standalone cluster, an executor JVM is SIGKILLed mid-training, twice:
+
+    (a) under ``run_elastic``: the job driver notices within seconds that the task runner died
+    with the executor, its rank leaves, the survivor restores its last commit and trains alone;
+    Spark retries the task on a new executor (attempt 1 = task index partition + 2), the retry
+    joins as a new worker, and both finish with the same state;
+    (b) during an elastic ``TorchEstimator`` fit: the same (the fit may end on the survivor
+    before the retry joins), and the fit ends with all its epochs and a model that transforms.
+
+    No rank process or shared-memory segment is left afterwards (the fixture)."""
+    _, results, fit = standalone_runs["values"]
+    kill_times, log = standalone_runs["kill_times"], standalone_runs["log"]
+    steps, epochs = STEPS, EPOCHS
+    print(json.dumps(results))
     # (a)
     assert [r["rank"] for r in results] == [0, 1], results
-    assert all(r["size"] == 2 and r["step"] == steps for r in results), results
+    assert all(r["size"] == 2 and r["step"] == results[0]["step"] >= steps for r in results), (
+        results
+    )
     # The survivor (an attempt-0 task) and the retry of the killed one (attempt 1).
     tasks = sorted(r["task"] for r in results)
     assert tasks[0] in (0, 1) and tasks[1] in (2, 3), tasks
-    # The state is rank 0's on both (the retry synced it); every committed step ran once.
-    assert results[0]["sizes"] == results[1]["sizes"] and len(results[0]["sizes"]) == steps
-    assert results[0]["sizes"][0] == 2 and results[0]["sizes"][-1] == 2
+    # The state is rank 0's on both (the retry synced it); every committed step ran once: on
+    # two ranks, then on the survivor alone (it went on as soon as the loss was noticed, not
+    # when Spark's retry started), then on two again after the retry joined.
+    sizes = results[0]["sizes"]
+    assert results[1]["sizes"] == sizes and len(sizes) == results[0]["step"] >= steps, results
+    assert sizes[0] == 2 and 1 in sizes and sizes[-1] == 2, sizes
     survivor = next(r for r in results if r["task"] < 2)
     assert survivor["resets"] and survivor["resets"][-1] == 2, survivor
     # (b)
     assert len(fit["history"]["train_loss"]) == epochs, fit
     assert fit["history"]["train_loss"][-1] < fit["history"]["train_loss"][0], fit
     assert len(fit["errors"]) == 16 and max(fit["errors"]) < 1.0, fit
-    joins = [line for line in log.splitlines() if "joins the job" in line]
-    assert len(joins) == 2, log[-6000:]
-    assert_no_orphans(marker)
-    assert kolo_segments() <= segments
-    run_s, fit_s = after_kill
+    # The run's retry joined; the fit's may come after the fit ended on the survivor alone.
+    joins = [
+        line
+        for line in log.splitlines()
+        if "joins the job" in line and kill_times[0] < log_time(line) < float("inf")
+    ]
+    assert 1 <= len(joins) <= 2, log[-6000:]
+    # Each loss was noticed from the task runner's watch (its executor died with it), not from
+    # Spark's retry of the task or the heartbeat timeout, and within a few seconds.
+    detected = [loss_noticed(log, killed) for killed in kill_times]
+    for seconds, lines in detected:
+        assert "Spark started attempt" not in lines[0], lines
+        assert any("was lost with its task runner" in line for line in lines), lines
+        assert seconds < 5.0, (seconds, lines)
+    run_s, fit_s = standalone_runs["after_kill"]
     print(
-        f"standalone: executor JVM SIGKILLed; run_elastic done {run_s:.1f}s later, fit {fit_s:.1f}s"
+        f"standalone: executor JVM SIGKILLed; loss noticed {detected[0][0]:.2f}s and "
+        f"{detected[1][0]:.2f}s later; run_elastic done {run_s:.1f}s later, fit {fit_s:.1f}s"
     )
-    print(json.dumps(results))
-    print("\n".join(line for line in log.splitlines() if "kolo.spark " in line))
+
+
+def log_time(line: str) -> float:
+    """The wall-clock time of a ``kolo.spark`` log line (infinity for other lines)."""
+    from datetime import datetime
+
+    found = KOLO_SPARK_LINE.search(line)
+    if found is None:
+        return float("inf")
+    return datetime.strptime(found.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
+def loss_noticed(log: str, killed: float) -> tuple[float, list[str]]:
+    """How many seconds after the wall-clock time ``killed`` the driver's ``kolo.spark`` log
+    first said a task left the job, and its lines about tasks leaving and joining from there up
+    to the first join."""
+    lines = []
+    for line in log.splitlines():
+        if not any(
+            what in line for what in ("left the job", "continue without it", "joins the job")
+        ):
+            continue
+        stamp = log_time(line)
+        if not killed <= stamp < float("inf"):
+            continue
+        if not lines:
+            first = stamp
+        lines.append(line)
+        if "joins the job" in line:
+            break
+    assert lines and "joins the job" not in lines[0], log[-6000:]
+    return first - killed, lines
 
 
 class KillRankAt:

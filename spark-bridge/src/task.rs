@@ -1,7 +1,9 @@
-//! The task side: what one Spark barrier task runs. It starts the rank process (its own
-//! process group, killed if the task dies), forwards its output lines to the job driver,
-//! waits for it while watching the driver's abort broadcast and the task's own interruption,
-//! stops it when either fires, and reports its exit (and a failure) to the driver.
+//! The task side: what one Spark task runs. It starts the rank process (its own process
+//! group, killed if the task dies), forwards its output lines to the job driver, waits for it
+//! while watching the driver's abort broadcast and the task's own interruption, stops it when
+//! either fires, and reports its exit (and a failure) to the driver. Its watch stays open
+//! until the exit is posted: in an elastic job the driver takes a watch that ends first as the
+//! task's loss (its executor died), which it notices within about a second.
 
 use std::io::{ErrorKind, Read};
 use std::sync::mpsc;
@@ -112,11 +114,11 @@ pub fn run_task(options: &TaskOptions, interrupted: &dyn Fn() -> bool) -> Result
         &abort,
         interrupted,
     );
-    client.stop_background();
     let outcome = match supervised {
         Ok(outcome) => outcome,
         Err(err) => {
             child.stop(libc::SIGKILL);
+            client.stop_background();
             return Err(err);
         }
     };
@@ -128,6 +130,9 @@ pub fn run_task(options: &TaskOptions, interrupted: &dyn Fn() -> bool) -> Result
     };
     sender.push(exited, 0);
     sender.flush();
+    // Only now: an elastic driver takes a task watch that ends before the exit as the task's
+    // loss (kolo_collective::control::runner_watch).
+    client.stop_background();
     Ok(outcome)
 }
 
@@ -141,7 +146,7 @@ fn supervise(
     interrupted: &dyn Fn() -> bool,
 ) -> Result<TaskOutcome> {
     let task = options.worker.task_index;
-    client.start_abort_watcher(abort.clone())?;
+    client.start_task_watcher(task, abort.clone())?;
     let (lines, received) = mpsc::channel();
     let readers = [
         read_lines(stdout, false, lines.clone(), task)?,

@@ -24,6 +24,7 @@ use crate::control::proto::{
     PostRequest, RegisterReply, RegisterRequest, SilentRanksReply, SilentRanksRequest, TaskEvent,
     WatchAbortRequest,
 };
+use crate::control::runner_watch::RUNNER_RANK;
 use crate::error::{Error, Result};
 
 /// The bound on short calls (put, failure report, heartbeat, leave).
@@ -482,7 +483,7 @@ impl DriverClient {
     pub fn start_background(&self, rank: u32, abort: AbortSignal) -> Result<()> {
         let runtime = kolo_runtime::handle()?;
         runtime.spawn(heartbeat_loop(self.clone(), rank, abort.clone()));
-        runtime.spawn(abort_watcher(self.clone(), rank, abort));
+        runtime.spawn(abort_watcher(self.clone(), rank, None, abort));
         Ok(())
     }
 
@@ -490,7 +491,22 @@ impl DriverClient {
     /// itself a rank (the Spark task runner) but must stop its child when the job is aborted
     /// or the driver goes away. Stops at [`DriverClient::stop_background`].
     pub fn start_abort_watcher(&self, abort: AbortSignal) -> Result<()> {
-        kolo_runtime::handle()?.spawn(abort_watcher(self.clone(), u32::MAX, abort));
+        kolo_runtime::handle()?.spawn(abort_watcher(self.clone(), RUNNER_RANK, None, abort));
+        Ok(())
+    }
+
+    /// [`DriverClient::start_abort_watcher`] for the runner of task `task_index`, which
+    /// supervises that task's rank process: in an elastic job the driver also takes the
+    /// watch's end, unless the runner posted the rank's exit before, as the loss of the task
+    /// (see [`crate::control::runner_watch`]), so the runner must post the exit first and
+    /// keep the watch open while its rank process runs.
+    pub fn start_task_watcher(&self, task_index: u32, abort: AbortSignal) -> Result<()> {
+        kolo_runtime::handle()?.spawn(abort_watcher(
+            self.clone(),
+            RUNNER_RANK,
+            Some(task_index),
+            abort,
+        ));
         Ok(())
     }
 
@@ -705,11 +721,16 @@ async fn heartbeat_loop(client: DriverClient, rank: u32, abort: AbortSignal) {
     }
 }
 
-async fn abort_watcher(client: DriverClient, rank: u32, abort: AbortSignal) {
+async fn abort_watcher(
+    client: DriverClient,
+    rank: u32,
+    runner_task: Option<u32>,
+    abort: AbortSignal,
+) {
     let mut stop = client.stop.subscribe();
     let mut failing_since: Option<Instant> = None;
-    let (task_index, generation) = if rank == u32::MAX {
-        (None, 0)
+    let (task_index, generation) = if rank == RUNNER_RANK {
+        (runner_task, 0)
     } else {
         client.identity()
     };

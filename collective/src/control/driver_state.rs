@@ -32,8 +32,10 @@ use crate::control::host_updates::{HostUpdate, HostUpdateLog, ADDED, REMOVED};
 use crate::control::ids::JobId;
 use crate::control::kv_space::{KvSpace, KvValue};
 use crate::control::proto::{
-    Peer, RegisterReply, RegisterRequest, SilentRank, SilentRanksReply, TaskEvent,
+    task_event, Peer, RegisterReply, RegisterRequest, SilentRank, SilentRanksReply, TaskEvent,
+    TaskExited,
 };
+use crate::control::runner_watch::{RunnerLeases, LOST_WITH_RUNNER, RUNNER_GRACE};
 use crate::control::service::{DriverConfig, ElasticConfig, PeerAssignment, MAX_TASKS};
 
 /// The longest a `KvGet` may wait, whatever the caller asks.
@@ -134,6 +136,8 @@ pub(crate) struct JobState {
     kv: Mutex<KvSpace>,
     /// Driver-bound task events (`Post`), oldest first, until the launcher drains them.
     events: EventQueue,
+    /// Elastic jobs: the task runners' watch streams (see [`crate::control::runner_watch`]).
+    runners: Mutex<RunnerLeases>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -169,6 +173,7 @@ impl JobState {
             shutdown: watch::channel(false).0,
             kv: Mutex::new(KvSpace::default()),
             events: EventQueue::default(),
+            runners: Mutex::new(RunnerLeases::default()),
         }
     }
 
@@ -1053,10 +1058,70 @@ impl JobState {
     /// Queues driver-bound events from task `task_index` (kept in arrival order; bounded, see
     /// [`EventQueue`]).
     pub(crate) async fn post(&self, task_index: u32, events: Vec<TaskEvent>) -> Result<(), Status> {
+        let exited = events
+            .iter()
+            .any(|event| matches!(event.kind, Some(task_event::Kind::Exited(_))));
+        if exited && self.elastic.is_some() {
+            lock(&self.runners).exited(task_index);
+        }
         self.events
             .post(task_index, events)
             .await
             .map_err(Status::resource_exhausted)
+    }
+
+    /// Elastic jobs: the runner of task `task_index` opened its watch stream; returns the
+    /// watch's lease for [`JobState::runner_watch_ended`].
+    pub(crate) fn runner_watch_opened(&self, task_index: u32) -> u64 {
+        lock(&self.runners).opened(task_index)
+    }
+
+    /// Elastic jobs: the runner watch `lease` of task `task_index` ended at `ended`, and
+    /// [`RUNNER_GRACE`] has passed. Unless the runner opened a new watch, posted its rank's
+    /// exit, or the task's rank sent a heartbeat since `ended`, the task is lost: the driver
+    /// records its exit (`was lost with its task runner: ...`, for the launcher) and removes it
+    /// from the job, so the survivors' next round does not wait for it.
+    pub(crate) async fn runner_watch_ended(&self, task_index: u32, lease: u64, ended: Instant) {
+        if self.elastic.is_none() || self.abort_cause().is_some() || *self.shutdown.borrow() {
+            return;
+        }
+        let rank = self.assignment().and_then(|peers| {
+            peers
+                .iter()
+                .find(|p| p.task_index == task_index)
+                .map(|p| p.rank)
+        });
+        let heard = rank.is_some_and(|rank| {
+            lock(&self.inner)
+                .last_seen
+                .get(&rank)
+                .is_some_and(|seen| *seen > ended)
+        });
+        if heard {
+            log::debug!(
+                "job driver: the runner watch of task {task_index} ended but its rank still                  sends heartbeats; it stays"
+            );
+            return;
+        }
+        if !lock(&self.runners).lost(task_index, lease) {
+            return;
+        }
+        let description = format!(
+            "{LOST_WITH_RUNNER}: the task runner's connection to the job driver closed without \
+             reporting an exit and stayed closed for {:.1} s (its executor died, or the task \
+             was killed)",
+            RUNNER_GRACE.as_secs_f64()
+        );
+        let exited = TaskEvent {
+            kind: Some(task_event::Kind::Exited(TaskExited {
+                success: false,
+                description: description.clone(),
+            })),
+        };
+        if let Err(err) = self.events.post(task_index, vec![exited]).await {
+            log::warn!("job driver: cannot record the loss of task {task_index}: {err}");
+        }
+        self.remove_member(task_index, format!("its rank process {description}"));
     }
 
     /// Takes every queued event, waiting up to `timeout` for the first one.

@@ -16,6 +16,8 @@ use crate::control::proto::{
     PostRequest, RegisterReply, RegisterRequest, SilentRanksReply, SilentRanksRequest,
     WatchAbortRequest,
 };
+use crate::control::runner_watch::{RUNNER_GRACE, RUNNER_RANK};
+use crate::control::service::MAX_TASKS;
 
 /// The size of the chunks `KvGetStream` sends.
 pub(crate) const KV_CHUNK: usize = 1 << 20;
@@ -117,6 +119,37 @@ async fn watch_elastic(
     }
 }
 
+/// An elastic task runner's watch stream: the job's abort, like a plain watch; when the
+/// runner's end of it closes, the task may be lost (see [`crate::control::runner_watch`]).
+async fn watch_runner(
+    state: Arc<JobState>,
+    task_index: u32,
+    sender: mpsc::Sender<Result<AbortEvent, Status>>,
+) {
+    if task_index as usize >= MAX_TASKS {
+        let _ = sender
+            .send(Err(Status::invalid_argument(format!(
+                "task index {task_index} is out of range (at most {})",
+                MAX_TASKS - 1
+            ))))
+            .await;
+        return;
+    }
+    let lease = state.runner_watch_opened(task_index);
+    tokio::select! {
+        cause = state.next_abort() => {
+            if let Some(cause) = cause {
+                let _ = sender.send(Ok(abort_event(cause))).await;
+            }
+            return;
+        }
+        () = sender.closed() => {}
+    }
+    let ended = tokio::time::Instant::now();
+    tokio::time::sleep(RUNNER_GRACE).await;
+    state.runner_watch_ended(task_index, lease, ended).await;
+}
+
 #[tonic::async_trait]
 impl Driver for Handlers {
     async fn register(
@@ -211,6 +244,10 @@ impl Driver for Handlers {
         let (sender, receiver) = mpsc::channel(1);
         let state = Arc::clone(&self.state);
         if let (true, Some(task_index)) = (state.is_elastic(), request.task_index) {
+            if request.rank == RUNNER_RANK {
+                tokio::spawn(watch_runner(state, task_index, sender));
+                return Ok(Response::new(ReceiverStream::new(receiver)));
+            }
             tokio::spawn(watch_elastic(state, task_index, request.generation, sender));
             return Ok(Response::new(ReceiverStream::new(receiver)));
         }

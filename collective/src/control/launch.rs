@@ -393,8 +393,12 @@ fn convert(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::control::proto::TaskStarted;
+    use std::time::Instant;
+
+    use crate::control::proto::{TaskExited, TaskStarted};
+    use crate::control::runner_watch::{LOST_WITH_RUNNER, RUNNER_GRACE};
     use crate::control::{ClientOptions, DriverClient};
+    use crate::AbortSignal;
 
     fn options() -> LaunchDriverOptions {
         LaunchDriverOptions {
@@ -440,6 +444,108 @@ mod tests {
         assert_eq!(driver.task_exit(5), None);
         driver.add_tasks(&[5]).unwrap();
         assert_eq!(driver.live_tasks(), vec![0, 5]);
+    }
+
+    fn runner_client(driver: &LaunchDriver) -> DriverClient {
+        kolo_runtime::block_on(DriverClient::connect(
+            &driver.addr().to_string(),
+            &driver.config.secret,
+            ClientOptions::default(),
+        ))
+        .unwrap()
+        .unwrap()
+    }
+
+    /// Polls until an `Exited` event arrives (at most `within`); returns it and when.
+    fn next_exit(driver: &LaunchDriver, within: Duration) -> Option<(DriverEvent, Instant)> {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            for event in driver.poll(Duration::from_millis(100)).unwrap() {
+                if matches!(event, DriverEvent::Exited { .. }) {
+                    return Some((event, Instant::now()));
+                }
+            }
+        }
+        None
+    }
+
+    #[test]
+    fn a_task_whose_runner_goes_away_without_an_exit_is_lost_within_the_grace() {
+        // The Spark executor died: its task runner's watch closes and no exit is posted.
+        let driver = LaunchDriver::start_elastic(&options(), ElasticConfig::new(1, 2)).unwrap();
+        let runner = runner_client(&driver);
+        runner.start_task_watcher(0, AbortSignal::new()).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        let closed = Instant::now();
+        runner.stop_background();
+        let (event, at) = next_exit(&driver, RUNNER_GRACE * 4).expect("no exit recorded");
+        let DriverEvent::Exited {
+            task,
+            success,
+            description,
+            ..
+        } = event
+        else {
+            unreachable!()
+        };
+        assert_eq!((task, success), (0, false));
+        assert!(description.starts_with(LOST_WITH_RUNNER), "{description}");
+        assert!(at - closed >= RUNNER_GRACE, "lost before the grace passed");
+        assert!(at - closed < RUNNER_GRACE * 3, "{:?}", at - closed);
+        assert_eq!(driver.live_tasks(), Vec::<u32>::new());
+        assert_eq!(driver.task_exit(0).map(|exit| exit.0), Some(false));
+    }
+
+    #[test]
+    fn a_runner_that_posts_its_exit_before_closing_its_watch_is_not_lost() {
+        let driver = LaunchDriver::start_elastic(&options(), ElasticConfig::new(1, 2)).unwrap();
+        let runner = runner_client(&driver);
+        runner.start_task_watcher(0, AbortSignal::new()).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        let exited = TaskEvent {
+            kind: Some(task_event::Kind::Exited(TaskExited {
+                success: true,
+                description: "exited with code 0".into(),
+            })),
+        };
+        kolo_runtime::block_on(runner.post(0, vec![exited]))
+            .unwrap()
+            .unwrap();
+        runner.stop_background();
+        let (event, _) = next_exit(&driver, Duration::from_secs(5)).unwrap();
+        assert!(
+            matches!(&event, DriverEvent::Exited { success: true, .. }),
+            "{event:?}"
+        );
+        assert!(
+            next_exit(&driver, RUNNER_GRACE * 2).is_none(),
+            "a second exit was recorded"
+        );
+        assert_eq!(driver.live_tasks(), vec![0]);
+    }
+
+    #[test]
+    fn a_task_whose_rank_still_sends_heartbeats_is_not_lost_with_its_runner_watch() {
+        // The runner's connection broke but its rank lives: its heartbeats keep the task.
+        let driver = LaunchDriver::start_elastic(&options(), ElasticConfig::new(1, 2)).unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let (me, rank_client) = crate::control::join_job(
+            &driver.worker_env(0),
+            listener.local_addr().unwrap(),
+            AbortSignal::new(),
+        )
+        .unwrap();
+        assert_eq!((me.rank, me.size), (0, 1));
+        let runner = runner_client(&driver);
+        runner.start_task_watcher(0, AbortSignal::new()).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        runner.stop_background();
+        assert!(
+            next_exit(&driver, RUNNER_GRACE * 2).is_none(),
+            "the task was declared lost"
+        );
+        assert_eq!(driver.live_tasks(), vec![0]);
+        rank_client.stop_background();
     }
 
     #[test]

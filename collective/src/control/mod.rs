@@ -54,6 +54,7 @@ pub mod launch;
 pub mod mac;
 pub mod net;
 pub mod proto;
+pub mod runner_watch;
 pub mod service;
 pub(crate) mod silence;
 mod status;

@@ -125,6 +125,7 @@ class _Job:
                 self.on_started(task, attempt, hostname)
             elif kind == "exited":
                 _, task, rank, success, description = event
+                log.debug("task %d (rank %s) exited: %s", task, rank, description)
                 self.on_exited(task, rank, bool(success), str(description))
         for stream in (self.out, self.err):
             try:

@@ -11,11 +11,14 @@ The launch model (docs/elastic.md, "Spark"):
   (``LaunchDriver.add_tasks``) when its task reports that it started, while fewer than
   ``max_num_proc`` are live; otherwise it waits (its rank process retries joining) until a
   member leaves or its start timeout passes.
-- A lost member leaves the job and the survivors reset and continue: at once when Spark starts
-  the next attempt of its partition (Spark only retries a task after its attempt failed, so
-  earlier attempts are dead; ``spark.speculation`` must therefore be off), when its rank
-  process is killed by a signal on a live executor, or after the driver's heartbeat timeout
-  (``KOLO_HEARTBEAT_TIMEOUT_SECONDS``, default 30 s) when nothing else tells.
+- A lost member leaves the job and the survivors reset and continue: when its rank process is
+  killed by a signal on a live executor; about a second after its executor died (the task
+  runner dies with it, and the job driver sees the runner's watch stream close without an exit
+  report: collective/src/control/runner_watch.rs); at once when Spark starts the next attempt
+  of its partition (Spark only retries a task after its attempt failed, so earlier attempts
+  are dead; ``spark.speculation`` must therefore be off); or after the driver's heartbeat
+  timeout (``KOLO_HEARTBEAT_TIMEOUT_SECONDS``, default 30 s) when nothing else tells (the
+  executor's host cut off from the network).
 - A rank process that exits with a non-zero status (the function raised outside
   ``hvd.elastic.run``'s recovery) fails the job with :class:`~kolo.exceptions.RankFailedError`.
 - The job ends once a rank of the latest round returned and every rank of that round ended;
@@ -61,6 +64,9 @@ HEARTBEAT_TIMEOUT_VAR = "KOLO_HEARTBEAT_TIMEOUT_SECONDS"
 DEFAULT_HEARTBEAT_TIMEOUT_S = 30.0
 #: The job driver's bound on task indices (``MAX_TASKS`` in collective/src/control/service.rs).
 MAX_TASK_INDICES = 1 << 20
+#: How the exit the job driver records for a task lost with its runner starts
+#: (``LOST_WITH_RUNNER`` in collective/src/control/runner_watch.rs).
+LOST_WITH_RUNNER = "was lost with its task runner"
 #: How many stderr lines of each rank the driver keeps for a failure's report.
 STDERR_TAIL_LINES = 60
 
@@ -423,8 +429,9 @@ class _ElasticJob(_Job):
             return
         if self.finishing or description.startswith("stopped"):
             return
-        if "signal" in description:
-            # Killed (OOM killer, a lost executor's process tree): the others continue.
+        if "signal" in description or description.startswith(LOST_WITH_RUNNER):
+            # Killed (OOM killer), or lost with its executor (the driver saw the task runner's
+            # watch close without an exit): the others continue.
             log.warning(
                 "kolo.spark.run_elastic: the rank process of task %d %s; the other ranks "
                 "continue without it",
@@ -480,8 +487,8 @@ class _ElasticJob(_Job):
         live = set(self.driver.live_tasks())
         for task in sorted(self.live - live):
             log.warning(
-                "kolo.spark.run_elastic: task %d left the job (a failure report or lost "
-                "heartbeats)",
+                "kolo.spark.run_elastic: task %d left the job (a failure report, its task "
+                "runner lost, or lost heartbeats)",
                 task,
             )
         self.live = live
