@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Builds Horovod 0.28.1 (CPU, gloo, torch) into a side virtualenv, as the peer that
+# bench/elastic.py measures beside kolo when it is present. Bench only: never run in CI.
+#
+#   bench/peers/horovod.sh        # idempotent; the last line printed is the venv's python
+#
+# The venv is ${KOLO_BENCH_CACHE:-~/.cache/kolo-bench}/horovod-venv: Python 3.11 (PYTHON311,
+# default python3.11), torch 2.1.2, numpy 1.x, setuptools<70, cffi, Horovod 0.28.1 from its
+# PyPI sdist built with --no-build-isolation, and this checkout's kolo (a .pth file naming
+# python/, whose _native.abi3.so runs on any CPython >= 3.9), so kolo's ranks can run on the
+# same torch as Horovod's. The build runs under `nice` with MAKEFLAGS=-j2 (default) and logs to
+# the cache's horovod-build.log. A second run only checks that both import.
+#
+# What each failure taught (kept so nobody has to find it again):
+# - Stock 0.28.1 does not compile against torch >= 2.1: it forces C++14 while torch 2.1's
+#   headers need C++17 (Horovod issues #3996, #4014). Fixed by horovod-pr3998.patch beside this
+#   script: the CMake-only change of Horovod PR #3998 (merged upstream in 2024, never
+#   released), which builds the torch library and a copy of gloo as C++17 for torch >= 2.1.
+# - torch 2.1's cpp_extension helpers import pkg_resources, which setuptools >= 70 dropped:
+#   setuptools<70, and --no-build-isolation so the build sees this venv's torch and setuptools.
+# - setup.py builds with make -j8 unless MAKEFLAGS is set: eight C++ compiles of torch
+#   headers need several GiB on a shared 2-core machine; MAKEFLAGS=-j2.
+# - PyPI's torch 2.1.2 is the CUDA 12.1 build: its nvidia-* wheels are needed for
+#   `import torch` even on a CPU-only machine (no other index is reachable here), so they
+#   are installed with it (about 2.5 GB in the cache); Horovod itself is built without CUDA.
+set -euo pipefail
+
+repo="$(cd "$(dirname "$0")/../.." && pwd)"
+cache="${KOLO_BENCH_CACHE:-$HOME/.cache/kolo-bench}"
+venv="$cache/horovod-venv"
+python="$venv/bin/python"
+log="$cache/horovod-build.log"
+version=0.28.1
+
+check_horovod() {
+  "$python" - <<'PY' 2>/dev/null
+import horovod, horovod.torch
+from horovod.common.util import gloo_built
+assert horovod.__version__ == "0.28.1" and gloo_built(), horovod.__version__
+PY
+}
+
+mkdir -p "$cache"
+if [ ! -x "$python" ]; then
+  "${PYTHON311:-python3.11}" -m venv "$venv"
+fi
+# pkg_resources for torch 2.1's build helpers; Horovod's own runtime requirements (the build
+# runs without isolation and so without them otherwise).
+"$python" -m pip install --quiet 'torch==2.1.2' 'numpy<2' 'setuptools<70' cffi wheel packaging \
+  cloudpickle psutil pyyaml
+
+if check_horovod; then
+  echo "horovod $version already built in $venv" >&2
+else
+  src="$cache/horovod-src"
+  rm -rf "$src"
+  mkdir -p "$src"
+  "$python" -m pip download --quiet --no-deps --no-binary :all: "horovod==$version" -d "$src"
+  tar -xzf "$src/horovod-$version.tar.gz" -C "$src"
+  patch -p1 -d "$src/horovod-$version" <"$repo/bench/peers/horovod-pr3998.patch"
+  echo "building horovod $version (CPU, gloo, torch) in $src; log: $log" >&2
+  if ! env HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
+    HOROVOD_WITHOUT_MPI=1 HOROVOD_WITH_GLOO=1 HOROVOD_CPU_OPERATIONS=GLOO \
+    MAKEFLAGS="${MAKEFLAGS:--j2}" \
+    nice -n 19 "$python" -m pip install --no-build-isolation --no-cache-dir -v \
+    "$src/horovod-$version" >"$log" 2>&1; then
+    tail -n 40 "$log" >&2
+    echo "bench/peers/horovod.sh: the build failed; whole log in $log" >&2
+    exit 1
+  fi
+  check_horovod || { echo "bench/peers/horovod.sh: horovod built but does not import" >&2; exit 1; }
+fi
+
+# This checkout's kolo on the venv's path (abi3: one native library for every CPython >= 3.9).
+site="$("$python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+echo "$repo/python" >"$site/kolo-checkout.pth"
+"$python" -c 'import kolo.torch, kolo._native' ||
+  { echo "bench/peers/horovod.sh: kolo does not import from $repo/python (build kolo._native first)" >&2; exit 1; }
+echo "$python"
