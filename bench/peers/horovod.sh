@@ -13,16 +13,19 @@
 #
 # What each failure taught (kept so nobody has to find it again):
 # - Stock 0.28.1 does not compile against torch >= 2.1: it forces C++14 while torch 2.1's
-#   headers need C++17 (Horovod issues #3996, #4014). Fixed by horovod-pr3998.patch beside this
-#   script: the CMake-only change of Horovod PR #3998 (merged upstream in 2024, never
-#   released), which builds the torch library and a copy of gloo as C++17 for torch >= 2.1.
+#   headers need C++17 (Horovod issues #3996, #4014; its torch sources compiled with the build's
+#   own flags and -std=c++14 stop at "#error C++17 or later compatible compiler is required to
+#   use PyTorch"). Fixed by horovod-pr3998.patch beside this script: the CMake-only change of
+#   Horovod PR #3998 (merged upstream in 2024, never released), which builds the torch library
+#   and a copy of gloo as C++17 for torch >= 2.1. With it the build passes (about 12 minutes
+#   at -j2 on a busy 2-core machine).
 # - torch 2.1's cpp_extension helpers import pkg_resources, which setuptools >= 70 dropped:
 #   setuptools<70, and --no-build-isolation so the build sees this venv's torch and setuptools.
 # - setup.py builds with make -j8 unless MAKEFLAGS is set: eight C++ compiles of torch
 #   headers need several GiB on a shared 2-core machine; MAKEFLAGS=-j2.
-# - PyPI's torch 2.1.2 is the CUDA 12.1 build: its nvidia-* wheels are needed for
-#   `import torch` even on a CPU-only machine (no other index is reachable here), so they
-#   are installed with it (about 2.5 GB in the cache); Horovod itself is built without CUDA.
+# - PyPI's torch 2.1.2 for Linux is the CUDA 12.1 build and brings its nvidia-* wheels (about
+#   2.5 GB in the cache; PyPI is the one index this machine reaches); Horovod itself is built
+#   without CUDA, and `import torch` works on a machine without a GPU.
 set -euo pipefail
 
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
