@@ -55,7 +55,12 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
 from common import write_results  # noqa: E402
-from peers._horovod import HorovodElasticJob, horovod_python, peer_versions  # noqa: E402
+from peers._horovod import (  # noqa: E402
+    HorovodElasticJob,
+    HorovodJobEnded,
+    horovod_python,
+    peer_versions,
+)
 from support.elastic_ranks import ElasticRanks, rank_env  # noqa: E402
 
 import kolo  # noqa: E402
@@ -330,11 +335,15 @@ def main() -> None:
             ("kill", kill_once, horovod_kill_once),
             ("add", add_once, horovod_add_once),
         ):
-            samples, peer_samples = [], []
+            samples, peer_samples, peer_failures = [], [], []
             for _ in range(repeats):  # interleaved: both see the same machine load
                 samples.append(once(n, args.width, kolo_python))
                 if peer is not None:
-                    peer_samples.append(peer_once(peer, n, args.width))
+                    try:
+                        peer_samples.append(peer_once(peer, n, args.width))
+                    except HorovodJobEnded as ended:  # a figure too: it did not recover
+                        peer_failures.append(ended.reason)
+                        print(f"horovod {scenario} {n} ranks: the job ended: {ended.reason}")
             phases = median_phases(samples)
             target = TARGETS[f"{scenario}_s"]
             results.append({"scenario": scenario, "ranks": n, **phases})
@@ -344,16 +353,21 @@ def main() -> None:
                 flush=True,
             )
             if peer is not None:
-                theirs = median_phases(peer_samples)
-                ratio = theirs["total_s"] / phases["total_s"]
-                peer_results.append(
-                    {"scenario": scenario, "ranks": n, **theirs, "horovod_over_kolo": ratio}
-                )
-                print(
-                    f"horovod {scenario} {n} ranks: {phases_text(theirs)} "
-                    f"| {ratio:.1f}x kolo's total",
-                    flush=True,
-                )
+                row = {"scenario": scenario, "ranks": n, "runs": repeats}
+                row["jobs_ended"] = peer_failures
+                failed = f" | {len(peer_failures)} of {repeats} jobs ended" if peer_failures else ""
+                if peer_samples:
+                    theirs = median_phases(peer_samples)
+                    ratio = theirs["total_s"] / phases["total_s"]
+                    row.update(theirs, horovod_over_kolo=ratio)
+                    print(
+                        f"horovod {scenario} {n} ranks: {phases_text(theirs)} "
+                        f"| {ratio:.1f}x kolo's total{failed}",
+                        flush=True,
+                    )
+                else:
+                    print(f"horovod {scenario} {n} ranks: no recovery{failed}", flush=True)
+                peer_results.append(row)
     payload = {
         "width": args.width,
         "params": args.width * args.width + args.width,

@@ -36,6 +36,15 @@ RANK_SCRIPT = HERE / "_horovod_elastic_rank.py"
 BUILD_SCRIPT = HERE / "horovod.sh"
 
 
+class HorovodJobEnded(RuntimeError):
+    """horovodrun exited (its elastic driver ended the job) before a line the bench waited
+    for; ``reason`` says why, from its log."""
+
+    def __init__(self, reason: str, output: str) -> None:
+        super().__init__(f"{reason}\n{output}")
+        self.reason = reason
+
+
 def horovod_venv() -> Path:
     """Where bench/peers/horovod.sh builds the peer venv (``KOLO_BENCH_CACHE`` as there)."""
     cache = os.environ.get("KOLO_BENCH_CACHE") or str(Path.home() / ".cache/kolo-bench")
@@ -190,6 +199,18 @@ class HorovodElasticJob:
             time.sleep(0.05)
         raise TimeoutError(f"the discovery script never printed {host_line!r}\n{self.text()}")
 
+    def end_reason(self) -> str:
+        """Why horovodrun ended the job: its exit code, the hosts its driver blacklisted and
+        the first worker it names as failed."""
+        with self._changed:
+            lines = [line for _, line in self.lines]
+        blacklisted = sorted({x.split()[-1] for x in lines if "blacklist failing host:" in x})
+        first = [x.strip() for x in lines if x.startswith(("Process name:", "Exit code:"))]
+        return (
+            f"horovodrun exited {self.process.returncode}; blacklisted: "
+            f"{', '.join(blacklisted) or 'none'}; first failed worker: {' '.join(first) or '?'}"
+        )
+
     def text(self, last: int = 60) -> str:
         """horovodrun's last ``last`` output lines."""
         with self._changed:
@@ -206,9 +227,10 @@ class HorovodElasticJob:
                         return arrived, line
                 seen = len(self.lines)
                 left = deadline - time.monotonic()
-                if left <= 0 or (self.process.poll() is not None and seen == len(self.lines)):
-                    state = "timed out" if left <= 0 else f"exited {self.process.returncode}"
-                    raise TimeoutError(f"horovodrun {state} before the line\n{self.text()}")
+                if self.process.poll() is not None and seen == len(self.lines):
+                    raise HorovodJobEnded(self.end_reason(), self.text())
+                if left <= 0:
+                    raise TimeoutError(f"horovodrun timed out before the line\n{self.text()}")
                 self._changed.wait(min(left, 0.5))
 
     def wait_event(self, slot: str, names: str, after: float, timeout: float = 120.0) -> float:
