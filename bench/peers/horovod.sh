@@ -23,9 +23,12 @@
 #   setuptools<70, and --no-build-isolation so the build sees this venv's torch and setuptools.
 # - setup.py builds with make -j8 unless MAKEFLAGS is set: eight C++ compiles of torch
 #   headers need several GiB on a shared 2-core machine; MAKEFLAGS=-j2.
-# - PyPI's torch 2.1.2 for Linux is the CUDA 12.1 build and brings its nvidia-* wheels (about
-#   2.5 GB in the cache; PyPI is the one index this machine reaches); Horovod itself is built
+# - PyPI's torch 2.1.2 for Linux is the CUDA 12.1 build and brings its nvidia-* wheels (the
+#   venv is about 5 GB; PyPI is the one index this machine reaches); Horovod itself is built
 #   without CUDA, and `import torch` works on a machine without a GPU.
+# - An elastic horovodrun on one machine needs `--network-interface lo` (else it waits for two
+#   hosts to compare their interfaces), and the worker that is killed must be alone on its
+#   host (Horovod blacklists a failed worker's host): bench/peers/_horovod.py does both.
 set -euo pipefail
 
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -42,6 +45,13 @@ from horovod.common.util import gloo_built
 assert horovod.__version__ == "0.28.1" and gloo_built(), horovod.__version__
 PY
 }
+
+# The build's tools (on the dev machine's image; dev/system-deps.sh does not install them
+# because CI never builds this peer).
+for tool in "${PYTHON311:-python3.11}" cmake c++ patch; do
+  command -v "$tool" >/dev/null ||
+    { echo "bench/peers/horovod.sh: needs $tool (e.g. apt-get install cmake g++ patch)" >&2; exit 1; }
+done
 
 mkdir -p "$cache"
 if [ ! -x "$python" ]; then
