@@ -37,6 +37,9 @@ venv="$cache/horovod-venv"
 python="$venv/bin/python"
 log="$cache/horovod-build.log"
 version=0.28.1
+# The sha256 of the sdist PyPI served when this script was written (pip checks it against the
+# index too): the patch and the build run on exactly this file.
+sdist_sha256=92a43f5a94c43907a56805bad15f19700c62ffc83b7ca483f9e104e229f67ef0
 
 check_horovod() {
   "$python" - <<'PY' 2>/dev/null
@@ -69,6 +72,8 @@ else
   rm -rf "$src"
   mkdir -p "$src"
   "$python" -m pip download --quiet --no-deps --no-binary :all: "horovod==$version" -d "$src"
+  echo "$sdist_sha256  $src/horovod-$version.tar.gz" | sha256sum --check --quiet ||
+    { echo "bench/peers/horovod.sh: horovod-$version.tar.gz is not the expected file" >&2; exit 1; }
   tar -xzf "$src/horovod-$version.tar.gz" -C "$src"
   patch -p1 -d "$src/horovod-$version" <"$repo/bench/peers/horovod-pr3998.patch"
   echo "building horovod $version (CPU, gloo, torch) in $src; log: $log" >&2
