@@ -15,6 +15,7 @@ from kolo.exceptions import NotSupportedError
 from kolo.process_sets import global_process_set, resolve
 from kolo.tensorflow import mpi_ops
 from kolo.tensorflow.compression import Compression
+from kolo.tensorflow.mpi_ops import _not_converted
 
 
 def _check_sparse(op: Any, prescale_factor: float, postscale_factor: float) -> None:
@@ -52,6 +53,7 @@ def _gather_slices(slices: list[Any], op: Any, process_set: Any) -> list[Any]:
     return out
 
 
+@_not_converted
 def allreduce(
     tensor: Any,
     average: Optional[bool] = None,
@@ -91,6 +93,7 @@ def allreduce(
     )[0]
 
 
+@_not_converted
 def grouped_allreduce(
     tensors: Sequence[Any],
     average: Optional[bool] = None,
@@ -139,6 +142,7 @@ def grouped_allreduce(
     return out
 
 
+@_not_converted
 def reducescatter(
     tensor: Any,
     device_dense: str = "",
@@ -162,6 +166,7 @@ def reducescatter(
     )[0]
 
 
+@_not_converted
 def grouped_reducescatter(
     tensors: Sequence[Any],
     device_dense: str = "",

@@ -122,6 +122,7 @@ class _DistributedGradientTape(tf.GradientTape):
         """
         self._kolo_local_sources.add(_key(source))
 
+    @tf.autograph.experimental.do_not_convert
     def gradient(
         self,
         target: Any,

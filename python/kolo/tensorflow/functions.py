@@ -10,10 +10,12 @@ from kolo import _core
 from kolo.keras import _arrays
 from kolo.process_sets import global_process_set, resolve
 from kolo.tensorflow import mpi_ops
+from kolo.tensorflow.mpi_ops import _not_converted
 
 __all__ = ["allgather_object", "broadcast_object", "broadcast_variables"]
 
 
+@_not_converted
 def broadcast_variables(
     variables: Iterable[Any],
     root_rank: int,
@@ -37,7 +39,7 @@ def broadcast_variables(
     return mpi_ops.broadcast_(
         variables,
         root_rank,
-        name=_core.op_name("broadcast_variables", None),
+        name=mpi_ops._op_name("broadcast_variables", None, resolve(process_set)),
         process_set=process_set,
     )
 
@@ -57,8 +59,10 @@ def broadcast_object(
         start_epoch = hvd.broadcast_object(start_epoch, root_rank=0)
     """
     _core.require_initialized()
-    name = _core.op_name("broadcast_object", name)
-    return _arrays.broadcast_object(obj, root_rank, name, resolve(process_set))
+    ps = resolve(process_set)
+    return _arrays.broadcast_object(
+        obj, root_rank, mpi_ops._op_name("broadcast_object", name, ps), ps
+    )
 
 
 def allgather_object(
@@ -75,5 +79,5 @@ def allgather_object(
         hosts = hvd.allgather_object(socket.gethostname())
     """
     _core.require_initialized()
-    name = _core.op_name("allgather_object", name)
-    return _arrays.allgather_object(obj, name, resolve(process_set))
+    ps = resolve(process_set)
+    return _arrays.allgather_object(obj, mpi_ops._op_name("allgather_object", name, ps), ps)

@@ -105,6 +105,10 @@ __all__ = [
     "size_op",
 ]
 
+#: Runs a function as plain Python when a ``tf.function`` calls it: kolo's ops build their
+#: graph nodes themselves, AutoGraph need not (and cannot always) convert them.
+_not_converted = tf.autograph.experimental.do_not_convert
+
 _XLA_HINT = (
     "run the step in tf.function(jit_compile=False) (kolo's collectives call into Python, "
     "which XLA cannot), or keep the XLA-compiled part free of collectives"
@@ -127,6 +131,15 @@ def _cross(
     name: str = "kolo_collective",
 ) -> list[Any]:
     return _bridge.call_tf(fn, tensors, out_shapes, out_dtypes, name, xla_hint=_XLA_HINT)
+
+
+def _op_name(kind: str, name: Optional[str], ps: ProcessSet) -> str:
+    """The name an op carries across ranks: the user's, or ``<kind>.noname.<n>`` counted per
+    process set (``<kind>.set<id>.noname.<n>`` for a set other than the global one), so ops
+    that only the members of a set call do not shift the names of the other ranks' ops."""
+    if name is not None or not ps.process_set_id:
+        return _core.op_name(kind, name)
+    return _core.op_name(f"{kind}.set{ps.process_set_id}", None)
 
 
 def _names(base: str, count: int) -> list[str]:
@@ -157,6 +170,7 @@ def _differentiable(
     return list(op(*tensors))
 
 
+@_not_converted
 def _grouped_allreduce(
     tensors: Sequence[Any],
     name: Optional[str] = None,
@@ -174,7 +188,7 @@ def _grouped_allreduce(
         return []
     ps = resolve(process_set)
     reduce_op = op if type(op) is ReduceOp else ReduceOp(op)
-    names = _names(_core.op_name("allreduce", name), len(tensors))
+    names = _names(_op_name("allreduce", name, ps), len(tensors))
 
     def forward(*xs: Any) -> list[Any]:
         return _cross(
@@ -197,6 +211,7 @@ def _grouped_allreduce(
     return _differentiable(forward, backward, tensors)
 
 
+@_not_converted
 def _allreduce(
     tensor: Any,
     name: Optional[str] = None,
@@ -215,9 +230,11 @@ def _allreduce(
 def _first_dims(tensors: list[Any], ps: ProcessSet) -> list[Any]:
     """Every rank's first dimension of each tensor, as int32 tensors of ``ps.size()`` entries."""
     dims = [tf.reshape(tf.shape(t, out_type=tf.int32)[0], [1]) for t in tensors]
-    return grouped_allgather(dims, process_set=ps)
+    world = len(ps.ranks or [])
+    return [tf.reshape(d, [world]) for d in grouped_allgather(dims, process_set=ps)]
 
 
+@_not_converted
 def grouped_allgather(
     tensors: Sequence[Any],
     name: Optional[str] = None,
@@ -239,7 +256,7 @@ def grouped_allgather(
     if not tensors:
         return []
     ps = resolve(process_set)
-    names = _names(_core.op_name("allgather", name), len(tensors))
+    names = _names(_op_name("allgather", name, ps), len(tensors))
     shapes = [
         tf.TensorShape([None]).concatenate(t.shape[1:]) if t.shape.rank else None for t in tensors
     ]
@@ -263,6 +280,7 @@ def grouped_allgather(
     return _differentiable(forward, backward, tensors)
 
 
+@_not_converted
 def allgather(
     tensor: Any,
     name: Optional[str] = None,
@@ -287,7 +305,7 @@ def _grouped_broadcast(
     if not tensors:
         return []
     ps = resolve(process_set)
-    names = _names(_core.op_name(kind, name), len(tensors))
+    names = _names(_op_name(kind, name, ps), len(tensors))
     root = int(root_rank)
 
     def forward(*xs: Any) -> list[Any]:
@@ -302,6 +320,7 @@ def _grouped_broadcast(
     return _differentiable(forward, backward, tensors)
 
 
+@_not_converted
 def broadcast(
     tensor: Any,
     root_rank: int,
@@ -322,6 +341,7 @@ def broadcast(
     return _grouped_broadcast([tensor], root_rank, name, process_set, "broadcast")[0]
 
 
+@_not_converted
 def broadcast_(
     variables: Sequence[Any],
     root_rank: int,
@@ -342,6 +362,7 @@ def broadcast_(
     return values
 
 
+@_not_converted
 def alltoall(
     tensor: Any,
     splits: Any = None,
@@ -363,13 +384,13 @@ def alltoall(
     ps = resolve(process_set)
     x = _tensor(tensor)
     given = tf.convert_to_tensor(splits) if splits is not None else tf.constant([], dtype=tf.int32)
-    op_name = _core.op_name("alltoall", name)
+    tensor_name = _op_name("alltoall", name, ps)
     world = len(ps.ranks) if ps.ranks is not None else size()
     out_shape = tf.TensorShape([None]).concatenate(x.shape[1:]) if x.shape.rank else None
 
     def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
         data, split = arrays
-        return list(_array_ops.alltoall(data, split, op_name, ps))
+        return list(_array_ops.alltoall(data, split, tensor_name, ps))
 
     def forward(data: Any, split: Any) -> list[Any]:
         return _cross(
@@ -398,6 +419,7 @@ def _rows_of(rows: Optional[int], ps: ProcessSet) -> Optional[int]:
     return rows // world + (1 if me < rows % world else 0)
 
 
+@_not_converted
 def _grouped_reducescatter(
     tensors: Sequence[Any],
     name: Optional[str] = None,
@@ -416,7 +438,7 @@ def _grouped_reducescatter(
         return []
     ps = resolve(process_set)
     reduce_op = op if type(op) is ReduceOp else ReduceOp(op)
-    names = _names(_core.op_name("reducescatter", name), len(tensors))
+    names = _names(_op_name("reducescatter", name, ps), len(tensors))
     shapes = [
         tf.TensorShape([_rows_of(t.shape[0], ps)]).concatenate(t.shape[1:])
         if t.shape.rank
@@ -444,6 +466,7 @@ def _grouped_reducescatter(
     return _differentiable(forward, backward, tensors)
 
 
+@_not_converted
 def _reducescatter(
     tensor: Any,
     name: Optional[str] = None,
@@ -470,6 +493,7 @@ def _scalar_op(read: Callable[[], int], name: str) -> Any:
     )[0]
 
 
+@_not_converted
 def join() -> Any:
     """Declares that this rank has no more data (see ``kolo.torch.join``); returns the last
     rank to join as an int32 scalar tensor, the same on every rank.
@@ -493,6 +517,7 @@ def barrier(process_set: Any = global_process_set) -> None:
     _arrays.barrier(resolve(process_set))
 
 
+@_not_converted
 def size_op(process_set_id: int = 0, name: Optional[str] = None) -> Any:
     """The number of ranks (of the process set ``process_set_id``) as an int32 scalar tensor,
     read when the op runs, so an elastic job's graph sees the current size.
@@ -520,6 +545,7 @@ def _ranks_of(process_set_id: int) -> list[int]:
     )
 
 
+@_not_converted
 def process_set_included_op(process_set_id: int = 0, name: Optional[str] = None) -> Any:
     """1 when this rank belongs to the process set ``process_set_id``, else 0, as an int32
     scalar tensor read when the op runs.
@@ -536,6 +562,7 @@ def process_set_included_op(process_set_id: int = 0, name: Optional[str] = None)
     return _scalar_op(read, name or "kolo_process_set_included")
 
 
+@_not_converted
 def local_size_op(name: Optional[str] = None) -> Any:
     """The number of ranks on this host as an int32 scalar tensor, read when the op runs.
 
@@ -546,6 +573,7 @@ def local_size_op(name: Optional[str] = None) -> Any:
     return _scalar_op(local_size, name or "kolo_local_size")
 
 
+@_not_converted
 def rank_op(name: Optional[str] = None) -> Any:
     """This process's rank as an int32 scalar tensor, read when the op runs.
 
@@ -556,6 +584,7 @@ def rank_op(name: Optional[str] = None) -> Any:
     return _scalar_op(rank, name or "kolo_rank")
 
 
+@_not_converted
 def local_rank_op(name: Optional[str] = None) -> Any:
     """This process's rank on its host as an int32 scalar tensor, read when the op runs.
 
