@@ -20,7 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 import kolo.tensorflow as hvd
-from kolo.exceptions import ConfigError, MismatchError
+from kolo.exceptions import ConfigError, MismatchError, NotSupportedError
 
 DTYPES = [
     "uint8",
@@ -537,6 +537,21 @@ def objects() -> None:
     var2 = tf.Variable([float(me)] * 2)
     tf.function(lambda: hvd.broadcast_variables([var2], root_rank=1))()
     check(var2, np.full(2, 1.0, np.float32), "broadcast_variables in tf.function", "float32")
+    # TensorFlow 1: broadcast_global_variables in a graph run by a session; refused eagerly.
+    with tf.Graph().as_default():
+        gv = tf.compat.v1.Variable([float(me)] * 2, name="global_v")
+        sync = hvd.broadcast_global_variables(world - 1)
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            session.run(sync)
+            check(session.run(gv), np.full(2, world - 1.0, np.float32), "TF1 global", "float32")
+    try:
+        hvd.broadcast_global_variables(0)
+        raise AssertionError("broadcast_global_variables ran eagerly")
+    except NotSupportedError:
+        pass
+    pair = [tf.Variable(1.0), tf.Variable(2.0)]
+    assert hvd.refs_to_vars(hvd.vars_to_refs(pair)) == pair
     last = hvd.join()
     assert 0 <= int(last) < world, int(last)
 

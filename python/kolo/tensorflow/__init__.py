@@ -58,7 +58,14 @@ from kolo.tensorflow._reductions import (
 )
 from kolo.tensorflow._tape import DistributedGradientTape, PartialDistributedGradientTape
 from kolo.tensorflow.compression import Compression
-from kolo.tensorflow.functions import allgather_object, broadcast_object, broadcast_variables
+from kolo.tensorflow.functions import (
+    allgather_object,
+    broadcast_global_variables,
+    broadcast_object,
+    broadcast_variables,
+    refs_to_vars,
+    vars_to_refs,
+)
 from kolo.tensorflow.mpi_ops import (
     Adasum,
     Average,
@@ -117,6 +124,7 @@ __all__ = [
     "barrier",
     "broadcast",
     "broadcast_",
+    "broadcast_global_variables",
     "broadcast_object",
     "broadcast_variables",
     "ccl_built",
@@ -149,6 +157,7 @@ __all__ = [
     "rank",
     "rank_op",
     "reducescatter",
+    "refs_to_vars",
     "remove_process_set",
     "rocm_built",
     "shutdown",
@@ -156,4 +165,5 @@ __all__ = [
     "size_op",
     "start_timeline",
     "stop_timeline",
+    "vars_to_refs",
 ]

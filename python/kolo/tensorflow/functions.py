@@ -6,13 +6,23 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Optional
 
+import tensorflow as tf
+
 from kolo import _core
+from kolo.exceptions import NotSupportedError
 from kolo.keras import _arrays
 from kolo.process_sets import global_process_set, resolve
 from kolo.tensorflow import mpi_ops
 from kolo.tensorflow.mpi_ops import _not_converted
 
-__all__ = ["allgather_object", "broadcast_object", "broadcast_variables"]
+__all__ = [
+    "allgather_object",
+    "broadcast_global_variables",
+    "broadcast_object",
+    "broadcast_variables",
+    "refs_to_vars",
+    "vars_to_refs",
+]
 
 
 @_not_converted
@@ -81,3 +91,48 @@ def allgather_object(
     _core.require_initialized()
     ps = resolve(process_set)
     return _arrays.allgather_object(obj, mpi_ops._op_name("allgather_object", name, ps), ps)
+
+
+def broadcast_global_variables(root_rank: int) -> Any:
+    """Broadcasts all TensorFlow 1 global variables (``tf.compat.v1.global_variables()``)
+    from ``root_rank`` to all other processes; in a TensorFlow 1 graph, returns what to run.
+    Deprecated in TensorFlow 2, as in Horovod: eagerly it raises
+    :class:`~kolo.exceptions.NotSupportedError`; use :func:`broadcast_variables`.
+
+    Example::
+
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            session.run(hvd.broadcast_global_variables(0))
+    """
+    if tf.executing_eagerly():
+        raise NotSupportedError(
+            "hvd.broadcast_global_variables() does not support eager execution; use "
+            "hvd.broadcast_variables(<model/optimizer variables>, root_rank) instead"
+        )
+    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
+
+
+def vars_to_refs(vars: Any) -> Any:
+    """Horovod's helper: a variable, or (nested) lists of them, as hashable references
+    (``var.ref()``; lists become tuples).
+
+    Example::
+
+        key = hvd.vars_to_refs([w, b])
+    """
+    if isinstance(vars, list):
+        return tuple(vars_to_refs(v) for v in vars)
+    return vars.ref()
+
+
+def refs_to_vars(refs: Any) -> Any:
+    """Horovod's helper, the inverse of :func:`vars_to_refs`.
+
+    Example::
+
+        w, b = hvd.refs_to_vars(key)
+    """
+    if isinstance(refs, tuple):
+        return [refs_to_vars(r) for r in refs]
+    return refs.deref()

@@ -357,9 +357,13 @@ def broadcast_(
     """
     variables = list(variables)
     values = _grouped_broadcast(variables, root_rank, name, process_set, "broadcast_")
-    for var, value in zip(variables, values):
-        var.assign(value)
-    return values
+    assigns = [var.assign(value) for var, value in zip(variables, values)]
+    if tf.executing_eagerly():
+        return values
+    # In a graph (tf.function or a TensorFlow 1 session), the values are read after the
+    # assignments ran.
+    with tf.control_dependencies([a for a in assigns if a is not None]):
+        return [tf.identity(v) for v in values]
 
 
 @_not_converted
