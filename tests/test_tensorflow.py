@@ -19,7 +19,7 @@ import pytest
 
 from conftest import REPO, run_kolorun, worker, worker_env
 
-SCENARIOS = ("ops", "grads", "tape", "tape_options", "errors", "objects")
+SCENARIOS = ("ops", "grads", "tape", "optimizer", "tape_options", "errors", "objects")
 RANKS = pytest.mark.parametrize("ranks", [2, 3])
 
 
@@ -74,6 +74,12 @@ def test_custom_training_loop_equals_one_process_on_the_whole_batch(ranks: int) 
     # initialises differently. float64 weights agree with one process (whole batch) to 1e-6;
     # training on the local shard alone ends elsewhere.
     check(ranks, "tape")
+
+
+def test_distributed_optimizer_wraps_a_keras_optimizer() -> None:
+    # hvd.DistributedOptimizer(tf.keras.optimizers.SGD(momentum)) in a tf.function loop: 2
+    # ranks == one process on the whole batch; a TensorFlow 1 optimizer: NotSupportedError.
+    check(2, "optimizer")
 
 
 def test_tape_groups_predivide_compression_sparse_partial_and_one_crossing_per_step() -> None:

@@ -375,6 +375,44 @@ def tape() -> None:
     assert diff > 1e-3, f"local-only training matched the reference ({diff})"
 
 
+def optimizer() -> None:
+    """hvd.DistributedOptimizer (a Keras optimizer) in a tf.function custom loop: the same
+    weights as one process on the whole batch (same initial weights)."""
+    me, world = hvd.rank(), hvd.size()
+    loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    x, y = batches(world)
+    mine = slice(me * LOCAL, (me + 1) * LOCAL)
+    net = model(seed=11)
+    opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.1, momentum=0.9))
+
+    @tf.function
+    def step(images, labels):
+        with tf.GradientTape() as gt:
+            value = loss(labels, net(images, training=True))
+        opt.apply_gradients(
+            zip(gt.gradient(value, net.trainable_variables), net.trainable_variables)
+        )
+
+    for s in range(STEPS):
+        step(tf.constant(x[s, mine]), tf.constant(y[s, mine]))
+    ref = model(seed=11)
+    ref_opt = tf.keras.optimizers.SGD(0.1, momentum=0.9)
+    for s in range(STEPS):
+        with tf.GradientTape() as gt:
+            value = loss(y[s], ref(x[s], training=True))
+        ref_opt.apply_gradients(
+            zip(gt.gradient(value, ref.trainable_variables), ref.trainable_variables)
+        )
+    for i, (got, want) in enumerate(zip(net.weights, ref.weights)):
+        if not np.allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-6):
+            raise AssertionError(f"DistributedOptimizer: weight {i} differs")
+    try:
+        hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1))
+        raise AssertionError("a TensorFlow 1 optimizer was accepted")
+    except NotSupportedError:
+        pass
+
+
 # --- tape_options: groups, predivide, sparse, partial tape, one crossing per step -----------
 
 
@@ -560,6 +598,7 @@ SCENARIOS = {
     "ops": ops,
     "grads": grads,
     "tape": tape,
+    "optimizer": optimizer,
     "tape_options": tape_options,
     "errors": errors,
     "objects": objects,

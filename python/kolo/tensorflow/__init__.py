@@ -50,6 +50,7 @@ from kolo._core import (
     stop_timeline,
 )
 from kolo.exceptions import HorovodInternalError
+from kolo.tensorflow._optimizer import DistributedOptimizer
 from kolo.tensorflow._reductions import (
     allreduce,
     grouped_allreduce,
@@ -108,6 +109,7 @@ __all__ = [
     "Average",
     "Compression",
     "DistributedGradientTape",
+    "DistributedOptimizer",
     "HorovodInternalError",
     "Max",
     "Min",
