@@ -11,6 +11,7 @@ rank processes and in the subprocesses of the import tests, never in pytest's ow
 from __future__ import annotations
 
 import functools
+import json
 import re
 import subprocess
 import sys
@@ -147,3 +148,39 @@ def test_tensorflow_digits_example_trains_identical_weights_on_two_ranks() -> No
     assert len(sums) == 2 and sums[0][1] == sums[1][1], result.stdout[-3000:]
     accuracy = float(re.search(r"test accuracy (\d\.\d+)", result.stdout).group(1))
     assert accuracy > 0.9, result.stdout[-3000:]
+
+
+def test_bench_script_compares_with_multi_worker_mirrored_strategy(tmp_path) -> None:
+    # bench/tensorflow.py still runs (tiny settings): one figure line with the ratio and the
+    # per-step communication costs, and its JSON.
+    out = tmp_path / "tensorflow.json"
+    result = run_kolorun(
+        [
+            "-np",
+            "2",
+            "python",
+            "bench/tensorflow.py",
+            "--batch-size",
+            "8",
+            "--steps",
+            "2",
+            "--warmup-steps",
+            "1",
+            "--rounds",
+            "1",
+            "--json",
+            str(out),
+        ],
+        timeout=300,
+        env={"TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    assert re.search(
+        r"\[0\]<stdout>:tensorflow smallcnn batch 8x2 .*kolo +[\d.]+ samples/s \| "
+        r"MultiWorkerMirroredStrategy +[\d.]+ samples/s \| ratio [\d.]+x \| communication per "
+        r"step: kolo -?[\d.]+ ms, MWMS -?[\d.]+ ms",
+        result.stdout,
+    ), result.stdout[-3000:]
+    figures = json.loads(out.read_text())
+    assert figures["ranks"] == 2
+    assert set(figures["samples_per_sec"]) == {"kolo", "mwms", "local"}
