@@ -20,7 +20,16 @@ import pytest
 
 from conftest import REPO, run_kolorun, worker, worker_env
 
-SCENARIOS = ("ops", "grads", "tape", "optimizer", "tape_options", "errors", "objects")
+SCENARIOS = (
+    "ops",
+    "grads",
+    "tape",
+    "optimizer",
+    "sync_batch_norm",
+    "tape_options",
+    "errors",
+    "objects",
+)
 RANKS = pytest.mark.parametrize("ranks", [2, 3])
 
 
@@ -81,6 +90,13 @@ def test_distributed_optimizer_wraps_a_keras_optimizer() -> None:
     # hvd.DistributedOptimizer(tf.keras.optimizers.SGD(momentum)) in a tf.function loop: 2
     # ranks == one process on the whole batch; a TensorFlow 1 optimizer: NotSupportedError.
     check(2, "optimizer")
+
+
+@RANKS
+def test_sync_batch_norm_equals_batch_norm_on_the_whole_batch(ranks: int) -> None:
+    # Outputs, moving statistics and input gradients of SyncBatchNormalization on each rank's
+    # rows == BatchNormalization on all rows in one process; a local BatchNormalization differs.
+    check(ranks, "sync_batch_norm")
 
 
 def test_tape_groups_predivide_compression_sparse_partial_and_one_crossing_per_step() -> None:

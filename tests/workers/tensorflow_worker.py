@@ -413,6 +413,39 @@ def optimizer() -> None:
         pass
 
 
+def sync_batch_norm() -> None:
+    """SyncBatchNormalization on each rank's rows == BatchNormalization on the whole batch:
+    outputs, moving statistics and the gradients of the summed loss, in a tf.function."""
+    me, world = hvd.rank(), hvd.size()
+    rng = np.random.default_rng(9)
+    x = rng.normal(loc=2.0, scale=3.0, size=(world * 4, 5))
+    w = rng.normal(size=(world * 4, 5))
+    mine = slice(me * 4, (me + 1) * 4)
+    sync = hvd.SyncBatchNormalization(momentum=0.5, dtype="float64")
+    plain = tf.keras.layers.BatchNormalization(momentum=0.5, dtype="float64")
+    alone = tf.keras.layers.BatchNormalization(momentum=0.5, dtype="float64")
+    for layer in (sync, plain, alone):
+        layer.build((None, 5))  # variables outside the tf.function
+
+    @tf.function
+    def step(layer, xs, ws):
+        xs = tf.convert_to_tensor(xs)
+        with tf.GradientTape() as tape:
+            tape.watch(xs)
+            out = layer(xs, training=True)
+            value = tf.reduce_sum(ws * out)
+        return out, tape.gradient(value, xs)
+
+    out, grad = step(sync, x[mine], w[mine])
+    ref_out, ref_grad = step(plain, x, w)
+    check(out, np.asarray(ref_out)[mine], "sync batch norm output")
+    check(grad, np.asarray(ref_grad)[mine], "sync batch norm input gradient")
+    check(sync.moving_mean, np.asarray(plain.moving_mean), "sync batch norm moving mean")
+    check(sync.moving_variance, np.asarray(plain.moving_variance), "moving variance")
+    local_out, _ = step(alone, x[mine], w[mine])
+    assert not np.allclose(np.asarray(local_out), np.asarray(ref_out)[mine], atol=1e-3)
+
+
 # --- tape_options: groups, predivide, sparse, partial tape, one crossing per step -----------
 
 
@@ -599,6 +632,7 @@ SCENARIOS = {
     "grads": grads,
     "tape": tape,
     "optimizer": optimizer,
+    "sync_batch_norm": sync_batch_norm,
     "tape_options": tape_options,
     "errors": errors,
     "objects": objects,

@@ -103,6 +103,7 @@ from kolo.tensorflow.mpi_ops import (
     size,
     size_op,
 )
+from kolo.tensorflow.sync_batch_norm import SyncBatchNormalization
 
 __all__ = [
     "Adasum",
@@ -118,6 +119,7 @@ __all__ = [
     "Product",
     "ReduceOp",
     "Sum",
+    "SyncBatchNormalization",
     "add_process_set",
     "allgather",
     "allgather_object",
