@@ -79,8 +79,10 @@ class _GradientReducer:
                 tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads
             ]
         ps = resolve(self.process_set)
-        if not ps.included() or (ps.size() or 0) <= 1:
-            return grads  # Horovod's _allreduce_cond: nothing to reduce
+        if not ps.included():
+            return grads  # Horovod's _allreduce_cond: not a member, nothing to reduce
+        # Unlike Horovod (outside elastic mode), a 1-rank set still reduces (an identity, in
+        # the engine): a step traced on 1 rank then stays right when an elastic job grows.
         present = [i for i, g in enumerate(grads) if g is not None]
         if isinstance(self.groups, list):
             position = {_key(s): i for i, s in enumerate(sources)}
