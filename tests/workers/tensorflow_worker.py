@@ -533,6 +533,28 @@ def tape_options() -> None:
         assert not isinstance(dense, tf.IndexedSlices)
         check(dense, dense_want, f"{mode} sparse_as_dense")
 
+    # hvd.allreduce of a tf.IndexedSlices directly: gathered (Sum), or divided by the size
+    # (Average); other ops and scale factors are refused, as Horovod.
+    part = tf.IndexedSlices(
+        tf.constant([[float(me), 1.0]]), tf.constant([me]), dense_shape=tf.constant([4, 2])
+    )
+    for mode in MODES:
+        summed, averaged = run(
+            mode, lambda p: (hvd.allreduce(p, op=hvd.Sum), hvd.allreduce(p)), part
+        )
+        want = np.zeros((4, 2), np.float32)
+        for r in range(world):
+            want[r] = [r, 1.0]
+        what = f"{mode} allreduce(IndexedSlices"
+        check(tf.convert_to_tensor(summed), want, f"{what}, Sum)", "float32")
+        check(tf.convert_to_tensor(averaged), want / world, f"{what})", "float32")
+    for kwargs in ({"op": hvd.Max}, {"op": hvd.Sum, "prescale_factor": 2.0}):
+        try:
+            hvd.allreduce(part, **kwargs)
+            raise AssertionError(f"allreduce(IndexedSlices, {kwargs}) was accepted")
+        except NotSupportedError:
+            pass
+
     # PartialDistributedGradientTape: a local layer's gradient is not reduced (it is divided by
     # the size, as Horovod's scale_local_gradients).
     net = model(seed=5)
