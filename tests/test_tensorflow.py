@@ -26,6 +26,7 @@ SCENARIOS = (
     "tape",
     "optimizer",
     "sync_batch_norm",
+    "elastic",
     "tape_options",
     "errors",
     "objects",
@@ -97,6 +98,15 @@ def test_sync_batch_norm_equals_batch_norm_on_the_whole_batch(ranks: int) -> Non
     # Outputs, moving statistics and input gradients of SyncBatchNormalization on each rank's
     # rows == BatchNormalization on all rows in one process; a local BatchNormalization differs.
     check(ranks, "sync_batch_norm")
+
+
+@RANKS
+def test_elastic_states_and_run_recover_from_a_failure_inside_tf_function(ranks: int) -> None:
+    # TensorFlowState / TensorFlowKerasState sync, commit and restore; hvd.elastic.run restores
+    # the last commit, resets and retries when a collective fails inside the tf.function step
+    # (one rank retraced it alone first: graph op names must not depend on trace counts), and
+    # ends with the weights of an uninterrupted run.
+    check(ranks, "elastic")
 
 
 def test_tape_groups_predivide_compression_sparse_partial_and_one_crossing_per_step() -> None:

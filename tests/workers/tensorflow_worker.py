@@ -446,6 +446,78 @@ def sync_batch_norm() -> None:
     assert not np.allclose(np.asarray(local_out), np.asarray(ref_out)[mine], atol=1e-3)
 
 
+def elastic() -> None:
+    """hvd.elastic: TensorFlowState and TensorFlowKerasState sync/commit/restore, and run
+    recovering (restore, reset, retry from the commit) from a collective that fails inside a
+    tf.function train step; the recovered run ends where an uninterrupted one does."""
+    me, world = hvd.rank(), hvd.size()
+    # TensorFlowState: ranks start different; sync gives rank 0's values; restore goes back.
+    pair = [tf.Variable(np.full(3, float(me))), tf.Variable(float(me) + 10.0)]
+    state = hvd.elastic.TensorFlowState(pair, step=me)
+    state.sync()
+    assert all(
+        np.array_equal(np.asarray(v), np.asarray(w)) for v, w in zip(pair, [np.zeros(3), 10.0])
+    )
+    assert state.step == 0
+    pair[0].assign([5.0, 5.0, 5.0])
+    state.step = 7
+    state.restore()
+    assert np.array_equal(np.asarray(pair[0]), np.zeros(3)) and state.step == 0
+
+    # TensorFlowKerasState with a custom loop; one round breaks at step 3 with a mismatch.
+    loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    x, y = batches(world)
+    mine = slice(me * LOCAL, (me + 1) * LOCAL)
+    net = model(seed=20 + me)
+    opt = tf.keras.optimizers.SGD(0.1, momentum=0.9)
+    opt.build(net.trainable_variables)
+    kstate = hvd.elastic.TensorFlowKerasState(net, optimizer=opt, batch=0)
+    broken = {"at": 3}
+
+    def make_step():
+        @tf.function
+        def training_step(images, labels, probe):
+            with tf.GradientTape() as gt:
+                value = loss(labels, net(images, training=True))
+            grads = hvd.DistributedGradientTape(gt).gradient(value, net.trainable_variables)
+            opt.apply_gradients(zip(grads, net.trainable_variables))
+            hvd.allreduce(probe, name="elastic.probe")
+            return value
+
+        return training_step
+
+    rounds = []
+
+    @hvd.elastic.run
+    def train(state):
+        rounds.append(state.batch)
+        step = make_step()  # traced for this round's job
+        while state.batch < STEPS:
+            b = state.batch
+            rows = 2 + me if b == broken["at"] and len(rounds) == 1 else 2
+            step(tf.constant(x[b, mine]), tf.constant(y[b, mine]), tf.ones([rows]))
+            state.batch += 1
+            state.commit()
+        return [np.asarray(w) for w in net.weights]
+
+    kstate.sync()
+    start = ([np.asarray(w) for w in net.weights], [np.asarray(v) for v in opt.variables])
+    final = train(kstate)
+    assert rounds == [0, broken["at"]], f"rounds started at batches {rounds}"
+    for var, value in zip(net.weights, start[0]):
+        var.assign(value)
+    for var, value in zip(opt.variables, start[1]):
+        var.assign(value)
+    step = make_step()
+    for b in range(STEPS):
+        step(tf.constant(x[b, mine]), tf.constant(y[b, mine]), tf.ones([2]))
+    for i, (got, want) in enumerate(zip(final, net.weights)):
+        if not np.allclose(got, np.asarray(want), rtol=1e-6, atol=1e-6):
+            raise AssertionError(
+                f"the recovered run's weight {i} differs from an uninterrupted one"
+            )
+
+
 # --- tape_options: groups, predivide, sparse, partial tape, one crossing per step -----------
 
 
@@ -630,6 +702,21 @@ def objects() -> None:
     var2 = tf.Variable([float(me)] * 2)
     tf.function(lambda: hvd.broadcast_variables([var2], root_rank=1))()
     check(var2, np.full(2, 1.0, np.float32), "broadcast_variables in tf.function", "float32")
+
+    # Graph op names depend neither on the other ops a rank adds nor on how often a rank
+    # traced: rank 0 adds ops before the allreduce; then only rank 1 retraces (a bigger
+    # batch), as with an uneven last batch.
+    @tf.function
+    def column_sums(x):
+        if me == 0:
+            x = tf.identity(x) * 1.0 + 0.0
+        return hvd.allreduce(tf.reduce_sum(x, axis=0), op=hvd.Sum)
+
+    check(column_sums(tf.ones([2, 3])), np.full(3, 2.0 * world, np.float32), "sums", "float32")
+    rows = 2 + (me == 1)
+    want = np.full(3, 2.0 * world + 1, np.float32)
+    check(column_sums(tf.ones([rows, 3])), want, "sums after rank 1 retraced", "float32")
+
     # TensorFlow 1: broadcast_global_variables in a graph run by a session; refused eagerly.
     with tf.Graph().as_default():
         gv = tf.compat.v1.Variable([float(me)] * 2, name="global_v")
@@ -655,6 +742,7 @@ SCENARIOS = {
     "tape": tape,
     "optimizer": optimizer,
     "sync_batch_norm": sync_batch_norm,
+    "elastic": elastic,
     "tape_options": tape_options,
     "errors": errors,
     "objects": objects,

@@ -50,6 +50,7 @@ from kolo._core import (
     stop_timeline,
 )
 from kolo.exceptions import HorovodInternalError
+from kolo.tensorflow import elastic
 from kolo.tensorflow._optimizer import DistributedOptimizer
 from kolo.tensorflow._reductions import (
     allreduce,
@@ -137,6 +138,7 @@ __all__ = [
     "cross_size",
     "cuda_built",
     "ddl_built",
+    "elastic",
     "engine_stats",
     "global_process_set",
     "gloo_built",

@@ -46,12 +46,7 @@ def broadcast_variables(
     variables = list(variables)
     if not variables:
         return None
-    return mpi_ops.broadcast_(
-        variables,
-        root_rank,
-        name=mpi_ops._op_name("broadcast_variables", None, resolve(process_set)),
-        process_set=process_set,
-    )
+    return mpi_ops.broadcast_(variables, root_rank, process_set=process_set)
 
 
 def broadcast_object(

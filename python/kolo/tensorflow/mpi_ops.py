@@ -30,6 +30,7 @@ Example::
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
@@ -133,13 +134,23 @@ def _cross(
     return _bridge.call_tf(fn, tensors, out_shapes, out_dtypes, name, xla_hint=_XLA_HINT)
 
 
-def _op_name(kind: str, name: Optional[str], ps: ProcessSet) -> str:
-    """The name an op carries across ranks: the user's, or ``<kind>.noname.<n>`` counted per
-    process set (``<kind>.set<id>.noname.<n>`` for a set other than the global one), so ops
-    that only the members of a set call do not shift the names of the other ranks' ops."""
-    if name is not None or not ps.process_set_id:
+def _op_name(kind: str, name: Optional[str], ps: ProcessSet, tensors: Sequence[Any] = ()) -> str:
+    """The name an op carries across ranks: the user's; inside a graph, the graph's name and
+    the op's position among the kolo ops of its kind in that graph (``f/kolo.allreduce_2``),
+    so it depends neither on the other ops a rank adds (``if hvd.rank() == 0: tf.print(...)``)
+    nor on how often a rank traced (a rank that retraced alone, e.g. for a smaller last batch,
+    still agrees with the others); eagerly, ``<kind>.noname.<n>`` in call order. Unnamed ops
+    on a set other than the global one are counted per set (``<kind>.set<id>...``), so ops only
+    its members call shift nothing."""
+    if name is not None:
         return _core.op_name(kind, name)
-    return _core.op_name(f"{kind}.set{ps.process_set_id}", None)
+    prefix = f"{kind}.set{ps.process_set_id}" if ps.process_set_id else kind
+    if tensors and not tf.executing_eagerly():
+        graph = tf.compat.v1.get_default_graph()
+        # (A tf.cond branch's graph name ends in a process-wide uid: dropped.)
+        graph_name = re.sub(r"_\d+$", "", getattr(graph, "name", "graph"))
+        return f"{graph_name}/{graph.unique_name(f'kolo.{prefix}', mark_as_used=True)}"
+    return _core.op_name(prefix, None)
 
 
 def _names(base: str, count: int) -> list[str]:
@@ -202,7 +213,7 @@ def _grouped_allreduce(
         return []
     ps = resolve(process_set)
     reduce_op = op if type(op) is ReduceOp else ReduceOp(op)
-    names = _names(_op_name("allreduce", name, ps), len(tensors))
+    names = _names(_op_name("allreduce", name, ps, tensors), len(tensors))
 
     def forward(*xs: Any) -> list[Any]:
         return _cross(
@@ -270,7 +281,7 @@ def grouped_allgather(
     if not tensors:
         return []
     ps = resolve(process_set)
-    names = _names(_op_name("allgather", name, ps), len(tensors))
+    names = _names(_op_name("allgather", name, ps, tensors), len(tensors))
     shapes = [
         tf.TensorShape([None]).concatenate(t.shape[1:]) if t.shape.rank else None for t in tensors
     ]
@@ -319,7 +330,7 @@ def _grouped_broadcast(
     if not tensors:
         return []
     ps = resolve(process_set)
-    names = _names(_op_name(kind, name, ps), len(tensors))
+    names = _names(_op_name(kind, name, ps, tensors), len(tensors))
     root = int(root_rank)
 
     def forward(*xs: Any) -> list[Any]:
@@ -402,7 +413,7 @@ def alltoall(
     ps = resolve(process_set)
     x = _tensor(tensor)
     given = tf.convert_to_tensor(splits) if splits is not None else tf.constant([], dtype=tf.int32)
-    tensor_name = _op_name("alltoall", name, ps)
+    tensor_name = _op_name("alltoall", name, ps, [x])
     world = len(ps.ranks) if ps.ranks is not None else size()
     out_shape = tf.TensorShape([None]).concatenate(x.shape[1:]) if x.shape.rank else None
 
@@ -456,7 +467,7 @@ def _grouped_reducescatter(
         return []
     ps = resolve(process_set)
     reduce_op = op if type(op) is ReduceOp else ReduceOp(op)
-    names = _names(_op_name("reducescatter", name, ps), len(tensors))
+    names = _names(_op_name("reducescatter", name, ps, tensors), len(tensors))
     shapes = [
         tf.TensorShape([_rows_of(t.shape[0], ps)]).concatenate(t.shape[1:])
         if t.shape.rank
