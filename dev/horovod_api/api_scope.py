@@ -94,7 +94,10 @@ STORE_MODULE = "horovod.spark.common.store"
 _OUT_OF_SCOPE = [
     # (test on the dotted module name, owner, reason)
     (
-        lambda m: m.startswith("horovod.tensorflow") or m.startswith("horovod.keras"),
+        # horovod.tensorflow itself is in scope (kolo.tensorflow, issue 22's first slice);
+        # its submodules (keras, elastic) and horovod.keras are not yet.
+        lambda m: (m.startswith("horovod.tensorflow") and m != "horovod.tensorflow")
+        or m.startswith("horovod.keras"),
         TENSORFLOW,
         "TensorFlow and tf.keras adapters",
     ),

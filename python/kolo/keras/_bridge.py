@@ -42,16 +42,18 @@ def in_tf_graph() -> bool:
     return backend() == "tensorflow" and not _tf().executing_eagerly()
 
 
-def _refuse_xla() -> None:
+_KERAS_XLA_HINT = (
+    "compile the model with model.compile(..., jit_compile=False) (Keras turns XLA on by "
+    "default when a GPU is visible)"
+)
+
+
+def _refuse_xla(hint: str = _KERAS_XLA_HINT) -> None:
     from tensorflow.python.framework import ops as tf_ops
     from tensorflow.python.ops import control_flow_util
 
     if control_flow_util.GraphOrParentsInXlaContext(tf_ops.get_default_graph()):
-        raise ConfigError(
-            "kolo.keras collectives cannot run inside an XLA-compiled function: compile the "
-            "model with model.compile(..., jit_compile=False) (Keras turns XLA on by default "
-            "when a GPU is visible)"
-        )
+        raise ConfigError(f"kolo collectives cannot run inside an XLA-compiled function: {hint}")
 
 
 def _refuse_tracer(values: Sequence[Any]) -> None:
@@ -107,27 +109,47 @@ def call(
     """
     values = list(values)
     if backend() == "tensorflow":
-        tf = _tf()
-        tensors = [
-            tf.convert_to_tensor(v.value if isinstance(v, keras.Variable) else v) for v in values
-        ]
-        dtypes = list(out_dtypes) if out_dtypes is not None else [t.dtype for t in tensors]
-        if tf.executing_eagerly():
-            outs = fn([t.numpy() for t in tensors])
-            return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, dtypes)]
-        _refuse_xla()
-        shapes = list(out_shapes) if out_shapes is not None else [t.shape for t in tensors]
-
-        def run(*arrays: np.ndarray) -> list[np.ndarray]:
-            return [
-                np.asarray(o, dtype=tf.as_dtype(d).as_numpy_dtype)
-                for o, d in zip(fn(list(arrays)), dtypes)
-            ]
-
-        outs = tf.numpy_function(run, tensors, Tout=dtypes, stateful=True, name=name)
-        for out, shape in zip(outs, shapes):
-            out.set_shape(shape)
-        return list(outs)
+        return call_tf(fn, values, out_shapes, out_dtypes, name)
     _refuse_tracer(values)
     outs = fn([to_numpy(v) for v in values])
     return [to_tensor(o, like=v) for o, v in zip(outs, values)]
+
+
+def call_tf(
+    fn: ArrayFn,
+    values: Sequence[Any],
+    out_shapes: Optional[Sequence[Optional[Sequence[Optional[int]]]]] = None,
+    out_dtypes: Optional[Sequence[Any]] = None,
+    name: str = "kolo_collective",
+    xla_hint: str = _KERAS_XLA_HINT,
+) -> list[Any]:
+    """:func:`call` for TensorFlow tensors whatever the Keras backend (``kolo.tensorflow``):
+    eagerly through ``.numpy()``, inside ``tf.function`` as one stateful
+    ``tf.numpy_function`` node. ``xla_hint`` says how to turn XLA off in the error raised
+    inside an XLA-compiled function.
+
+    Example::
+
+        doubled = _bridge.call_tf(lambda xs: [x * 2 for x in xs], [tf.ones(3)])
+    """
+    tf = _tf()
+    tensors = [
+        tf.convert_to_tensor(v.value if isinstance(v, keras.Variable) else v) for v in values
+    ]
+    dtypes = list(out_dtypes) if out_dtypes is not None else [t.dtype for t in tensors]
+    if tf.executing_eagerly():
+        outs = fn([t.numpy() for t in tensors])
+        return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, dtypes)]
+    _refuse_xla(xla_hint)
+    shapes = list(out_shapes) if out_shapes is not None else [t.shape for t in tensors]
+
+    def run(*arrays: np.ndarray) -> list[np.ndarray]:
+        return [
+            np.asarray(o, dtype=tf.as_dtype(d).as_numpy_dtype)
+            for o, d in zip(fn(list(arrays)), dtypes)
+        ]
+
+    outs = tf.numpy_function(run, tensors, Tout=dtypes, stateful=True, name=name)
+    for out, shape in zip(outs, shapes):
+        out.set_shape(shape)
+    return list(outs)
