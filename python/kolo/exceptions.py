@@ -47,6 +47,12 @@ from kolo._native import (
     TimeoutError,
 )
 
+# TensorFlow's AutoGraph re-raises an error raised while it traces a ``tf.function`` with the
+# error's own type only when that type's ``__init__`` is ``Exception.__init__``; any other
+# becomes a ``StagingError`` and ``except kolo.exceptions.X`` would miss it. The builtin bases
+# (``ValueError``, ``RuntimeError``, ...) bring their own ``__init__``, which behaves the same.
+KoloError.__init__ = Exception.__init__  # type: ignore[misc]
+
 
 class NotInitializedError(KoloError, ValueError):
     """A kolo call needs ``hvd.init()`` first (a ``ValueError`` too, as Horovod raises)."""

@@ -194,6 +194,27 @@ def ops() -> None:
         want = np.concatenate([np.array([r % 2 == 0, True, False]) for r in rs])
         check(gathered, want, f"{mode} bool allgather", "int32")
         check(broadcast, np.array([True, True, False]), f"{mode} bool broadcast", "int32")
+        adasum(mode)
+
+
+def adasum(mode: str) -> None:
+    """``op=hvd.Adasum``: Horovod's pairwise formula on a power-of-two job, refused on every
+    rank of any other size."""
+    me, world = hvd.rank(), hvd.size()
+    x = tf.constant(np.arange(4, dtype=np.float32) + me)
+    if world & (world - 1):
+        try:
+            run(mode, lambda t: hvd.allreduce(t, op=hvd.Adasum), x)
+        except NotSupportedError as err:  # at the call, also while tracing
+            assert "power of 2" in str(err), err
+            return
+        raise AssertionError(f"{mode} Adasum on {world} ranks was not refused")
+    parts = [np.arange(4, dtype=np.float64) + r for r in range(world)]
+    while len(parts) > 1:  # the pairwise combination, level by level (Horovod's tree)
+        pairs = zip(parts[0::2], parts[1::2])
+        parts = [(1 - a @ b / (2 * a @ a)) * a + (1 - a @ b / (2 * b @ b)) * b for a, b in pairs]
+    got = run(mode, lambda t: hvd.allreduce(t, op=hvd.Adasum), x)
+    check(got, parts[0].astype(np.float32), f"{mode} Adasum", "float32")
 
 
 # --- grads: every differentiable op against its analytic (Horovod's) gradient ---------------

@@ -213,6 +213,8 @@ def _grouped_allreduce(
         return []
     ps = resolve(process_set)
     reduce_op = op if type(op) is ReduceOp else ReduceOp(op)
+    if reduce_op is _core.Adasum:  # refused where it is called (while tracing), not in the graph
+        _core.check_adasum(ps.size() or _core.size())
     names = _names(_op_name("allreduce", name, ps, tensors), len(tensors))
 
     def forward(*xs: Any) -> list[Any]:
