@@ -15,7 +15,7 @@ import keras
 import numpy as np
 
 import kolo.keras as hvd
-from kolo.exceptions import ConfigError, InvalidValueError, NotSupportedError
+from kolo.exceptions import ConfigError, InvalidValueError
 
 STEPS = 6  # optimizer updates per epoch
 LOCAL = 8  # rows per rank per step
@@ -258,7 +258,11 @@ def scenario_errors() -> None:
 
     sgd = keras.optimizers.SGD(0.1)
     expect(InvalidValueError, lambda: hvd.DistributedOptimizer(object()), "Keras 3 optimizer")
-    expect(NotSupportedError, lambda: hvd.DistributedOptimizer(sgd, op=hvd.Adasum), "Adasum")
+    expect(
+        InvalidValueError,
+        lambda: hvd.DistributedOptimizer(sgd, op=hvd.Adasum, average_aggregated_gradients=True),
+        "average_aggregated_gradients",
+    )
     expect(
         InvalidValueError,
         lambda: hvd.DistributedOptimizer(sgd, backward_passes_per_step=0),

@@ -432,6 +432,46 @@ def optimizer() -> None:
         raise AssertionError("a TensorFlow 1 optimizer was accepted")
     except NotSupportedError:
         pass
+    adasum_optimizer()
+
+
+def adasum_optimizer() -> None:
+    """DistributedOptimizer(op=hvd.Adasum): one SGD step applies the Adasum combination of the
+    ranks' gradients, per variable (Horovod's Keras optimizer); refused on 3 ranks."""
+    me, world = hvd.rank(), hvd.size()
+    sgd = tf.keras.optimizers.SGD(0.1)
+    if world & (world - 1):
+        try:
+            hvd.DistributedOptimizer(sgd, op=hvd.Adasum)
+        except NotSupportedError as err:
+            assert "power of 2" in str(err), err
+            return
+        raise AssertionError(f"DistributedOptimizer(op=Adasum) on {world} ranks was accepted")
+    loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    x, y = batches(world)
+
+    def grads_of(net, r):
+        rows = slice(r * LOCAL, (r + 1) * LOCAL)
+        with tf.GradientTape() as gt:
+            value = loss(y[0, rows], net(x[0, rows], training=True))
+        return gt.gradient(value, net.trainable_variables)
+
+    net = model(seed=12)
+    start = [np.asarray(v, np.float64) for v in net.trainable_variables]
+    every = [[np.asarray(g, np.float64).ravel() for g in grads_of(net, r)] for r in range(world)]
+    opt = hvd.DistributedOptimizer(sgd, op=hvd.Adasum)
+    step = tf.function(lambda: opt.apply_gradients(zip(grads_of(net, me), net.trainable_variables)))
+    step()
+    for i, (variable, w0) in enumerate(zip(net.trainable_variables, start)):
+        parts = [grads[i] for grads in every]
+        while len(parts) > 1:
+            parts = [
+                (1 - a @ b / (2 * a @ a)) * a + (1 - a @ b / (2 * b @ b)) * b
+                for a, b in zip(parts[0::2], parts[1::2])
+            ]
+        want = w0 - 0.1 * parts[0].reshape(w0.shape)
+        if not np.allclose(np.asarray(variable, np.float64), want, rtol=1e-5, atol=1e-6):
+            raise AssertionError(f"DistributedOptimizer(op=Adasum): variable {i} differs")
 
 
 def sync_batch_norm() -> None:

@@ -20,7 +20,7 @@ import numpy as np
 from kolo import _core
 from kolo._core import Adasum, Average, ReduceOp, resolve_op
 from kolo._env import elastic_launch
-from kolo.exceptions import ConfigError, InvalidArgumentError, InvalidValueError, NotSupportedError
+from kolo.exceptions import ConfigError, InvalidArgumentError, InvalidValueError
 from kolo.keras import _arrays, _bridge
 from kolo.keras.compression import Compression
 from kolo.process_sets import ProcessSet, global_process_set, resolve
@@ -309,7 +309,8 @@ def DistributedOptimizer(
             gathering their rows.
         gradient_predivide_factor: with Average, scale by ``1 / factor`` before the sum and by
             ``factor / size`` after it.
-        op: ``hvd.Average`` (default) or ``hvd.Sum``.
+        op: ``hvd.Average`` (default), ``hvd.Sum`` or ``hvd.Adasum`` (power-of-two rank
+            counts; the gradients are Adasum-combined, as in Horovod).
         backward_passes_per_step: batches whose gradients are accumulated locally before one
             allreduce and update (Keras's ``gradient_accumulation_steps``).
         average_aggregated_gradients: with ``backward_passes_per_step > 1``, apply the mean of
@@ -331,12 +332,14 @@ def DistributedOptimizer(
     del device_dense, device_sparse  # host staging; nothing to place
     reduce_op = resolve_op(op, None)  # InvalidArgumentError for unknown ops
     if reduce_op is Adasum:
-        # Horovod's Keras optimizer with Adasum combines parameter deltas; not built yet here
-        # (hvd.allreduce(op=hvd.Adasum) works).
-        raise NotSupportedError(
-            "DistributedOptimizer(op=hvd.Adasum) is not supported by kolo.keras yet; use "
-            "hvd.Average or hvd.Sum (hvd.allreduce(..., op=hvd.Adasum) works)"
-        )
+        # As Horovod's Keras optimizer: the gradients are Adasum-combined (no delta step).
+        if average_aggregated_gradients:
+            raise InvalidValueError(
+                "Adasum does not support average_aggregated_gradients == True (as in Horovod): "
+                "pass average_aggregated_gradients=False, or use op=hvd.Average"
+            )
+        if _core.is_initialized():
+            _core.check_adasum(resolve(process_set).size() or _core.size())
     if num_groups:
         warnings.warn("num_groups is deprecated; use groups=", DeprecationWarning, stacklevel=2)
         if groups is None:

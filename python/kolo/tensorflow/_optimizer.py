@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 import tensorflow as tf
 
-from kolo._core import Adasum, Average, resolve_op
+from kolo._core import Average
 from kolo.exceptions import InvalidArgumentError, NotSupportedError
 from kolo.keras import compression as keras_compression
 from kolo.keras import optimizer as keras_optimizer
@@ -68,8 +68,6 @@ def DistributedOptimizer(
             "TensorFlow 1 optimizers (tf.compat.v1.train.Optimizer) are not supported by kolo; "
             "use a Keras optimizer (tf.keras.optimizers) or hvd.DistributedGradientTape"
         )
-    if resolve_op(op, None) is Adasum:
-        raise NotSupportedError("op=hvd.Adasum is not supported yet with Keras optimizers")
     if compression not in _KERAS_COMPRESSION:
         raise InvalidArgumentError(
             f"DistributedOptimizer takes hvd.Compression.none, .fp16 or .bf16, got "
