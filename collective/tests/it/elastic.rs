@@ -423,3 +423,93 @@ fn hosts_keep_their_order_across_rounds_and_a_host_that_left_comes_back_last() {
     assert!(driver.abort_cause().is_none());
     driver.shutdown();
 }
+
+#[test]
+fn an_added_task_is_announced_when_it_registers_and_one_that_never_does_is_dropped() {
+    let config = DriverConfig {
+        start_timeout: Duration::from_millis(1500),
+        heartbeat_timeout: Duration::from_secs(30),
+        elastic: Some(elastic(2, 4)),
+        ..DriverConfig::new(2)
+    };
+    let driver = DriverService::start(config.clone()).unwrap();
+    let envs: Vec<WorkerEnv> = ["host-a", "host-b", "host-c", "host-d"]
+        .iter()
+        .enumerate()
+        .map(|(task, host)| env(&driver, &config, task as u32, host))
+        .collect();
+    let added = Barrier::new(3);
+    let quiet = Barrier::new(3);
+    let results: Vec<_> = std::thread::scope(|scope| {
+        let mut workers: Vec<_> = envs[..2]
+            .iter()
+            .map(|env| {
+                let (added, quiet) = (&added, &quiet);
+                scope.spawn(move || {
+                    let worker = join(env);
+                    allreduce(&worker, "before", &[1.0]).unwrap();
+                    added.wait();
+                    // Tasks 2 and 3 were added but have not registered: the running ranks
+                    // hear nothing and keep running collectives in their round.
+                    std::thread::sleep(Duration::from_millis(300));
+                    let early = worker.take_host_updates();
+                    assert!(early.is_empty(), "announced before registering: {early:?}");
+                    allreduce(&worker, "while joining", &[1.0]).unwrap();
+                    quiet.wait();
+                    let deadline = Instant::now() + Duration::from_secs(10);
+                    let mut seen = Vec::new();
+                    while !seen
+                        .iter()
+                        .any(|u: &kolo_collective::control::HostUpdate| u.result == ADDED)
+                    {
+                        assert!(Instant::now() < deadline, "no 'added' update: {seen:?}");
+                        seen.extend(worker.take_host_updates());
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                    worker.shutdown();
+                    let again = join(env);
+                    let info = again.info().clone();
+                    let sum = allreduce(&again, "after", &[1.0]).unwrap();
+                    again.shutdown();
+                    (info, sum, seen)
+                })
+            })
+            .collect();
+        added.wait();
+        driver.add_tasks(&[2, 3]).unwrap();
+        assert_eq!(driver.live_tasks(), vec![0, 1, 2, 3]);
+        quiet.wait();
+        assert_eq!(driver.resets(), 0, "nobody reset for a task still starting");
+        let new_env = &envs[2];
+        workers.push(scope.spawn(move || {
+            let worker = join(new_env);
+            let info = worker.info().clone();
+            let sum = allreduce(&worker, "after", &[1.0]).unwrap();
+            worker.shutdown();
+            (info, sum, Vec::new())
+        }));
+        workers.into_iter().map(|w| w.join().unwrap()).collect()
+    });
+    for (info, sum, seen) in &results[..2] {
+        assert_eq!(
+            info.size, 3,
+            "task 3 never registered: the round did not wait for it"
+        );
+        assert_eq!(sum, &[3.0]);
+        assert_eq!(seen.len(), 1, "one update, for task 2: {seen:?}");
+    }
+    assert_eq!(results[2].0.size, 3);
+    // Task 3 is dropped at the start timeout; nobody is interrupted for it.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while driver.live_tasks() != vec![0, 1, 2] {
+        assert!(
+            Instant::now() < deadline,
+            "task 3 was not dropped: {:?}",
+            driver.live_tasks()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(driver.resets(), 1);
+    assert!(driver.abort_cause().is_none(), "{:?}", driver.abort_cause());
+    driver.shutdown();
+}
