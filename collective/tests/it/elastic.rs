@@ -383,13 +383,42 @@ fn elastic_bounds_are_checked_and_a_fixed_job_refuses_elastic_calls() {
 /// Registers `tasks` for the next round (concurrently) and returns `(task, rank)` sorted by
 /// rank.
 fn next_round(driver: &DriverService, config: &DriverConfig, tasks: &[(u32, &str)]) -> Vec<u32> {
-    let joined = register_all(driver, &config.secret, tasks);
+    next_round_after(driver, config, &[], tasks)
+}
+
+/// [`next_round`] where the tasks of `added` (just added with `add_tasks`) register first, as
+/// they do in a job: the driver announces them when they register, and only then do the
+/// running tasks of `running` reset and register.
+fn next_round_after(
+    driver: &DriverService,
+    config: &DriverConfig,
+    added: &[(u32, &str)],
+    running: &[(u32, &str)],
+) -> Vec<u32> {
+    let joined = std::thread::scope(|scope| {
+        let first = scope.spawn(|| register_all(driver, &config.secret, added));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !added
+            .iter()
+            .all(|(index, _)| driver.registered_tasks().contains(index))
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the added tasks did not register"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let mut joined = register_all(driver, &config.secret, running);
+        joined.extend(first.join().unwrap());
+        joined
+    });
+    let tasks = added.len() + running.len();
     let mut by_rank: Vec<(u32, u32)> = joined
         .iter()
         .map(|(_, me)| (me.rank, me.peers[me.rank as usize].task_index))
         .collect();
     by_rank.sort();
-    assert!(joined.iter().all(|(_, me)| me.size as usize == tasks.len()));
+    assert!(joined.iter().all(|(_, me)| me.size as usize == tasks));
     by_rank.into_iter().map(|(_, task)| task).collect()
 }
 
@@ -409,14 +438,15 @@ fn hosts_keep_their_order_across_rounds_and_a_host_that_left_comes_back_last() {
     // host-a's last task leaves and host-c joins: order b, c.
     driver.remove_task(2, "exited").unwrap();
     driver.add_tasks(&[3]).unwrap();
-    let round2 = next_round(&driver, &config, &[(1, "host-b"), (3, "host-c")]);
+    let round2 = next_round_after(&driver, &config, &[(3, "host-c")], &[(1, "host-b")]);
     assert_eq!(round2, [1, 3]);
     // host-a comes back: it is a new host now, so it comes last.
     driver.add_tasks(&[4]).unwrap();
-    let round3 = next_round(
+    let round3 = next_round_after(
         &driver,
         &config,
-        &[(1, "host-b"), (3, "host-c"), (4, "host-a")],
+        &[(4, "host-a")],
+        &[(1, "host-b"), (3, "host-c")],
     );
     assert_eq!(round3, [1, 3, 4]);
     assert_eq!(driver.resets(), 3);
