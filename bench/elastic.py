@@ -2,7 +2,7 @@
 and what a commit of a 100 MB ``TorchState`` costs against a memcpy of it.
 
     python bench/elastic.py [--ranks 2,4,8] [--repeats 3] [--commit-mb 100] [--quick]
-        [--horovod auto|yes|no] [--kolo-python PATH] [--json PATH]
+        [--scenarios kill,add] [--horovod auto|yes|no] [--kolo-python PATH] [--json PATH]
 
 Not run in CI (tests/test_bench_scripts.py runs a tiny configuration). The ranks run
 bench/_elastic_rank.py (a ~1 M-parameter linear model, ``DistributedOptimizer``, a
@@ -17,11 +17,14 @@ removes a rank's task when its process dies and adds tasks as a launcher does). 
   done: restore, rendezvous of the smaller round), sync (-> ``TorchState.sync()`` done), first
   step (-> the first step of the new round completed); total kill -> first step.
 - add: ``n - 1`` ranks train; a task is added (``add_tasks`` + its process started). Phases:
-  notice (-> the running ranks' commit raised ``HostsUpdatedInterrupt``, or a collective
-  failed because the new rank's registration ended their round), process start (-> the
-  new process imported torch and kolo), rendezvous (-> every rank's ``init()`` of the new round
-  done), new rank setup (-> it built its model, optimizer and ``TorchState``), sync, first
-  step; total appearance -> the new rank's first step.
+  notice (-> the running ranks' commit raised ``HostsUpdatedInterrupt``: kolo's driver
+  announces the new task when it registers, so this includes its start), process start (-> the
+  new process imported torch and kolo), rendezvous (from the later of the two -> every rank's
+  ``init()`` of the new round done), new rank setup (-> it built its model, optimizer and
+  ``TorchState``), sync, first step; total appearance -> the new rank's first step. kolo's
+  line adds "survivor pause": what the running ranks lose, from the first of them leaving its
+  round (its interrupted commit) to the last one's first step in the new round; the rest of
+  the total they spent training.
 
 Horovod 0.28.1, when bench/peers/horovod.sh built it (``--horovod auto``), is measured in the
 same run, interleaved (kolo at ``n``, Horovod at ``n``, each repeat), with the same rank loop
@@ -155,7 +158,11 @@ def add_once(n: int, width: int, python: str) -> dict[str, float]:
         ready = events(ranks, [n - 1], "ready", appeared)[0]
         synced = max(events(ranks, everyone, "synced", appeared))
         step = events(ranks, [n - 1], "step", appeared)[0]
-    return add_phases(appeared, noticed, up, reset, ready, synced, step)
+        interrupted = min(events(ranks, running, "interrupted|detected", appeared))
+        resumed = max(events(ranks, running, "step", interrupted))
+    phases = add_phases(appeared, noticed, up, reset, ready, synced, step)
+    phases["survivor_pause_s"] = resumed - interrupted
+    return phases
 
 
 def add_phases(
@@ -297,6 +304,9 @@ def main() -> None:
     )
     parser.add_argument("--ranks", default="2,4,8", help="job sizes, comma-separated")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each scenario and size")
+    parser.add_argument(
+        "--scenarios", default="kill,add", help="which of kill,add to run, comma-separated"
+    )
     parser.add_argument("--width", type=int, default=1000, help="model: width x width linear")
     parser.add_argument("--commit-mb", type=float, default=100.0, help="0: skip the commit bench")
     parser.add_argument("--quick", action="store_true", help="2 ranks, 1 repeat, a 10 MB commit")
@@ -335,6 +345,8 @@ def main() -> None:
             ("kill", kill_once, horovod_kill_once),
             ("add", add_once, horovod_add_once),
         ):
+            if scenario not in args.scenarios.split(","):
+                continue
             samples, peer_samples, peer_failures = [], [], []
             for _ in range(repeats):  # interleaved: both see the same machine load
                 samples.append(once(n, args.width, kolo_python))

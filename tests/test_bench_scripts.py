@@ -302,7 +302,7 @@ def test_elastic_benchmark_times_each_recovery_phase(tmp_path) -> None:
         re.fullmatch(
             r"elastic add 2 ranks: notice \d+ ms \| process start \d+ ms \| rendezvous \d+ ms "
             r"\| new rank setup \d+ ms \| sync \d+ ms \| first step \d+ ms \| total \d+ ms "
-            r"\| [\d.]+x target 2 s",
+            r"\| survivor pause \d+ ms \| [\d.]+x target 2 s",
             x,
         )
         for x in lines

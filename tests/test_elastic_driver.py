@@ -166,3 +166,58 @@ def test_process_sets_are_registered_again_after_a_reset_with_stable_ids() -> No
             assert "not registered in this round" in result["left_out"], result
             assert "[1, 2] need at least 3 ranks" in result["left_out"], result
         assert ranks.leftovers() == []
+
+
+#: How long the added worker (task 2) sleeps before its first hvd.init() (a slow start).
+SLOW_START = 3.0
+
+STEP_UNTIL_JOINED = (
+    "import os, time, torch, kolo.torch as hvd\n"
+    f"time.sleep({SLOW_START} if os.environ['KOLO_TASK_INDEX'] == '2' else 0)\n"
+    "hvd.init()\n"
+    "state = hvd.elastic.ObjectState(hvd.broadcast_object, hvd.rank, step=0, big_from=-1)\n"
+    "@hvd.elastic.run\n"
+    "def train(state):\n"
+    "    while True:\n"
+    "        if hvd.size() == 3:\n"
+    "            if state.big_from < 0: state.big_from = state.step\n"
+    "            if state.step >= state.big_from + 5: return\n"
+    "        hvd.allreduce(torch.ones(8), name='step')\n"
+    "        print(f'step {time.time():.6f} {hvd.size()}', flush=True)\n"
+    "        state.step += 1\n"
+    "        state.commit()\n"
+    "        time.sleep(0.005)\n"
+    "train(state)\n"
+    "hvd.shutdown()\n"
+)
+
+
+def test_an_added_worker_is_announced_only_once_it_registers() -> None:
+    """The running ranks keep stepping while an added worker starts (here it sleeps before its
+    first init(), as a slow import would) and reset only once it registered: their pause
+    between their last step on 2 ranks and their first on 3 does not contain its start."""
+    argv = [sys.executable, "-c", STEP_UNTIL_JOINED]
+    with ElasticRanks(2, min_np=2, max_np=3) as ranks:
+        for task in range(2):
+            ranks.start(task, argv)
+        for task in range(2):
+            ranks.wait_for(task, lambda line: line.startswith("step "), timeout=60)
+        added = time.time()
+        ranks.add(2, argv)
+        results = ranks.finish([0, 1, 2], timeout=90)
+        assert ranks.leftovers() == []
+    outputs = []
+    for task in range(3):
+        assert results[task].returncode == 0, results[task].stderr[-3000:]
+        lines = results[task].stdout.splitlines()
+        outputs.append([(float(t), int(n)) for _, t, n in map(str.split, lines)])
+    for steps in outputs[:2]:
+        # Steps on 2 ranks while the added worker slept: nobody was waiting for it.
+        during = [t for t, n in steps if n == 2 and added + 0.5 < t < added + SLOW_START]
+        assert len(during) > 10, f"{len(during)} steps on 2 ranks during its start"
+        last_small = max(t for t, n in steps if n == 2)
+        first_big = min(t for t, n in steps if n == 3)
+        assert last_small > added + SLOW_START, "the survivors reset before it was ready"
+        pause = first_big - last_small
+        assert pause < SLOW_START / 2, f"the survivors paused {pause:.2f} s for it"
+    assert [n for _, n in outputs[2]] == [3] * 5

@@ -59,7 +59,8 @@ def test_keras_fit_retraces_its_step_when_a_rank_joins_a_one_rank_job() -> None:
     # rank's allreduce waits for one that never comes).
     env = {"KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
     argv = [sys.executable, worker("keras_elastic_fit_worker.py")]
-    with ElasticRanks(1, min_np=1, max_np=2, env=env) as ranks:
+    # The one rank waits after epoch 0 for the new one: it is announced once it registered.
+    with ElasticRanks(1, min_np=1, max_np=2, env={**env, "HOLD_ALONE": "1"}) as ranks:
         ranks.start(0, argv)
         ranks.wait_for(0, lambda line: line.startswith("batch 0 1 1"), timeout=120)
         ranks.add(1, argv)
@@ -153,7 +154,8 @@ def test_lightning_fit_grows_when_a_rank_joins() -> None:
     # (HostsUpdatedInterrupt, no restore), the new rank takes rank 0's committed checkpoint in
     # the sync, and the 3 resume the fit from it.
     argv = [sys.executable, worker("lightning_elastic_fit_worker.py")]
-    with ElasticRanks(2, min_np=2, max_np=3) as ranks:
+    # The 2 ranks wait after epoch 0 for the new one: it is announced once it registered.
+    with ElasticRanks(2, min_np=2, max_np=3, env={"HOLD_UNTIL_SIZE": "3"}) as ranks:
         for task in range(2):
             ranks.start(task, argv)
         ranks.wait_for(0, lambda line: line.startswith("batch 0 1 2"), timeout=120)

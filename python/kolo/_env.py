@@ -25,6 +25,21 @@ def seconds_from_env(name: str, default: float) -> float:
 #: Set by every elastic job driver in its workers' environment (``LaunchDriver.worker_env``).
 ELASTIC_TIMEOUT_ENV = "KOLO_ELASTIC_TIMEOUT"
 
+#: Set to ``1`` by an elastic launcher for a worker it adds to a running job (an added task).
+ELASTIC_JOINING_ENV = "KOLO_ELASTIC_JOINING"
+
+
+def elastic_joining() -> bool:
+    """True when this worker was started to join a running elastic job (its launcher set
+    ``KOLO_ELASTIC_JOINING=1``): the running ranks wait for it from its first registration on.
+
+    Example::
+
+        if elastic_joining():
+            import torch._dynamo  # loaded now, not while the others wait
+    """
+    return os.environ.get(ELASTIC_JOINING_ENV, "").strip() == "1"
+
 
 def elastic_launch() -> bool:
     """True when an elastic launcher started this worker: ``KOLO_ELASTIC_TIMEOUT`` is set (every

@@ -7,14 +7,53 @@ They sit above both halves of the process state they manage: the engine and rank
 from __future__ import annotations
 
 import atexit
+import logging
 import os
-from typing import Any
+import time
+from typing import Any, Callable
 
 from kolo import _core, _mpi_launch
 from kolo import process_sets as _sets
-from kolo._env import elastic_launch
+from kolo._env import elastic_joining, elastic_launch
 
 __all__ = ["init", "shutdown"]
+
+_log = logging.getLogger("kolo")
+
+#: What a framework adapter loads before a joining worker first registers (see
+#: :func:`warm_before_joining`).
+_join_warmups: list[Callable[[], None]] = []
+
+#: True once this process registered with a job (the warm-ups run before the first time only).
+_registered_once = False
+
+
+def warm_before_joining(warmup: Callable[[], None]) -> None:
+    """Registers ``warmup`` (a framework adapter's): a worker added to a running elastic job
+    calls it once, before its first registration. The driver announces a new worker to the
+    running ranks when it registers, and they wait for it from then on; what the framework
+    loads lazily at the first step (torch's optimizers import ``torch._dynamo``) is loaded
+    here instead, while the others still train. Errors are logged, not raised.
+
+    Example::
+
+        warm_before_joining(lambda: importlib.import_module("torch._dynamo"))
+    """
+    if warmup not in _join_warmups:
+        _join_warmups.append(warmup)
+
+
+def _warm_up_joining_worker() -> None:
+    """Runs the adapters' warm-ups in a worker added to a running elastic job (once)."""
+    if _registered_once or not elastic_joining():
+        return
+    for warmup in list(_join_warmups):
+        started = time.monotonic()
+        try:
+            warmup()
+        except Exception as error:  # a warm-up only saves time later
+            _log.debug("warm-up before joining the job failed: %s", error)
+        _log.debug("warm-up before joining the job: %.3f s", time.monotonic() - started)
 
 
 def init(comm: Any = None, process_sets: Any = None) -> None:
@@ -48,6 +87,7 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         return
     job_env = _mpi_launch.job_env(comm)
     os.environ.update(job_env or {})
+    _warm_up_joining_worker()
     try:
         if not _core.start_engine():
             return
@@ -57,6 +97,8 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         raise
     finally:
         _mpi_launch.forget_env_vars()
+    global _registered_once
+    _registered_once = True
     _refresh_elastic_rank_env()
     # Registered afresh at every init so it runs first at exit: before the exit hook of a job
     # driver this process hosts for mpirun/srun ranks (it waits for every rank to leave).

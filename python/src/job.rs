@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use kolo_collective::control::env::ELASTIC_TIMEOUT;
+use kolo_collective::control::env::{ELASTIC_JOINING, ELASTIC_TIMEOUT};
 use kolo_collective::control::{
     DriverEvent, ElasticConfig, JobId, JobSecret, LaunchDriver, LaunchDriverOptions, PeerAssignment,
 };
@@ -174,6 +174,9 @@ impl PyLaunchDriver {
         }
         if let Some(timeout) = self.elastic_timeout {
             dict.set_item(ELASTIC_TIMEOUT, timeout.as_secs_f64().to_string())?;
+        }
+        if self.inner.is_joining(task_index) {
+            dict.set_item(ELASTIC_JOINING, "1")?;
         }
         Ok(dict)
     }

@@ -8,11 +8,16 @@ only keep equal weights while the gradients are averaged. It prints ``batch <epo
 <size>`` after every batch (sleeping ``SLOW`` seconds, so a kill lands mid-epoch) and, at the
 end, ``result <json>``: the epochs done, the optimizer's step count, each round's starting
 epoch and size, and the final weights.
+
+With ``HOLD_ALONE=1``, a rank alone in the job waits at the end of its epoch (just after the
+commit, up to 120 s) until the rank being added registered and the interrupt came: the driver
+announces a new rank only then, and a one-rank fit would otherwise end before it starts.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import keras
@@ -24,6 +29,8 @@ EPOCHS = 4
 STEPS = 3
 BATCH = 4
 SLOW = 0.1
+HOLD_ALONE = os.environ.get("HOLD_ALONE") == "1"
+HOLD_FOR = 120.0
 
 
 def main() -> None:
@@ -46,6 +53,13 @@ def main() -> None:
         def on_train_batch_end(self, batch, logs=None):
             print(f"batch {state.epoch} {batch} {hvd.size()}", flush=True)
             time.sleep(SLOW)
+            if HOLD_ALONE and hvd.size() == 1 and batch == STEPS - 1:
+                # After this batch's commit; a global op lets the check see the driver's news.
+                deadline = time.monotonic() + HOLD_FOR
+                while time.monotonic() < deadline:
+                    hvd.barrier()
+                    state.check_host_updates()
+                    time.sleep(0.02)
 
     callbacks = [
         hvd.elastic.UpdateEpochStateCallback(state),

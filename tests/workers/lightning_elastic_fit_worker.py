@@ -10,11 +10,16 @@ round's first epoch and size, the weights, and their largest difference from a o
 reference that trains each epoch on the rows of that epoch's ranks together (plain PyTorch,
 one optimizer throughout: it matches only if the resumed fits restarted from the committed
 weights, momentum and epoch).
+
+With ``HOLD_UNTIL_SIZE=N``, ranks of a smaller round wait at the end of each epoch (after its
+commit, up to 120 s) until the interrupt for the rank being added came: the driver announces a
+new rank once it registered, and the fit could otherwise end before it starts.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 import warnings
 
@@ -32,6 +37,10 @@ EPOCHS = 4
 LR = 0.05
 MOMENTUM = 0.9
 SLOW = 0.1
+HOLD_UNTIL_SIZE = int(os.environ.get("HOLD_UNTIL_SIZE", "0"))
+HOLD_FOR = 120.0
+#: The elastic state, for the hold at epoch ends (set by main).
+STATE: list = []
 torch.set_default_dtype(torch.float64)
 warnings.filterwarnings("ignore", ".*does not have many workers.*")
 warnings.filterwarnings("ignore", ".*LeafSpec.*")
@@ -54,6 +63,15 @@ class Net(pl.LightningModule):
     def on_train_batch_end(self, outputs: object, batch: object, batch_idx: int) -> None:
         print(f"batch {self.current_epoch} {batch_idx} {hvd.size()}", flush=True)
         time.sleep(SLOW)
+
+    def on_train_epoch_end(self) -> None:
+        # After the epoch's commit (callbacks run first); a global op lets the check see the
+        # driver's news.
+        deadline = time.monotonic() + HOLD_FOR
+        while hvd.size() < HOLD_UNTIL_SIZE and time.monotonic() < deadline:
+            hvd.barrier()
+            STATE[0].check_host_updates()
+            time.sleep(0.02)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=LR, momentum=MOMENTUM)
@@ -86,6 +104,7 @@ def main() -> None:
     hvd.init()
     model = Net(seed=hvd.rank())  # different weights on each rank until the sync
     state = elastic.LightningState(model)
+    STATE.append(state)
     rounds = []
     fits = []
 

@@ -15,6 +15,13 @@
 //! after a completed round opens the next one, whatever generation the worker sends (a new
 //! task's first `init()` counts from 0). Ranks follow Horovod's host order: hosts keep the
 //! order they first joined in, new hosts come last.
+//!
+//! Tasks the launcher adds ([`JobState::add_tasks`]) are *joining* until their first
+//! registration: nobody waits for them and nobody hears of them, so the running ranks keep
+//! training while the new process starts (Python, its framework imports). Their first
+//! registration makes them live members and records the "added" host update then: the running
+//! ranks reset at their next commit and find the new task already waiting in the next round.
+//! A joining task that does not register within the start timeout is dropped.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
@@ -113,6 +120,9 @@ struct Inner {
     below_min_since: Option<Instant>,
     /// Elastic jobs: the host updates recorded so far (bounded).
     updates: HostUpdateLog,
+    /// Elastic jobs: tasks the launcher added that have not registered yet, with when they
+    /// were added (not members: no round waits for them, no update announced them).
+    joining: BTreeMap<u32, Instant>,
 }
 
 /// Everything the driver knows about one job.
@@ -298,6 +308,9 @@ impl JobState {
         let index = request.task_index;
         let entry = Registered::from_request(request)?;
         let mut inner = lock(&self.inner);
+        if inner.joining.remove(&index).is_some() {
+            self.admit_joining(&mut inner, index);
+        }
         if !inner.members.contains(&index) {
             return Err(Status::failed_precondition(format!(
                 "task {index} is not a live task of this elastic job (it failed or was removed, or \
@@ -428,16 +441,23 @@ impl JobState {
     /// the latest completed round is over if it was in it. False when it was not live.
     fn remove_member(&self, task_index: u32, message: String) -> bool {
         let mut inner = lock(&self.inner);
+        if inner.joining.remove(&task_index).is_some() {
+            // The running ranks never heard of it: nothing to interrupt or announce.
+            log::warn!(
+                "job driver: added task {task_index} left the elastic job before it registered: \
+                 {message}"
+            );
+            self.note_if_short(&mut inner);
+            self.membership.send_modify(|version| *version += 1);
+            return true;
+        }
         if !inner.members.remove(&task_index) {
             return false;
         }
         inner.tasks.remove(&task_index);
         inner.finished_tasks.remove(&task_index);
         inner.updates.record(HostUpdate::now(REMOVED));
-        let min_np = self.elastic.map_or(1, |e| e.min_np);
-        if inner.members.len() < min_np && inner.below_min_since.is_none() {
-            inner.below_min_since = Some(Instant::now());
-        }
+        self.note_if_short(&mut inner);
         let (completed, current) = {
             let round = self.round.borrow();
             (round.completed.clone(), round.generation)
@@ -481,6 +501,15 @@ impl JobState {
         true
     }
 
+    /// Elastic jobs: starts the `--elastic-timeout` clock when fewer than `min_np` tasks are
+    /// live (members and joining tasks: the launcher supplied those processes).
+    fn note_if_short(&self, inner: &mut Inner) {
+        let min_np = self.elastic.map_or(1, |e| e.min_np);
+        if inner.members.len() + inner.joining.len() < min_np && inner.below_min_since.is_none() {
+            inner.below_min_since = Some(Instant::now());
+        }
+    }
+
     /// Elastic jobs: the launcher added tasks (see [`crate::control::DriverService::add_tasks`]).
     pub(crate) fn add_tasks(&self, task_indices: &[u32]) -> crate::Result<()> {
         let Some(elastic) = self.elastic else {
@@ -498,43 +527,87 @@ impl JobState {
                     MAX_TASKS - 1
                 )));
             }
-            if inner.members.contains(&index) || !fresh.insert(index) {
+            if inner.members.contains(&index)
+                || inner.joining.contains_key(&index)
+                || !fresh.insert(index)
+            {
                 return Err(crate::Error::InvalidArgument(format!(
                     "task {index} is already a live task of this job; new tasks need new indices"
                 )));
             }
         }
-        if inner.members.len() + fresh.len() > elastic.max_np {
+        let live = inner.members.len() + inner.joining.len();
+        if live + fresh.len() > elastic.max_np {
             return Err(crate::Error::InvalidArgument(format!(
-                "adding {} task(s) to the {} live one(s) would pass max_np {} (--max-np)",
+                "adding {} task(s) to the {live} live one(s) would pass max_np {} (--max-np)",
                 fresh.len(),
-                inner.members.len(),
                 elastic.max_np
             )));
         }
         if fresh.is_empty() {
             return Ok(());
         }
-        inner.members.extend(fresh.iter().copied());
-        inner.updates.record(HostUpdate::now(ADDED));
-        if inner.members.len() >= elastic.min_np {
+        let now = Instant::now();
+        inner
+            .joining
+            .extend(fresh.iter().map(|&index| (index, now)));
+        // The launcher supplied the processes: the job is no longer short of them (a joining
+        // task that never registers counts again when it is dropped).
+        if inner.members.len() + inner.joining.len() >= elastic.min_np {
             inner.below_min_since = None;
         }
-        self.round.send_if_modified(|round| {
-            // A waiting round now waits for the new tasks too: they get its full timeout.
-            if matches!(round.phase, Phase::Waiting) {
-                round.opened = Instant::now();
-                true
-            } else {
-                false
-            }
-        });
         log::info!(
-            "job driver: task(s) {fresh:?} added; {} live task(s)",
+            "job driver: task(s) {fresh:?} added; the running ranks hear of them when they \
+             register ({} member(s), {} joining)",
+            inner.members.len(),
+            inner.joining.len()
+        );
+        // Launchers watching `live_tasks` see them at once.
+        self.membership.send_modify(|version| *version += 1);
+        Ok(())
+    }
+
+    /// Elastic jobs: joining task `index` registered: it becomes a live member and the running
+    /// ranks get the "added" host update (they reset at their next commit and find it waiting).
+    fn admit_joining(&self, inner: &mut Inner, index: u32) {
+        inner.members.insert(index);
+        inner.updates.record(HostUpdate::now(ADDED));
+        log::info!(
+            "job driver: added task {index} registered; announcing it to the running ranks \
+             ({} live task(s))",
             inner.members.len()
         );
         self.membership.send_modify(|version| *version += 1);
-        Ok(())
+    }
+
+    /// Elastic jobs: drops the joining tasks that did not register within the start timeout
+    /// (their launcher sees them leave `live_tasks` and stops their processes).
+    pub(crate) fn check_joining(&self) {
+        if self.elastic.is_none() {
+            return;
+        }
+        let mut inner = lock(&self.inner);
+        let late: Vec<u32> = inner
+            .joining
+            .iter()
+            .filter(|(_, added)| added.elapsed() > self.start_timeout)
+            .map(|(index, _)| *index)
+            .collect();
+        if late.is_empty() {
+            return;
+        }
+        for index in &late {
+            inner.joining.remove(index);
+        }
+        self.note_if_short(&mut inner);
+        log::warn!(
+            "job driver: added task(s) {late:?} did not register within the start timeout ({} \
+             s; kolorun --start-timeout, or {}): they leave the job, the running ranks were \
+             never interrupted for them",
+            crate::control::env::format_seconds(self.start_timeout),
+            crate::control::env::START_TIMEOUT
+        );
+        self.membership.send_modify(|version| *version += 1);
     }
 
     /// Elastic jobs: the launcher removed task `task_index`.
@@ -549,9 +622,22 @@ impl JobState {
         Ok(self.remove_member(task_index, reason))
     }
 
-    /// The live task indices, ascending.
+    /// Whether `task_index` was added and has not registered yet.
+    pub(crate) fn is_joining(&self, task_index: u32) -> bool {
+        lock(&self.inner).joining.contains_key(&task_index)
+    }
+
+    /// The live task indices, ascending: the members and the tasks still joining.
     pub(crate) fn live_tasks(&self) -> Vec<u32> {
-        lock(&self.inner).members.iter().copied().collect()
+        let inner = lock(&self.inner);
+        let mut live: Vec<u32> = inner
+            .members
+            .iter()
+            .chain(inner.joining.keys())
+            .copied()
+            .collect();
+        live.sort_unstable();
+        live
     }
 
     /// How many rounds after the first completed.
@@ -574,7 +660,10 @@ impl JobState {
         }
         let (live, since) = {
             let inner = lock(&self.inner);
-            (inner.members.len(), inner.below_min_since)
+            (
+                inner.members.len() + inner.joining.len(),
+                inner.below_min_since,
+            )
         };
         let Some(since) = since else {
             return;

@@ -34,6 +34,11 @@ pub const HEARTBEAT_TIMEOUT_SECONDS: &str = "KOLO_HEARTBEAT_TIMEOUT_SECONDS";
 /// Elastic jobs: the driver's `--elastic-timeout` in seconds, set by the launcher so a worker's
 /// registration waits as long as the driver's elastic rounds may (unset: the start timeout).
 pub const ELASTIC_TIMEOUT: &str = "KOLO_ELASTIC_TIMEOUT";
+/// Set to `1` for a worker its launcher started to join a running elastic job (an added
+/// task): its first `init()` first loads what its framework loads lazily (e.g. torch's
+/// optimizers import `torch._dynamo` at first use), since the running ranks wait for it from
+/// its registration on.
+pub const ELASTIC_JOINING: &str = "KOLO_ELASTIC_JOINING";
 
 /// How long a registration may wait: the start timeout, or [`ELASTIC_TIMEOUT`] when that is
 /// set and longer. Errors: `Config` when [`ELASTIC_TIMEOUT`] is not a number of seconds.

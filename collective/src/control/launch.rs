@@ -282,9 +282,16 @@ impl LaunchDriver {
         self.service.remove_task(task_index, reason)
     }
 
-    /// The live task indices (every task of a fixed launch).
+    /// The live task indices (every task of a fixed launch), added tasks that have not
+    /// registered yet included.
     pub fn live_tasks(&self) -> Vec<u32> {
         self.service.live_tasks()
+    }
+
+    /// Whether task `task_index` was added and has not registered yet (see
+    /// [`DriverService::is_joining`]).
+    pub fn is_joining(&self, task_index: u32) -> bool {
+        self.service.is_joining(task_index)
     }
 
     /// Aborts the job: every task stops its rank process.

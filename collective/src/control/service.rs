@@ -304,9 +304,12 @@ impl DriverService {
         self.state.task_finished(task_index);
     }
 
-    /// Elastic jobs: announces new tasks (the launcher started processes for these task indices,
-    /// e.g. on hosts discovery added, or replacing lost ones). They become live members: the
-    /// next registration round waits for them, and every worker gets an "added" host update.
+    /// Elastic jobs: announces new tasks (the launcher starts processes for these task indices,
+    /// e.g. on hosts discovery added, or replacing lost ones). They are live at once
+    /// ([`DriverService::live_tasks`]) but *joining*: each becomes a member at its first
+    /// registration, and only then do the running workers get an "added" host update (so they
+    /// keep training while the new process starts, and their next round never waits for its
+    /// imports). One that does not register within the start timeout leaves the job.
     /// Errors: `Config` when the job is not elastic; `InvalidArgument` when an index is already
     /// a live task or the job would pass `max_np`.
     pub fn add_tasks(&self, task_indices: &[u32]) -> Result<()> {
@@ -321,7 +324,14 @@ impl DriverService {
         self.state.remove_task(task_index, reason.into())
     }
 
-    /// Elastic jobs: the live task indices, ascending (every task index for a fixed job).
+    /// Elastic jobs: whether task `task_index` was added ([`DriverService::add_tasks`]) and has
+    /// not registered yet (its launcher sets [`crate::control::env::ELASTIC_JOINING`] for it).
+    pub fn is_joining(&self, task_index: u32) -> bool {
+        self.state.is_joining(task_index)
+    }
+
+    /// Elastic jobs: the live task indices, ascending, added tasks that have not registered yet
+    /// included (every task index for a fixed job).
     pub fn live_tasks(&self) -> Vec<u32> {
         self.state.live_tasks()
     }
@@ -424,6 +434,7 @@ async fn heartbeat_watchdog(state: Arc<JobState>) {
             _ = ticker.tick() => {
                 state.check_heartbeats();
                 state.check_elastic_timeout();
+                state.check_joining();
             }
             _ = stop.wait_for(|down| *down) => return,
         }

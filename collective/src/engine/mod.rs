@@ -762,6 +762,7 @@ impl Shared {
             }
             if shutdown && id == 0 {
                 msg.flags |= FLAG_SHUTDOWN;
+                log::debug!("rank {}: the engine asks every rank to stop", session.rank);
             }
             if set.stall_abort {
                 msg.flags |= FLAG_STALL_ABORT;
@@ -825,6 +826,11 @@ impl Shared {
             })?;
             actions.extend(done);
             if let Some(rank) = decision.shutdown_by {
+                log::debug!(
+                    "rank {}: the engine stops (rank {} asked)",
+                    session.rank,
+                    set.group.members[rank]
+                );
                 return Ok(Flow::Stop(set.group.members[rank]));
             }
             self.inspect_stalls(id, set, now);

@@ -57,7 +57,7 @@ use super::{
 };
 use crate::abort::AbortCause;
 use crate::control::assign::assign_ranks_in_host_order;
-use crate::control::env::{format_seconds, ELASTIC_TIMEOUT};
+use crate::control::env::{format_seconds, ELASTIC_JOINING, ELASTIC_TIMEOUT};
 use crate::control::launch::keys;
 use crate::control::service::MAX_TASKS;
 use crate::control::{
@@ -797,7 +797,19 @@ impl ElasticLaunch<'_> {
             host_hash_salt: None,
             data_addr: self.job.data_addr_for(host),
         };
-        let launch = self.job.launch_for(host, &worker, assignment, &self.cwd)?;
+        // A task added to the running job loads its framework's lazy imports before it
+        // registers (the running ranks wait for it from then on).
+        let joining = self.driver.is_joining(slot.task_index);
+        if joining {
+            self.job
+                .extra_env
+                .push((ELASTIC_JOINING.to_owned(), "1".to_owned()));
+        }
+        let launch = self.job.launch_for(host, &worker, assignment, &self.cwd);
+        if joining {
+            self.job.extra_env.pop();
+        }
+        let launch = launch?;
         let line = format!(
             "kolorun: task {} on {host}: {}",
             slot.task_index,

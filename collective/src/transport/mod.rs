@@ -410,6 +410,10 @@ impl Mesh {
         self.break_links(&format!(
             "rank {rank} lost its connection to rank {peer} during {what}"
         ));
+        log::debug!(
+            "rank {rank} lost rank {peer} during {what} ({source}); waiting up to \
+             {ABORT_GRACE:?} for the job driver's abort"
+        );
         // The driver broadcasts the root cause (e.g. "rank 1 on host x: killed by signal 9");
         // prefer it over a bare "connection reset".
         let deadline = Instant::now() + ABORT_GRACE;

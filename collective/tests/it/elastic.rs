@@ -383,13 +383,42 @@ fn elastic_bounds_are_checked_and_a_fixed_job_refuses_elastic_calls() {
 /// Registers `tasks` for the next round (concurrently) and returns `(task, rank)` sorted by
 /// rank.
 fn next_round(driver: &DriverService, config: &DriverConfig, tasks: &[(u32, &str)]) -> Vec<u32> {
-    let joined = register_all(driver, &config.secret, tasks);
+    next_round_after(driver, config, &[], tasks)
+}
+
+/// [`next_round`] where the tasks of `added` (just added with `add_tasks`) register first, as
+/// they do in a job: the driver announces them when they register, and only then do the
+/// running tasks of `running` reset and register.
+fn next_round_after(
+    driver: &DriverService,
+    config: &DriverConfig,
+    added: &[(u32, &str)],
+    running: &[(u32, &str)],
+) -> Vec<u32> {
+    let joined = std::thread::scope(|scope| {
+        let first = scope.spawn(|| register_all(driver, &config.secret, added));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !added
+            .iter()
+            .all(|(index, _)| driver.registered_tasks().contains(index))
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the added tasks did not register"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let mut joined = register_all(driver, &config.secret, running);
+        joined.extend(first.join().unwrap());
+        joined
+    });
+    let tasks = added.len() + running.len();
     let mut by_rank: Vec<(u32, u32)> = joined
         .iter()
         .map(|(_, me)| (me.rank, me.peers[me.rank as usize].task_index))
         .collect();
     by_rank.sort();
-    assert!(joined.iter().all(|(_, me)| me.size as usize == tasks.len()));
+    assert!(joined.iter().all(|(_, me)| me.size as usize == tasks));
     by_rank.into_iter().map(|(_, task)| task).collect()
 }
 
@@ -409,17 +438,108 @@ fn hosts_keep_their_order_across_rounds_and_a_host_that_left_comes_back_last() {
     // host-a's last task leaves and host-c joins: order b, c.
     driver.remove_task(2, "exited").unwrap();
     driver.add_tasks(&[3]).unwrap();
-    let round2 = next_round(&driver, &config, &[(1, "host-b"), (3, "host-c")]);
+    let round2 = next_round_after(&driver, &config, &[(3, "host-c")], &[(1, "host-b")]);
     assert_eq!(round2, [1, 3]);
     // host-a comes back: it is a new host now, so it comes last.
     driver.add_tasks(&[4]).unwrap();
-    let round3 = next_round(
+    let round3 = next_round_after(
         &driver,
         &config,
-        &[(1, "host-b"), (3, "host-c"), (4, "host-a")],
+        &[(4, "host-a")],
+        &[(1, "host-b"), (3, "host-c")],
     );
     assert_eq!(round3, [1, 3, 4]);
     assert_eq!(driver.resets(), 3);
     assert!(driver.abort_cause().is_none());
+    driver.shutdown();
+}
+
+#[test]
+fn an_added_task_is_announced_when_it_registers_and_one_that_never_does_is_dropped() {
+    let config = DriverConfig {
+        start_timeout: Duration::from_millis(1500),
+        heartbeat_timeout: Duration::from_secs(30),
+        elastic: Some(elastic(2, 4)),
+        ..DriverConfig::new(2)
+    };
+    let driver = DriverService::start(config.clone()).unwrap();
+    let envs: Vec<WorkerEnv> = ["host-a", "host-b", "host-c", "host-d"]
+        .iter()
+        .enumerate()
+        .map(|(task, host)| env(&driver, &config, task as u32, host))
+        .collect();
+    let added = Barrier::new(3);
+    let quiet = Barrier::new(3);
+    let results: Vec<_> = std::thread::scope(|scope| {
+        let mut workers: Vec<_> = envs[..2]
+            .iter()
+            .map(|env| {
+                let (added, quiet) = (&added, &quiet);
+                scope.spawn(move || {
+                    let worker = join(env);
+                    allreduce(&worker, "before", &[1.0]).unwrap();
+                    added.wait();
+                    // Tasks 2 and 3 were added but have not registered: the running ranks
+                    // hear nothing and keep running collectives in their round.
+                    std::thread::sleep(Duration::from_millis(300));
+                    let early = worker.take_host_updates();
+                    assert!(early.is_empty(), "announced before registering: {early:?}");
+                    allreduce(&worker, "while joining", &[1.0]).unwrap();
+                    quiet.wait();
+                    let deadline = Instant::now() + Duration::from_secs(10);
+                    let mut seen = Vec::new();
+                    while !seen
+                        .iter()
+                        .any(|u: &kolo_collective::control::HostUpdate| u.result == ADDED)
+                    {
+                        assert!(Instant::now() < deadline, "no 'added' update: {seen:?}");
+                        seen.extend(worker.take_host_updates());
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                    worker.shutdown();
+                    let again = join(env);
+                    let info = again.info().clone();
+                    let sum = allreduce(&again, "after", &[1.0]).unwrap();
+                    again.shutdown();
+                    (info, sum, seen)
+                })
+            })
+            .collect();
+        added.wait();
+        driver.add_tasks(&[2, 3]).unwrap();
+        assert_eq!(driver.live_tasks(), vec![0, 1, 2, 3]);
+        quiet.wait();
+        assert_eq!(driver.resets(), 0, "nobody reset for a task still starting");
+        let new_env = &envs[2];
+        workers.push(scope.spawn(move || {
+            let worker = join(new_env);
+            let info = worker.info().clone();
+            let sum = allreduce(&worker, "after", &[1.0]).unwrap();
+            worker.shutdown();
+            (info, sum, Vec::new())
+        }));
+        workers.into_iter().map(|w| w.join().unwrap()).collect()
+    });
+    for (info, sum, seen) in &results[..2] {
+        assert_eq!(
+            info.size, 3,
+            "task 3 never registered: the round did not wait for it"
+        );
+        assert_eq!(sum, &[3.0]);
+        assert_eq!(seen.len(), 1, "one update, for task 2: {seen:?}");
+    }
+    assert_eq!(results[2].0.size, 3);
+    // Task 3 is dropped at the start timeout; nobody is interrupted for it.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while driver.live_tasks() != vec![0, 1, 2] {
+        assert!(
+            Instant::now() < deadline,
+            "task 3 was not dropped: {:?}",
+            driver.live_tasks()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(driver.resets(), 1);
+    assert!(driver.abort_cause().is_none(), "{:?}", driver.abort_cause());
     driver.shutdown();
 }

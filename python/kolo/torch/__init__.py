@@ -11,6 +11,7 @@ Example::
         print("ranks:", hvd.size())
 """
 
+from kolo import _lifecycle
 from kolo._core import (
     Adasum,
     Average,
@@ -51,6 +52,7 @@ from kolo.process_sets import (
 )
 from kolo.torch import elastic, mpi_ops
 from kolo.torch._objects import allgather_object, broadcast_object
+from kolo.torch._warmup import warm_torch_for_joining
 from kolo.torch.compression import Compression
 from kolo.torch.functions import broadcast_optimizer_state, broadcast_parameters
 from kolo.torch.ops import (
@@ -84,6 +86,8 @@ from kolo.torch.ops import (
 )
 from kolo.torch.optimizer import DistributedOptimizer
 from kolo.torch.sync_batch_norm import SyncBatchNorm
+
+_lifecycle.warm_before_joining(warm_torch_for_joining)
 
 __all__ = [
     "Adasum",

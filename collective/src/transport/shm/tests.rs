@@ -387,6 +387,40 @@ fn a_wait_stops_when_the_liveness_check_fails_or_times_out() {
 }
 
 #[test]
+fn a_peer_that_posted_then_left_while_this_rank_was_descheduled_completed_the_phase() {
+    // Rank 1 posts the phase and shuts down (its TCP link then shows a Fail frame) in the
+    // window between rank 0's last look at the posted word and its liveness check: the phase
+    // is complete, not failed (a reset's last engine cycle, on a loaded machine).
+    let dir = Dir::new("posted-left");
+    let go = Arc::new(Barrier::new(2));
+    let results = run(&dir, 2, 4096, move |me, node| {
+        if me == 1 {
+            go.wait();
+            return node.phase(&ok, |_| Ok(())).is_ok();
+        }
+        let released = std::sync::atomic::AtomicBool::new(false);
+        let left = |_: usize| -> Result<(), Failure> {
+            if !released.swap(true, Ordering::SeqCst) {
+                go.wait();
+                let deadline = Instant::now() + Duration::from_secs(5);
+                while node.word(1, POSTED_OFFSET).load(Ordering::SeqCst) == 0 {
+                    assert!(Instant::now() < deadline, "rank 1 never posted");
+                    std::thread::yield_now();
+                }
+            }
+            Err(Failure::GaveUp {
+                peer: 1,
+                reason: "rank 1 shut down its communicator".into(),
+            })
+        };
+        let outcome = node.phase(&left, |_| Ok(())).map(|_| ());
+        assert!(outcome.is_ok(), "{outcome:?}");
+        true
+    });
+    assert_eq!(results, [true, true]);
+}
+
+#[test]
 fn a_peer_ahead_is_seen() {
     let dir = Dir::new("ahead");
     run(&dir, 2, 4096, |me, node| {
