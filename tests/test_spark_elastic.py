@@ -132,6 +132,7 @@ def elastic_steps(steps, step_s, report_dir=None, die_rank=None, grow_to=None):
             "rank": hvd.rank(),
             "size": hvd.size(),
             "task": int(os.environ["KOLO_TASK_INDEX"]),
+            "joining": os.environ.get("KOLO_ELASTIC_JOINING") == "1",
             "executor": executor_id(),
             "step": state.step,
             "sizes": state.sizes,
@@ -530,6 +531,8 @@ def test_dynamic_allocation_grows_the_job(standalone_runs):
     assert len(value["before"]) == 1, value
     assert [r["rank"] for r in results] == [0, 1], results
     assert sorted(r["task"] for r in results) == [0, 1], results
+    # Only the worker that joined a running job warmed its framework up before registering.
+    assert [r["joining"] for r in results] == [False, True], results
     executors = [r["executor"] for r in results]
     assert executors[0] in value["before"] and executors[1] not in value["before"], value
     assert executors[1] in value["after"], value
@@ -571,6 +574,7 @@ def test_standalone_survives_killed_executor_jvms(standalone_runs):
     # The survivor (an attempt-0 task) and the retry of the killed one (attempt 1).
     tasks = sorted(r["task"] for r in results)
     assert tasks[0] in (0, 1) and tasks[1] in (2, 3), tasks
+    assert [r["joining"] for r in sorted(results, key=lambda r: r["task"])] == [False, True]
     # The state is rank 0's on both (the retry synced it); every committed step ran once: on
     # two ranks, then on the survivor alone (it went on as soon as the loss was noticed, not
     # when Spark's retry started), then on two again after the retry joined.

@@ -29,6 +29,7 @@ import socket
 import sys
 from typing import Any, Iterable, Iterator, Optional
 
+from kolo._env import ELASTIC_JOINING_ENV
 from kolo._rank_gpu import GPU_ADDRESSES_VAR, assigned_gpus
 from kolo._rank_process import rank_code
 
@@ -155,13 +156,17 @@ def _run_elastic_task(
     if index >= _MAX_TASK_INDICES:
         yield (index, False, f"attempt {attempt} is past the task indices kolo supports")
         return
-    num_tasks = max(int(job_env.get("KOLO_NUM_TASKS", "1")), index + 1)
+    first_round = int(job_env.get("KOLO_NUM_TASKS", "1"))
+    num_tasks = max(first_round, index + 1)
     hostname = _task_hostname(user_env)
     envs = list(user_env.items())
     envs += list(job_env.items())
     envs += [
         ("KOLO_TASK_INDEX", str(index)),
         ("KOLO_NUM_TASKS", str(num_tasks)),
+        # A task past the first round joins a running job: it warms its framework up before
+        # registering, as kolorun's added ranks do (the running ranks wait for it from then).
+        *([(ELASTIC_JOINING_ENV, "1")] if index >= first_round else []),
         # The host the rank registers from, fixed before it joins: `hvd.init()` then finds the
         # same job environment as the rank process's early registration and adopts it (after
         # the join the rank variables include HOROVOD_HOSTNAME, which would otherwise differ
