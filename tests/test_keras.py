@@ -78,8 +78,9 @@ def test_reducescatter_matches_numpy_eagerly_and_inside_tf_function(backend: str
 @BACKENDS
 def test_partial_distributed_optimizer_keeps_local_layers_local(backend: str) -> None:
     # The first Dense is averaged, the head is trained on each rank's data alone (gradient
-    # / size with scale_local_gradients): both match a NumPy reference of both ranks;
-    # shared weights identical on every rank, the heads differ.
+    # / size with scale_local_gradients; summed over backward_passes_per_step): both match a
+    # NumPy reference of both ranks; shared weights identical on every rank, the heads differ;
+    # BroadcastGlobalVariablesCallback(local_variables=...) leaves the heads' initial values.
     check(backend, "partial")
 
 

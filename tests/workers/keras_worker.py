@@ -336,18 +336,21 @@ def partial_reference(
     ys: list[np.ndarray],
     lr: float,
     scale: bool,
+    passes: int = 1,
 ) -> list[list[np.ndarray]]:
     """Every rank's weights after SGD steps with the first Dense shared (rank 0's initial
     values, its gradient averaged over the ranks) and the second local (each rank's initial
     values and own gradient, / size when ``scale``), by hand in NumPy:
-    out = (x W1 + b1) W2 + b2, MSE over all elements."""
+    out = (x W1 + b1) W2 + b2, MSE over all elements. Each update applies the sum of
+    ``passes`` batches' gradients (Horovod's backward_passes_per_step default)."""
     n = hvd.size()
     w1, b1 = inits[0][0].astype("float64"), inits[0][1].astype("float64")
     local = [[inits[r][2].astype("float64"), inits[r][3].astype("float64")] for r in range(n)]
-    for step in range(len(xs[0]) // LOCAL):
+    factor = 1.0 / n if scale else 1.0
+    for update in range(len(xs[0]) // (LOCAL * passes)):
         g_shared = [np.zeros_like(w1), np.zeros_like(b1)]
-        g_local = []
-        for r in range(n):
+        g_local = [[np.zeros_like(w) for w in local[r]] for r in range(n)]
+        for r, step in ((r, update * passes + p) for r in range(n) for p in range(passes)):
             x = xs[r][step * LOCAL : (step + 1) * LOCAL].astype("float64")
             y = ys[r][step * LOCAL : (step + 1) * LOCAL].astype("float64")
             w2, b2 = local[r]
@@ -356,8 +359,8 @@ def partial_reference(
             dh = d @ w2.T
             g_shared[0] += x.T @ dh / n
             g_shared[1] += dh.sum(0) / n
-            factor = 1.0 / n if scale else 1.0
-            g_local.append([h.T @ d * factor, d.sum(0) * factor])
+            g_local[r][0] += h.T @ d * factor
+            g_local[r][1] += d.sum(0) * factor
         w1, b1 = w1 - lr * g_shared[0], b1 - lr * g_shared[1]
         for r in range(n):
             local[r] = [local[r][0] - lr * g_local[r][0], local[r][1] - lr * g_local[r][1]]
@@ -367,22 +370,24 @@ def partial_reference(
 def scenario_partial() -> None:
     """PartialDistributedOptimizer(local_layers=[head]): the first Dense is averaged over the
     ranks, the head trains on each rank's own data; both equal a NumPy reference (with and
-    without scale_local_gradients), the shared weights are identical on every rank and the
-    head's differ. Ranks initialise differently; BroadcastGlobalVariablesCallback(0,
-    local_variables=head weights) gives them rank 0's shared weights and keeps their heads."""
+    without scale_local_gradients, and with backward_passes_per_step=2), the shared weights
+    are identical on every rank and the head's differ. Ranks initialise differently;
+    BroadcastGlobalVariablesCallback(0, local_variables=head weights) gives them rank 0's
+    shared weights and keeps their heads."""
     rng = np.random.default_rng(21)
-    xs = [rng.normal(size=(3 * LOCAL, FEATURES)).astype("float32") for _ in range(hvd.size())]
-    ys = [rng.normal(size=(3 * LOCAL, CLASSES)).astype("float32") for _ in range(hvd.size())]
+    xs = [rng.normal(size=(4 * LOCAL, FEATURES)).astype("float32") for _ in range(hvd.size())]
+    ys = [rng.normal(size=(4 * LOCAL, CLASSES)).astype("float32") for _ in range(hvd.size())]
     lr = 0.1
     inits = [weights(linear_model(seed=5 + r)) for r in range(hvd.size())]
-    for scale in (True, False):
+    for scale, passes in ((True, 1), (False, 1), (True, 2)):
         model = linear_model(seed=5 + hvd.rank())
         head = model.layers[-1]
         opt = hvd.PartialDistributedOptimizer(
             keras.optimizers.SGD(lr),
             local_layers=head,
             scale_local_gradients=scale,
-            name=f"partial.{scale}",
+            backward_passes_per_step=passes,
+            name=f"partial.{scale}.{passes}",
         )
         model.compile(optimizer=opt, loss="mse")
         r = hvd.rank()
@@ -391,13 +396,15 @@ def scenario_partial() -> None:
         )
         model.fit(xs[r], ys[r], batch_size=LOCAL, shuffle=False, verbose=0, callbacks=[callback])
         got = weights(model)
-        want = partial_reference(inits, xs, ys, lr, scale)
-        assert_close(got, want[r], f"partial, scale_local_gradients={scale}", tol=1e-5)
+        want = partial_reference(inits, xs, ys, lr, scale, passes)
+        what = f"partial, scale_local_gradients={scale}, backward_passes_per_step={passes}"
+        assert_close(got, want[r], what, tol=1e-5)
         same_on_every_rank(got[:2], "shared Dense")
         head0 = hvd.broadcast_object(got[2:], root_rank=0)
         if r != 0:
             assert_far(got[2:], head0, "local head vs rank 0's")
-        assert_far(want[r][2:], partial_reference(inits, xs, ys, lr, not scale)[r][2:], "scale")
+        other = partial_reference(inits, xs, ys, lr, not scale, passes)
+        assert_far(want[r][2:], other[r][2:], "scale")
 
 
 def scenario_errors() -> None:
