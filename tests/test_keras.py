@@ -17,7 +17,18 @@ import pytest
 
 from conftest import run_kolorun, worker
 
-SCENARIOS = ("ops", "fit", "accumulate", "groups", "sparse", "errors", "warmup", "checkpoint")
+SCENARIOS = (
+    "ops",
+    "reducescatter",
+    "fit",
+    "accumulate",
+    "groups",
+    "sparse",
+    "partial",
+    "errors",
+    "warmup",
+    "checkpoint",
+)
 # Keras's torch backend has no sparse (IndexedSlices) gradients.
 BACKEND_SCENARIOS = {
     "tensorflow": SCENARIOS,
@@ -55,6 +66,22 @@ def test_collectives_eagerly_and_inside_tf_function(backend: str) -> None:
     # allreduce (Sum, Average, fp16 on the wire), allgather of uneven rows, broadcast from
     # rank 1, broadcast_variables; under TensorFlow also inside a tf.function, twice.
     check(backend, "ops")
+
+
+@BACKENDS
+def test_reducescatter_matches_numpy_eagerly_and_inside_tf_function(backend: str) -> None:
+    # Sum / Average / Max / Min on float32, float64, int32 with uneven rows; under TensorFlow
+    # also inside tf.function (static and unknown first dimension) and a compiled fit.
+    check(backend, "reducescatter")
+
+
+@BACKENDS
+def test_partial_distributed_optimizer_keeps_local_layers_local(backend: str) -> None:
+    # The first Dense is averaged, the head is trained on each rank's data alone (gradient
+    # / size with scale_local_gradients; summed over backward_passes_per_step): both match a
+    # NumPy reference of both ranks; shared weights identical on every rank, the heads differ;
+    # BroadcastGlobalVariablesCallback(local_variables=...) leaves the heads' initial values.
+    check(backend, "partial")
 
 
 @BACKENDS

@@ -94,10 +94,10 @@ STORE_MODULE = "horovod.spark.common.store"
 _OUT_OF_SCOPE = [
     # (test on the dotted module name, owner, reason)
     (
-        # horovod.tensorflow itself is in scope (kolo.tensorflow, issue 22's first slice);
-        # its submodules (keras, elastic) and horovod.keras are not yet.
-        lambda m: (m.startswith("horovod.tensorflow") and m != "horovod.tensorflow")
-        or m.startswith("horovod.keras"),
+        # horovod.tensorflow and horovod.keras (kolo.keras, issue 22's third item; its
+        # elastic part is the elastic rule's) are in scope; horovod.tensorflow's submodules
+        # (keras, elastic) are not yet.
+        lambda m: m.startswith("horovod.tensorflow") and m != "horovod.tensorflow",
         TENSORFLOW,
         "TensorFlow and tf.keras adapters",
     ),

@@ -10,12 +10,13 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import warnings
 
 import keras
 import numpy as np
 
 import kolo.keras as hvd
-from kolo.exceptions import ConfigError, InvalidValueError
+from kolo.exceptions import ConfigError, InvalidValueError, NotSupportedError
 
 STEPS = 6  # optimizer updates per epoch
 LOCAL = 8  # rows per rank per step
@@ -247,6 +248,165 @@ def scenario_ops() -> None:
     assert np.allclose(keras.ops.convert_to_numpy(var), 1.0)
 
 
+def rank_values(r: int, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    """Rank ``r``'s reducescatter input: every rank can compute every rank's."""
+    rng = np.random.default_rng(100 + r)
+    return (rng.normal(size=shape) * 4).astype(dtype)
+
+
+def scatter_reference(shape: tuple[int, ...], dtype: str, reduce) -> np.ndarray:
+    """This rank's part of the reduction of both ranks' inputs (the first rows % 2 ranks get
+    one row more, as Horovod)."""
+    full = reduce(np.stack([rank_values(r, shape, dtype) for r in range(hvd.size())]))
+    full = full.astype(dtype)  # (NumPy sums int32 as int64)
+    rows, n, me = shape[0], hvd.size(), hvd.rank()
+    start = me * (rows // n) + min(me, rows % n)
+    return full[start : start + rows // n + (1 if me < rows % n else 0)]
+
+
+def scenario_reducescatter() -> None:
+    """reducescatter against NumPy: Sum, Average (the default), Max, Min on float32/float64/
+    int32, uneven rows, eagerly and (TensorFlow) inside tf.function and a compiled fit."""
+    r = hvd.rank()
+    cases = [
+        ((5, 3), "float32", hvd.Sum, lambda a: a.sum(0)),
+        ((4, 2, 2), "float64", None, lambda a: a.mean(0)),
+        ((3,), "int32", hvd.Sum, lambda a: a.sum(0)),
+        ((6, 1), "float32", hvd.Max, lambda a: a.max(0)),
+        ((7, 2), "float32", hvd.Min, lambda a: a.min(0)),
+    ]
+    for i, (shape, dtype, op, reduce) in enumerate(cases):
+        value = keras.ops.convert_to_tensor(rank_values(r, shape, dtype))
+        kwargs = {} if op is None else {"op": op}
+        got = hvd.reducescatter(value, name=f"rs.{i}", **kwargs)
+        want = scatter_reference(shape, dtype, reduce)
+        got = keras.ops.convert_to_numpy(got)
+        assert got.dtype == want.dtype and got.shape == want.shape, (i, got.shape, want.shape)
+        assert np.allclose(got, want, rtol=1e-6, atol=1e-6), (i, got, want)
+    if keras.backend.backend() != "tensorflow":
+        return
+    import tensorflow as tf
+
+    @tf.function
+    def step(t):
+        return hvd.reducescatter(t, op=hvd.Sum, name="graph.rs"), hvd.reducescatter(t * 2.0)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float32)])
+    def unknown_rows(t):
+        return hvd.reducescatter(t, op=hvd.Sum, name="graph.rs.unknown")
+
+    x = rank_values(r, (5, 3), "float32")
+    want = scatter_reference((5, 3), "float32", lambda a: a.sum(0))
+    for _ in range(2):
+        total, mean2 = step(tf.constant(x))
+        assert total.shape == want.shape, (total.shape, want.shape)  # static, from the graph
+        assert np.allclose(total.numpy(), want, atol=1e-5), (total, want)
+        assert np.allclose(mean2.numpy(), want, atol=1e-5), (mean2, want)  # 2x average == sum
+        got = unknown_rows(tf.constant(x))
+        assert np.allclose(got.numpy(), want, atol=1e-5), (got, want)
+
+    class ScatterSum(keras.layers.Layer):
+        """Adds the column sums of the rows this rank gets from a reducescatter of a constant
+        (run inside the train step model.fit compiles)."""
+
+        def call(self, inputs):
+            part = hvd.reducescatter(tf.constant(x), op=hvd.Sum, name="fit.rs")
+            return inputs + tf.reduce_sum(part)
+
+    model = keras.Sequential([keras.Input((1,)), ScatterSum()])
+    model.compile(optimizer="sgd", loss="mse")
+    out = model.predict(np.zeros((2, 1), "float32"), verbose=0)
+    assert np.allclose(out, want.sum(), atol=1e-4), (out, want.sum())
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "The model does not have any trainable weights")
+        history = model.fit(np.zeros((4, 1)), np.zeros((4, 1)), batch_size=2, verbose=0)
+    assert np.isclose(history.history["loss"][0], want.sum() ** 2, rtol=1e-4), history.history
+
+
+def linear_model(seed: int) -> keras.Model:
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential(
+        [keras.Input((FEATURES,)), keras.layers.Dense(4), keras.layers.Dense(CLASSES)]
+    )
+
+
+def partial_reference(
+    inits: list[list[np.ndarray]],
+    xs: list[np.ndarray],
+    ys: list[np.ndarray],
+    lr: float,
+    scale: bool,
+    passes: int = 1,
+) -> list[list[np.ndarray]]:
+    """Every rank's weights after SGD steps with the first Dense shared (rank 0's initial
+    values, its gradient averaged over the ranks) and the second local (each rank's initial
+    values and own gradient, / size when ``scale``), by hand in NumPy:
+    out = (x W1 + b1) W2 + b2, MSE over all elements. Each update applies the sum of
+    ``passes`` batches' gradients (Horovod's backward_passes_per_step default)."""
+    n = hvd.size()
+    w1, b1 = inits[0][0].astype("float64"), inits[0][1].astype("float64")
+    local = [[inits[r][2].astype("float64"), inits[r][3].astype("float64")] for r in range(n)]
+    factor = 1.0 / n if scale else 1.0
+    for update in range(len(xs[0]) // (LOCAL * passes)):
+        g_shared = [np.zeros_like(w1), np.zeros_like(b1)]
+        g_local = [[np.zeros_like(w) for w in local[r]] for r in range(n)]
+        for r, step in ((r, update * passes + p) for r in range(n) for p in range(passes)):
+            x = xs[r][step * LOCAL : (step + 1) * LOCAL].astype("float64")
+            y = ys[r][step * LOCAL : (step + 1) * LOCAL].astype("float64")
+            w2, b2 = local[r]
+            h = x @ w1 + b1
+            d = 2.0 * (h @ w2 + b2 - y) / y.size
+            dh = d @ w2.T
+            g_shared[0] += x.T @ dh / n
+            g_shared[1] += dh.sum(0) / n
+            g_local[r][0] += h.T @ d * factor
+            g_local[r][1] += d.sum(0) * factor
+        w1, b1 = w1 - lr * g_shared[0], b1 - lr * g_shared[1]
+        for r in range(n):
+            local[r] = [local[r][0] - lr * g_local[r][0], local[r][1] - lr * g_local[r][1]]
+    return [[w1, b1, *local[r]] for r in range(n)]
+
+
+def scenario_partial() -> None:
+    """PartialDistributedOptimizer(local_layers=[head]): the first Dense is averaged over the
+    ranks, the head trains on each rank's own data; both equal a NumPy reference (with and
+    without scale_local_gradients, and with backward_passes_per_step=2), the shared weights
+    are identical on every rank and the head's differ. Ranks initialise differently;
+    BroadcastGlobalVariablesCallback(0, local_variables=head weights) gives them rank 0's
+    shared weights and keeps their heads."""
+    rng = np.random.default_rng(21)
+    xs = [rng.normal(size=(4 * LOCAL, FEATURES)).astype("float32") for _ in range(hvd.size())]
+    ys = [rng.normal(size=(4 * LOCAL, CLASSES)).astype("float32") for _ in range(hvd.size())]
+    lr = 0.1
+    inits = [weights(linear_model(seed=5 + r)) for r in range(hvd.size())]
+    for scale, passes in ((True, 1), (False, 1), (True, 2)):
+        model = linear_model(seed=5 + hvd.rank())
+        head = model.layers[-1]
+        opt = hvd.PartialDistributedOptimizer(
+            keras.optimizers.SGD(lr),
+            local_layers=head,
+            scale_local_gradients=scale,
+            backward_passes_per_step=passes,
+            name=f"partial.{scale}.{passes}",
+        )
+        model.compile(optimizer=opt, loss="mse")
+        r = hvd.rank()
+        callback = hvd.callbacks.BroadcastGlobalVariablesCallback(
+            0, local_variables=head.trainable_weights
+        )
+        model.fit(xs[r], ys[r], batch_size=LOCAL, shuffle=False, verbose=0, callbacks=[callback])
+        got = weights(model)
+        want = partial_reference(inits, xs, ys, lr, scale, passes)
+        what = f"partial, scale_local_gradients={scale}, backward_passes_per_step={passes}"
+        assert_close(got, want[r], what, tol=1e-5)
+        same_on_every_rank(got[:2], "shared Dense")
+        head0 = hvd.broadcast_object(got[2:], root_rank=0)
+        if r != 0:
+            assert_far(got[2:], head0, "local head vs rank 0's")
+        other = partial_reference(inits, xs, ys, lr, not scale, passes)
+        assert_far(want[r][2:], other[r][2:], "scale")
+
+
 def scenario_errors() -> None:
     def expect(error, fn, text):
         try:
@@ -277,6 +437,34 @@ def scenario_errors() -> None:
         InvalidValueError,
         lambda: hvd.DistributedOptimizer(hvd.DistributedOptimizer(sgd)),
         "already",
+    )
+    expect(
+        InvalidValueError,
+        lambda: hvd.PartialDistributedOptimizer(sgd, op=hvd.Max),
+        "Average or hvd.Sum",
+    )
+    expect(
+        InvalidValueError,
+        lambda: hvd.PartialDistributedOptimizer(sgd, local_layers=[object()]),
+        "keras.layers.Layer",
+    )
+    expect(
+        InvalidValueError,
+        lambda: hvd.PartialDistributedOptimizer(sgd, local_layers=keras.layers.Dense(2)),
+        "not built",
+    )
+    expect(
+        InvalidValueError,
+        lambda: hvd.callbacks.BroadcastGlobalVariablesCallback(0, local_variables=[object()]),
+        "keras.Variable",
+    )
+    expect(NotSupportedError, lambda: hvd.load_model("x.keras", legacy_opts=True), "legacy")
+    # Keras 3 has no global variable collections: a typed error naming the alternatives.
+    expect(NotSupportedError, lambda: hvd.broadcast_global_variables(0), "broadcast_variables(")
+    expect(
+        NotSupportedError,
+        lambda: hvd.broadcast_global_variables(1),
+        "BroadcastGlobalVariablesCallback(1)",
     )
     expect(
         InvalidValueError, lambda: hvd.callbacks.LearningRateScheduleCallback(0, 1.0), "initial_lr"
@@ -378,6 +566,8 @@ SCENARIOS = {
     "errors": scenario_errors,
     "warmup": scenario_warmup,
     "checkpoint": scenario_checkpoint,
+    "reducescatter": scenario_reducescatter,
+    "partial": scenario_partial,
 }
 
 

@@ -61,7 +61,7 @@ from kolo._lifecycle import init, shutdown
 from kolo.exceptions import HorovodInternalError
 from kolo.keras import callbacks, elastic
 from kolo.keras.compression import Compression
-from kolo.keras.functions import broadcast_variables, load_model
+from kolo.keras.functions import broadcast_global_variables, broadcast_variables, load_model
 from kolo.keras.ops import (
     allgather,
     allgather_object,
@@ -70,8 +70,9 @@ from kolo.keras.ops import (
     broadcast,
     broadcast_object,
     grouped_allreduce,
+    reducescatter,
 )
-from kolo.keras.optimizer import DistributedOptimizer
+from kolo.keras.optimizer import DistributedOptimizer, PartialDistributedOptimizer
 from kolo.process_sets import (
     ProcessSet,
     add_process_set,
@@ -87,6 +88,7 @@ __all__ = [
     "HorovodInternalError",
     "Max",
     "Min",
+    "PartialDistributedOptimizer",
     "ProcessSet",
     "Product",
     "ReduceOp",
@@ -97,6 +99,7 @@ __all__ = [
     "allreduce",
     "barrier",
     "broadcast",
+    "broadcast_global_variables",
     "broadcast_object",
     "broadcast_variables",
     "callbacks",
@@ -122,6 +125,7 @@ __all__ = [
     "mpi_threads_supported",
     "nccl_built",
     "rank",
+    "reducescatter",
     "remove_process_set",
     "rocm_built",
     "shutdown",

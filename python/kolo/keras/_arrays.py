@@ -48,6 +48,18 @@ def _private_copy(array: Any) -> np.ndarray:
     return np.array(array, copy=True, order="C")
 
 
+def _require_dim(array: np.ndarray, kind: str, name: str) -> None:
+    if array.ndim == 0:
+        raise InvalidArgumentError(
+            f"{kind} '{name}' works on the first dimension, but got a 0-dim value; reshape it "
+            "to (1,) first"
+        )
+
+
+def _members(ps: ProcessSet) -> list[int]:
+    return list(ps.ranks) if ps.ranks is not None else list(range(_core.size()))
+
+
 def _submit(
     kind: str,
     name: str,
@@ -160,6 +172,48 @@ def allgather(arrays: Sequence[Any], names: Sequence[str], ps: ProcessSet) -> li
     natives = [_submit("allgather", name, b, ps) for name, b in zip(names, bufs)]
     results = _wait_all(natives)
     return [_from_engine(data, sum(rows), b) for (data, rows), b in zip(results, bufs)]
+
+
+def reducescatter(
+    arrays: Sequence[Any],
+    names: Sequence[str],
+    op: ReduceOp,
+    prescale: float,
+    postscale: float,
+    ps: ProcessSet,
+) -> list[np.ndarray]:
+    """Reduces each array over the ranks of ``ps`` and returns this rank's part of the first
+    dimension (the first ``rows % size`` ranks get one row more), one op per array.
+
+    Example::
+
+        part, = _arrays.reducescatter([np.ones((4, 2))], ["x"], hvd.Sum, 1.0, 1.0, ps)
+    """
+    _core.require_initialized()
+    bufs = [_private_copy(a) for a in arrays]
+    natives = []
+    for name, buf in zip(names, bufs):
+        _require_dim(buf, "reducescatter", name)
+        natives.append(
+            _native.submit(
+                "reducescatter",
+                name,
+                int(buf.ctypes.data),
+                int(buf.nbytes),
+                [int(d) for d in buf.shape],
+                _dtype_name(buf),
+                op.name,
+                float(prescale),
+                float(postscale),
+                0,
+                [],
+                int(ps.process_set_id or 0),
+                keep=buf,
+            )
+        )
+    results = _wait_all(natives)
+    me = _members(ps).index(_core.rank())
+    return [_from_engine(data, rows[me], buf) for (data, rows), buf in zip(results, bufs)]
 
 
 def broadcast(

@@ -36,25 +36,57 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     At the start of training it builds the optimizer on the model's trainable variables where
     Keras has not yet (what its first step would do, so every rank holds the same variables, a
     rank that restored a checkpoint included) and broadcasts ``model.variables`` and the
-    optimizer's variables. Use it together with ``DistributedOptimizer``.
+    optimizer's variables. Use it together with ``DistributedOptimizer``. The model
+    variables in ``local_variables`` (a ``keras.Variable`` or a list of them, e.g. the weights
+    of a ``PartialDistributedOptimizer``'s local layers) or registered with
+    :meth:`register_local_var` keep each rank's own values, as in Horovod.
 
     Example::
 
         model.fit(x, y, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
     """
 
-    def __init__(self, root_rank: int = 0, device: str = "", process_set: Any = None) -> None:
+    def __init__(
+        self,
+        root_rank: int = 0,
+        device: str = "",
+        local_variables: Any = None,
+        process_set: Any = None,
+    ) -> None:
         super().__init__()
         self.root_rank = int(root_rank)
         self.device = device  # accepted for Horovod compatibility (kolo stages through host)
         self.process_set = process_set or global_process_set
         self.broadcast_done = False
+        self._local_vars: list[Any] = []
+        if local_variables is None:
+            local_variables = []
+        elif isinstance(local_variables, keras.Variable):
+            local_variables = [local_variables]
+        for var in local_variables:
+            self.register_local_var(var)
+
+    def register_local_var(self, var: Any) -> None:
+        """Leaves ``var`` out of the broadcast: every rank keeps its own value.
+
+        Example::
+
+            callback.register_local_var(model.layers[-1].kernel)
+        """
+        if not isinstance(var, keras.Variable):
+            raise InvalidValueError(
+                f"local_variables must be keras.Variable objects, got {type(var).__name__}"
+            )
+        if not any(v is var for v in self._local_vars):
+            self._local_vars.append(var)
 
     def on_train_begin(self, logs: Optional[dict[str, Any]] = None) -> None:
         """Broadcasts the model's and the optimizer's variables from ``root_rank`` (once)."""
         if self.broadcast_done:
             return
-        broadcast_variables(self.model.variables, self.root_rank, self.process_set)
+        local = {id(v) for v in self._local_vars}
+        shared = [v for v in self.model.variables if id(v) not in local]
+        broadcast_variables(shared, self.root_rank, self.process_set)
         optimizer = getattr(self.model, "optimizer", None)
         if optimizer is not None:
             if not optimizer.built:

@@ -12,7 +12,7 @@ from typing import Any, Optional
 import numpy as np
 
 from kolo import _core
-from kolo._core import resolve_op
+from kolo._core import Average, resolve_op
 from kolo.keras import _arrays, _bridge
 from kolo.keras.compression import Compression
 from kolo.process_sets import global_process_set, resolve
@@ -25,6 +25,7 @@ __all__ = [
     "broadcast",
     "broadcast_object",
     "grouped_allreduce",
+    "reducescatter",
 ]
 
 
@@ -111,6 +112,43 @@ def allgather(value: Any, name: Optional[str] = None, process_set: Any = global_
         out_shapes=shapes,
         name="kolo_allgather",
     )[0]
+
+
+def reducescatter(value: Any, name: Optional[str] = None, op: Any = Average) -> Any:
+    """Reduces ``value`` over all ranks (``hvd.Average`` by default) and returns this rank's
+    part of the first dimension: rank ``r`` of ``n`` gets ``rows // n`` rows, and the first
+    ``rows % n`` ranks one row more (Horovod's split). ``value`` has the same shape on every
+    rank.
+
+    Example::
+
+        import kolo.keras as hvd
+        hvd.init()
+        part = hvd.reducescatter(keras.ops.ones((4, 2)), op=hvd.Sum)  # (2, 2) of 2.0 on 2 ranks
+    """
+    _core.require_initialized()
+    ps = resolve(global_process_set)
+    reduce_op = resolve_op(op, None)
+    names = [_core.op_name("reducescatter", name)]
+    shapes = None
+    if _bridge.in_tf_graph():
+        shape = _bridge._tf().convert_to_tensor(value).shape
+        if shape.rank:
+            shapes = [[_rows_here(shape[0]), *shape[1:]]]
+    return _bridge.call(
+        lambda arrays: _arrays.reducescatter(arrays, names, reduce_op, 1.0, 1.0, ps),
+        [value],
+        out_shapes=shapes,
+        name="kolo_reducescatter",
+    )[0]
+
+
+def _rows_here(rows: Optional[int]) -> Optional[int]:
+    """This rank's share of ``rows`` in a reducescatter over every rank (``None`` if unknown)."""
+    if rows is None:
+        return None
+    world, me = _core.size(), _core.rank()
+    return rows // world + (1 if me < rows % world else 0)
 
 
 def broadcast(

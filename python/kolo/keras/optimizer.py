@@ -25,7 +25,13 @@ from kolo.keras import _arrays, _bridge
 from kolo.keras.compression import Compression
 from kolo.process_sets import ProcessSet, global_process_set, resolve
 
-__all__ = ["DistributedOptimizer", "distributed_class", "is_distributed", "make_settings"]
+__all__ = [
+    "DistributedOptimizer",
+    "PartialDistributedOptimizer",
+    "distributed_class",
+    "is_distributed",
+    "make_settings",
+]
 
 
 class _Settings:
@@ -41,6 +47,7 @@ class _Settings:
         postscale: float,
         groups: Any,
         process_set: Any,
+        scale_local_gradients: bool = True,
     ) -> None:
         self.prefix = prefix
         self.compression = compression
@@ -50,13 +57,29 @@ class _Settings:
         self.postscale = postscale
         self.groups = groups
         self.process_set = process_set
+        self.scale_local_gradients = scale_local_gradients
 
 
 class _DistributedOptimizerMixin:
-    """Averages the gradients over all ranks just before Keras clips and applies them."""
+    """Averages the gradients over all ranks just before Keras clips and applies them, except
+    those of the variables registered with :meth:`register_local_var` (kept on each rank)."""
 
     _kolo: _Settings
     _kolo_variables: Optional[list[Any]] = None
+    _kolo_local_vars: tuple[Any, ...] = ()
+
+    def register_local_var(self, var: Any) -> None:
+        """Keeps ``var``'s gradient out of the allreduce: each rank applies its own (divided
+        by the number of ranks when ``scale_local_gradients`` is on), as Horovod's.
+
+        Example::
+
+            for var in model.layers[-1].trainable_weights:
+                opt.register_local_var(var)
+        """
+        if not any(v is var for v in self._kolo_local_vars):
+            # Bypasses Keras's tracking: these are the model's variables, not optimizer state.
+            object.__setattr__(self, "_kolo_local_vars", (*self._kolo_local_vars, var))
 
     def _backend_apply_gradients(self, grads: Any, trainable_variables: Any) -> Any:
         # Bypasses Keras's tracking: these are the model's variables, not optimizer state.
@@ -64,8 +87,54 @@ class _DistributedOptimizerMixin:
         return super()._backend_apply_gradients(grads, trainable_variables)  # type: ignore[misc]
 
     def _clip_gradients(self, grads: Any) -> Any:
-        grads = _reduce_gradients(self._kolo, list(grads), self._kolo_variables)
+        grads = _reduce_with_locals(
+            self._kolo, list(grads), self._kolo_variables, self._kolo_local_vars
+        )
         return super()._clip_gradients(grads)  # type: ignore[misc]
+
+
+def _reduce_with_locals(
+    settings: _Settings, grads: list[Any], variables: Optional[list[Any]], local_vars: Any
+) -> list[Any]:
+    """Reduces the gradients of the shared variables; the local variables' gradients stay on
+    this rank, scaled as the reduced ones are (accumulation, predivide) and, with
+    ``scale_local_gradients``, divided by the process set's size, as Horovod's."""
+    if not local_vars:
+        return _reduce_gradients(settings, grads, variables)
+    if variables is None or len(variables) != len(grads):
+        raise ConfigError(
+            "local variables (PartialDistributedOptimizer / register_local_var) need the "
+            "trainable variables; apply gradients through optimizer.apply(grads, variables)"
+        )
+    local_ids = {id(v) for v in local_vars}
+    shared = [i for i, v in enumerate(variables) if id(v) not in local_ids]
+    out = list(grads)
+    reduced = _reduce_gradients(
+        settings, [grads[i] for i in shared], [variables[i] for i in shared]
+    )
+    for i, r in zip(shared, reduced):
+        out[i] = r
+    scale = settings.prescale * settings.postscale
+    if settings.scale_local_gradients:
+        scale /= _set_size(settings.process_set)
+    for i, var in enumerate(variables):
+        if id(var) in local_ids and grads[i] is not None and scale != 1.0:
+            out[i] = _scaled(grads[i], scale)
+    return out
+
+
+def _set_size(process_set: Any) -> int:
+    ps = resolve(process_set)
+    return len(ps.ranks) if ps.ranks is not None else _core.size()
+
+
+def _scaled(grad: Any, scale: float) -> Any:
+    if _is_sparse(grad):
+        tf = _bridge._tf()
+        return tf.IndexedSlices(
+            grad.values * tf.cast(scale, grad.values.dtype), grad.indices, grad.dense_shape
+        )
+    return grad * scale
 
 
 def _grad_names(settings: _Settings, variables: Optional[list[Any]], count: int) -> list[str]:
@@ -292,6 +361,7 @@ def DistributedOptimizer(
     num_groups: int = 0,
     groups: Any = None,
     process_set: Any = global_process_set,
+    scale_local_gradients: bool = True,
 ) -> Any:
     """Wraps a Keras 3 optimizer so every update applies gradients averaged over all ranks.
 
@@ -318,6 +388,8 @@ def DistributedOptimizer(
         num_groups: deprecated alias of an integer ``groups``.
         groups: an int (split the gradients into that many fused groups) or lists of variables.
         process_set: reduce over this ``kolo.ProcessSet`` only.
+        scale_local_gradients: divide the gradients of variables registered with
+            ``opt.register_local_var(var)`` (not reduced) by the number of ranks.
 
     Example::
 
@@ -331,6 +403,10 @@ def DistributedOptimizer(
     """
     del device_dense, device_sparse  # host staging; nothing to place
     reduce_op = resolve_op(op, None)  # InvalidArgumentError for unknown ops
+    if not isinstance(scale_local_gradients, bool):
+        raise InvalidValueError(
+            f"scale_local_gradients must be True or False, got {scale_local_gradients!r}"
+        )
     if reduce_op is Adasum:
         # As Horovod's Keras optimizer: the gradients are Adasum-combined (no delta step).
         if average_aggregated_gradients:
@@ -374,6 +450,7 @@ def DistributedOptimizer(
         groups,
         process_set,
     )
+    settings.scale_local_gradients = scale_local_gradients
     return distributed_class(type(optimizer), settings).from_config(config)
 
 
@@ -385,3 +462,96 @@ def is_distributed(optimizer: Any) -> bool:
         assert hvd.optimizer.is_distributed(model.optimizer)
     """
     return isinstance(optimizer, _DistributedOptimizerMixin)
+
+
+def PartialDistributedOptimizer(
+    optimizer: Any,
+    name: Optional[str] = None,
+    device_dense: str = "",
+    device_sparse: str = "",
+    compression: Any = Compression.none,
+    sparse_as_dense: bool = False,
+    gradient_predivide_factor: float = 1.0,
+    op: Any = Average,
+    groups: Any = None,
+    process_set: Any = global_process_set,
+    local_layers: Any = None,
+    scale_local_gradients: bool = True,
+    *,
+    backward_passes_per_step: int = 1,
+    average_aggregated_gradients: bool = False,
+) -> Any:
+    """A :func:`DistributedOptimizer` that leaves the gradients of ``local_layers`` out of
+    the allreduce: each rank applies its own gradient to those layers' trainable weights
+    (divided by the number of ranks when ``scale_local_gradients`` is on, as Horovod's), so
+    their weights differ between ranks while every other weight stays identical.
+
+    Args:
+        optimizer: the ``keras.optimizers.Optimizer`` to wrap (not yet used for training).
+        name: as in :func:`DistributedOptimizer`.
+        device_dense: as in :func:`DistributedOptimizer` (accepted, unused).
+        device_sparse: as in :func:`DistributedOptimizer` (accepted, unused).
+        compression: as in :func:`DistributedOptimizer`.
+        sparse_as_dense: as in :func:`DistributedOptimizer`.
+        gradient_predivide_factor: as in :func:`DistributedOptimizer`.
+        op: ``hvd.Average`` (default) or ``hvd.Sum`` (Horovod supports only these here).
+        groups: as in :func:`DistributedOptimizer`.
+        process_set: as in :func:`DistributedOptimizer`.
+        local_layers: a built ``keras.layers.Layer`` or a list of them whose trainable
+            weights are local; ``None`` makes this a plain ``DistributedOptimizer``.
+        scale_local_gradients: divide the local gradients by the process set's size.
+        backward_passes_per_step: as in :func:`DistributedOptimizer` (keyword-only: Horovod
+            0.28.1 has no such parameter here; its later versions insert it after ``op``);
+            the local gradients are accumulated and scaled like the reduced ones.
+        average_aggregated_gradients: as in :func:`DistributedOptimizer` (keyword-only).
+
+    Example::
+
+        import keras
+        import kolo.keras as hvd
+
+        hvd.init()
+        head = keras.layers.Dense(3)  # per-rank head
+        model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(16), head])
+        opt = hvd.PartialDistributedOptimizer(keras.optimizers.SGD(0.1), local_layers=[head])
+        model.compile(optimizer=opt, loss="mse")
+    """
+    reduce_op = resolve_op(op, None)
+    if reduce_op not in (Average, _core.Sum):
+        raise InvalidValueError(
+            f"PartialDistributedOptimizer supports op=hvd.Average or hvd.Sum (as Horovod), not "
+            f"{reduce_op.name}; use DistributedOptimizer for other ops"
+        )
+    if local_layers is None:
+        local_layers = []
+    elif isinstance(local_layers, keras.layers.Layer):
+        local_layers = [local_layers]
+    else:
+        local_layers = list(local_layers)
+    for layer in local_layers:
+        if not isinstance(layer, keras.layers.Layer):
+            raise InvalidValueError(
+                f"local_layers must be keras.layers.Layer instances, got {type(layer).__name__}"
+            )
+        if not layer.built:
+            raise InvalidValueError(
+                f"local layer {layer.name!r} is not built yet, so it has no weights to keep "
+                "local; build the model first (keras.Input(...) or model.build(shape))"
+            )
+    opt = DistributedOptimizer(
+        optimizer,
+        name=name,
+        compression=compression,
+        sparse_as_dense=sparse_as_dense,
+        gradient_predivide_factor=gradient_predivide_factor,
+        op=reduce_op,
+        backward_passes_per_step=backward_passes_per_step,
+        average_aggregated_gradients=average_aggregated_gradients,
+        groups=groups,
+        process_set=process_set,
+        scale_local_gradients=scale_local_gradients,
+    )
+    for layer in local_layers:
+        for var in layer.trainable_weights:
+            opt.register_local_var(var)
+    return opt

@@ -1,4 +1,5 @@
-"""The collectives ``kolo.keras._arrays`` lacks, on numpy arrays: alltoall and reducescatter.
+"""The collectives ``kolo.keras._arrays`` lacks, on numpy arrays: alltoall (reducescatter,
+shared with ``kolo.keras``, lives in ``kolo.keras._arrays`` and is re-exported here).
 
 Like ``kolo.keras._arrays``, every function submits all its arrays to kolo's engine before it
 waits for any (so the engine can fuse them) and never modifies its inputs.
@@ -6,28 +7,24 @@ waits for any (so the engine can fuse them) and never modifies its inputs.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any, Optional
 
 import numpy as np
 
 from kolo import _core, _native
-from kolo._core import ReduceOp
 from kolo.exceptions import InvalidArgumentError
-from kolo.keras._arrays import _dtype_name, _from_engine, _private_copy, _wait_all
+from kolo.keras._arrays import (
+    _dtype_name,
+    _from_engine,
+    _members,
+    _private_copy,
+    _require_dim,
+    _wait_all,
+    reducescatter,
+)
+
+__all__ = ["alltoall", "alltoall_splits", "join", "reducescatter"]
 from kolo.process_sets import ProcessSet
-
-
-def _require_dim(array: np.ndarray, kind: str, name: str) -> None:
-    if array.ndim == 0:
-        raise InvalidArgumentError(
-            f"{kind} '{name}' works on the first dimension, but got a 0-dim value; reshape it "
-            "to (1,) first"
-        )
-
-
-def _members(ps: ProcessSet) -> list[int]:
-    return list(ps.ranks) if ps.ranks is not None else list(range(_core.size()))
 
 
 def alltoall_splits(splits: Optional[np.ndarray], rows: int, world: int, name: str) -> list[int]:
@@ -89,48 +86,6 @@ def alltoall(
     )
     ((data, rows),) = _wait_all([native])
     return _from_engine(data, sum(rows), buf), np.asarray(rows, dtype=np.int32)
-
-
-def reducescatter(
-    arrays: Sequence[Any],
-    names: Sequence[str],
-    op: ReduceOp,
-    prescale: float,
-    postscale: float,
-    ps: ProcessSet,
-) -> list[np.ndarray]:
-    """Reduces each array over the ranks of ``ps`` and returns this rank's part of the first
-    dimension (the first ``rows % size`` ranks get one row more), one op per array.
-
-    Example::
-
-        part, = _array_ops.reducescatter([np.ones((4, 2))], ["x"], hvd.Sum, 1.0, 1.0, ps)
-    """
-    _core.require_initialized()
-    bufs = [_private_copy(a) for a in arrays]
-    natives = []
-    for name, buf in zip(names, bufs):
-        _require_dim(buf, "reducescatter", name)
-        natives.append(
-            _native.submit(
-                "reducescatter",
-                name,
-                int(buf.ctypes.data),
-                int(buf.nbytes),
-                [int(d) for d in buf.shape],
-                _dtype_name(buf),
-                op.name,
-                float(prescale),
-                float(postscale),
-                0,
-                [],
-                int(ps.process_set_id or 0),
-                keep=buf,
-            )
-        )
-    results = _wait_all(natives)
-    me = _members(ps).index(_core.rank())
-    return [_from_engine(data, rows[me], buf) for (data, rows), buf in zip(results, bufs)]
 
 
 def join() -> int:
