@@ -28,7 +28,7 @@ removes a rank's task when its process dies and adds tasks as a launcher does). 
 
 Horovod 0.28.1, when bench/peers/horovod.sh built it (``--horovod auto``), is measured in the
 same run, interleaved (kolo at ``n``, Horovod at ``n``, each repeat), with the same rank loop
-(bench/peers/_horovod_elastic_rank.py) under ``horovodrun --gloo --min-np --max-np
+(``bench/_elastic_rank.py --horovod``) under ``horovodrun --gloo --min-np --max-np
 --host-discovery-script`` (bench/peers/_horovod.py) and the same phases; one machine plays two
 hosts as in Horovod's own elastic tests (``localhost`` with the ranks that stay,
 ``127.0.0.1`` with the one killed or added: Horovod blacklists a failed worker's host). Its

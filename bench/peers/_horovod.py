@@ -3,7 +3,7 @@
 
 :func:`horovod_python` says whether the peer venv is there (benches include Horovod "when
 present"). :class:`HorovodElasticJob` runs ``horovodrun --gloo -np .. --min-np .. --max-np ..
---host-discovery-script S`` on bench/peers/_horovod_elastic_rank.py. One machine plays the
+--host-discovery-script S`` on ``bench/_elastic_rank.py --horovod``. One machine plays the
 hosts the way Horovod's own elastic tests do (test/integration/test_elastic_torch.py):
 ``localhost`` and ``127.0.0.1`` are two hosts, both local to horovodrun, so it starts their
 workers without ssh. ``S`` prints the lines of a hosts file that :meth:`set_hosts` rewrites,
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 HERE = Path(__file__).resolve().parent
-RANK_SCRIPT = HERE / "_horovod_elastic_rank.py"
+RANK_SCRIPT = HERE.parent / "_elastic_rank.py"
 BUILD_SCRIPT = HERE / "horovod.sh"
 
 
@@ -141,6 +141,7 @@ class HorovodElasticJob:
             "INFO",
             str(python),
             str(RANK_SCRIPT),
+            "--horovod",
             *rank_args,
         ]
         full_env = dict(os.environ)
@@ -304,7 +305,7 @@ class HorovodElasticJob:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
             except OSError:
                 continue
-            if str(RANK_SCRIPT).encode() in cmdline:
+            if str(RANK_SCRIPT).encode() in cmdline and b"--horovod" in cmdline:
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
