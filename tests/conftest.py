@@ -75,6 +75,29 @@ def output_tail(result: subprocess.CompletedProcess, lines: int = 30) -> str:
     )
 
 
+def check_scenario(
+    result: subprocess.CompletedProcess,
+    scenario: str,
+    order: tuple[str, ...],
+    ranks: int = 2,
+    launch: str = "",
+) -> subprocess.CompletedProcess:
+    """Asserts that every rank of a launch that ran the worker scenarios ``order`` printed
+    ``rank R: <scenario> ok``; checking the last scenario also asserts that the launch exited
+    0. ``launch`` names the launch in the message (e.g. the backend)."""
+    missing = [
+        r for r in range(ranks) if f"[{r}]<stdout>:rank {r}: {scenario} ok" not in result.stdout
+    ]
+    assert not missing, (
+        f"{launch + ': ' if launch else ''}scenario {scenario!r} did not pass on rank(s) "
+        f"{missing} (exit {result.returncode}; scenarios run in the order {order})\n"
+        + output_tail(result)
+    )
+    if scenario == order[-1]:
+        assert result.returncode == 0, output_tail(result)
+    return result
+
+
 def worker(name: str) -> str:
     """The path of a worker script under tests/workers."""
     return str(WORKERS / name)

@@ -16,7 +16,7 @@ import subprocess
 
 import pytest
 
-from conftest import output_tail, run_kolorun, worker
+from conftest import check_scenario, output_tail, run_kolorun, worker
 
 SCENARIOS = (
     "torch_state",
@@ -35,14 +35,7 @@ def launch() -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_elastic_scenario_passes_on_both_ranks(scenario: str) -> None:
-    result = launch()
-    missing = [r for r in (0, 1) if f"[{r}]<stdout>:rank {r}: {scenario} ok" not in result.stdout]
-    assert not missing, (
-        f"scenario {scenario!r} did not pass on rank(s) {missing} (exit {result.returncode}; "
-        f"scenarios run in the order {SCENARIOS})\n" + result.stdout[-4000:] + result.stderr[-6000:]
-    )
-    if scenario == SCENARIOS[-1]:
-        assert result.returncode == 0, result.stderr[-6000:]
+    check_scenario(launch(), scenario, SCENARIOS)
 
 
 def test_elastic_sampler_resplits_the_rest_of_the_epoch_from_3_to_2_ranks(tmp_path) -> None:

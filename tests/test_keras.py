@@ -15,7 +15,7 @@ import subprocess
 
 import pytest
 
-from conftest import run_kolorun, worker
+from conftest import check_scenario, run_kolorun, worker
 
 SCENARIOS = (
     "ops",
@@ -46,16 +46,7 @@ def launch(backend: str) -> subprocess.CompletedProcess:
 
 
 def check(backend: str, scenario: str) -> None:
-    result = launch(backend)
-    missing = [r for r in (0, 1) if f"[{r}]<stdout>:rank {r}: {scenario} ok" not in result.stdout]
-    assert not missing, (
-        f"{backend}: scenario {scenario!r} did not pass on rank(s) {missing} (exit "
-        f"{result.returncode}; scenarios run in the order {BACKEND_SCENARIOS[backend]})\n"
-        + result.stdout[-4000:]
-        + result.stderr[-6000:]
-    )
-    if scenario == BACKEND_SCENARIOS[backend][-1]:
-        assert result.returncode == 0, result.stderr[-6000:]
+    check_scenario(launch(backend), scenario, BACKEND_SCENARIOS[backend], launch=backend)
 
 
 BACKENDS = pytest.mark.parametrize("backend", ["tensorflow", "torch"])

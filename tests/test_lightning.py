@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, output_tail, run_kolorun, worker, worker_env
+from conftest import REPO, check_scenario, output_tail, run_kolorun, worker, worker_env
 
 SCENARIOS = ("equal", "accumulate", "refit", "syncbn", "fabric", "sync_dist", "checkpoint")
 
@@ -35,15 +35,7 @@ def out_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def check(out_dir: Path, scenario: str) -> subprocess.CompletedProcess:
-    result = launch(str(out_dir))
-    missing = [r for r in (0, 1) if f"[{r}]<stdout>:rank {r}: {scenario} ok" not in result.stdout]
-    assert not missing, (
-        f"scenario {scenario!r} did not pass on rank(s) {missing} (launch exited "
-        f"{result.returncode}; scenarios run in the order {SCENARIOS})\n"
-        + result.stdout[-4000:]
-        + result.stderr[-6000:]
-    )
-    return result
+    return check_scenario(launch(str(out_dir)), scenario, SCENARIOS)
 
 
 def test_two_ranks_equal_one_process_on_the_doubled_batch(out_dir: Path) -> None:

@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, run_kolorun, worker, worker_env
+from conftest import REPO, check_scenario, run_kolorun, worker, worker_env
 
 SCENARIOS = (
     "ops",
@@ -44,19 +44,7 @@ def launch(ranks: int) -> subprocess.CompletedProcess:
 
 
 def check(ranks: int, scenario: str) -> subprocess.CompletedProcess:
-    result = launch(ranks)
-    missing = [
-        r for r in range(ranks) if f"[{r}]<stdout>:rank {r}: {scenario} ok" not in result.stdout
-    ]
-    assert not missing, (
-        f"{ranks} ranks: scenario {scenario!r} did not pass on rank(s) {missing} (exit "
-        f"{result.returncode}; scenarios run in the order {SCENARIOS})\n"
-        + result.stdout[-4000:]
-        + result.stderr[-6000:]
-    )
-    if scenario == SCENARIOS[-1]:
-        assert result.returncode == 0, result.stderr[-6000:]
-    return result
+    return check_scenario(launch(ranks), scenario, SCENARIOS, ranks, launch=f"{ranks} ranks")
 
 
 @RANKS

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import subprocess
 
-from conftest import run_kolorun, worker
+from conftest import check_scenario, run_kolorun, worker
 
 LAUNCHES = {
     "optimizer": (
@@ -43,16 +43,7 @@ def launch(group: str) -> subprocess.CompletedProcess:
 
 def check(scenario: str) -> None:
     group = next(g for g, scenarios in LAUNCHES.items() if scenario in scenarios)
-    result = launch(group)
-    missing = [r for r in (0, 1) if f"[{r}]<stdout>:rank {r}: {scenario} ok" not in result.stdout]
-    assert not missing, (
-        f"scenario {scenario!r} did not pass on rank(s) {missing} (launch {group!r} exited "
-        f"{result.returncode}; scenarios run in the order {LAUNCHES[group]})\n"
-        + result.stdout[-4000:]
-        + result.stderr[-6000:]
-    )
-    if scenario == LAUNCHES[group][-1]:
-        assert result.returncode == 0, result.stderr[-6000:]
+    check_scenario(launch(group), scenario, LAUNCHES[group], launch=group)
 
 
 def test_distributed_sgd_matches_one_process_on_the_double_batch() -> None:
