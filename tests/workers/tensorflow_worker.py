@@ -35,10 +35,11 @@ DTYPES = [
 ]
 FLOATS = ["float16", "bfloat16", "float32", "float64"]
 MODES = ("eager", "tf.function")
-# A proper subset of the ranks, registered at init: ranks 0 and 2 of 3, rank 1 of 2.
+# A subset of the ranks, registered at init: ranks 0 and 2 of 3, rank 1 of 2, rank 0 of 1.
 WORLD = int(os.environ["KOLO_SIZE"])
-SUBSET_RANKS = [0, WORLD - 1] if WORLD > 2 else [1]
-SUBSET = hvd.ProcessSet(SUBSET_RANKS)
+SUBSET_RANKS = [0, WORLD - 1] if WORLD > 2 else [WORLD - 1]
+# One rank: the subset is the whole job (a set cannot be registered twice).
+SUBSET = hvd.ProcessSet(SUBSET_RANKS) if WORLD > 1 else hvd.global_process_set
 
 
 def np_dtype(name: str) -> np.dtype:
@@ -811,7 +812,7 @@ SCENARIOS = {
 
 
 def main() -> None:
-    hvd.init(process_sets=[SUBSET])
+    hvd.init(process_sets=[SUBSET] if WORLD > 1 else None)
     for name in sys.argv[1:]:
         SCENARIOS[name]()
         print(f"rank {hvd.rank()}: {name} ok", flush=True)
