@@ -787,6 +787,14 @@ def objects() -> None:
             session.run(tf.compat.v1.global_variables_initializer())
             session.run(sync)
             check(session.run(gv), np.full(2, world - 1.0, np.float32), "TF1 global", "float32")
+    # ... and through Horovod's hook, in a MonitoredSession (which initializes the variables).
+    with tf.Graph().as_default():
+        gv = tf.compat.v1.Variable([float(me)] * 2, name="hooked_v")
+        hooks = [hvd.BroadcastGlobalVariablesHook(world - 1)]
+        with tf.compat.v1.train.MonitoredSession(hooks=hooks) as session:
+            check(session.run(gv), np.full(2, world - 1.0, np.float32), "TF1 hook", "float32")
+        bcast = hvd.broadcast_object_fn(root_rank=world - 1)
+        assert bcast({"rank": me}) == {"rank": world - 1}
     try:
         hvd.broadcast_global_variables(0)
         raise AssertionError("broadcast_global_variables ran eagerly")

@@ -61,9 +61,11 @@ from kolo.tensorflow._reductions import (
 from kolo.tensorflow._tape import DistributedGradientTape, PartialDistributedGradientTape
 from kolo.tensorflow.compression import Compression
 from kolo.tensorflow.functions import (
+    BroadcastGlobalVariablesHook,
     allgather_object,
     broadcast_global_variables,
     broadcast_object,
+    broadcast_object_fn,
     broadcast_variables,
     refs_to_vars,
     vars_to_refs,
@@ -109,6 +111,7 @@ from kolo.tensorflow.sync_batch_norm import SyncBatchNormalization
 __all__ = [
     "Adasum",
     "Average",
+    "BroadcastGlobalVariablesHook",
     "Compression",
     "DistributedGradientTape",
     "DistributedOptimizer",
@@ -131,6 +134,7 @@ __all__ = [
     "broadcast_",
     "broadcast_global_variables",
     "broadcast_object",
+    "broadcast_object_fn",
     "broadcast_variables",
     "ccl_built",
     "check_num_rank_power_of_2",

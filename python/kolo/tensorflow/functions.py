@@ -16,9 +16,11 @@ from kolo.tensorflow import mpi_ops
 from kolo.tensorflow.mpi_ops import _not_converted
 
 __all__ = [
+    "BroadcastGlobalVariablesHook",
     "allgather_object",
     "broadcast_global_variables",
     "broadcast_object",
+    "broadcast_object_fn",
     "broadcast_variables",
     "refs_to_vars",
     "vars_to_refs",
@@ -68,6 +70,61 @@ def broadcast_object(
     return _arrays.broadcast_object(
         obj, root_rank, mpi_ops._op_name("broadcast_object", name, ps), ps
     )
+
+
+def broadcast_object_fn(
+    root_rank: int = 0,
+    session: Any = None,
+    name: Optional[str] = None,
+    process_set: Any = global_process_set,
+) -> Any:
+    """Horovod's TensorFlow 1 helper: a function ``fn(obj)`` that returns ``root_rank``'s
+    ``obj`` on every rank of the process set. kolo broadcasts objects without a TensorFlow
+    session, so ``session`` is accepted and unused and ``fn`` works in any mode.
+
+    Example::
+
+        bcast = hvd.broadcast_object_fn(root_rank=0, session=session)
+        start_epoch = bcast(start_epoch)
+    """
+    del session
+
+    def broadcast_fn(obj: Any) -> Any:
+        return broadcast_object(
+            obj, root_rank, name=name or "broadcast_object_fn", process_set=process_set
+        )
+
+    return broadcast_fn
+
+
+class BroadcastGlobalVariablesHook(tf.compat.v1.train.SessionRunHook):
+    """Horovod's TensorFlow 1 ``SessionRunHook``: once a session is created (e.g. by
+    ``tf.compat.v1.train.MonitoredTrainingSession``), every global variable takes
+    ``root_rank``'s value (:func:`broadcast_global_variables`). ``device`` is accepted for
+    Horovod compatibility (kolo broadcasts host copies). Deprecated in TensorFlow 2, as in
+    Horovod: use :func:`broadcast_variables`.
+
+    Example::
+
+        hooks = [hvd.BroadcastGlobalVariablesHook(0)]
+        with tf.compat.v1.train.MonitoredTrainingSession(hooks=hooks) as session:
+            ...
+    """
+
+    def __init__(self, root_rank: int, device: str = "") -> None:
+        super().__init__()
+        self.root_rank = root_rank
+        self.bcast_op: Any = None
+        self.device = device
+
+    def begin(self) -> None:
+        """Builds the broadcast in the session's graph (again when the graph changed)."""
+        if self.bcast_op is None or self.bcast_op.graph != tf.compat.v1.get_default_graph():
+            self.bcast_op = broadcast_global_variables(self.root_rank)
+
+    def after_create_session(self, session: Any, coord: Any) -> None:
+        """Runs the broadcast once the variables are initialized."""
+        session.run(self.bcast_op)
 
 
 def allgather_object(
