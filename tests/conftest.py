@@ -98,6 +98,22 @@ def check_scenario(
     return result
 
 
+def check_digits_example(script: str) -> None:
+    """Runs ``examples/<script>`` (a sklearn-digits example whose ranks print ``rank R: weights
+    checksum C`` and rank 0 ``test accuracy A``) on 2 ranks: the ranks must end with the same
+    weights and a useful model (accuracy above 0.9)."""
+    result = run_kolorun(
+        ["-np", "2", "python", f"examples/{script}"],
+        timeout=300,
+        env={"TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
+    assert result.returncode == 0, output_tail(result)
+    sums = re.findall(r"rank (\d): weights checksum (\w+)", result.stdout)
+    assert len(sums) == 2 and sums[0][1] == sums[1][1], output_tail(result)
+    accuracy = float(re.search(r"test accuracy (\d\.\d+)", result.stdout).group(1))
+    assert accuracy > 0.9, output_tail(result)
+
+
 def worker(name: str) -> str:
     """The path of a worker script under tests/workers."""
     return str(WORKERS / name)

@@ -15,7 +15,7 @@ import subprocess
 
 import pytest
 
-from conftest import check_scenario, run_kolorun, worker
+from conftest import check_digits_example, check_scenario, run_kolorun, worker
 
 SCENARIOS = (
     "ops",
@@ -119,16 +119,7 @@ def test_best_model_checkpoint_and_load_model_restore_a_distributed_optimizer(
 def test_keras_digits_example_trains_identical_weights_on_two_ranks() -> None:
     # examples/keras_digits.py: ranks start from different seeds, the broadcast callback aligns
     # them, and the ranks end with the same weights and a useful model.
-    result = run_kolorun(
-        ["-np", "2", "python", "examples/keras_digits.py"],
-        timeout=300,
-        env={"TF_CPP_MIN_LOG_LEVEL": "2"},
-    )
-    assert result.returncode == 0, result.stderr[-6000:]
-    sums = re.findall(r"rank (\d): weights checksum (\w+)", result.stdout)
-    assert len(sums) == 2 and sums[0][1] == sums[1][1], result.stdout[-3000:]
-    accuracy = float(re.search(r"test accuracy (\d\.\d+)", result.stdout).group(1))
-    assert accuracy > 0.9, result.stdout[-3000:]
+    check_digits_example("keras_digits.py")
 
 
 def test_bench_script_compares_with_multi_worker_mirrored_strategy(tmp_path) -> None:

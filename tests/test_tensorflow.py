@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, check_scenario, run_kolorun, worker, worker_env
+from conftest import REPO, check_digits_example, check_scenario, run_kolorun, worker, worker_env
 
 SCENARIOS = (
     "ops",
@@ -155,16 +155,7 @@ def test_tensorflow_digits_example_trains_identical_weights_on_two_ranks() -> No
     # examples/tensorflow_digits.py (Horovod's tensorflow2_mnist.py shape): ranks start from
     # different seeds, the first-step broadcast aligns them, and they end with the same
     # weights and a useful model.
-    result = run_kolorun(
-        ["-np", "2", "python", "examples/tensorflow_digits.py"],
-        timeout=300,
-        env={"TF_CPP_MIN_LOG_LEVEL": "2"},
-    )
-    assert result.returncode == 0, result.stderr[-6000:]
-    sums = re.findall(r"rank (\d): weights checksum (\w+)", result.stdout)
-    assert len(sums) == 2 and sums[0][1] == sums[1][1], result.stdout[-3000:]
-    accuracy = float(re.search(r"test accuracy (\d\.\d+)", result.stdout).group(1))
-    assert accuracy > 0.9, result.stdout[-3000:]
+    check_digits_example("tensorflow_digits.py")
 
 
 def test_bench_script_compares_with_multi_worker_mirrored_strategy(tmp_path) -> None:
