@@ -94,14 +94,6 @@ STORE_MODULE = "horovod.spark.common.store"
 _OUT_OF_SCOPE = [
     # (test on the dotted module name, owner, reason)
     (
-        # horovod.tensorflow and horovod.keras (kolo.keras, issue 22's third item; its
-        # elastic part is the elastic rule's) are in scope; horovod.tensorflow's submodules
-        # (keras, elastic) are not yet.
-        lambda m: m.startswith("horovod.tensorflow") and m != "horovod.tensorflow",
-        TENSORFLOW,
-        "TensorFlow and tf.keras adapters",
-    ),
-    (
         lambda m: m.startswith("horovod.mxnet"),
         NOT_PLANNED,
         "kolo has no MXNet adapter (MXNet is retired by Apache)",
