@@ -221,3 +221,58 @@ def test_an_added_worker_is_announced_only_once_it_registers() -> None:
         pause = first_big - last_small
         assert pause < SLOW_START / 2, f"the survivors paused {pause:.2f} s for it"
     assert [n for _, n in outputs[2]] == [3] * 5
+
+
+#: Task 0 registers early (as a Spark or Ray rank process does at start, before the user's
+#: function runs) and calls init() only once the file ``KOLO_TEST_GO`` exists; both tasks then
+#: step (one allreduce, one commit) until a step ran on 2 ranks, at most 300 steps.
+EARLY_THEN_INIT = (
+    "import json, os, time, torch, kolo.torch as hvd\n"
+    "from kolo import _native\n"
+    "if os.environ['KOLO_TASK_INDEX'] == '0':\n"
+    "    for name, value in _native.session_join(): os.environ[name] = value\n"
+    "    print('registered', flush=True)\n"
+    "    deadline = time.monotonic() + 60\n"
+    "    while not os.path.exists(os.environ['KOLO_TEST_GO']) and time.monotonic() < deadline:\n"
+    "        time.sleep(0.01)\n"
+    "hvd.init()\n"
+    "state = hvd.elastic.ObjectState(hvd.broadcast_object, hvd.rank, step=0, sizes=[])\n"
+    "@hvd.elastic.run\n"
+    "def train(state):\n"
+    "    while not (state.sizes and state.sizes[-1] == 2) and state.step < 300:\n"
+    "        total = int(hvd.allreduce(torch.ones(1), op=hvd.Sum).item())\n"
+    "        state.sizes = [*state.sizes, total]\n"
+    "        state.step += 1\n"
+    "        state.commit()\n"
+    "        time.sleep(0.01)\n"
+    "train(state)\n"
+    "print(json.dumps(dict(rank=hvd.rank(), size=hvd.size(), sizes=state.sizes)), flush=True)\n"
+    "hvd.shutdown()\n"
+)
+
+
+def test_a_task_added_between_an_early_registration_and_init_is_not_missed(tmp_path) -> None:
+    """Spark and Ray rank processes register before the user's function calls init(), which
+    adopts that registration. A task added and registered in between is news to that rank: it
+    resets at its first commit and the job grows, instead of stepping alone while the new task
+    waits for a round that never completes (the CI failure of the Spark join test). init()
+    adopts the registration although session_join put its hostname into the environment."""
+    go = tmp_path / "go"
+    argv = [sys.executable, "-c", EARLY_THEN_INIT]
+    with ElasticRanks(1, min_np=1, max_np=2, env={"KOLO_TEST_GO": str(go)}) as ranks:
+        ranks.start(0, argv)
+        ranks.wait_for(0, lambda line: line == "registered", timeout=60)
+        ranks.add(1, argv)
+        deadline = time.monotonic() + 60
+        while ranks.driver.is_joining(1):
+            assert time.monotonic() < deadline, "task 1 never registered"
+            time.sleep(0.01)
+        go.touch()
+        first, added = last_json(ranks, [0, 1])
+        assert ranks.leftovers() == []
+    assert (first["rank"], first["size"], added["size"]) == (0, 2, 2), (first, added)
+    assert first["sizes"] == added["sizes"], (first, added)
+    # init() adopted the early registration (its first step ran in that round, alone), then
+    # the first commit reset it into the round with task 1.
+    assert first["sizes"][0] == 1 and first["sizes"][-1] == 2, first
+    assert set(first["sizes"][:-1]) == {1}, first

@@ -160,6 +160,11 @@ impl PyLaunchDriver {
         self.inner.live_tasks()
     }
 
+    /// Elastic launches: True while added task `task_index` has not registered yet.
+    fn is_joining(&self, task_index: u32) -> bool {
+        self.inner.is_joining(task_index)
+    }
+
     /// The `host:port` tasks connect to.
     #[getter]
     fn addr(&self) -> String {

@@ -40,12 +40,35 @@ struct EarlyJoin {
     abort: AbortSignal,
 }
 
+impl EarlyJoin {
+    /// True when `env` (what `init()` reads) describes this registration: the same job and
+    /// task. The early registration put the hostname it registered under into the process
+    /// environment (`HOROVOD_HOSTNAME`, [`session::rank_env`]), so that name counts as the
+    /// unset one it was read as.
+    fn is_for(&self, env: &WorkerEnv) -> bool {
+        if self.env == *env {
+            return true;
+        }
+        let registered = self
+            .registration
+            .peers
+            .get(self.registration.rank as usize)
+            .map(|me| me.hostname.clone());
+        self.env.hostname.is_none()
+            && env.hostname == registered
+            && WorkerEnv {
+                hostname: None,
+                ..env.clone()
+            } == self.env
+    }
+}
+
 static EARLY: Mutex<Option<EarlyJoin>> = Mutex::new(None);
 
 fn take_early(env: &WorkerEnv) -> Option<EarlyJoin> {
     let mut slot = EARLY.lock().unwrap_or_else(PoisonError::into_inner);
     match slot.take() {
-        Some(early) if early.env == *env => Some(early),
+        Some(early) if early.is_for(env) => Some(early),
         other => {
             *slot = other;
             None
@@ -61,6 +84,9 @@ fn take_early(env: &WorkerEnv) -> Option<EarlyJoin> {
 /// ranks need the rank environment before user code is loaded (the Spark child) call it at
 /// start; a process whose code never calls `init()` calls [`leave_early`] at the end.
 pub fn register_early(env: &WorkerEnv) -> Result<(Registration, DriverClient)> {
+    // The round this registration joins includes the host changes heard of so far; those
+    // heard of later (until `init()` adopts it) are news to it.
+    crate::control::host_updates::mark_all_news_handled();
     let abort = AbortSignal::new();
     let listener = DataListener::bind(data_plane_ip(env)?)?;
     let (registration, driver) = join_job(env, listener.local_addr(), abort.clone())?;
@@ -142,8 +168,6 @@ impl Worker {
     }
 
     fn join_once(env: &WorkerEnv, engine_config: EngineConfig) -> Result<Self> {
-        // A new round already includes the host changes heard of so far.
-        crate::control::host_updates::mark_all_news_handled();
         let (listener, registration, driver, abort) = match take_early(env) {
             Some(early) => {
                 log::debug!(
@@ -158,6 +182,9 @@ impl Worker {
                 )
             }
             None => {
+                // A new round already includes the host changes heard of so far (not those
+                // an adopted early registration heard of after its round: they stay news).
+                crate::control::host_updates::mark_all_news_handled();
                 let abort = AbortSignal::new();
                 let listener = DataListener::bind(data_plane_ip(env)?)?;
                 let (registration, driver) = join_job(env, listener.local_addr(), abort.clone())?;
