@@ -22,18 +22,22 @@ bench/results/ (or ``--json``).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
-
-import numpy as np
 
 # torch (for bench/common.py) and its triton must load before TensorFlow: see docs/keras.md.
 import torch._dynamo  # noqa: F401
-from common import free_port, write_results
+from _mwms import (
+    build_smallcnn,
+    interleaved_seconds,
+    mwms_train_step,
+    slowest_seconds,
+    start_mwms,
+    synthetic_batches,
+)
+from common import write_results
 
 # This file is named keras.py and its folder comes first on sys.path: drop the folder, so that
 # `import keras` (here and in kolo.keras) finds Keras.
@@ -42,30 +46,6 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 
 # isort: split
 import kolo.keras as hvd  # noqa: E402 - after the sys.path fix above
-
-
-def tf_config(port_list: list[int], rank: int) -> str:
-    return json.dumps(
-        {
-            "cluster": {"worker": [f"127.0.0.1:{p}" for p in port_list]},
-            "task": {"type": "worker", "index": rank},
-        }
-    )
-
-
-def build_model(keras):
-    return keras.Sequential(
-        [
-            keras.Input((32, 32, 3)),
-            keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
-            keras.layers.MaxPooling2D(),
-            keras.layers.Conv2D(64, 3, padding="same", activation="relu"),
-            keras.layers.MaxPooling2D(),
-            keras.layers.Flatten(),
-            keras.layers.Dense(128, activation="relu"),
-            keras.layers.Dense(10),
-        ]
-    )
 
 
 def main() -> None:
@@ -85,49 +65,25 @@ def main() -> None:
     os.environ["KERAS_BACKEND"] = "tensorflow"
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
-    ports = hvd.broadcast_object(
-        [free_port() for _ in range(size)] if rank == 0 else None, root_rank=0
-    )
-    os.environ["TF_CONFIG"] = tf_config(ports, rank)
+    strategy = start_mwms(hvd)
     import keras
     import tensorflow as tf
 
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(2)
-    # Created before any other TensorFlow op, as TensorFlow requires.
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
-
     keras.utils.set_random_seed(0)
-    base = build_model(keras)
-    initial = base.get_weights()
+    initial = build_smallcnn(keras).get_weights()
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
-    kolo_model = build_model(keras)
+    kolo_model = build_smallcnn(keras)
     kolo_model.set_weights(initial)
     kolo_optimizer = hvd.DistributedOptimizer(keras.optimizers.SGD(0.01, momentum=0.9))
     with strategy.scope():
-        mwms_model = build_model(keras)
+        mwms_model = build_smallcnn(keras)
         mwms_model.set_weights(initial)
         mwms_optimizer = keras.optimizers.SGD(0.01, momentum=0.9)
-
-    rng = np.random.default_rng(rank)
-    x = rng.normal(size=(args.batch_size, 32, 32, 3)).astype("float32")
-    y = rng.integers(0, 10, size=(args.batch_size,)).astype("int64")
-    local = iter(tf.data.Dataset.from_tensors((x, y)).repeat())
-    # MWMS: each worker's dataset yields global batches, split among the replicas.
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    global_batches = (
-        tf.data.Dataset.from_tensors((np.concatenate([x] * size), np.concatenate([y] * size)))
-        .repeat()
-        .with_options(options)
-    )
-    distributed = iter(strategy.experimental_distribute_dataset(global_batches))
+    local, distributed = synthetic_batches(strategy, rank, size, args.batch_size)
 
     # The same train step for both (forward, loss, gradients, optimizer.apply), compiled with
-    # tf.function: kolo's DistributedOptimizer averages the gradients inside apply; under
-    # MWMS, Keras's optimizer all-reduces them in the replica context (the loss is divided by
-    # the number of replicas, so the sum is the average).
+    # tf.function: kolo's DistributedOptimizer averages the gradients inside apply.
     @tf.function
     def kolo_step(batch):
         xb, yb = batch
@@ -137,45 +93,20 @@ def main() -> None:
         kolo_optimizer.apply(grads, kolo_model.trainable_variables)
         return loss
 
-    def mwms_replica_step(xb, yb):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(yb, mwms_model(xb, training=True))
-            scaled = loss / strategy.num_replicas_in_sync
-        grads = tape.gradient(scaled, mwms_model.trainable_variables)
-        mwms_optimizer.apply(grads, mwms_model.trainable_variables)
-        return loss
-
-    @tf.function
-    def mwms_step(batch):
-        return strategy.run(mwms_replica_step, args=batch)
-
-    def timed(step, batches, steps: int) -> float:
-        """Samples/sec over all ranks for ``steps`` steps (the slowest rank's time)."""
-        hvd.barrier()
-        start = time.perf_counter()
-        for _ in range(steps):
-            result = step(next(batches))
-        strategy.experimental_local_results(result)[0].numpy()  # wait for the last step
-        elapsed = time.perf_counter() - start
-        slowest = float(
-            hvd.allreduce(np.array([elapsed]), op=hvd.Max, name="bench.elapsed").numpy()[0]
-        )
-        return args.batch_size * size * steps / slowest
-
-    trainers = {
-        "kolo": lambda steps: timed(kolo_step, local, steps),
-        "mwms": lambda steps: timed(mwms_step, distributed, steps),
+    mwms_step = mwms_train_step(strategy, mwms_model, mwms_optimizer, loss_fn)
+    seconds = interleaved_seconds(
+        {
+            "kolo": lambda steps: slowest_seconds(hvd, strategy, kolo_step, local, steps),
+            "mwms": lambda steps: slowest_seconds(hvd, strategy, mwms_step, distributed, steps),
+        },
+        args.warmup_steps,
+        args.rounds,
+        args.steps,
+    )
+    row = {
+        name: args.batch_size * size * args.steps / statistics.median(values)
+        for name, values in seconds.items()
     }
-    for run in trainers.values():
-        run(args.warmup_steps)  # trace and compile the train steps
-    samples: dict[str, list[float]] = {name: [] for name in trainers}
-    order = list(trainers)
-    for _ in range(args.rounds):
-        for name in order:
-            samples[name].append(trainers[name](args.steps))
-        order.reverse()
-
-    row = {name: statistics.median(values) for name, values in samples.items()}
     ratio = row["kolo"] / row["mwms"]
     if rank == 0:
         print(
@@ -194,7 +125,7 @@ def main() -> None:
                 "batch_size_per_rank": args.batch_size,
                 "steps_per_round": args.steps,
                 "train_step": "tf.function: forward, loss, tape.gradient, optimizer.apply",
-                "samples_per_sec": samples,
+                "seconds_per_round": seconds,
                 "median_samples_per_sec": row,
                 "ratio_kolo_over_mwms": ratio,
             },

@@ -27,15 +27,19 @@ JSON to bench/results/ (or ``--json``).
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
-import numpy as np
-from common import free_port, write_results
+from _mwms import (
+    build_smallcnn,
+    interleaved_seconds,
+    mwms_train_step,
+    slowest_seconds,
+    start_mwms,
+    synthetic_batches,
+)
+from common import write_results
 
 # This file is named tensorflow.py and its folder comes first on sys.path: drop the folder, so
 # that `import tensorflow` (here and in kolo.tensorflow) finds TensorFlow.
@@ -48,31 +52,6 @@ import kolo.tensorflow as hvd  # noqa: E402 - after the sys.path fix above; load
 
 # isort: split
 import tensorflow as tf  # noqa: E402
-
-
-def tf_config(port_list: list[int], rank: int) -> str:
-    return json.dumps(
-        {
-            "cluster": {"worker": [f"127.0.0.1:{p}" for p in port_list]},
-            "task": {"type": "worker", "index": rank},
-        }
-    )
-
-
-def build_model() -> tf.keras.Model:
-    keras = tf.keras
-    return keras.Sequential(
-        [
-            keras.Input((32, 32, 3)),
-            keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
-            keras.layers.MaxPooling2D(),
-            keras.layers.Conv2D(64, 3, padding="same", activation="relu"),
-            keras.layers.MaxPooling2D(),
-            keras.layers.Flatten(),
-            keras.layers.Dense(128, activation="relu"),
-            keras.layers.Dense(10),
-        ]
-    )
 
 
 def main() -> None:
@@ -91,21 +70,14 @@ def main() -> None:
 
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
-    ports = hvd.broadcast_object(
-        [free_port() for _ in range(size)] if rank == 0 else None, root_rank=0
-    )
-    os.environ["TF_CONFIG"] = tf_config(ports, rank)
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(2)
-    # Created before any other TensorFlow op, as TensorFlow requires.
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    strategy = start_mwms(hvd)
 
     tf.keras.utils.set_random_seed(0)
-    initial = build_model().get_weights()
+    initial = build_smallcnn(tf.keras).get_weights()
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
     def fresh():
-        model = build_model()
+        model = build_smallcnn(tf.keras)
         model.set_weights(initial)
         return model, tf.keras.optimizers.SGD(0.01, momentum=0.9)
 
@@ -113,19 +85,7 @@ def main() -> None:
     local_model, local_optimizer = fresh()
     with strategy.scope():
         mwms_model, mwms_optimizer = fresh()
-
-    rng = np.random.default_rng(rank)
-    x = rng.normal(size=(args.batch_size, 32, 32, 3)).astype("float32")
-    y = rng.integers(0, 10, size=(args.batch_size,)).astype("int64")
-    local = iter(tf.data.Dataset.from_tensors((x, y)).repeat())
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    global_batches = (
-        tf.data.Dataset.from_tensors((np.concatenate([x] * size), np.concatenate([y] * size)))
-        .repeat()
-        .with_options(options)
-    )
-    distributed = iter(strategy.experimental_distribute_dataset(global_batches))
+    local, distributed = synthetic_batches(strategy, rank, size, args.batch_size)
 
     @tf.function
     def kolo_step(batch):
@@ -146,41 +106,17 @@ def main() -> None:
         local_optimizer.apply(grads, local_model.trainable_variables)
         return loss
 
-    def mwms_replica_step(xb, yb):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(yb, mwms_model(xb, training=True))
-            scaled = loss / strategy.num_replicas_in_sync
-        grads = tape.gradient(scaled, mwms_model.trainable_variables)
-        mwms_optimizer.apply(grads, mwms_model.trainable_variables)
-        return loss
-
-    @tf.function
-    def mwms_step(batch):
-        return strategy.run(mwms_replica_step, args=batch)
-
-    def timed(step, batches, steps: int) -> float:
-        """Seconds for ``steps`` steps on the slowest rank."""
-        hvd.barrier()
-        start = time.perf_counter()
-        for _ in range(steps):
-            result = step(next(batches))
-        strategy.experimental_local_results(result)[0].numpy()  # wait for the last step
-        elapsed = time.perf_counter() - start
-        return float(hvd.allreduce(np.array([elapsed]), op=hvd.Max, name="bench.elapsed")[0])
-
-    trainers = {
-        "kolo": lambda steps: timed(kolo_step, local, steps),
-        "mwms": lambda steps: timed(mwms_step, distributed, steps),
-        "local": lambda steps: timed(local_step, local, steps),
-    }
-    for run in trainers.values():
-        run(args.warmup_steps)  # trace and compile the train steps
-    seconds: dict[str, list[float]] = {name: [] for name in trainers}
-    order = list(trainers)
-    for _ in range(args.rounds):
-        for name in order:
-            seconds[name].append(trainers[name](args.steps))
-        order = order[1:] + order[:1]
+    mwms_step = mwms_train_step(strategy, mwms_model, mwms_optimizer, loss_fn)
+    seconds = interleaved_seconds(
+        {
+            "kolo": lambda steps: slowest_seconds(hvd, strategy, kolo_step, local, steps),
+            "mwms": lambda steps: slowest_seconds(hvd, strategy, mwms_step, distributed, steps),
+            "local": lambda steps: slowest_seconds(hvd, strategy, local_step, local, steps),
+        },
+        args.warmup_steps,
+        args.rounds,
+        args.steps,
+    )
 
     step_ms = {name: 1000 * statistics.median(v) / args.steps for name, v in seconds.items()}
     throughput = {name: args.batch_size * size / (ms / 1000) for name, ms in step_ms.items()}
