@@ -6,8 +6,9 @@
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
+use kolo_collective::communicator::RankInfo;
 use kolo_collective::control::host_updates::{ADDED, REMOVED};
-use kolo_collective::control::{DriverConfig, DriverService, ElasticConfig, WorkerEnv};
+use kolo_collective::control::{DriverConfig, DriverService, ElasticConfig, HostUpdate, WorkerEnv};
 use kolo_collective::engine::{EngineConfig, Output, RawTensor, Submission};
 use kolo_collective::wire::OpKind;
 use kolo_collective::worker::Worker;
@@ -69,6 +70,27 @@ fn allreduce(worker: &Worker, name: &str, values: &[f32]) -> Result<Vec<f32>, Er
         Ok(other) => panic!("an allreduce returned {other:?}"),
         Err(err) => Err(err),
     }
+}
+
+/// The host updates `worker` drained until one said "added" (at most 10 s).
+fn wait_for_added(worker: &Worker) -> Vec<HostUpdate> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut seen = Vec::new();
+    while !seen.iter().any(|u: &HostUpdate| u.result == ADDED) {
+        assert!(Instant::now() < deadline, "no 'added' update: {seen:?}");
+        seen.extend(worker.take_host_updates());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    seen
+}
+
+/// Joins the job's next round, sums `value(rank)` over it in an allreduce named "after", leaves.
+fn join_and_allreduce(env: &WorkerEnv, value: impl Fn(usize) -> f32) -> (RankInfo, Vec<f32>) {
+    let worker = join(env);
+    let info = worker.info().clone();
+    let sum = allreduce(&worker, "after", &[value(info.rank)]).unwrap();
+    worker.shutdown();
+    (info, sum)
 }
 
 fn elastic(min_np: usize, max_np: usize) -> ElasticConfig {
@@ -199,35 +221,16 @@ fn a_task_the_launcher_adds_joins_the_next_round_and_the_others_see_added() {
                     allreduce(&worker, "before", &[1.0]).unwrap();
                     first_round.wait();
                     // check_host_updates() at the next commit: wait for "added", then reset.
-                    let deadline = Instant::now() + Duration::from_secs(10);
-                    let mut seen = Vec::new();
-                    while !seen
-                        .iter()
-                        .any(|u: &kolo_collective::control::HostUpdate| u.result == ADDED)
-                    {
-                        assert!(Instant::now() < deadline, "no 'added' update: {seen:?}");
-                        seen.extend(worker.take_host_updates());
-                        std::thread::sleep(Duration::from_millis(10));
-                    }
+                    wait_for_added(&worker);
                     worker.shutdown();
-                    let again = join(env);
-                    let info = again.info().clone();
-                    let sum = allreduce(&again, "after", &[1.0 + info.rank as f32]).unwrap();
-                    again.shutdown();
-                    (info, sum)
+                    join_and_allreduce(env, |rank| 1.0 + rank as f32)
                 })
             })
             .collect();
         first_round.wait();
         driver.add_tasks(&[3]).unwrap();
         let new_env = &envs[3];
-        workers.push(scope.spawn(move || {
-            let worker = join(new_env);
-            let info = worker.info().clone();
-            let sum = allreduce(&worker, "after", &[1.0 + info.rank as f32]).unwrap();
-            worker.shutdown();
-            (info, sum)
-        }));
+        workers.push(scope.spawn(move || join_and_allreduce(new_env, |rank| 1.0 + rank as f32)));
         workers.into_iter().map(|w| w.join().unwrap()).collect()
     });
     assert!(driver.abort_cause().is_none(), "{:?}", driver.abort_cause());
@@ -486,21 +489,9 @@ fn an_added_task_is_announced_when_it_registers_and_one_that_never_does_is_dropp
                     assert!(early.is_empty(), "announced before registering: {early:?}");
                     allreduce(&worker, "while joining", &[1.0]).unwrap();
                     quiet.wait();
-                    let deadline = Instant::now() + Duration::from_secs(10);
-                    let mut seen = Vec::new();
-                    while !seen
-                        .iter()
-                        .any(|u: &kolo_collective::control::HostUpdate| u.result == ADDED)
-                    {
-                        assert!(Instant::now() < deadline, "no 'added' update: {seen:?}");
-                        seen.extend(worker.take_host_updates());
-                        std::thread::sleep(Duration::from_millis(10));
-                    }
+                    let seen = wait_for_added(&worker);
                     worker.shutdown();
-                    let again = join(env);
-                    let info = again.info().clone();
-                    let sum = allreduce(&again, "after", &[1.0]).unwrap();
-                    again.shutdown();
+                    let (info, sum) = join_and_allreduce(env, |_| 1.0);
                     (info, sum, seen)
                 })
             })
@@ -512,10 +503,7 @@ fn an_added_task_is_announced_when_it_registers_and_one_that_never_does_is_dropp
         assert_eq!(driver.resets(), 0, "nobody reset for a task still starting");
         let new_env = &envs[2];
         workers.push(scope.spawn(move || {
-            let worker = join(new_env);
-            let info = worker.info().clone();
-            let sum = allreduce(&worker, "after", &[1.0]).unwrap();
-            worker.shutdown();
+            let (info, sum) = join_and_allreduce(new_env, |_| 1.0);
             (info, sum, Vec::new())
         }));
         workers.into_iter().map(|w| w.join().unwrap()).collect()
