@@ -160,12 +160,14 @@ def test_calibrate_prints_and_saves_the_physical_limits(tmp_path) -> None:
 def test_collectives_benchmark_covers_every_op_dtype_and_transport(tmp_path) -> None:
     out = tmp_path / "collectives.json"
     args = ["--min-bytes", "8", "--max-bytes", "64", "--step", "8", "--rounds", "1"]
-    args += ["--budget", "0.001", "--json", str(out)]
+    # Horovod (bench/peers/horovod.sh) is a bench-only peer, never in CI.
+    args += ["--budget", "0.001", "--horovod", "no", "--json", str(out)]
     result = run_kolorun(
         ["-np", "2", "python", str(REPO / "bench" / "collectives.py"), *args], timeout=90
     )
     assert result.returncode == 0, output_tail(result)
     lines = rank0_lines(result.stdout)
+    assert "collectives: Horovod 0.28.1 skipped (--horovod no)" in lines, lines
     ops = ("allreduce", "adasum", "allgather", "broadcast", "alltoall", "reducescatter")
     for op in ops:
         for dtype in ("float32", "bfloat16"):
@@ -176,6 +178,7 @@ def test_collectives_benchmark_covers_every_op_dtype_and_transport(tmp_path) -> 
                 assert ("x 2memcpy" in line) == (op == "allreduce"), line
     figures = json.loads(out.read_text())
     assert figures["bench"] == "collectives" and figures["transports"] == ["auto", "tcp"]
+    assert figures["horovod"] is None
     assert "memcpy" in figures["calibration"]
     assert len(figures["results"]) == len(ops) * 2 * 2
     for row in figures["results"]:
