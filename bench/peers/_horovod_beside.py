@@ -122,26 +122,18 @@ def _unpin() -> None:
 
 
 def run_horovod(
-    python: Path, np: int, script: Path, args: Sequence[str], timeout: float
+    python: Path, script: Path, args: Sequence[str], timeout: float, np: Optional[int] = None
 ) -> dict[str, Any]:
-    """Runs ``script args --horovod-peer`` on ``np`` Horovod ranks (``horovodrun --gloo`` on
-    this host) and returns what its rank 0 passed to :func:`emit_result`. Raises
-    :class:`HorovodPeerFailed` when it ends without it or outlives ``timeout`` seconds."""
+    """Runs ``script --horovod-peer args`` with the peer venv's python, on ``np`` Horovod ranks
+    (``horovodrun --gloo`` on this host; ``np=None``: one process, which launches Horovod
+    itself, e.g. Horovod's Spark estimator) and returns what its rank 0 passed to
+    :func:`emit_result`. Raises :class:`HorovodPeerFailed` when it ends without it or
+    outlives ``timeout`` seconds."""
     bin_dir = python.parent
-    command = [
-        str(bin_dir / "horovodrun"),
-        "--gloo",
-        "-np",
-        str(np),
-        "-H",
-        f"localhost:{np}",
-        "--network-interface",
-        "lo",
-        str(python),
-        str(script),
-        PEER_FLAG,
-        *args,
-    ]
+    command = [str(python), str(script), PEER_FLAG, *args]
+    if np is not None:
+        launcher = [str(bin_dir / "horovodrun"), "--gloo", "-np", str(np), "-H", f"localhost:{np}"]
+        command = [*launcher, "--network-interface", "lo", *command]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KOLO_", "HOROVOD_"))}
     env.pop("VIRTUAL_ENV", None)
     env.update(
@@ -216,7 +208,7 @@ class HorovodBeside:
         done = self.folder / f"{self.runs}.json"
         if self.hvd.rank() == 0:
             try:
-                result = run_horovod(self.python, self.hvd.size(), self.script, args, timeout)
+                result = run_horovod(self.python, self.script, args, timeout, np=self.hvd.size())
             except HorovodPeerFailed as failed:
                 result = {"error": str(failed)}
             scratch = done.with_suffix(".tmp")
