@@ -67,8 +67,9 @@ def library() -> ModuleType:
     return importlib.import_module("horovod.torch" if running_as_peer() else "kolo.torch")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--horovod auto|yes|no`` and the hidden ``--horovod-peer``."""
+def add_arguments(parser: argparse.ArgumentParser, peer_flag: bool = True) -> None:
+    """``--horovod auto|yes|no`` and (``peer_flag``: for a script that runs again as its own
+    Horovod run) the hidden ``--horovod-peer``."""
     parser.add_argument(
         "--horovod",
         choices=("auto", "yes", "no"),
@@ -76,7 +77,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="measure Horovod 0.28.1 beside kolo, interleaved in this run (auto: when "
         "bench/peers/horovod.sh built its venv; yes: fail when it did not; no: skip it)",
     )
-    parser.add_argument(PEER_FLAG, action="store_true", help=argparse.SUPPRESS)
+    if peer_flag:
+        parser.add_argument(PEER_FLAG, action="store_true", help=argparse.SUPPRESS)
 
 
 def peer_python(choice: str, bench: str, announce: bool = True) -> Optional[Path]:
@@ -110,7 +112,9 @@ def emit_result(payload: dict[str, Any]) -> None:
     print(RESULT_MARK + json.dumps(payload), flush=True)
 
 
-def _kolo_path() -> str:
+def kolo_path() -> str:
+    """The folder this process imports kolo from: put first on the path of the Horovod
+    venv's processes, so they import this checkout's kolo."""
     import kolo
 
     return str(Path(kolo.__file__).resolve().parents[1])
@@ -138,7 +142,7 @@ def run_horovod(
     env.pop("VIRTUAL_ENV", None)
     env.update(
         PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
-        PYTHONPATH=_kolo_path(),
+        PYTHONPATH=kolo_path(),
         PYTHONUNBUFFERED="1",
         OMP_NUM_THREADS="1",
     )
