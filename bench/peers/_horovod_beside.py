@@ -177,7 +177,8 @@ class HorovodBeside:
     """Runs a bench script's Horovod part from inside a kolo job on one host: rank 0 runs
     :func:`run_horovod`, every rank gets its figures. The ranks other than 0 wait for them by
     polling a file (no kolo collective stays pending while Horovod runs). Build it on every
-    rank (it agrees on a folder); ``with`` removes the folder.
+    rank (it agrees on a folder); ``with`` removes the folder. The peer runs on one host: in
+    a job over several, :meth:`run` hands back an error instead of figures.
 
     Args:
         hvd: ``kolo.torch`` (initialized).
@@ -186,9 +187,8 @@ class HorovodBeside:
     """
 
     def __init__(self, hvd: ModuleType, python: Path, script: Path) -> None:
-        if hvd.size() != hvd.local_size():
-            raise HorovodPeerFailed("the Horovod peer runs on one host: run the bench on one")
         self.hvd, self.python, self.script = hvd, python, script
+        self.one_host = hvd.size() == hvd.local_size()
         folder = tempfile.mkdtemp(prefix="kolo-bench-horovod-") if hvd.rank() == 0 else None
         self.folder = Path(hvd.broadcast_object(folder, root_rank=0, name="bench.horovod.dir"))
         self.runs = 0
@@ -208,6 +208,8 @@ class HorovodBeside:
     def run(self, args: Sequence[str], timeout: float) -> dict[str, Any]:
         """The figures of ``script args --horovod-peer`` on as many Horovod ranks as this job
         has (or ``{"error": why}`` when it failed: the bench goes on without them)."""
+        if not self.one_host:
+            return {"error": "the Horovod peer runs on one host: run the bench on one host"}
         self.runs += 1
         done = self.folder / f"{self.runs}.json"
         if self.hvd.rank() == 0:
