@@ -79,10 +79,11 @@ def human(nbytes: float) -> str:
     return f"{nbytes:g} B"
 
 
-def pin_one_core_per_rank() -> Optional[int]:
-    """Pins this rank to core ``local_rank % cpus``; returns the core (None where unsupported)."""
+def pin_one_core_per_rank(local_rank: Optional[int] = None) -> Optional[int]:
+    """Pins this rank to core ``local_rank % cpus`` (default: kolo's local rank); returns the
+    core (None where unsupported)."""
     try:
-        core = hvd.local_rank() % (os.cpu_count() or 1)
+        core = (hvd.local_rank() if local_rank is None else local_rank) % (os.cpu_count() or 1)
         os.sched_setaffinity(0, {core})
         return core
     except (AttributeError, OSError):

@@ -58,15 +58,13 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
 from common import write_results  # noqa: E402
+from peers import _horovod_beside as horovod_peer  # noqa: E402
 from peers._horovod import (  # noqa: E402
     HorovodElasticJob,
     HorovodJobEnded,
-    horovod_python,
     peer_versions,
 )
 from support.elastic_ranks import ElasticRanks, rank_env  # noqa: E402
-
-import kolo  # noqa: E402
 
 RANK_SCRIPT = str(HERE / "_elastic_rank.py")
 TARGETS = {"kill_s": 1.0, "add_s": 2.0, "commit_over_memcpy": 1.5}
@@ -104,7 +102,7 @@ def kolo_rank_env(python: str) -> dict[str, str]:
     their path."""
     env = {"OMP_NUM_THREADS": "1"}
     if python != sys.executable:
-        env["PYTHONPATH"] = str(Path(kolo.__file__).resolve().parents[1])
+        env["PYTHONPATH"] = horovod_peer.kolo_path()
     return env
 
 
@@ -310,13 +308,7 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=1000, help="model: width x width linear")
     parser.add_argument("--commit-mb", type=float, default=100.0, help="0: skip the commit bench")
     parser.add_argument("--quick", action="store_true", help="2 ranks, 1 repeat, a 10 MB commit")
-    parser.add_argument(
-        "--horovod",
-        choices=("auto", "yes", "no"),
-        default="auto",
-        help="measure Horovod 0.28.1 too, interleaved with kolo (auto: when "
-        "bench/peers/horovod.sh built it; yes: fail when it did not)",
-    )
+    horovod_peer.add_arguments(parser, peer_flag=False)
     parser.add_argument(
         "--kolo-python",
         default=None,
@@ -329,9 +321,7 @@ def main() -> None:
     repeats, commit_mb = args.repeats, args.commit_mb
     if args.quick:
         sizes, repeats, commit_mb = [2], 1, min(commit_mb, 10.0)
-    peer = None if args.horovod == "no" else horovod_python()
-    if args.horovod == "yes" and peer is None:
-        sys.exit("bench/elastic.py: no Horovod venv; run bench/peers/horovod.sh first")
+    peer = horovod_peer.peer_python(args.horovod, "elastic")
     kolo_python = args.kolo_python or (str(peer) if peer is not None else sys.executable)
     ours = {"python": kolo_python, "torch": rank_torch(kolo_python)}
     print(f"kolo ranks: torch {ours['torch']} ({kolo_python})", flush=True)

@@ -5,7 +5,9 @@
 #   bench/run_all.sh --full    # the full size ranges (8 B ... 256 MiB, 64 KiB ... 512 MiB)
 #
 # KOLO_TRANSPORT is passed through to every rank (collectives.py also forces tcp itself for
-# its kolo[tcp] column); RANKS (default 2) sets the job size of the multi-rank scripts.
+# its kolo[tcp] column); RANKS (default 2) sets the job size of the multi-rank scripts. Where
+# bench/peers/horovod.sh built Horovod 0.28.1's venv, collectives, training and elastic measure
+# it too, interleaved (--horovod auto).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,7 +37,8 @@ kolorun -np "$ranks" python bench/collectives.py "${quick[@]}" | figures
 echo "== fusion (ResNet-50 gradients)"
 kolorun -np "$ranks" python bench/fusion.py "${quick[@]}" | figures
 echo "== training (1 rank, then $ranks)"
-kolorun -np 1 python bench/training.py "${quick[@]}" --json "$scratch/one.json" | figures
+kolorun -np 1 python bench/training.py "${quick[@]}" --horovod no --json "$scratch/one.json" |
+  figures
 kolorun -np "$ranks" python bench/training.py "${quick[@]}" \
   --single-rank-json "$scratch/one.json" | figures
 echo "== elastic (kill and add -> first step; commit vs memcpy)"

@@ -2,6 +2,7 @@
 TorchModel.transform vs hand-written inference, interleaved in one Spark session.
 
     python bench/spark_estimator.py [--rows 100000] [--features 32] [--epochs 2] [--rounds 2]
+        [--horovod auto|yes|no]
 
 Training (same data, same MLP, same batch size, 2 ranks on local Spark, CPU):
 - kolo: ``TorchEstimator(num_proc=2, store=<local dir>).fit(df)``; the figures are the time
@@ -11,6 +12,13 @@ Training (same data, same MLP, same batch size, 2 ranks on local Spark, CPU):
 - peer: the DataFrame written as Parquet by Spark, then ``TorchDistributor(num_processes=2,
   local_mode=False)`` running a hand-written gloo DDP loop over a pyarrow loader; its launch
   is the ``TorchDistributor.run`` call.
+- Horovod 0.28.1 (``--horovod auto``: when bench/peers/horovod.sh built its venv, with
+  ``--spark`` for Horovod's Spark requirements): ``horovod.spark.torch.TorchEstimator(num_proc=2,
+  store=LocalStore(<local dir>))`` on the same data (same seeds), model, optimizer, loss, batch
+  size and epochs, in its own local[2] Spark session run by this script with the peer venv's
+  python (``--horovod-peer``, bench/peers/_horovod_beside.py), once per round beside kolo's fit.
+  Its figure is the total fit time (its estimator reports no first step); kolo's total over it
+  is printed. Horovod's labels arrive as float tensors: its loss casts them to class indices.
 Inference (rows/s over the same DataFrame, forced with Spark's ``noop`` sink):
 - kolo ``TorchModel.transform``; peers: Horovod's row-by-row ``mapPartitions`` and a
   hand-written batched ``mapInPandas``.
@@ -26,6 +34,7 @@ import argparse
 import io
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -36,7 +45,9 @@ import cloudpickle
 import numpy as np
 import spark_peers
 import torch
+import torch.nn.functional as F
 from common import write_results
+from peers import _horovod_beside as horovod_peer
 from spark_peers import batched_pandas, make_model, row_by_row
 from torch import nn
 
@@ -58,6 +69,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--transform-rows", type=int, default=400_000)
     parser.add_argument("--json", type=Path, default=None, help="results file")
+    horovod_peer.add_arguments(parser)
     return parser.parse_args(argv)
 
 
@@ -124,6 +136,78 @@ def fit_kolo(df: Any, args: argparse.Namespace, store_dir: str, run: int) -> dic
     figures.update({f"{name}_s": value for name, value in parts["parts"].items()})
     figures["_model"] = fitted  # type: ignore[assignment]
     return figures
+
+
+def horovod_loss(output: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy as kolo's fit computes it: Horovod's estimator hands labels over as float
+    tensors, which ``nn.CrossEntropyLoss`` would take for class probabilities."""
+    return F.cross_entropy(output, label.long())
+
+
+def fit_horovod(df: Any, args: argparse.Namespace, store_dir: str, run: int) -> dict[str, float]:
+    """Horovod's ``TorchEstimator`` on ``df`` (in the peer venv): the total fit time."""
+    from horovod.spark.common.store import LocalStore
+    from horovod.spark.torch import TorchEstimator
+
+    model = make_model(args.features, CLASSES)
+    estimator = TorchEstimator(
+        num_proc=2,
+        store=LocalStore(os.path.join(store_dir, f"horovod-{run}")),
+        model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=args.lr),
+        loss=horovod_loss,
+        feature_cols=["features"],
+        # Horovod's torch estimator needs each feature column's shape (its docs' usage).
+        input_shapes=[[-1, args.features]],
+        label_cols=["label"],
+        batch_size=args.batch_size,
+        epochs=args.epochs,
+        verbose=0,
+        random_seed=0,
+        use_gpu=False,
+    )
+    start = time.time()
+    estimator.fit(df)
+    return {"total_s": time.time() - start}
+
+
+def horovod_main(args: argparse.Namespace) -> None:
+    """This script's Horovod run (``--horovod-peer``, in the peer venv): the same DataFrame in
+    its own Spark session, Horovod's fit ``--rounds`` times; hands back each fit's figures."""
+    spark = spark_session()
+    df = make_frame(spark, args.rows, args.features, seed=1)
+    df.count()
+    with tempfile.TemporaryDirectory(prefix="kolo-bench-spark-horovod-") as store_dir:
+        fits = [fit_horovod(df, args, store_dir, run) for run in range(args.rounds)]
+    import pyspark
+
+    horovod_peer.emit_result({"fits": fits, "pyspark": pyspark.__version__})
+    spark.stop()
+
+
+def horovod_fit_args(args: argparse.Namespace) -> list[str]:
+    """The Horovod run's arguments: one fit with this run's data, model and training knobs."""
+    return [
+        *("--rows", str(args.rows), "--features", str(args.features)),
+        *("--epochs", str(args.epochs), "--batch-size", str(args.batch_size)),
+        *("--lr", str(args.lr), "--rounds", "1"),
+    ]
+
+
+def horovod_requirements(python: Path) -> Optional[str]:
+    """Why Horovod's Spark estimator cannot run in the peer venv (None: it can)."""
+    probe = subprocess.run(
+        [str(python), "-c", "import horovod.spark.torch, petastorm, pyarrow, pyspark"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if probe.returncode == 0:
+        return None
+    return (
+        probe.stderr.strip().splitlines()[-1]
+        + " (bench/peers/horovod.sh --spark installs Horovod's Spark requirements)"
+    )
 
 
 def fit_distributor(df: Any, args: argparse.Namespace, store_dir: str, run: int) -> dict:
@@ -201,6 +285,47 @@ def ddp_train(parquet_dir: str, model_bytes: bytes, epochs: int, batch_size: int
     return {key: value.clone() for key, value in model.state_dict().items()}, first_step
 
 
+def run_horovod_fit(python: Path) -> Callable[..., dict[str, Any]]:
+    """A fit of the round order that runs Horovod's (:func:`horovod_main`, one fit)."""
+
+    def fit(df: Any, args: argparse.Namespace, store_dir: str, run: int) -> dict[str, Any]:
+        try:
+            result = horovod_peer.run_horovod(
+                python, Path(__file__).resolve(), horovod_fit_args(args), timeout=1800
+            )
+        except horovod_peer.HorovodPeerFailed as failed:
+            return {"error": str(failed)}
+        return {**result["fits"][0], "pyspark": result["pyspark"]}
+
+    return fit
+
+
+def horovod_summary(
+    kolo: dict[str, float], runs: list[dict], versions: Optional[dict[str, str]]
+) -> dict[str, Any]:
+    """Prints Horovod's fit time beside kolo's and returns its figures for the JSON."""
+    fits = [run for run in runs if "error" not in run]
+    figures: dict[str, Any] = {
+        "versions": versions,
+        "runs": runs,
+        "failed_runs": len(runs) - len(fits),
+    }
+    if not fits:
+        print(f"total fit: Horovod TorchEstimator: no figures ({len(runs)} runs failed)")
+        return figures
+    import pyspark
+
+    total = statistics.median(run["total_s"] for run in fits)
+    figures.update(total_s=total, ratio_horovod_over_kolo=total / kolo["total_s"])
+    print(
+        f"total fit: kolo {kolo['total_s']:.2f} s vs Horovod {versions and versions['horovod']} "
+        f"TorchEstimator {total:.2f} s -> ratio Horovod/kolo {total / kolo['total_s']:.2f} "
+        f"(Horovod on torch {versions and versions['torch']}, pyspark {fits[0]['pyspark']}; "
+        f"kolo on torch {torch.__version__}, pyspark {pyspark.__version__})"
+    )
+    return figures
+
+
 def time_transform(run: Callable[[], Any]) -> float:
     """Seconds to evaluate a DataFrame fully (Spark's ``noop`` sink)."""
     start = time.perf_counter()
@@ -224,6 +349,20 @@ def with_prediction(schema: Any) -> Any:
 
 def main(argv: Optional[list[str]] = None) -> None:
     args = parse_args(argv)
+    if args.horovod_peer:
+        horovod_main(args)
+        return
+    horovod_python = horovod_peer.peer_python(args.horovod, "spark_estimator")
+    horovod_versions: Optional[dict[str, str]] = None
+    if horovod_python is not None:
+        why_not = horovod_requirements(horovod_python)
+        if why_not is not None:
+            print(f"spark_estimator: Horovod's TorchEstimator skipped: {why_not}", flush=True)
+            if args.horovod == "yes":
+                sys.exit(1)
+            horovod_python = None
+        else:
+            horovod_versions = horovod_peer.versions(horovod_python)
     spark = spark_session()
     df = make_frame(spark, args.rows, args.features, seed=1)
     df.count()
@@ -232,18 +371,28 @@ def main(argv: Optional[list[str]] = None) -> None:
     test_df.count()
     kolo_runs: list[dict] = []
     peer_runs: list[dict] = []
+    horovod_runs: list[dict] = []
     fitted = None
     with tempfile.TemporaryDirectory(prefix="kolo-bench-spark-") as store_dir:
         for round_ in range(args.rounds):
             order = [("kolo", fit_kolo), ("peer", fit_distributor)]
+            if horovod_python is not None:
+                order.append(("horovod", run_horovod_fit(horovod_python)))
             for name, fit in order if round_ % 2 == 0 else order[::-1]:
                 figures = fit(df, args, store_dir, round_)
                 if name == "kolo":
                     fitted = figures.pop("_model")
                     kolo_runs.append(figures)
+                elif name == "horovod":
+                    horovod_runs.append(figures)
+                    if "error" in figures:
+                        print(f"round {round_} horovod: failed: {figures['error']}", flush=True)
+                        continue
                 else:
                     peer_runs.append(figures)
-                shown = ", ".join(f"{k}={v:.2f}" for k, v in sorted(figures.items()))
+                shown = ", ".join(
+                    f"{k}={v:.2f}" for k, v in sorted(figures.items()) if isinstance(v, float)
+                )
                 print(f"round {round_} {name}: {shown}", flush=True)
         assert fitted is not None
         torch_model = fitted.getModel()
@@ -283,6 +432,9 @@ def main(argv: Optional[list[str]] = None) -> None:
         f"total fit: kolo {kolo['total_s']:.2f} s vs TorchDistributor {peer['total_s']:.2f} s "
         f"-> ratio {kolo['total_s'] / peer['total_s']:.2f}"
     )
+    horovod_fit = None
+    if horovod_python is not None:
+        horovod_fit = horovod_summary(kolo, horovod_runs, horovod_versions)
     parts = ", ".join(f"{k[:-2]} {v:.2f} s" for k, v in kolo.items() if k not in ("total_s",))
     print(f"kolo fit parts: {parts}")
     for peer_name, target in (("row_by_row", 20.0), ("map_in_pandas", 1.0)):
@@ -299,6 +451,7 @@ def main(argv: Optional[list[str]] = None) -> None:
             "distributor_fit": peer,
             "kolo_fit_runs": kolo_runs,
             "distributor_fit_runs": peer_runs,
+            "horovod_fit": horovod_fit,
             "transform_rows_per_s": rows_per_s,
             "transform_runs": inference,
         },

@@ -2,7 +2,7 @@
 
     kolorun -np 2 python bench/synthetic_benchmark.py [--model smallcnn] [--batch-size 32]
         [--num-warmup-batches 10] [--num-batches-per-iter 10] [--num-iters 10] [--fp16-allreduce]
-        [--use-adasum]
+        [--use-adasum] [--horovod auto|yes|no] [--horovod-blocks 2]
 
 Every rank trains the model on one fixed random batch (no data loading) with
 ``hvd.DistributedOptimizer``, after ``hvd.broadcast_parameters`` and
@@ -16,6 +16,14 @@ CPU) and ``mlp``; with torchvision installed, any ``torchvision.models`` name to
 on 224x224 images unless ``--image-size`` says otherwise). Each rank uses one CPU thread
 (``--num-threads``). ``--use-adasum`` reduces with ``op=hvd.Adasum`` (on a power-of-two number
 of ranks) and, as Horovod's benchmark, does not scale the learning rate by the rank count.
+
+Horovod 0.28.1 (``--horovod auto``: when bench/peers/horovod.sh built its venv): kolo's
+iterations run in ``--horovod-blocks`` blocks, each followed by this script under
+``horovodrun --gloo`` on as many ranks (``--horovod-peer``, bench/peers/_horovod_beside.py)
+with the same arguments on ``horovod.torch`` (its warm-up, then that block's iterations). Rank 0
+prints Horovod's iterations (``horovod Iter #k: ...``), then its ``Total img/sec`` and kolo /
+Horovod (target >= 1.25x) after kolo's. For the same torch on both sides, start the job with
+the peer venv's python (``kolorun -np 2 <venv>/bin/python ...``).
 """
 
 from __future__ import annotations
@@ -24,13 +32,16 @@ import argparse
 import statistics
 import time
 from pathlib import Path
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
 from common import SmallCNN, write_results
+from peers import _horovod_beside as horovod_peer
 from torch import nn
 
-import kolo.torch as hvd
+# kolo.torch, or horovod.torch in this script's Horovod run (the same calls).
+hvd = horovod_peer.library()
 
 BUILTIN_MODELS = ("smallcnn", "mlp")
 
@@ -69,7 +80,18 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--use-adasum", action="store_true", help="reduce with hvd.Adasum")
     parser.add_argument("--json", type=Path, default=None, help="where rank 0 writes results")
+    parser.add_argument(
+        "--horovod-blocks",
+        type=int,
+        default=2,
+        help="with Horovod: kolo's iterations run in this many blocks (at most --num-iters), a "
+        "Horovod run after each",
+    )
+    horovod_peer.add_arguments(parser)
     args = parser.parse_args()
+    if args.horovod_blocks < 1:
+        parser.error("--horovod-blocks must be at least 1")
+    args.horovod_blocks = min(args.horovod_blocks, args.num_iters)
     for flag in ("batch_size", "num_batches_per_iter", "num_iters", "num_threads"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be at least 1")
@@ -95,12 +117,34 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
+def horovod_args(args: argparse.Namespace, iters: int) -> list[str]:
+    """The Horovod run's arguments: this run's, with ``iters`` iterations."""
+    out = [
+        *("--model", args.model, "--batch-size", str(args.batch_size)),
+        *("--num-warmup-batches", str(args.num_warmup_batches)),
+        *("--num-batches-per-iter", str(args.num_batches_per_iter)),
+        *("--num-iters", str(iters), "--horovod-blocks", "1"),
+        *("--num-classes", str(args.num_classes), "--image-size", str(args.image_size)),
+        *("--num-threads", str(args.num_threads)),
+    ]
+    if args.fp16_allreduce:
+        out.append("--fp16-allreduce")
+    if args.use_adasum:
+        out.append("--use-adasum")
+    return out
+
+
 def main() -> None:
     args = parse_args()
     hvd.init()
     torch.set_num_threads(args.num_threads)
     torch.manual_seed(0)
     rank, size = hvd.rank(), hvd.size()
+    peer_python = None
+    if not args.horovod_peer:
+        peer_python = horovod_peer.peer_python(
+            args.horovod, "synthetic_benchmark", announce=rank == 0
+        )
 
     model = build_model(args.model, args.num_classes, args.image_size)
     # Horovod scales the learning rate by the number of ranks (not with Adasum).
@@ -134,23 +178,43 @@ def main() -> None:
     log("Running warmup...")
     for _ in range(args.num_warmup_batches):
         train_batch()
+    horovod: Optional[horovod_peer.HorovodBeside] = None
+    if peer_python is not None:
+        horovod = horovod_peer.HorovodBeside(hvd, peer_python, Path(__file__).resolve())
     log("Running benchmark...")
-    img_secs = []
-    for iteration in range(args.num_iters):
-        start = time.perf_counter()
-        for _ in range(args.num_batches_per_iter):
-            train_batch()
-        elapsed = time.perf_counter() - start
-        img_sec = args.batch_size * args.num_batches_per_iter / elapsed
-        log(f"Iter #{iteration}: {img_sec:.1f} img/sec per CPU")
-        img_secs.append(img_sec)
+    img_secs: list[float] = []
+    horovod_runs: list[dict[str, Any]] = []
+    horovod_iters = 0
+    blocks = args.horovod_blocks if horovod is not None else 1
+    for block in range(blocks):
+        iters = args.num_iters // blocks + (block < args.num_iters % blocks)
+        for _ in range(iters):
+            start = time.perf_counter()
+            for _ in range(args.num_batches_per_iter):
+                train_batch()
+            elapsed = time.perf_counter() - start
+            img_sec = args.batch_size * args.num_batches_per_iter / elapsed
+            log(f"Iter #{len(img_secs)}: {img_sec:.1f} img/sec per CPU")
+            img_secs.append(img_sec)
+        if horovod is not None:
+            theirs = horovod.run(horovod_args(args, iters), timeout=1800)
+            horovod_runs.append(theirs)
+            for value in theirs.get("img_sec_per_rank", []):
+                log(f"horovod Iter #{horovod_iters}: {value:.1f} img/sec per CPU")
+                horovod_iters += 1
 
     mean = statistics.mean(img_secs)
     conf = 1.96 * statistics.pstdev(img_secs)
     log(f"Img/sec per CPU: {mean:.1f} +-{conf:.1f}")
     log(f"Total img/sec on {size} CPU(s): {size * mean:.1f} +-{size * conf:.1f}")
+    horovod_figures = None
+    if horovod is not None and rank == 0:
+        horovod_figures = horovod_summary(horovod_runs, mean, size)
 
-    if rank == 0:
+    if args.horovod_peer:
+        if rank == 0:
+            horovod_peer.emit_result({"img_sec_per_rank": img_secs, "torch": torch.__version__})
+    elif rank == 0:
         write_results(
             "synthetic_benchmark",
             {
@@ -164,10 +228,46 @@ def main() -> None:
                 "img_sec_per_rank_mean": mean,
                 "img_sec_per_rank_conf95": conf,
                 "img_sec_total": size * mean,
+                "horovod": horovod_figures,
             },
             args.json,
         )
+    if horovod is not None:
+        horovod.close()
     hvd.shutdown()
+
+
+def horovod_summary(runs: list[dict[str, Any]], kolo_mean: float, size: int) -> dict[str, Any]:
+    """Prints Horovod's figures beside kolo's (rank 0) and returns them for the JSON."""
+    theirs = [x for run in runs for x in run.get("img_sec_per_rank", [])]
+    failed = [run["error"] for run in runs if "error" in run]
+    figures: dict[str, Any] = {"runs": len(runs), "failed_runs": failed}
+    if not theirs:
+        print(f"horovod: no figures ({len(failed)} of {len(runs)} runs failed)", flush=True)
+        print(failed[0] if failed else "", flush=True)
+        return figures
+    mean, conf = statistics.mean(theirs), 1.96 * statistics.pstdev(theirs)
+    torches = sorted({run["torch"] for run in runs if "torch" in run})
+    figures.update(
+        img_sec_per_rank=theirs,
+        img_sec_per_rank_mean=mean,
+        img_sec_total=size * mean,
+        ratio_kolo_over_horovod=kolo_mean / mean,
+        torch=torches,
+        same_torch=torches == [torch.__version__],
+    )
+    note = (
+        ""
+        if figures["same_torch"]
+        else (f" [not the same torch: kolo {torch.__version__}, horovod {', '.join(torches)}]")
+    )
+    print(
+        f"horovod 0.28.1 Total img/sec on {size} CPU(s): {size * mean:.1f} +-{size * conf:.1f} | "
+        f"kolo/horovod {kolo_mean / mean:.2f}x (target >= 1.25x){note}"
+        + (f" ({len(failed)} runs failed)" if failed else ""),
+        flush=True,
+    )
+    return figures
 
 
 if __name__ == "__main__":

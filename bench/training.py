@@ -1,7 +1,9 @@
-"""CPU training throughput: kolo's DistributedOptimizer vs torch DDP (gloo), interleaved in one job.
+"""CPU training throughput: kolo's DistributedOptimizer vs torch DDP (gloo) and Horovod 0.28.1,
+interleaved in one run.
 
     kolorun -np 2 python bench/training.py [--batch-size 64] [--steps 5] [--rounds 20]
-        [--quick] [--json PATH] [--single-rank-json PATH]
+        [--quick] [--horovod auto|yes|no] [--horovod-blocks 4] [--json PATH]
+        [--single-rank-json PATH]
 
 Both trainers run in the same processes on the same small CNN (3x32x32 synthetic images, 10
 classes, same initial weights): kolo as ``hvd.DistributedOptimizer`` around SGD, the peer as
@@ -15,6 +17,16 @@ noise hits both alike; the figure is the median over rounds of samples/sec over 
 Scaling: run it once with ``-np 1`` (``--json one.json``) and then with ``-np 2
 --single-rank-json one.json``; the second prints each trainer's scaling efficiency,
 samples/s on n ranks / (n x samples/s on 1 rank) (``bench/run_all.sh`` does both).
+
+Horovod 0.28.1 (``--horovod auto``: when bench/peers/horovod.sh built its venv): the rounds run
+in ``--horovod-blocks`` blocks, each followed by this script under ``horovodrun --gloo`` on as
+many ranks (``--horovod-peer``, bench/peers/_horovod_beside.py) training the same model from
+the same weights on the same data with ``horovod.torch``'s ``DistributedOptimizer``: its
+warm-up steps, then that block's rounds of ``--steps`` steps, timed the same way. It prints a
+second line: Horovod's samples/s, kolo / Horovod (target >= 1.25x) and the share of the
+no-communication ceiling each reaches (kolo's target >= 97%). For the same torch on both sides,
+start the job with the peer venv's python (``kolorun -np 2 <venv>/bin/python ...``); the line
+says when the two differ.
 """
 
 from __future__ import annotations
@@ -26,17 +38,21 @@ import os
 import statistics
 import time
 from pathlib import Path
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from common import SmallCNN, init_gloo, write_results
+from peers import _horovod_beside as horovod_peer
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-import kolo.torch as hvd
+# kolo.torch, or horovod.torch in this script's Horovod run (the same calls).
+hvd = horovod_peer.library()
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -58,75 +74,142 @@ def main() -> None:
         default=None,
         help="results of a 1-rank run of this script: print scaling efficiency against it",
     )
+    parser.add_argument(
+        "--horovod-blocks",
+        type=int,
+        default=4,
+        help="with Horovod: the rounds run in this many blocks (at most --rounds), a Horovod "
+        "run after each",
+    )
+    horovod_peer.add_arguments(parser)
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.warmup_steps = min(args.rounds, 6), min(args.warmup_steps, 2)
+    if args.horovod_blocks < 1:
+        parser.error("--horovod-blocks must be at least 1")
+    args.horovod_blocks = min(args.horovod_blocks, args.rounds)
+    return args
 
-    hvd.init()
-    rank, size = hvd.rank(), hvd.size()
+
+def setup(args: argparse.Namespace) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """One torch thread (and one core with ``--pin``), then the model every trainer starts
+    from (seed 0) and this rank's batch (seeded by its rank): the same in the Horovod run."""
     torch.set_num_threads(1)
     if args.pin:
         try:
             os.sched_setaffinity(0, {hvd.local_rank() % os.cpu_count()})
         except (AttributeError, OSError):
             pass
-    init_gloo()
-
     torch.manual_seed(0)
     base = SmallCNN()
-    kolo_model = copy.deepcopy(base)
-    kolo_optimizer = hvd.DistributedOptimizer(
-        torch.optim.SGD(kolo_model.parameters(), lr=0.01, momentum=0.9),
-        named_parameters=kolo_model.named_parameters(),
-    )
-    hvd.broadcast_parameters(kolo_model.state_dict(), root_rank=0)
-    hvd.broadcast_optimizer_state(kolo_optimizer, root_rank=0)
-    ddp_model = DistributedDataParallel(copy.deepcopy(base))  # broadcasts rank 0's weights
-    ddp_optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.01, momentum=0.9)
-    # The ceiling: the same steps with no communication at all (every rank trains alone).
-    local_model = copy.deepcopy(base)
-    local_optimizer = torch.optim.SGD(local_model.parameters(), lr=0.01, momentum=0.9)
-
-    generator = torch.Generator().manual_seed(rank)
+    generator = torch.Generator().manual_seed(hvd.rank())
     data = torch.randn(args.batch_size, 3, 32, 32, generator=generator)
     target = torch.randint(0, 10, (args.batch_size,), generator=generator)
+    return base, data, target
 
-    def kolo_step() -> None:
-        kolo_optimizer.zero_grad()
-        F.cross_entropy(kolo_model(data), target).backward()
-        kolo_optimizer.step()
 
-    def ddp_step() -> None:
-        ddp_optimizer.zero_grad()
-        F.cross_entropy(ddp_model(data), target).backward()
-        ddp_optimizer.step()
+def optimizer_step(
+    model: nn.Module, optimizer: torch.optim.Optimizer, data: torch.Tensor, target: torch.Tensor
+) -> Callable[[], None]:
+    def step() -> None:
+        optimizer.zero_grad()
+        F.cross_entropy(model(data), target).backward()
+        optimizer.step()
 
-    def local_step() -> None:
-        local_optimizer.zero_grad()
-        F.cross_entropy(local_model(data), target).backward()
-        local_optimizer.step()
+    return step
 
-    def timed(step, steps: int) -> float:
-        """Samples/sec over all ranks for ``steps`` steps (the slowest rank's time)."""
-        hvd.barrier()
-        start = time.perf_counter()
-        for _ in range(steps):
-            step()
-        elapsed = torch.tensor([time.perf_counter() - start])
-        slowest = float(hvd.allreduce(elapsed, op=hvd.Max, name="bench.elapsed").item())
-        return args.batch_size * size * steps / slowest
+
+def distributed_optimizer_step(
+    base: nn.Module, data: torch.Tensor, target: torch.Tensor
+) -> Callable[[], None]:
+    """A step of ``hvd.DistributedOptimizer`` around SGD (kolo's, or Horovod's in the Horovod
+    run), after broadcasting rank 0's weights and optimizer state."""
+    model = copy.deepcopy(base)
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
+        named_parameters=model.named_parameters(),
+    )
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    return optimizer_step(model, optimizer, data, target)
+
+
+def timed(step: Callable[[], None], steps: int, batch_size: int) -> float:
+    """Samples/sec over all ranks for ``steps`` steps (the slowest rank's time)."""
+    hvd.barrier()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    elapsed = torch.tensor([time.perf_counter() - start])
+    slowest = float(hvd.allreduce(elapsed, op=hvd.Max, name="bench.elapsed").item())
+    return batch_size * hvd.size() * steps / slowest
+
+
+def horovod_main(args: argparse.Namespace) -> None:
+    """This script's Horovod run (``--horovod-peer``): Horovod's DistributedOptimizer on the
+    same model, weights and data; its warm-up, then ``--rounds`` timed rounds. Rank 0 hands
+    back the samples/s of each round."""
+    hvd.init()
+    base, data, target = setup(args)
+    step = distributed_optimizer_step(base, data, target)
+    timed(step, args.warmup_steps, args.batch_size)
+    samples = [timed(step, args.steps, args.batch_size) for _ in range(args.rounds)]
+    if hvd.rank() == 0:
+        horovod_peer.emit_result({"samples_per_sec": samples, "torch": torch.__version__})
+    hvd.shutdown()
+
+
+def blocks(rounds: int, count: int) -> list[int]:
+    """``rounds`` cut into ``count`` blocks as even as can be."""
+    return [rounds // count + (i < rounds % count) for i in range(count)]
+
+
+def main() -> None:
+    args = parse_args()
+    if args.horovod_peer:
+        horovod_main(args)
+        return
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    peer_python = horovod_peer.peer_python(args.horovod, "training", announce=rank == 0)
+    init_gloo()
+
+    base, data, target = setup(args)
+    kolo_step = distributed_optimizer_step(base, data, target)
+    ddp_model = DistributedDataParallel(copy.deepcopy(base))  # broadcasts rank 0's weights
+    ddp_step = optimizer_step(
+        ddp_model, torch.optim.SGD(ddp_model.parameters(), lr=0.01, momentum=0.9), data, target
+    )
+    # The ceiling: the same steps with no communication at all (every rank trains alone).
+    local_model = copy.deepcopy(base)
+    local_step = optimizer_step(
+        local_model,
+        torch.optim.SGD(local_model.parameters(), lr=0.01, momentum=0.9),
+        data,
+        target,
+    )
 
     trainers = {"kolo": kolo_step, "ddp": ddp_step, "no_comm": local_step}
     for step in trainers.values():
-        timed(step, args.warmup_steps)
+        timed(step, args.warmup_steps, args.batch_size)
     samples: dict[str, list[float]] = {name: [] for name in trainers}
+    horovod: Optional[horovod_peer.HorovodBeside] = None
+    horovod_runs: list[dict[str, Any]] = []
+    if peer_python is not None:
+        horovod = horovod_peer.HorovodBeside(hvd, peer_python, Path(__file__).resolve())
+        samples["horovod"] = []
     order = list(trainers)
-    for _ in range(args.rounds):
-        for name in order:
-            samples[name].append(timed(trainers[name], args.steps))
-        order.reverse()  # kolo first, then DDP first, ...: neither always follows the other
+    for block in blocks(args.rounds, args.horovod_blocks if horovod else 1):
+        for _ in range(block):
+            for name in order:
+                samples[name].append(timed(trainers[name], args.steps, args.batch_size))
+            order.reverse()  # kolo first, then DDP first, ...: neither always follows the other
+        if horovod is not None:
+            theirs = horovod.run(horovod_args(args, block), timeout=1200)
+            horovod_runs.append(theirs)
+            samples["horovod"] += theirs.get("samples_per_sec", [])
 
-    row = {name: statistics.median(values) for name, values in samples.items()}
+    row = {name: statistics.median(values) for name, values in samples.items() if values}
     ratio = row["kolo"] / row["ddp"]
     if rank == 0:
         print(
@@ -137,10 +220,13 @@ def main() -> None:
             f"{row['ddp'] / row['no_comm']:.0%})",
             flush=True,
         )
+        horovod_figures = None
+        if horovod is not None:
+            horovod_figures = horovod_summary(row, horovod_runs, args.batch_size, size)
         scaling = None
         if args.single_rank_json is not None:
             one = json.loads(args.single_rank_json.read_text())["median_samples_per_sec"]
-            scaling = {name: row[name] / (size * one[name]) for name in row}
+            scaling = {name: row[name] / (size * one[name]) for name in row if name in one}
             print(
                 f"scaling 1 -> {size} ranks: kolo {row['kolo'] / one['kolo']:.2f}x "
                 f"({scaling['kolo']:.0%} efficiency) | ddp(gloo) {row['ddp'] / one['ddp']:.2f}x "
@@ -158,6 +244,8 @@ def main() -> None:
                 "samples_per_sec": samples,
                 "median_samples_per_sec": row,
                 "ratio_kolo_over_ddp": ratio,
+                "kolo_share_of_no_comm": row["kolo"] / row["no_comm"],
+                "horovod": horovod_figures,
                 "single_rank_median_samples_per_sec": (
                     json.loads(args.single_rank_json.read_text())["median_samples_per_sec"]
                     if args.single_rank_json
@@ -167,8 +255,59 @@ def main() -> None:
             },
             args.json,
         )
+    if horovod is not None:
+        horovod.close()
     dist.destroy_process_group()
     hvd.shutdown()
+
+
+def horovod_args(args: argparse.Namespace, rounds: int) -> list[str]:
+    """The Horovod run's arguments for one block of ``rounds`` rounds."""
+    return [
+        *("--batch-size", str(args.batch_size), "--steps", str(args.steps)),
+        *("--warmup-steps", str(args.warmup_steps), "--rounds", str(rounds)),
+        *("--horovod-blocks", "1"),
+        *(["--pin"] if args.pin else []),
+    ]
+
+
+def horovod_summary(
+    row: dict[str, float], runs: list[dict[str, Any]], batch_size: int, size: int
+) -> dict[str, Any]:
+    """Prints Horovod's line (rank 0) and returns its figures for the JSON."""
+    failed = [run["error"] for run in runs if "error" in run]
+    figures: dict[str, Any] = {"runs": len(runs), "failed_runs": failed}
+    if "horovod" not in row:
+        print(f"horovod: no figures ({len(failed)} of {len(runs)} runs failed)", flush=True)
+        print(failed[0] if failed else "", flush=True)
+        return figures
+    theirs = row["horovod"]
+    torches = {run["torch"] for run in runs if "torch" in run}
+    same = torches == {torch.__version__}
+    figures.update(
+        median_samples_per_sec=theirs,
+        ratio_kolo_over_horovod=row["kolo"] / theirs,
+        horovod_share_of_no_comm=theirs / row["no_comm"],
+        torch=sorted(torches),
+        same_torch=same,
+    )
+    note = (
+        ""
+        if same
+        else (
+            f" [not the same torch: kolo {torch.__version__}, horovod {', '.join(sorted(torches))}:"
+            " start kolorun with the Horovod venv's python for a like-for-like ratio]"
+        )
+    )
+    print(
+        f"training smallcnn batch {batch_size}x{size}: horovod 0.28.1 {theirs:8.1f} samples/s | "
+        f"kolo/horovod {row['kolo'] / theirs:.2f}x (target >= 1.25x) | of the no-communication "
+        f"ceiling: kolo {row['kolo'] / row['no_comm']:.1%} (target >= 97%), horovod "
+        f"{theirs / row['no_comm']:.1%}{note}"
+        + (f" ({len(failed)} runs failed)" if failed else ""),
+        flush=True,
+    )
+    return figures
 
 
 if __name__ == "__main__":

@@ -27,6 +27,9 @@ def test_synthetic_benchmark_prints_horovod_style_figures(tmp_path) -> None:
             "--num-iters",
             "2",
             "--fp16-allreduce",
+            # Horovod (bench/peers/horovod.sh) is a bench-only peer, never in CI.
+            "--horovod",
+            "no",
             "--json",
             str(out),
         ],
@@ -38,7 +41,8 @@ def test_synthetic_benchmark_prints_horovod_style_figures(tmp_path) -> None:
         for line in result.stdout.splitlines()
         if line.startswith("[0]<stdout>:")
     ]
-    for expected in ("Model: smallcnn", "Batch size: 4", "Number of CPUs: 2"):
+    expected_lines = ("Model: smallcnn", "Batch size: 4", "Number of CPUs: 2")
+    for expected in ("synthetic_benchmark: Horovod 0.28.1 skipped (--horovod no)", *expected_lines):
         assert expected in rank0, result.stdout
     assert sum(bool(re.fullmatch(r"Iter #\d: [\d.]+ img/sec per CPU", x)) for x in rank0) == 2
     assert any(re.fullmatch(r"Img/sec per CPU: [\d.]+ \+-[\d.]+", x) for x in rank0), rank0
@@ -48,6 +52,7 @@ def test_synthetic_benchmark_prints_horovod_style_figures(tmp_path) -> None:
     )
     figures = json.loads(out.read_text())
     assert figures["ranks"] == 2 and len(figures["img_sec_per_rank"]) == 2
+    assert figures["horovod"] is None
 
 
 def test_synthetic_benchmark_trains_with_adasum() -> None:
@@ -66,6 +71,8 @@ def test_synthetic_benchmark_trains_with_adasum() -> None:
             "2",
             "--num-iters",
             "1",
+            "--horovod",
+            "no",
         ],
         timeout=60,
     )
@@ -160,12 +167,14 @@ def test_calibrate_prints_and_saves_the_physical_limits(tmp_path) -> None:
 def test_collectives_benchmark_covers_every_op_dtype_and_transport(tmp_path) -> None:
     out = tmp_path / "collectives.json"
     args = ["--min-bytes", "8", "--max-bytes", "64", "--step", "8", "--rounds", "1"]
-    args += ["--budget", "0.001", "--json", str(out)]
+    # Horovod (bench/peers/horovod.sh) is a bench-only peer, never in CI.
+    args += ["--budget", "0.001", "--horovod", "no", "--json", str(out)]
     result = run_kolorun(
         ["-np", "2", "python", str(REPO / "bench" / "collectives.py"), *args], timeout=90
     )
     assert result.returncode == 0, output_tail(result)
     lines = rank0_lines(result.stdout)
+    assert "collectives: Horovod 0.28.1 skipped (--horovod no)" in lines, lines
     ops = ("allreduce", "adasum", "allgather", "broadcast", "alltoall", "reducescatter")
     for op in ops:
         for dtype in ("float32", "bfloat16"):
@@ -176,6 +185,7 @@ def test_collectives_benchmark_covers_every_op_dtype_and_transport(tmp_path) -> 
                 assert ("x 2memcpy" in line) == (op == "allreduce"), line
     figures = json.loads(out.read_text())
     assert figures["bench"] == "collectives" and figures["transports"] == ["auto", "tcp"]
+    assert figures["horovod"] is None
     assert "memcpy" in figures["calibration"]
     assert len(figures["results"]) == len(ops) * 2 * 2
     for row in figures["results"]:
@@ -215,12 +225,20 @@ def test_training_benchmark_reports_scaling_efficiency(tmp_path) -> None:
     one, two = tmp_path / "one.json", tmp_path / "two.json"
     script = str(REPO / "bench" / "training.py")
     common = ["--batch-size", "4", "--steps", "1", "--warmup-steps", "1", "--rounds", "2"]
-    result = run_kolorun(["-np", "1", "python", script, *common, "--json", str(one)], timeout=60)
+    result = run_kolorun(
+        ["-np", "1", "python", script, *common, "--horovod", "no", "--json", str(one)], timeout=60
+    )
     assert result.returncode == 0, output_tail(result)
     scaled = [*common, "--json", str(two), "--single-rank-json", str(one)]
-    result = run_kolorun(["-np", "2", "python", script, *scaled], timeout=60)
+    # --horovod auto where no peer venv was built (as in CI): Horovod is skipped, and says so.
+    no_peer = {"KOLO_BENCH_CACHE": str(tmp_path / "no-bench-cache")}
+    result = run_kolorun(["-np", "2", "python", script, *scaled], timeout=60, env=no_peer)
     assert result.returncode == 0, output_tail(result)
     lines = rank0_lines(result.stdout)
+    assert any(x.startswith("training: Horovod 0.28.1 skipped: no peer venv at ") for x in lines), (
+        lines
+    )
+    assert not any("horovod 0.28.1" in x for x in lines), lines
     assert any(
         re.match(
             r"training smallcnn batch 4x2: kolo .* ratio [\d.]+x \| no communication +[\d.]+ "
@@ -234,7 +252,8 @@ def test_training_benchmark_reports_scaling_efficiency(tmp_path) -> None:
         for x in lines
     ), lines
     figures = json.loads(two.read_text())
-    assert figures["ranks"] == 2
+    assert figures["ranks"] == 2 and figures["horovod"] is None
+    assert figures["kolo_share_of_no_comm"] > 0
     assert set(figures["scaling_efficiency"]) == {"kolo", "ddp", "no_comm"}
     assert json.loads(one.read_text())["ranks"] == 1
 

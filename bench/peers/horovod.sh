@@ -2,7 +2,7 @@
 # Builds Horovod 0.28.1 (CPU, gloo, torch) into a side virtualenv, as the peer that
 # bench/elastic.py measures beside kolo when it is present. Bench only: never run in CI.
 #
-#   bench/peers/horovod.sh        # idempotent; the last line printed is the venv's python
+#   bench/peers/horovod.sh [--spark]   # idempotent; the last line printed is the venv's python
 #
 # The venv is ${KOLO_BENCH_CACHE:-~/.cache/kolo-bench}/horovod-venv: Python 3.11 (PYTHON311,
 # default python3.11), torch 2.1.2, numpy 1.x, setuptools<70, cffi, Horovod 0.28.1 from its
@@ -10,6 +10,14 @@
 # python/, whose _native.abi3.so runs on any CPython >= 3.9), so kolo's ranks can run on the
 # same torch as Horovod's. The build runs under `nice` with MAKEFLAGS=-j2 (default) and logs to
 # the cache's horovod-build.log. A second run only checks that both import.
+#
+# --spark also installs what Horovod's Spark estimator (horovod.spark.torch.TorchEstimator, for
+# bench/spark_estimator.py) needs, with Horovod 0.28.1's own pins from its "spark" extra:
+# petastorm>=0.12.0, pyarrow>=0.15.0,<11.0, fsspec>=2021.07.0, pyspark>=3.0.0. They fit in this
+# venv, though not beside kolo's own pyspark: pyspark 4.x's sql extra needs pyarrow>=15 (4.1.4,
+# kolo's venv), so Horovod's pyarrow<11 leaves pyspark 3.x (3.5.9, pyarrow 10.0.1, petastorm
+# 0.13.1 when this was written); pandas<3 because pyspark 3.5 predates pandas 3; tensorboard
+# because horovod.spark.torch imports torch.utils.tensorboard.
 #
 # What each failure taught (kept so nobody has to find it again):
 # - Stock 0.28.1 does not compile against torch >= 2.1: it forces C++14 while torch 2.1's
@@ -30,6 +38,14 @@
 #   hosts to compare their interfaces), and the worker that is killed must be alone on its
 #   host (Horovod blacklists a failed worker's host): bench/peers/_horovod.py does both.
 set -euo pipefail
+
+spark=0
+for arg in "$@"; do
+  case "$arg" in
+    --spark) spark=1 ;;
+    *) echo "usage: bench/peers/horovod.sh [--spark]" >&2; exit 2 ;;
+  esac
+done
 
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
 cache="${KOLO_BENCH_CACHE:-$HOME/.cache/kolo-bench}"
@@ -87,6 +103,13 @@ else
     exit 1
   fi
   check_horovod || { echo "bench/peers/horovod.sh: horovod built but does not import" >&2; exit 1; }
+fi
+
+if [ "$spark" = 1 ]; then
+  "$python" -m pip install --quiet 'petastorm>=0.12.0' 'pyarrow>=0.15.0,<11.0' \
+    'fsspec>=2021.07.0' 'pyspark>=3.0.0,<4' 'pandas<3' 'numpy<2' tensorboard
+  "$python" -c 'import horovod.spark.torch, petastorm, pyarrow, pyspark' ||
+    { echo "bench/peers/horovod.sh: Horovod's Spark estimator does not import" >&2; exit 1; }
 fi
 
 # This checkout's kolo on the venv's path (abi3: one native library for every CPython >= 3.9).
