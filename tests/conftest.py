@@ -24,7 +24,7 @@ from support.emulators import (  # noqa: F401
     s3_server,
 )
 from support.ray import ray_local  # noqa: F401
-from support.spark import spark, standalone_cluster  # noqa: F401
+from support.spark import connect_server, connect_spark, spark, standalone_cluster  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
 WORKERS = Path(__file__).resolve().parent / "workers"

@@ -164,3 +164,108 @@ def standalone_cluster(tmp_path_factory) -> Iterator[str]:
             except ProcessLookupError:
                 pass
             process.wait(timeout=10)
+
+
+def _stop_process_group(process, grace_s: float = 15.0) -> None:
+    """SIGTERM to ``process``'s process group, then SIGKILL after ``grace_s``; waits for it."""
+    import signal
+    import subprocess
+
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait(timeout=10)
+
+
+#: The class PySpark's ``sbin/start-connect-server.sh`` submits (the jar ships in pyspark/jars).
+CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+
+
+@pytest.fixture(scope="session")
+def connect_server(tmp_path_factory) -> Iterator[str]:
+    """A Spark Connect server from the pyspark package (``local[2]``, its gRPC endpoint and its
+    driver on 127.0.0.1, no UI, executors running this venv's Python) in a process group of its
+    own for the whole test session. Yields its ``sc://127.0.0.1:PORT`` URL; stops the server at
+    the end.
+
+    Example::
+
+        def test_remote(connect_server):
+            spark = SparkSession.builder.remote(connect_server).getOrCreate()
+    """
+    import subprocess
+
+    pyspark = pytest.importorskip("pyspark")
+    pytest.importorskip("grpc")  # the Connect client's transport (pyspark[connect])
+    spark_home = os.path.dirname(pyspark.__file__)
+    root = tmp_path_factory.mktemp("spark-connect")
+    port = free_port()
+    confs = {
+        "spark.connect.grpc.binding.address": "127.0.0.1",
+        "spark.connect.grpc.binding.port": str(port),
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.ui.enabled": "false",
+        "spark.sql.shuffle.partitions": "2",
+        "spark.default.parallelism": "2",
+        "spark.pyspark.python": sys.executable,
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+    }
+    command = [os.path.join(spark_home, "bin", "spark-submit"), "--master", "local[2]"]
+    command += ["--name", "kolo-tests-connect", "--class", CONNECT_SERVER_CLASS]
+    for key, value in confs.items():
+        command += ["--conf", f"{key}={value}"]
+    command.append("spark-internal")
+    env = dict(
+        os.environ,
+        SPARK_HOME=spark_home,
+        SPARK_LOCAL_IP="127.0.0.1",
+        SPARK_LOG_DIR=str(root / "logs"),
+        PYSPARK_PYTHON=sys.executable,
+        PYSPARK_DRIVER_PYTHON=sys.executable,
+    )
+    env.pop("SPARK_REMOTE", None)
+    env.pop("SPARK_CONNECT_MODE_ENABLED", None)
+    log_path = root / "connect-server.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        if not _wait_for_port(port, 120):
+            pytest.fail(f"the Spark Connect server did not start; see {log_path}")
+        yield f"sc://127.0.0.1:{port}"
+    finally:
+        _stop_process_group(process)
+
+
+@pytest.fixture(scope="session")
+def connect_spark(connect_server) -> Iterator[object]:
+    """A Spark Connect client session on :func:`connect_server`, shared by the whole test
+    session. It is made with the Connect builder itself
+    (``pyspark.sql.connect.session.SparkSession.builder.remote(url)``, what
+    ``SparkSession.builder.remote(url)`` returns in a process without a ``SparkContext``),
+    so it can live next to the classic :func:`spark` fixture in one process, and it leaves
+    ``SPARK_CONNECT_MODE_ENABLED`` unset (that variable would switch every later
+    ``pyspark.sql.functions`` call of the classic suites to Connect). Code that builds
+    columns for it uses ``pyspark.sql.connect.functions``.
+
+    Example::
+
+        def test_count(connect_spark):
+            assert connect_spark.range(3).count() == 3
+    """
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    session = ConnectSession.builder.remote(connect_server).getOrCreate()
+    yield session
+    session.stop()

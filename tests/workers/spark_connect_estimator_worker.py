@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for support.digits
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 SCENARIOS = ("transform", "bad_input", "torch", "keras", "lightning")
 
@@ -92,10 +92,9 @@ def torch_estimator(store=None, **overrides):
 
 def scenario_transform(spark, store) -> dict:
     import torch
+    from sklearn.datasets import load_digits
 
     from kolo.spark.torch import TorchModel
-
-    from sklearn.datasets import load_digits
 
     _, test_df = digits(spark)
     model = torch_classifier()

@@ -21,6 +21,7 @@ from kolo.exceptions import (
     NotEnoughSlotsError,
     RankFailedError,
 )
+from kolo.spark._session import spark_target
 
 log = logging.getLogger("kolo.spark")
 
@@ -36,17 +37,21 @@ TERM_GRACE_S = 3.0
 STOP_WAIT_S = 15.0
 #: How often the driver loop polls.
 POLL_S = 0.1
+#: The row each launch task returns to Spark: its index, whether its rank process succeeded,
+#: and how it ended (the Connect path's ``mapInArrow`` schema).
+TASK_ROW_SCHEMA = "index long, success boolean, description string"
 
 
-def abort_and_cancel(driver: Any, sc: Any, group: str, reason: Optional[str]) -> None:
+def abort_and_cancel(driver: Any, target: Any, group: str, reason: Optional[str]) -> None:
     """Aborts the job's driver with ``reason`` (unless it already failed, or ``reason`` is None)
-    and cancels its Spark job group: the first half of stopping a launch."""
+    and cancels its Spark job (a classic job group, or the Connect operations tagged
+    ``group``): the first half of stopping a launch."""
     if reason is not None and driver.failure() is None:
         driver.abort(reason)
     try:
-        sc.cancelJobGroup(group)
+        target.cancel(group)
     except Exception as error:  # the context may be stopping
-        log.debug("cancelling job group %s: %s", group, error)
+        log.debug("cancelling Spark job %s: %s", group, error)
 
 
 class _Job:
@@ -54,7 +59,7 @@ class _Job:
 
     def __init__(
         self,
-        sc: Any,
+        target: Any,
         driver: Any,
         num_proc: int,
         out: TextIO,
@@ -62,7 +67,7 @@ class _Job:
         timestamps: bool,
         on_message: Optional[Callable[[int, Any], None]],
     ) -> None:
-        self.sc = sc
+        self.target = spark_target(target)
         self.driver = driver
         self.num_proc = num_proc
         self.out = out
@@ -77,9 +82,14 @@ class _Job:
     def start_stage(self, task_fn: Callable[..., Any]) -> None:
         def stage() -> None:
             try:
-                self.sc.setJobGroup(self.group, "kolo.spark.run", interruptOnCancel=True)
-                rdd = self.sc.parallelize(range(self.num_proc), self.num_proc)
-                rdd.barrier().mapPartitions(task_fn).collect()
+                self.target.run_tasks(
+                    task_fn,
+                    self.num_proc,
+                    self.group,
+                    "kolo.spark.run",
+                    TASK_ROW_SCHEMA,
+                    barrier=True,
+                )
             except BaseException as error:
                 self.stage_error = error
             finally:
@@ -191,7 +201,7 @@ class _Job:
 
     def stop(self, reason: Optional[str]) -> None:
         """Aborts the job, cancels the stage and waits (bounded) for every rank process."""
-        abort_and_cancel(self.driver, self.sc, self.group, reason)
+        abort_and_cancel(self.driver, self.target, self.group, reason)
         deadline = time.monotonic() + STOP_WAIT_S
         while time.monotonic() < deadline:
             self.pump(POLL_S)
@@ -230,7 +240,7 @@ class _Job:
         if self.thread is not None:
             if not self.stage_done.wait(timeout=5.0):
                 try:
-                    self.sc.cancelJobGroup(self.group)
+                    self.target.cancel(self.group)
                 except Exception:
                     pass
                 self.stage_done.wait(timeout=10.0)
@@ -304,58 +314,56 @@ def _pickle_payload(fn: Any, args: tuple, kwargs: dict) -> bytes:
 
 
 def task_slots(sc: Any) -> Optional[int]:
-    """How many tasks the cluster can run at once (``maxNumConcurrentTasks`` of the default
-    resource profile, which accounts for ``spark.task.cpus`` and executor cores); None when it
-    cannot be asked.
+    """How many tasks the cluster can run at once; None when it cannot be asked. On a classic
+    ``SparkContext`` (or session): ``maxNumConcurrentTasks`` of the default resource profile,
+    which accounts for ``spark.task.cpus`` and executor cores; on a Spark Connect session:
+    what the server's configuration promises (``local[N]``, executor instances x cores).
 
     Example::
 
         slots = task_slots(spark.sparkContext)
     """
-    jsc = sc._jsc.sc()
-    try:
-        profile = jsc.resourceProfileManager().defaultResourceProfile()
-        return int(jsc.maxNumConcurrentTasks(profile))
-    except Exception:
-        pass
-    try:
-        return int(jsc.maxNumConcurrentTasks())  # Spark 3.0
-    except Exception:
-        return None
+    return spark_target(sc).task_slots()
 
 
-def _check_slots(sc: Any, num_proc: int) -> None:
-    slots = task_slots(sc)
+def _check_slots(target: Any, num_proc: int) -> None:
+    target = spark_target(target)
+    slots = target.task_slots()
     if slots is None or slots >= num_proc:
         return
-    if not str(sc.master).startswith("local"):
+    if target.slots_may_grow and not target.master.startswith("local"):
         # Executors may still be registering: give them a moment.
         wait = float(os.environ.get(SLOTS_WAIT_VAR, DEFAULT_SLOTS_WAIT_S))
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
             time.sleep(0.25)
-            slots = task_slots(sc) or 0
+            slots = target.task_slots() or 0
             if slots >= num_proc:
                 return
-    cpus = sc.getConf().get("spark.task.cpus", "1")
+    cpus = target.conf("spark.task.cpus", "1") or "1"
     raise NotEnoughSlotsError(
         f"kolo.spark.run: num_proc={num_proc} needs {num_proc} task slots at once (a barrier "
         f"stage runs all its tasks together), but this Spark application has {slots} (master "
-        f"{sc.master}, spark.task.cpus={cpus}). Use num_proc<={slots}, or give the application "
+        f"{target.master}, spark.task.cpus={cpus}). Use num_proc<={slots}, or give the application "
         "more executors or cores (spark.executor.instances, spark.executor.cores, more workers, "
         "or local[N] with N>=num_proc)."
     )
 
 
-def _bind_ip(sc: Any, nics: Any) -> str:
+def _bind_ip(target: Any, nics: Any) -> str:
+    """The address the job driver service listens on: ``nics``' address when given, else
+    the address executors reach this process at (classic: ``spark.driver.host``; Connect: this
+    client's address on the route to the Connect server)."""
     ip = nics_ip(nics)
     if ip is not None:
         return ip
-    host = sc.getConf().get("spark.driver.host", None) or socket.gethostname()
+    target = spark_target(target)
+    host = target.driver_host()
     try:
         return socket.gethostbyname(host)
     except OSError as error:
+        what = "this Spark Connect client's host" if target.is_connect else "the Spark driver host"
         raise ConfigError(
-            f"cannot resolve the Spark driver host {host!r} ({error}); set spark.driver.host "
-            "to an address executors can reach, or pass nics=[...]"
+            f"cannot resolve {what} {host!r} ({error}); set spark.driver.host (classic) to an "
+            "address executors can reach, or pass nics=[...]"
         ) from error

@@ -40,8 +40,8 @@ from kolo.exceptions import ConfigError, InvalidArgumentError, LaunchError, Rank
 from kolo.spark._driver_job import (
     POLL_S,
     STOP_WAIT_S,
+    TASK_ROW_SCHEMA,
     TERM_GRACE_S,
-    _active_spark_context,
     _bind_ip,
     _check_num_proc,
     _check_slots,
@@ -53,6 +53,7 @@ from kolo.spark._driver_job import (
     log,
 )
 from kolo.spark._python_probe import PROBE_TIMEOUT_S, check_executor_python
+from kolo.spark._session import spark_target
 
 __all__ = ["run_elastic"]
 
@@ -90,6 +91,7 @@ def run_elastic(
     min_np: Optional[int] = None,
     max_np: Optional[int] = None,
     *,
+    spark: Any = None,
     _on_message: Optional[Callable[[int, Any], None]] = None,
 ) -> list[Any]:
     """Runs ``fn(*args, **kwargs)`` as an elastic job on Spark tasks (Horovod's
@@ -178,8 +180,8 @@ def run_elastic(
             "max_np is deprecated, use max_num_proc instead", DeprecationWarning, stacklevel=2
         )
         max_num_proc = max_np
-    sc = _active_spark_context()
-    num_proc = _check_num_proc(sc.defaultParallelism if num_proc is None else num_proc)
+    target = spark_target(spark)
+    num_proc = _check_num_proc(target.default_parallelism() if num_proc is None else num_proc)
     min_num_proc = _check_bound("min_num_proc", num_proc if min_num_proc is None else min_num_proc)
     max_num_proc = _check_bound("max_num_proc", num_proc if max_num_proc is None else max_num_proc)
     if not min_num_proc <= num_proc <= max_num_proc:
@@ -206,14 +208,13 @@ def run_elastic(
         and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
     ):
         raise InvalidArgumentError("env must be a dict of str to str (environment variables)")
-    conf = sc.getConf()
-    if conf.get("spark.speculation", "false").strip().lower() == "true":
+    if (target.conf("spark.speculation", "false") or "").strip().lower() == "true":
         raise ConfigError(
             "kolo.spark.run_elastic cannot run with spark.speculation=true: a speculative copy "
             "of a task would be a second worker for the same slot. Turn speculation off for "
             "this application."
         )
-    max_attempts = _max_task_attempts(sc)
+    max_attempts = _max_task_attempts(target)
     if max_num_proc * max_attempts > MAX_TASK_INDICES:
         raise InvalidArgumentError(
             f"max_num_proc={max_num_proc} with spark.task.maxFailures={max_attempts} needs "
@@ -221,12 +222,13 @@ def run_elastic(
             f"({MAX_TASK_INDICES}); lower max_num_proc or spark.task.maxFailures"
         )
     payload = _pickle_payload(fn, tuple(args), kwargs)
-    if conf.get("spark.dynamicAllocation.enabled", "false").strip().lower() != "true":
-        _check_slots(sc, num_proc)
-    check_executor_python(sc, num_proc, min(start_timeout_s, PROBE_TIMEOUT_S))
+    dynamic = target.conf("spark.dynamicAllocation.enabled", "false") or ""
+    if dynamic.strip().lower() != "true":
+        _check_slots(target, num_proc)
+    check_executor_python(target, num_proc, min(start_timeout_s, PROBE_TIMEOUT_S))
     out = stdout if stdout is not None else sys.stdout
     err = stderr if stderr is not None else sys.stderr
-    bind_ip = _bind_ip(sc, nics)
+    bind_ip = _bind_ip(target, nics)
 
     from kolo import _native
 
@@ -242,7 +244,7 @@ def run_elastic(
         reset_limit=reset_limit,
     )
     job = _ElasticJob(
-        sc, driver, num_proc, max_num_proc, out, err, prefix_output_with_timestamp, _on_message
+        target, driver, num_proc, max_num_proc, out, err, prefix_output_with_timestamp, _on_message
     )
     try:
         driver.put_payload(payload)
@@ -332,10 +334,11 @@ def _heartbeat_timeout() -> float:
     return value
 
 
-def _max_task_attempts(sc: Any) -> int:
+def _max_task_attempts(target: Any) -> int:
     """How many attempts Spark gives one task: ``local[N, F]``'s F in local mode (1 for
     ``local[N]``), else ``spark.task.maxFailures`` (default 4)."""
-    master = str(sc.master)
+    target = spark_target(target)
+    master = target.master
     if master.startswith("local"):
         inside = master[master.find("[") + 1 : master.rfind("]")] if "[" in master else ""
         parts = [part.strip() for part in inside.split(",")]
@@ -343,7 +346,7 @@ def _max_task_attempts(sc: Any) -> int:
             return max(1, int(parts[1]))
         return 1
     try:
-        return max(1, int(sc.getConf().get("spark.task.maxFailures", "4")))
+        return max(1, int(target.conf("spark.task.maxFailures", "4") or "4"))
     except ValueError:
         return 4
 
@@ -354,7 +357,7 @@ class _ElasticJob(_Job):
 
     def __init__(
         self,
-        sc: Any,
+        target: Any,
         driver: Any,
         num_proc: int,
         max_num_proc: int,
@@ -363,7 +366,7 @@ class _ElasticJob(_Job):
         timestamps: bool,
         on_message: Optional[Callable[[int, Any], None]],
     ) -> None:
-        super().__init__(sc, driver, num_proc, out, err, timestamps, on_message)
+        super().__init__(target, driver, num_proc, out, err, timestamps, on_message)
         self.group = self.group.replace("kolo.spark.run-", "kolo.spark.run_elastic-")
         self.max_num_proc = max_num_proc
         #: ``(attempt, hostname)`` of every task whose rank process started.
@@ -389,9 +392,14 @@ class _ElasticJob(_Job):
     def start_stage(self, task_fn: Callable[..., Any]) -> None:
         def stage() -> None:
             try:
-                self.sc.setJobGroup(self.group, "kolo.spark.run_elastic", interruptOnCancel=True)
-                rdd = self.sc.parallelize(range(self.max_num_proc), self.max_num_proc)
-                rdd.mapPartitions(task_fn).collect()
+                self.target.run_tasks(
+                    task_fn,
+                    self.max_num_proc,
+                    self.group,
+                    "kolo.spark.run_elastic",
+                    TASK_ROW_SCHEMA,
+                    barrier=False,
+                )
             except BaseException as error:
                 self.stage_error = error
             finally:
@@ -562,7 +570,7 @@ class _ElasticJob(_Job):
         )
 
     def stop(self, reason: Optional[str]) -> None:
-        abort_and_cancel(self.driver, self.sc, self.group, reason)
+        abort_and_cancel(self.driver, self.target, self.group, reason)
         deadline = time.monotonic() + STOP_WAIT_S
         while time.monotonic() < deadline:
             self.pump(POLL_S)
@@ -586,7 +594,7 @@ class _ElasticJob(_Job):
         # The job is over: pending partitions (no slot yet) must not start, and waiting tasks
         # stop their rank processes once the driver is gone.
         try:
-            self.sc.cancelJobGroup(self.group)
+            self.target.cancel(self.group)
         except Exception:
             pass
         super().close()

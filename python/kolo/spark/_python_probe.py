@@ -9,6 +9,9 @@ for its path, version and ``import kolo``, and raises :class:`~kolo.exceptions.C
 at the driver naming that Python and how to point the executors at one with kolo. A success is
 remembered per Spark application and executor Python, so later launches pay nothing.
 
+It runs on a classic ``SparkContext`` and on a Spark Connect session alike (there the job is a
+``mapInArrow`` of ``spark.range``; see :mod:`kolo.spark._session`).
+
 Example::
 
     check_executor_python(spark.sparkContext, num_tasks=2, timeout_s=60)
@@ -19,16 +22,18 @@ from __future__ import annotations
 import logging
 import sys
 import threading
-import types
 import uuid
 from typing import Any, Iterable, Iterator, Optional
 
 from kolo.exceptions import ConfigError, LaunchError
+from kolo.spark._session import by_value, spark_target
 
 log = logging.getLogger("kolo.spark")
 
 #: Seconds the probe job may take before the launch goes on without its answer.
 PROBE_TIMEOUT_S = 60.0
+#: The probe task's row (the Connect path's ``mapInArrow`` schema).
+PROBE_ROW_SCHEMA = "found boolean, python string, version string, detail string, host string"
 
 _checked: set[tuple[str, str]] = set()
 _checked_lock = threading.Lock()
@@ -55,17 +60,8 @@ def _probe(partition: Iterable[Any]) -> Iterator[tuple]:
     yield (found, sys.executable, version, detail, socket.gethostname())
 
 
-def _by_value(fn: types.FunctionType) -> types.FunctionType:
-    """A copy of ``fn`` that cloudpickle ships by value (not as ``kolo...`` by reference), so
-    unpickling it needs no kolo."""
-    copy = types.FunctionType(fn.__code__, {"__builtins__": __builtins__}, fn.__name__)
-    copy.__module__ = "__main__"
-    copy.__qualname__ = fn.__name__
-    return copy
-
-
 def _executor_python(sc: Any) -> str:
-    return str(getattr(sc, "pythonExec", None) or "python3")
+    return spark_target(sc).executor_python()
 
 
 def check_executor_python(sc: Any, num_tasks: int, timeout_s: float = PROBE_TIMEOUT_S) -> None:
@@ -74,11 +70,15 @@ def check_executor_python(sc: Any, num_tasks: int, timeout_s: float = PROBE_TIME
     probe that does not finish within ``timeout_s`` (executors still coming) lets the launch
     go on.
 
+    ``sc`` is a ``SparkContext``, a classic or Spark Connect ``SparkSession``, or a target of
+    :func:`kolo.spark._session.spark_target`.
+
     Example::
 
         check_executor_python(sc, num_tasks=2)
     """
-    key = (str(sc.applicationId), _executor_python(sc))
+    sc = spark_target(sc)
+    key = (sc.app_id(), sc.executor_python())
     with _checked_lock:
         if key in _checked:
             return
@@ -96,13 +96,17 @@ def _run_probe(sc: Any, num_tasks: int, timeout_s: float) -> Optional[list[tuple
     group = f"kolo.spark.python-probe-{uuid.uuid4().hex[:12]}"
     outcome: dict[str, Any] = {}
     done = threading.Event()
-    probe = _by_value(_probe)
+    probe = by_value(_probe)
 
     def job() -> None:
         try:
-            sc.setJobGroup(group, "kolo: check the executors' Python", interruptOnCancel=True)
-            outcome["answers"] = (
-                sc.parallelize(range(num_tasks), num_tasks).mapPartitions(probe).collect()
+            outcome["answers"] = sc.run_tasks(
+                probe,
+                num_tasks,
+                group,
+                "kolo: check the executors' Python",
+                PROBE_ROW_SCHEMA,
+                barrier=False,
             )
         except BaseException as error:
             outcome["error"] = error
@@ -113,10 +117,10 @@ def _run_probe(sc: Any, num_tasks: int, timeout_s: float) -> Optional[list[tuple
     try:
         finished = done.wait(timeout_s)
     except BaseException:  # Ctrl-C: leave no probe job behind
-        sc.cancelJobGroup(group)
+        sc.cancel(group)
         raise
     if not finished:
-        sc.cancelJobGroup(group)
+        sc.cancel(group)
         log.info(
             "kolo.spark.run: the executors' Python check did not finish in %.0fs; going on",
             timeout_s,

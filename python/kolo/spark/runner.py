@@ -13,7 +13,6 @@ from kolo.exceptions import (
 )
 from kolo.spark._driver_job import (
     TERM_GRACE_S,
-    _active_spark_context,
     _bind_ip,
     _check_num_proc,
     _check_slots,
@@ -25,6 +24,7 @@ from kolo.spark._driver_job import (
 )
 from kolo.spark._elastic import run_elastic  # Horovod's path: horovod.spark.runner.run_elastic
 from kolo.spark._python_probe import PROBE_TIMEOUT_S, check_executor_python
+from kolo.spark._session import spark_target
 
 __all__ = ["run", "run_elastic", "task_slots"]
 
@@ -46,6 +46,7 @@ def run(
     prefix_output_with_timestamp: bool = False,
     executable: Optional[str] = None,
     *,
+    spark: Any = None,
     _on_message: Optional[Callable[[int, Any], None]] = None,
 ) -> list[Any]:
     """Runs ``fn(*args, **kwargs)`` on ``num_proc`` ranks of a Spark barrier stage and returns
@@ -67,12 +68,19 @@ def run(
     :class:`~kolo.exceptions.RankFailedError` with its rank, host, task attempt and traceback.
     Ctrl-C cancels the stage and stops every rank process.
 
+    It runs on a classic Spark application and on a Spark Connect client
+    (``SparkSession.builder.remote("sc://...")``, no ``SparkContext``): there the barrier
+    stage is a ``mapInArrow(..., barrier=True)`` on ``spark.range(num_proc)``, cancelled
+    through an operation tag, and the job driver service listens on this client's address
+    on the route to the Connect server, which the executors must be able to reach.
+
     Args:
         fn: the function every rank runs (picklable with cloudpickle).
         args: its positional arguments.
         kwargs: its keyword arguments.
-        num_proc: the number of ranks; default ``spark.sparkContext.defaultParallelism``. The
-            cluster must have that many task slots.
+        num_proc: the number of ranks; default ``spark.sparkContext.defaultParallelism``
+            (Spark Connect: the server's ``spark.default.parallelism``, else its ``local[N]``
+            or executors x cores). The cluster must have that many task slots.
         start_timeout: seconds for every task to start and register; default 600
             (``KOLO_SPARK_START_TIMEOUT`` / ``HOROVOD_SPARK_START_TIMEOUT``).
         use_mpi: Horovod's choice of its MPI controller. kolo has none on Spark: with
@@ -90,6 +98,9 @@ def run(
             Spark's driver uses, ``spark.driver.host``).
         prefix_output_with_timestamp: put the time each line was read before its prefix.
         executable: the Python the rank processes run; default ``sys.executable``.
+        spark: the session to run on (classic or Spark Connect ``SparkSession``, or a
+            ``SparkContext``); default the active ``SparkContext``, else the active Spark
+            Connect session.
         _on_message: called on the driver with ``(rank, obj)`` for each
             :func:`kolo.spark.task.send_to_driver` of a rank.
 
@@ -107,8 +118,8 @@ def run(
     """
     kwargs = {} if kwargs is None else kwargs
     _notice_mpi(use_mpi, use_gloo, extra_mpi_args)
-    sc = _active_spark_context()
-    num_proc = _check_num_proc(sc.defaultParallelism if num_proc is None else num_proc)
+    target = spark_target(spark)
+    num_proc = _check_num_proc(target.default_parallelism() if num_proc is None else num_proc)
     start_timeout_s = _start_timeout(start_timeout)
     if not isinstance(args, (tuple, list)) or not isinstance(kwargs, dict):
         raise InvalidArgumentError(
@@ -123,17 +134,17 @@ def run(
     if executable is not None and not isinstance(executable, str):
         raise InvalidArgumentError("executable must be the path of a Python interpreter (a str)")
     payload = _pickle_payload(fn, tuple(args), kwargs)
-    _check_slots(sc, num_proc)
-    check_executor_python(sc, num_proc, min(start_timeout_s, PROBE_TIMEOUT_S))
+    _check_slots(target, num_proc)
+    check_executor_python(target, num_proc, min(start_timeout_s, PROBE_TIMEOUT_S))
     out = stdout if stdout is not None else sys.stdout
     err = stderr if stderr is not None else sys.stderr
-    bind_ip = _bind_ip(sc, nics)
+    bind_ip = _bind_ip(target, nics)
 
     from kolo import _native
 
     launched = time.monotonic()
     driver = _native.LaunchDriver(num_proc, f"{bind_ip}:0", start_timeout_s)
-    job = _Job(sc, driver, num_proc, out, err, prefix_output_with_timestamp, _on_message)
+    job = _Job(target, driver, num_proc, out, err, prefix_output_with_timestamp, _on_message)
     try:
         driver.put_payload(payload)
         job_env = dict(driver.worker_env(0))

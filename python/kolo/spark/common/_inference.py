@@ -126,12 +126,12 @@ class InlinePayload:
 def _ship(df: Any, payload: bytes) -> Any:
     """How the payload reaches the Python workers: a broadcast on a classic session (sent once
     per executor), inline in the closure on Spark Connect."""
-    from kolo.spark._session import is_connect
+    from kolo.spark._session import spark_target
 
-    session = df.sparkSession
-    if is_connect(session):
+    target = spark_target(df.sparkSession)
+    if target.is_connect:
         return InlinePayload(payload)
-    return session.sparkContext.broadcast(payload)
+    return target.sc.broadcast(payload)
 
 
 def _stacked(values: Any) -> Any:

@@ -64,9 +64,8 @@ from kolo.estimator.dataset import PreparedDataset, get_dataset_metadata
 from kolo.estimator.params import NO_EFFECT, reject_unknown, warn_no_effect
 from kolo.estimator.training import train_on_ranks
 from kolo.exceptions import InvalidArgumentError, InvalidValueError
-from kolo.spark._driver_job import _active_spark_context
 from kolo.spark._python_probe import check_executor_python
-from kolo.spark._session import is_connect
+from kolo.spark._session import spark_target
 from kolo.spark.common._df_argument import dataframe_argument
 from kolo.spark.common.backend import SparkBackend, default_num_proc
 from kolo.spark.common.model import HorovodModel
@@ -195,13 +194,10 @@ class KoloEstimator(Estimator, KoloPersistence):
         # Fail on bad or unpicklable parameters before Spark writes anything.
         self._check_all()
         num_proc = self._num_proc()
-        if (self._backend() is None or isinstance(self._backend(), SparkBackend)) and not (
-            is_connect(df.sparkSession)
-        ):
-            # An executor Python without kolo fails here, before the data is written. (On Spark
-            # Connect there is no SparkContext to probe with: kolo.spark.run checks the
-            # executors when it starts the ranks.)
-            check_executor_python(_active_spark_context(), num_proc)
+        if self._backend() is None or isinstance(self._backend(), SparkBackend):
+            # An executor Python without kolo fails here, before the data is written (on a
+            # classic session or through Spark Connect: the probe runs on df's session).
+            check_executor_python(spark_target(df.sparkSession), num_proc)
         with prepare_data(
             num_proc,
             self.getStore(),

@@ -1,0 +1,258 @@
+"""``kolo.spark.run`` from a Spark Connect client (no ``SparkContext``): a real Spark Connect
+server from the pyspark package (``connect_server``, local[2] on 127.0.0.1) and its client
+session (``connect_spark``), next to the classic ``spark`` session of the same process.
+
+The functions below are pickled by value (this module is not importable in the rank
+processes), so each keeps its imports inside.
+"""
+
+from __future__ import annotations
+
+import io
+import statistics
+import sys
+import threading
+import time
+import uuid
+
+import cloudpickle
+import pytest
+
+import kolo.spark
+from kolo.exceptions import ConfigError, InvalidArgumentError, NotEnoughSlotsError, RankFailedError
+from kolo.spark._python_probe import _run_probe
+from kolo.spark._session import spark_target
+from kolo.spark.runner import task_slots
+
+pytestmark = pytest.mark.spark
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+MARKER_VAR = "KOLO_TEST_MARKER"
+
+
+def marked_pids(marker: str) -> list[int]:
+    """Processes whose environment carries ``KOLO_TEST_MARKER=marker`` (the rank processes)."""
+    import os
+
+    needle = f"{MARKER_VAR}={marker}".encode()
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                if needle in f.read():
+                    pids.append(int(name))
+        except OSError:
+            continue
+    return pids
+
+
+def assert_no_orphans(marker: str, within: float = 10.0) -> None:
+    deadline = time.monotonic() + within
+    while marked_pids(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert marked_pids(marker) == [], "rank processes survived the job"
+
+
+def collective_fn(magic):
+    import os
+    import sys
+
+    import torch
+
+    import kolo.torch as hvd
+
+    print(f"out-line rank={os.environ['KOLO_RANK']}")
+    print(f"err-line rank={os.environ['KOLO_RANK']}", file=sys.stderr)
+    hvd.init()
+    total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum)
+    names = ("KOLO_RANK", "HOROVOD_RANK", "KOLO_SIZE", "KOLO_LOCAL_RANK", "KOLO_LOCAL_SIZE")
+    return {
+        "magic": magic,
+        "rank": hvd.rank(),
+        "size": hvd.size(),
+        "local_rank": hvd.local_rank(),
+        "cross_rank": hvd.cross_rank(),
+        "env": {name: os.environ.get(name) for name in names},
+        "user_env": os.environ.get("KOLO_TEST_USER_VAR"),
+        "sum": float(total[0]),
+    }
+
+
+def test_connect_results_identical_to_classic(spark, connect_spark):
+    """The same function through the classic barrier RDD and through Connect's barrier
+    mapInArrow stage: the same results by rank, the same prefixed output."""
+    outputs = {}
+    results = {}
+    for name, session in (("classic", spark), ("connect", connect_spark)):
+        out, err = io.StringIO(), io.StringIO()
+        results[name] = kolo.spark.run(
+            collective_fn,
+            args=(42,),
+            num_proc=2,
+            env={"KOLO_TEST_USER_VAR": "seen"},
+            stdout=out,
+            stderr=err,
+            spark=session,
+        )
+        outputs[name] = (out.getvalue(), err.getvalue())
+    assert results["connect"] == results["classic"]
+    assert [r["rank"] for r in results["connect"]] == [0, 1]
+    assert [r["sum"] for r in results["connect"]] == [3.0, 3.0]
+    assert results["connect"][1]["env"]["KOLO_RANK"] == "1"
+    assert results["connect"][0]["user_env"] == "seen"
+    out, err = outputs["connect"]
+    for rank in (0, 1):
+        assert f"[{rank}]<stdout>:out-line rank={rank}\n" in out
+        assert f"[{rank}]<stderr>:err-line rank={rank}\n" in err
+
+
+def test_connect_default_num_proc_slots_and_probe(connect_spark):
+    target = spark_target(connect_spark)
+    assert target.is_connect
+    assert target.default_parallelism() == 2  # the server's spark.default.parallelism
+    assert task_slots(connect_spark) == 2  # local[2]
+    # Without num_proc: the server's default parallelism.
+    assert kolo.spark.run(lambda: 7, spark=connect_spark) == [7, 7]
+    # The executors' Python check runs as a Connect job and reports this venv's Python.
+    answers = _run_probe(target, 2, 60)
+    assert answers is not None and len(answers) == 2
+    assert all(answer[0] for answer in answers), answers
+    assert {answer[1] for answer in answers} == {sys.executable}
+
+
+def raising_fn(marker):
+    import os
+    import time
+
+    if os.environ["KOLO_RANK"] == "1":
+        raise ValueError(f"boom {marker}")
+    time.sleep(120)
+
+
+def test_connect_rank_raising_is_rank_failed_and_stops_everything(connect_spark):
+    marker = uuid.uuid4().hex
+    started = time.monotonic()
+    with pytest.raises(RankFailedError) as caught:
+        kolo.spark.run(
+            raising_fn,
+            args=(marker,),
+            num_proc=2,
+            env={MARKER_VAR: marker},
+            stderr=io.StringIO(),
+            spark=connect_spark,
+        )
+    elapsed = time.monotonic() - started
+    err = caught.value
+    assert err.rank == 1
+    assert err.task_attempt == 0
+    assert f"ValueError: boom {marker}" in err.remote_traceback
+    assert "rank 1" in str(err)
+    assert elapsed < 30, elapsed
+    assert_no_orphans(marker)
+    # No operation of this session is left running on the server.
+    assert connect_spark.interruptAll() == []
+
+
+def test_connect_cancel_interrupts_the_running_stage(connect_spark):
+    """``interruptTag`` of the launch's tag kills its tasks: the stage does not end on its own
+    (its tasks sleep), yet it ends within seconds of the cancel, and the tag was set in the
+    stage's thread only (Connect tags are per thread)."""
+    target = spark_target(connect_spark)
+    tag = f"kolo-test-{uuid.uuid4().hex[:8]}"
+    outcome: dict = {}
+
+    def sleeper(partition):
+        import time
+
+        for _ in partition:
+            pass
+        time.sleep(300)
+        yield (0, True, "slept")
+
+    def stage():
+        try:
+            outcome["rows"] = target.run_tasks(
+                sleeper, 2, tag, "test", "index long, success boolean, description string", True
+            )
+        except Exception as error:
+            outcome["error"] = error
+
+    thread = threading.Thread(target=stage, daemon=True)
+    thread.start()
+    time.sleep(3)
+    assert thread.is_alive()
+    assert tag not in connect_spark.getTags()
+    cancelled = time.monotonic()
+    target.cancel(tag)
+    thread.join(timeout=30)
+    assert not thread.is_alive(), "the interrupted stage did not end"
+    assert time.monotonic() - cancelled < 30
+    assert "error" in outcome and "rows" not in outcome
+
+
+def test_connect_bad_input_is_typed(connect_spark):
+    started = time.monotonic()
+    with pytest.raises(NotEnoughSlotsError) as caught:
+        kolo.spark.run(collective_fn, args=(1,), num_proc=3, spark=connect_spark)
+    assert time.monotonic() - started < 10
+    message = str(caught.value)
+    assert "num_proc=3" in message and "has 2" in message and "local[2]" in message
+    with pytest.raises(InvalidArgumentError, match="num_proc"):
+        kolo.spark.run(collective_fn, num_proc=0, spark=connect_spark)
+    with pytest.raises(ConfigError, match="neither a SparkSession"):
+        kolo.spark.run(collective_fn, num_proc=1, spark="sc://127.0.0.1:1")
+
+
+def sleeping_fn():
+    import time
+
+    print("sleeping", flush=True)
+    time.sleep(300)
+
+
+def test_connect_interrupt_cancels_the_job_and_leaves_no_processes(connect_spark):
+    import _thread
+
+    marker = uuid.uuid4().hex
+
+    def interrupt_when_running():
+        deadline = time.monotonic() + 60
+        while len(marked_pids(marker)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)
+        _thread.interrupt_main()
+
+    threading.Thread(target=interrupt_when_running, daemon=True).start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        kolo.spark.run(
+            sleeping_fn,
+            num_proc=2,
+            env={MARKER_VAR: marker},
+            stdout=io.StringIO(),
+            spark=connect_spark,
+        )
+    assert time.monotonic() - started < 60
+    assert_no_orphans(marker)
+    assert connect_spark.interruptAll() == []
+    assert kolo.spark.run(lambda: 7, num_proc=2, spark=connect_spark) == [7, 7]
+
+
+def test_connect_launch_time_vs_classic(spark, connect_spark):
+    """Launch time of a trivial run, Connect vs classic, interleaved (printed, not asserted
+    beyond a loose bound: the machine is shared)."""
+    times: dict[str, list[float]] = {"classic": [], "connect": []}
+    for _ in range(3):
+        for name, session in (("classic", spark), ("connect", connect_spark)):
+            started = time.monotonic()
+            assert kolo.spark.run(lambda: 1, num_proc=2, spark=session) == [1, 1]
+            times[name].append(time.monotonic() - started)
+    classic, connect = (statistics.median(times[n]) for n in ("classic", "connect"))
+    print(
+        f"kolo.spark.run trivial launch, median of 3 interleaved: classic {classic:.2f}s, "
+        f"connect {connect:.2f}s, ratio {connect / classic:.2f}"
+    )
+    assert connect < 60
