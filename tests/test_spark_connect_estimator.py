@@ -30,13 +30,13 @@ REPO = Path(__file__).resolve().parents[1]
 WORKER = REPO / "tests" / "workers" / "spark_connect_estimator_worker.py"
 
 
-def client(url: str, scenario: str, store_dir: Path, timeout: float = 400) -> dict:
-    """Runs one scenario of the Connect client worker; its ``RESULT`` line as a dict."""
+def client(url: str, scenarios: str, store_dir: Path, timeout: float = 500) -> dict:
+    """Runs scenarios of the Connect client worker in one process; ``{scenario: result}``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("KOLO_")}
     env.pop("SPARK_REMOTE", None)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     result = subprocess.run(
-        [sys.executable, str(WORKER), url, str(store_dir), scenario],
+        [sys.executable, str(WORKER), url, str(store_dir), scenarios],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -50,10 +50,24 @@ def client(url: str, scenario: str, store_dir: Path, timeout: float = 400) -> di
     return json.loads(found.group(1))
 
 
-def test_transform_on_connect_predicts_what_the_model_computes(connect_server, tmp_path):
+@pytest.fixture(scope="module")
+def torch_client(connect_server, tmp_path_factory) -> dict:
+    """One Connect client process for the PyTorch and Lightning scenarios (one session, one
+    import of torch, the digits built once)."""
+    store_dir = tmp_path_factory.mktemp("connect-store")
+    return client(connect_server, "transform,bad_input,torch,lightning", store_dir)
+
+
+def scenario(results: dict, name: str) -> dict:
+    result = results[name]
+    assert "error" not in result, result.get("error")
+    return result
+
+
+def test_transform_on_connect_predicts_what_the_model_computes(torch_client):
     """No broadcast on Connect: the model reaches the server's Python workers in the UDF's
     closure and predicts exactly what it predicts in this process."""
-    result = client(connect_server, "transform", tmp_path)
+    result = scenario(torch_client, "transform")
     assert result["columns"] == ["features", "label", "label__output"]
     assert result["rows"] == 360
     assert result["max_diff"] < 1e-5
@@ -102,8 +116,8 @@ def _classic_errors(spark, tmp_path) -> dict:
     return errors
 
 
-def test_bad_input_on_connect_raises_the_classic_typed_errors(connect_server, spark, tmp_path):
-    connect = client(connect_server, "bad_input", tmp_path)["errors"]
+def test_bad_input_on_connect_raises_the_classic_typed_errors(torch_client, spark, tmp_path):
+    connect = scenario(torch_client, "bad_input")["errors"]
     classic = _classic_errors(spark, tmp_path)
     expected = {
         "missing_column": (DataError, r"feature column 'nope' is not in the DataFrame.*x, y, name"),
@@ -122,9 +136,9 @@ def test_bad_input_on_connect_raises_the_classic_typed_errors(connect_server, sp
         ), case
 
 
-def test_torch_fit_transform_on_connect_reaches_the_classic_bar(connect_server, tmp_path):
+def test_torch_fit_transform_on_connect_reaches_the_classic_bar(torch_client):
     """The classic suite's digits fit (tests/test_spark_estimator.py), through Connect."""
-    result = client(connect_server, "torch", tmp_path)
+    result = scenario(torch_client, "torch")
     history = result["history"]
     assert set(history) == {"train_loss", "train_accuracy", "val_loss", "val_accuracy"}
     assert all(len(v) == 4 for v in history.values())
@@ -135,14 +149,14 @@ def test_torch_fit_transform_on_connect_reaches_the_classic_bar(connect_server, 
 
 
 def test_keras_fit_on_connect(connect_server, tmp_path):
-    result = client(connect_server, "keras", tmp_path)
+    result = scenario(client(connect_server, "keras", tmp_path), "keras")
     assert len(result["history"]["loss"]) == 1 and result["history"]["loss"][0] > 0
     assert result["rows"] == 360
     assert result["columns"] == ["features", "label", "label__output"]
 
 
-def test_lightning_fit_on_connect(connect_server, tmp_path):
-    result = client(connect_server, "lightning", tmp_path)
+def test_lightning_fit_on_connect(torch_client):
+    result = scenario(torch_client, "lightning")
     assert len(result["history"]["train_loss"]) == 1
     assert result["rows"] == 360
     assert result["columns"] == ["features", "label", "label__output"]

@@ -1,11 +1,15 @@
 """A Spark Connect client that fits and transforms with kolo's Spark estimators.
 
-Run as ``python spark_connect_estimator_worker.py sc://127.0.0.1:PORT STORE_DIR SCENARIO``: the
-client holds only a Spark Connect session (``SparkSession.builder.remote``, no
-``SparkContext`` in this process), so nothing here can fall back to the classic API. It prints
-one line ``RESULT <json>`` for the test to check. A client process of its own, because PySpark
-switches a whole process to Connect mode (``pyspark.sql.functions`` then build Connect
-columns), which the suite's classic ``spark`` session cannot share.
+Run as ``python spark_connect_estimator_worker.py sc://127.0.0.1:PORT STORE_DIR SCENARIO[,...]``:
+the client holds only a Spark Connect session (``SparkSession.builder.remote``, no
+``SparkContext`` in this process), so nothing here can fall back to the classic API. It runs
+the scenarios in order in one session (each in a store folder of its own) and prints one line
+``RESULT <json>``, ``{scenario: result}``, for the test to check (a scenario that raised gives
+``{"error": "<traceback>"}``). Keras loads TensorFlow: run it in a process of its own.
+
+The client is a process of its own because PySpark switches a whole process to Connect mode
+(``pyspark.sql.functions`` then build Connect columns), which the suite's classic ``spark``
+session cannot share.
 
 Scenarios:
 - ``transform``: a ``TorchModel`` trained here (no Spark) transforms the test digits on the
@@ -133,6 +137,7 @@ def scenario_bad_input(spark, store) -> dict:
     small = spark.createDataFrame(
         [([float(i), 1.0], float(i), f"n{i}") for i in range(40)], ["x", "y", "name"]
     )
+    Path(store.prefix_path).mkdir(parents=True, exist_ok=True)
     blocker = Path(store.prefix_path) / "a_file"
     blocker.write_text("not a directory")
     cases = {
@@ -263,18 +268,27 @@ def scenario_lightning(spark, store) -> dict:
 
 
 def main() -> None:
-    url, store_dir, name = sys.argv[1:4]
-    if name not in SCENARIOS:
-        raise SystemExit(f"unknown scenario {name!r}; one of {', '.join(SCENARIOS)}")
+    import traceback
+
+    url, store_dir, names = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
+    unknown = [name for name in names if name not in SCENARIOS]
+    if unknown:
+        raise SystemExit(f"unknown scenario(s) {unknown}; known: {', '.join(SCENARIOS)}")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from kolo.store import Store
 
     spark = session(url)
+    results = {}
     try:
-        result = globals()[f"scenario_{name}"](spark, Store.create(store_dir))
+        for name in names:
+            store = Store.create(str(Path(store_dir) / name))
+            try:
+                results[name] = globals()[f"scenario_{name}"](spark, store)
+            except Exception:
+                results[name] = {"error": traceback.format_exc()}
     finally:
         spark.stop()
-    print("RESULT " + json.dumps(result), flush=True)
+    print("RESULT " + json.dumps(results), flush=True)
 
 
 if __name__ == "__main__":
