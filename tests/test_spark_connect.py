@@ -20,8 +20,6 @@ import pytest
 
 import kolo.spark
 from kolo.exceptions import ConfigError, InvalidArgumentError, NotEnoughSlotsError, RankFailedError
-from kolo.spark._python_probe import _run_probe
-from kolo.spark._session import spark_target
 from kolo.spark.runner import task_slots
 
 pytestmark = pytest.mark.spark
@@ -110,6 +108,9 @@ def test_connect_results_identical_to_classic(spark, connect_spark):
 
 
 def test_connect_default_num_proc_slots_and_probe(connect_spark):
+    from kolo.spark._python_probe import _run_probe
+    from kolo.spark._session import spark_target
+
     target = spark_target(connect_spark)
     assert target.is_connect
     assert target.default_parallelism() == 2  # the server's spark.default.parallelism
@@ -160,6 +161,8 @@ def test_connect_cancel_interrupts_the_running_stage(connect_spark):
     """``interruptTag`` of the launch's tag kills its tasks: the stage does not end on its own
     (its tasks sleep), yet it ends within seconds of the cancel, and the tag was set in the
     stage's thread only (Connect tags are per thread)."""
+    from kolo.spark._session import spark_target
+
     target = spark_target(connect_spark)
     tag = f"kolo-test-{uuid.uuid4().hex[:8]}"
     outcome: dict = {}
@@ -256,3 +259,86 @@ def test_connect_launch_time_vs_classic(spark, connect_spark):
         f"connect {connect:.2f}s, ratio {connect / classic:.2f}"
     )
     assert connect < 60
+
+
+ACTIVE_SESSION_DRIVER = r"""
+import sys
+from pyspark.sql import SparkSession
+import kolo.spark
+
+spark = SparkSession.builder.remote(sys.argv[1]).getOrCreate()
+print("RESULTS", kolo.spark.run(lambda: __import__("os").environ["KOLO_RANK"], num_proc=2))
+spark.stop()
+"""
+
+
+def test_connect_active_session_is_found_without_spark_argument(connect_server):
+    """A user's process with only a Spark Connect session (``SparkSession.builder.remote``):
+    ``kolo.spark.run`` without ``spark=`` finds that session (on main: ConfigError "needs an
+    active SparkContext")."""
+    import os
+    import subprocess
+
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.pop("SPARK_REMOTE", None)
+    done = subprocess.run(
+        [sys.executable, "-c", ACTIVE_SESSION_DRIVER, connect_server],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "RESULTS ['0', '1']" in done.stdout, done.stdout[-3000:]
+
+
+def elastic_fn(steps, die_rank):
+    import os
+    import signal
+    import time
+
+    import torch
+
+    import kolo.torch as hvd
+
+    hvd.init()
+    resets = []
+    state = hvd.elastic.ObjectState(hvd.broadcast_object, hvd.rank, step=0, sizes=[])
+    state.register_reset_callbacks([lambda: resets.append(hvd.size())])
+
+    @hvd.elastic.run
+    def train(state):
+        while state.step < steps:
+            if hvd.rank() == die_rank and state.step == 2 and not resets:
+                os.kill(os.getpid(), signal.SIGKILL)
+            total = hvd.allreduce(torch.ones(1), op=hvd.Sum)
+            time.sleep(0.05)
+            state.sizes = [*state.sizes, int(total.item())]
+            state.step += 1
+            state.commit()
+        return {"rank": hvd.rank(), "size": hvd.size(), "sizes": state.sizes, "resets": resets}
+
+    return train(state)
+
+
+def test_connect_run_elastic_a_rank_killed_leaves_and_the_survivor_finishes(connect_spark):
+    """run_elastic through Connect's (non-barrier) mapInArrow stage: rank 1 SIGKILLs itself,
+    rank 0 restores its last commit and finishes alone; nothing is left running."""
+    marker = uuid.uuid4().hex
+    results = kolo.spark.run_elastic(
+        elastic_fn,
+        kwargs={"steps": 8, "die_rank": 1},
+        num_proc=2,
+        min_num_proc=1,
+        env={MARKER_VAR: marker},
+        stdout=io.StringIO(),
+        stderr=io.StringIO(),
+        spark=connect_spark,
+    )
+    assert len(results) == 1, results
+    (result,) = results
+    assert result["rank"] == 0 and result["size"] == 1
+    assert result["sizes"][:2] == [2, 2] and set(result["sizes"][2:]) == {1}, result
+    assert result["resets"] == [1]
+    assert_no_orphans(marker)
+    assert connect_spark.interruptAll() == []

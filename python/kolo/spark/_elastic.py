@@ -135,12 +135,15 @@ def run_elastic(
         prefix_output_with_timestamp: put the time each line was read before its prefix.
         min_np: deprecated alias of ``min_num_proc`` (a ``DeprecationWarning``, as in Horovod).
         max_np: deprecated alias of ``max_num_proc``.
+        spark: the session to run on (classic or Spark Connect ``SparkSession``, or a
+            ``SparkContext``); default the active ``SparkContext``, else the active Spark
+            Connect session (there the tasks are a ``mapInArrow`` stage on ``spark.range``).
         _on_message: called on the driver with ``(rank, obj)`` for each
             :func:`kolo.spark.task.send_to_driver` of a rank.
 
     Raises:
         InvalidArgumentError: a bad argument (before any Spark job starts).
-        ConfigError: no active SparkContext, ``spark.speculation`` on, or executors whose
+        ConfigError: no active Spark session, ``spark.speculation`` on, or executors whose
             Python cannot import kolo.
         NotEnoughSlotsError: fewer task slots than ``num_proc`` (without dynamic allocation).
         RankFailedError: a rank's function raised, or the job stopped (reset limit, fewer than
