@@ -157,6 +157,7 @@ def test_keras_fit_on_connect(connect_server, tmp_path):
 
 def test_lightning_fit_on_connect(torch_client):
     result = scenario(torch_client, "lightning")
+    assert result["num_proc"] == 2  # the server's spark.default.parallelism, without a SparkContext
     assert len(result["history"]["train_loss"]) == 1
     assert result["rows"] == 360
     assert result["columns"] == ["features", "label", "label__output"]

@@ -20,8 +20,8 @@ Scenarios:
 - ``torch``: ``TorchEstimator`` fit (4 epochs, validation 0.2) → transform; ``accuracy`` on the
   test digits, ``history``, ``fit_s``.
 - ``keras``: one small ``KerasEstimator`` fit (1 epoch) → transform; ``rows``, ``history``.
-- ``lightning``: one small Lightning ``TorchEstimator`` fit (1 epoch) → transform; ``rows``,
-  ``history``.
+- ``lightning``: one small Lightning ``TorchEstimator`` fit (1 epoch, ``num_proc`` left to the
+  server's default parallelism) → transform; ``rows``, ``history``, ``num_proc``.
 """
 
 from __future__ import annotations
@@ -247,8 +247,7 @@ def scenario_lightning(spark, store) -> dict:
             return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
 
     train_df, test_df = digits(spark, vectors=False)
-    est = TorchEstimator(
-        num_proc=2,
+    est = TorchEstimator(  # num_proc: the server's default parallelism (2)
         store=store,
         model=DigitsNet(),
         feature_cols=["features"],
@@ -264,6 +263,7 @@ def scenario_lightning(spark, store) -> dict:
         "history": {k: [float(v) for v in vs] for k, vs in fitted.getHistory().items()},
         "rows": predictions.count(),
         "columns": predictions.columns,
+        "num_proc": est._num_proc(),
     }
 
 
