@@ -9,7 +9,6 @@ processes), so each keeps its imports inside.
 from __future__ import annotations
 
 import io
-import statistics
 import sys
 import threading
 import time
@@ -242,23 +241,6 @@ def test_connect_interrupt_cancels_the_job_and_leaves_no_processes(connect_spark
     assert_no_orphans(marker)
     assert connect_spark.interruptAll() == []
     assert kolo.spark.run(lambda: 7, num_proc=2, spark=connect_spark) == [7, 7]
-
-
-def test_connect_launch_time_vs_classic(spark, connect_spark):
-    """Launch time of a trivial run, Connect vs classic, interleaved (printed, not asserted
-    beyond a loose bound: the machine is shared)."""
-    times: dict[str, list[float]] = {"classic": [], "connect": []}
-    for _ in range(3):
-        for name, session in (("classic", spark), ("connect", connect_spark)):
-            started = time.monotonic()
-            assert kolo.spark.run(lambda: 1, num_proc=2, spark=session) == [1, 1]
-            times[name].append(time.monotonic() - started)
-    classic, connect = (statistics.median(times[n]) for n in ("classic", "connect"))
-    print(
-        f"kolo.spark.run trivial launch, median of 3 interleaved: classic {classic:.2f}s, "
-        f"connect {connect:.2f}s, ratio {connect / classic:.2f}"
-    )
-    assert connect < 60
 
 
 ACTIVE_SESSION_DRIVER = r"""

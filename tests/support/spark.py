@@ -166,7 +166,7 @@ def standalone_cluster(tmp_path_factory) -> Iterator[str]:
             process.wait(timeout=10)
 
 
-def _stop_process_group(process, grace_s: float = 15.0) -> None:
+def stop_process_group(process, grace_s: float = 15.0) -> None:
     """SIGTERM to ``process``'s process group, then SIGKILL after ``grace_s``; waits for it."""
     import signal
     import subprocess
@@ -190,24 +190,29 @@ def _stop_process_group(process, grace_s: float = 15.0) -> None:
 CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 
 
-@pytest.fixture(scope="session")
-def connect_server(tmp_path_factory) -> Iterator[str]:
-    """A Spark Connect server from the pyspark package (``local[2]``, its gRPC endpoint and its
-    driver on 127.0.0.1, no UI, executors running this venv's Python) in a process group of its
-    own for the whole test session. Yields its ``sc://127.0.0.1:PORT`` URL; stops the server at
-    the end.
+def start_connect_server(log_dir, master: str = "local[2]"):
+    """Starts a Spark Connect server from the pyspark package (``master``, its gRPC endpoint
+    and its driver on 127.0.0.1, a free port, no UI, executors running this venv's Python) in
+    a process group of its own, logging to ``log_dir/connect-server.log``; waits (up to 120 s)
+    until it listens. Returns ``(url, process)``; stop it with :func:`stop_process_group`.
+    Benchmarks use it as well as the :func:`connect_server` fixture.
 
     Example::
 
-        def test_remote(connect_server):
-            spark = SparkSession.builder.remote(connect_server).getOrCreate()
+        url, server = start_connect_server(Path("/tmp/logs"))
+        try:
+            spark = ConnectSession.builder.remote(url).getOrCreate()
+        finally:
+            stop_process_group(server)
     """
     import subprocess
+    from pathlib import Path
 
-    pyspark = pytest.importorskip("pyspark")
-    pytest.importorskip("grpc")  # the Connect client's transport (pyspark[connect])
+    import pyspark
+
     spark_home = os.path.dirname(pyspark.__file__)
-    root = tmp_path_factory.mktemp("spark-connect")
+    log_dir = Path(log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     confs = {
         "spark.connect.grpc.binding.address": "127.0.0.1",
@@ -218,9 +223,8 @@ def connect_server(tmp_path_factory) -> Iterator[str]:
         "spark.sql.shuffle.partitions": "2",
         "spark.default.parallelism": "2",
         "spark.pyspark.python": sys.executable,
-        "spark.sql.execution.arrow.pyspark.enabled": "true",
     }
-    command = [os.path.join(spark_home, "bin", "spark-submit"), "--master", "local[2]"]
+    command = [os.path.join(spark_home, "bin", "spark-submit"), "--master", master]
     command += ["--name", "kolo-tests-connect", "--class", CONNECT_SERVER_CLASS]
     for key, value in confs.items():
         command += ["--conf", f"{key}={value}"]
@@ -229,23 +233,43 @@ def connect_server(tmp_path_factory) -> Iterator[str]:
         os.environ,
         SPARK_HOME=spark_home,
         SPARK_LOCAL_IP="127.0.0.1",
-        SPARK_LOG_DIR=str(root / "logs"),
+        SPARK_LOG_DIR=str(log_dir),
         PYSPARK_PYTHON=sys.executable,
         PYSPARK_DRIVER_PYTHON=sys.executable,
     )
-    env.pop("SPARK_REMOTE", None)
-    env.pop("SPARK_CONNECT_MODE_ENABLED", None)
-    log_path = root / "connect-server.log"
+    for name in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "SPARK_LOCAL_REMOTE"):
+        env.pop(name, None)
+    log_path = log_dir / "connect-server.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
+    if not _wait_for_port(port, 120):
+        stop_process_group(process)
+        raise RuntimeError(f"the Spark Connect server did not start; see {log_path}")
+    return f"sc://127.0.0.1:{port}", process
+
+
+@pytest.fixture(scope="session")
+def connect_server(tmp_path_factory) -> Iterator[str]:
+    """A Spark Connect server (:func:`start_connect_server`: ``local[2]`` on 127.0.0.1) for the
+    whole test session. Yields its ``sc://127.0.0.1:PORT`` URL; stops the server at the end.
+
+    Example::
+
+        def test_remote(connect_server):
+            spark = ConnectSession.builder.remote(connect_server).getOrCreate()
+    """
+    pytest.importorskip("pyspark")
+    pytest.importorskip("grpc")  # the Connect client's transport (pyspark[connect])
     try:
-        if not _wait_for_port(port, 120):
-            pytest.fail(f"the Spark Connect server did not start; see {log_path}")
-        yield f"sc://127.0.0.1:{port}"
+        url, process = start_connect_server(tmp_path_factory.mktemp("spark-connect"))
+    except RuntimeError as error:
+        pytest.fail(str(error))
+    try:
+        yield url
     finally:
-        _stop_process_group(process)
+        stop_process_group(process)
 
 
 @pytest.fixture(scope="session")

@@ -130,6 +130,20 @@ class ConnectSpark:
     slots_may_grow = False
 
     def __init__(self, session: Any) -> None:
+        import inspect
+
+        from pyspark.sql.connect.dataframe import DataFrame
+
+        if "barrier" not in inspect.signature(DataFrame.mapInArrow).parameters or not hasattr(
+            session, "interruptTag"
+        ):
+            import pyspark
+
+            raise ConfigError(
+                f"kolo.spark on Spark Connect needs PySpark 4.0 or newer (this is "
+                f"{pyspark.__version__}: its Connect DataFrame.mapInArrow has no barrier mode or "
+                "its session no interruptTag); upgrade the client's pyspark"
+            )
         self.session = session
 
     def conf(self, key: str, default: Optional[str] = None) -> Optional[str]:
