@@ -125,13 +125,15 @@ class InlinePayload:
 
 def _ship(df: Any, payload: bytes) -> Any:
     """How the payload reaches the Python workers: a broadcast on a classic session (sent once
-    per executor), inline in the closure on Spark Connect."""
-    from kolo.spark._session import spark_target
+    per executor), inline in the closure on Spark Connect. (Only the session's type is asked:
+    transform needs neither barrier stages nor tags, so it works on any Connect client.)"""
+    from kolo.spark._session import _connect_session_type
 
-    target = spark_target(df.sparkSession)
-    if target.is_connect:
+    session = df.sparkSession
+    connect_type = _connect_session_type()
+    if connect_type is not None and isinstance(session, connect_type):
         return InlinePayload(payload)
-    return target.sc.broadcast(payload)
+    return session.sparkContext.broadcast(payload)
 
 
 def _stacked(values: Any) -> Any:
