@@ -3,9 +3,12 @@
 
 Only the feature columns travel to Python and only the outputs come back; the other columns
 (Spark ML vectors included) stay in the JVM. On Spark >= 4.1 it is an Arrow UDF (no pandas, no
-Python object per row), else a pandas UDF. The model travels once as a broadcast and is loaded
-once per Python worker; each batch is predicted in chunks of ``batch_size`` rows. A framework
-subclasses :class:`Predictor` with how to load its model and run it on a chunk.
+Python object per row), else a pandas UDF. On a classic session the model travels once as a
+broadcast; on a Spark Connect session (no ``SparkContext``, so no broadcast) it travels inside
+the UDF's pickled closure, which the Connect server ships to its tasks as Spark ships any UDF.
+Either way it is loaded once per Python worker; each batch is predicted in chunks of
+``batch_size`` rows. A framework subclasses :class:`Predictor` with how to load its model and
+run it on a chunk.
 
 Example::
 
@@ -26,7 +29,7 @@ import pyarrow as pa
 
 from kolo.exceptions import DataError, InvalidArgumentError
 
-__all__ = ["Predictor", "predict_columns"]
+__all__ = ["InlinePayload", "Predictor", "predict_columns"]
 
 #: The model loaded in this Python worker, per predictor class: (payload key, model).
 _LOADED: Dict[type, Tuple[str, Any]] = {}
@@ -46,8 +49,9 @@ def predict_columns(
     batch_size: int,
 ) -> Any:
     """``df`` with one column per model output (``out_cols``; a size of None is a double
-    column, a number an array of doubles), computed by ``predictor_cls(broadcast(payload),
-    out_cols, sizes, batch_size)`` over ``feature_cols`` (vectors arrive as float32 arrays).
+    column, a number an array of doubles), computed by ``predictor_cls(shipped(payload),
+    out_cols, sizes, batch_size)`` over ``feature_cols`` (vectors arrive as float32 arrays);
+    ``shipped`` is a broadcast on a classic session and :class:`InlinePayload` on Spark Connect.
 
     Example::
 
@@ -85,8 +89,7 @@ def predict_columns(
         )
         for col, size in zip(out_cols, sizes)
     ]
-    broadcast = df.sparkSession.sparkContext.broadcast(payload)
-    predictor = predictor_cls(broadcast, list(out_cols), list(sizes), int(batch_size))
+    predictor = predictor_cls(_ship(df, payload), list(out_cols), list(sizes), int(batch_size))
     source = df.select("*", *extra) if extra else df
     arrow_udf = getattr(F, "arrow_udf", None)
     if len(out_fields) == 1:
@@ -105,6 +108,32 @@ def predict_columns(
         )
         result = result.drop(_PACKED)
     return result.drop(*[_FEATURE.format(i) for i in range(len(inputs))])
+
+
+class InlinePayload:
+    """The model payload carried inside the UDF's closure (Spark Connect, where there is no
+    broadcast): it has a broadcast's ``value``, so a :class:`Predictor` reads both alike.
+
+    Example::
+
+        InlinePayload(b"...").value   # b"..."
+    """
+
+    def __init__(self, value: bytes) -> None:
+        self.value = value
+
+
+def _ship(df: Any, payload: bytes) -> Any:
+    """How the payload reaches the Python workers: a broadcast on a classic session (sent once
+    per executor), inline in the closure on Spark Connect. (Only the session's type is asked:
+    transform needs neither barrier stages nor tags, so it works on any Connect client.)"""
+    from kolo.spark._session import _connect_session_type
+
+    session = df.sparkSession
+    connect_type = _connect_session_type()
+    if connect_type is not None and isinstance(session, connect_type):
+        return InlinePayload(payload)
+    return session.sparkContext.broadcast(payload)
 
 
 def _stacked(values: Any) -> Any:
@@ -155,7 +184,7 @@ def _stacked(values: Any) -> Any:
 class Predictor(ABC):
     """The UDF body: feature columns in (one Arrow or pandas batch), model outputs out.
 
-    A subclass says how to load its framework's model from the broadcast payload
+    A subclass says how to load its framework's model from the shipped payload
     (:meth:`_load_model`, once per Python worker and payload), how to turn the batch's numpy
     columns into model inputs (:meth:`_inputs`) and how to run the model on a chunk of them
     (:meth:`_outputs`: one ``[rows, values]`` float64 array per output).
@@ -179,7 +208,7 @@ class Predictor(ABC):
 
     @abstractmethod
     def _load_model(self, payload: bytes) -> Any:
-        """The loaded model (and whatever running it needs) from the broadcast payload."""
+        """The loaded model (and whatever running it needs) from the shipped payload."""
 
     def _inputs(self, loaded: Any, columns: List[Any]) -> List[Any]:
         """The batch's feature columns (numpy) as the framework's inputs (sliceable by row)."""

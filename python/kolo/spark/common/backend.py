@@ -39,15 +39,17 @@ ELASTIC_BOUNDS = ("min_num_proc", "max_num_proc")
 
 
 def default_num_proc() -> int:
-    """``spark.sparkContext.defaultParallelism`` of the active Spark context.
+    """Spark's default parallelism: ``spark.sparkContext.defaultParallelism`` of the active
+    Spark context, or on a Spark Connect session (no ``SparkContext``) the server's
+    (:meth:`kolo.spark._session.ConnectSpark.default_parallelism`).
 
     Example::
 
         num_proc = default_num_proc()   # e.g. 2 on local[2]
     """
-    from kolo.spark._driver_job import _active_spark_context
+    from kolo.spark._session import spark_target
 
-    return int(_active_spark_context().defaultParallelism)
+    return int(spark_target().default_parallelism())
 
 
 class Backend:

@@ -64,10 +64,10 @@ from kolo.estimator.dataset import PreparedDataset, get_dataset_metadata
 from kolo.estimator.params import NO_EFFECT, reject_unknown, warn_no_effect
 from kolo.estimator.training import train_on_ranks
 from kolo.exceptions import InvalidArgumentError, InvalidValueError
-from kolo.spark._driver_job import _active_spark_context
 from kolo.spark._python_probe import check_executor_python
+from kolo.spark._session import spark_target
 from kolo.spark.common._df_argument import dataframe_argument
-from kolo.spark.common.backend import SparkBackend
+from kolo.spark.common.backend import SparkBackend, default_num_proc
 from kolo.spark.common.model import HorovodModel
 from kolo.spark.common.serialization import KoloPersistence
 from kolo.spark.common.util import prepare_data
@@ -161,9 +161,8 @@ class KoloEstimator(Estimator, KoloPersistence):
             return int(backend.num_processes())
         num_proc = self.getNumProc()
         if num_proc is None:
-            from pyspark import SparkContext
-
-            num_proc = SparkContext.getOrCreate().defaultParallelism
+            # Spark's default parallelism, on a classic session or through Spark Connect
+            num_proc = default_num_proc()
         if int(num_proc) < 1:
             raise InvalidArgumentError(f"num_proc={num_proc} must be at least 1")
         return int(num_proc)
@@ -196,8 +195,9 @@ class KoloEstimator(Estimator, KoloPersistence):
         self._check_all()
         num_proc = self._num_proc()
         if self._backend() is None or isinstance(self._backend(), SparkBackend):
-            # An executor Python without kolo fails here, before the data is written.
-            check_executor_python(_active_spark_context(), num_proc)
+            # An executor Python without kolo fails here, before the data is written (on a
+            # classic session or through Spark Connect: the probe runs on df's session).
+            check_executor_python(spark_target(df.sparkSession), num_proc)
         with prepare_data(
             num_proc,
             self.getStore(),
