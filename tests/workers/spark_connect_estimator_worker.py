@@ -29,14 +29,13 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for support.digits
 
 import numpy as np
 
-SCENARIOS = ("transform", "bad_input", "torch", "keras", "lightning")
+SCENARIOS = ("transform", "bad_input", "keras", "lightning")
 
 
 def session(url: str):
@@ -169,20 +168,6 @@ def scenario_bad_input(spark, store) -> dict:
         else:
             errors[name] = ["no error", ""]
     return {"errors": errors}
-
-
-def scenario_torch(spark, store) -> dict:
-    train_df, test_df = digits(spark)
-    started = time.monotonic()
-    model = torch_estimator(store, run_id="connect-digits").fit(train_df)
-    fit_s = time.monotonic() - started
-    predictions = model.transform(test_df)
-    return {
-        "fit_s": fit_s,
-        "history": model.getHistory(),
-        "columns": predictions.columns,
-        "accuracy": accuracy_of(predictions),
-    }
 
 
 def scenario_keras(spark, store) -> dict:
