@@ -21,6 +21,7 @@ from kolo.exceptions import (
     NotEnoughSlotsError,
     RankFailedError,
 )
+from kolo.spark._jvm_events import executor_lost_error, open_job_events
 
 log = logging.getLogger("kolo.spark")
 
@@ -36,6 +37,9 @@ TERM_GRACE_S = 3.0
 STOP_WAIT_S = 15.0
 #: How often the driver loop polls.
 POLL_S = 0.1
+#: When a rank fails and the kolo Spark plugin is on, how long the driver waits for Spark to say
+#: whether an executor of the launch was lost (the failure's cause, named in the error).
+CAUSE_GRACE_S = 1.0
 
 
 def abort_and_cancel(driver: Any, sc: Any, group: str, reason: Optional[str]) -> None:
@@ -73,6 +77,10 @@ class _Job:
         self.thread: Optional[threading.Thread] = None
         self.stage_error: Optional[BaseException] = None
         self.stage_done = threading.Event()
+        # The kolo Spark plugin's events when its jar is on the driver (else None).
+        self.cluster = open_job_events(sc, lambda: self.group)
+        #: Tasks whose executor Spark reported lost: no exit report will come from them.
+        self.gone: set[int] = set()
 
     def start_stage(self, task_fn: Callable[..., Any]) -> None:
         def stage() -> None:
@@ -92,6 +100,12 @@ class _Job:
         """Runs the driver loop until every rank process ended; raises on the first failure."""
         while True:
             self.pump(POLL_S)
+            lost = self.executor_lost(CAUSE_GRACE_S if self.driver.failure() else 0.0)
+            if lost is not None:
+                log.warning("kolo.spark.run: Spark %s; stopping the other ranks", lost.describe())
+                self.gone.update(partition for partition, _ in lost.partitions)
+                self.stop(f"Spark {lost.describe()}")
+                raise executor_lost_error(lost, self.driver)
             failure = self.driver.failure()
             if failure is not None:
                 self.stop(None)
@@ -132,6 +146,19 @@ class _Job:
                 stream.flush()
             except (OSError, ValueError):
                 pass
+
+    def executor_lost(self, grace: float) -> Any:
+        """The first executor of this launch Spark reported lost (through the kolo Spark
+        plugin), waiting up to ``grace`` seconds for one; None without the plugin."""
+        if self.cluster is None:
+            return None
+        deadline = time.monotonic() + grace
+        while True:
+            self.cluster.poll()
+            lost = self.cluster.take_lost()
+            if lost or time.monotonic() >= deadline:
+                return lost[0] if lost else None
+            time.sleep(POLL_S / 2)
 
     def on_started(self, task: int, attempt: int, hostname: str) -> None:
         """A task started its rank process (the elastic driver admits it here)."""
@@ -198,7 +225,9 @@ class _Job:
             running = [
                 t
                 for t in range(self.num_proc)
-                if self.driver.task_start(t) is not None and self.driver.task_exit(t) is None
+                if self.driver.task_start(t) is not None
+                and self.driver.task_exit(t) is None
+                and t not in self.gone
             ]
             if not running and self.stage_done.is_set():
                 return
@@ -227,6 +256,8 @@ class _Job:
 
     def close(self) -> None:
         self.driver.shutdown()
+        if self.cluster is not None:
+            self.cluster.close()
         if self.thread is not None:
             if not self.stage_done.wait(timeout=5.0):
                 try:

@@ -1,5 +1,7 @@
 package io.kolo.spark;
 
+import java.io.IOException;
+import java.net.InetAddress;
 import java.util.Map;
 import org.apache.spark.api.plugin.ExecutorPlugin;
 import org.apache.spark.api.plugin.PluginContext;
@@ -19,24 +21,37 @@ public class KoloExecutorPlugin implements ExecutorPlugin {
   @Override
   public void init(PluginContext ctx, Map<String, String> extraConf) {
     context = ctx;
-    send(report("executorStarted"));
+    send("executorStarted", null);
   }
 
   @Override
   public void shutdown() {
-    send(report("executorStopping").put("reason", "the executor is shutting down"));
+    send("executorStopping", "the executor is shutting down");
   }
 
-  private KoloEvent report(String kind) {
-    PluginContext ctx = context;
-    return KoloEvent.of(kind)
-        .put("executorId", ctx.executorID())
-        .put("host", ctx.hostname())
-        .put("pid", ProcessHandle.current().pid());
-  }
-
-  private void send(KoloEvent event) {
+  /**
+   * This host's name. Not {@code PluginContext.hostname()}: on an executor it reads the address
+   * of an RpcEnv that has none (client mode) and throws.
+   */
+  static String localHostName() {
     try {
+      return InetAddress.getLocalHost().getHostName();
+    } catch (IOException | RuntimeException error) {
+      return null;
+    }
+  }
+
+  /** Sends a report; nothing thrown here may reach Spark (it would stop the executor). */
+  private void send(String kind, String reason) {
+    try {
+      KoloEvent event =
+          KoloEvent.of(kind)
+              .put("executorId", context.executorID())
+              .put("host", localHostName())
+              .put("pid", ProcessHandle.current().pid());
+      if (reason != null) {
+        event.put("reason", reason);
+      }
       context.send(event.toJson());
     } catch (Exception error) {
       // The driver may be gone (the application is ending): nothing to tell it then.
