@@ -66,11 +66,14 @@ def train_until_stopped(report_dir):
     return hvd.rank()
 
 
-def killed_run_job(report_dir, marker):
+def killed_run_job(report_dir, marker, use_plugin):
     """``kolo.spark.run`` on the two executors, one of which the test kills; returns the error
-    it raised (its text and fields) and when it was raised (wall clock)."""
+    it raised (its text and fields) and when it was raised (wall clock). Without
+    ``use_plugin``, kolo ignores the plugin (``KOLO_SPARK_PLUGIN=0``) for the run."""
 
     def job(session):
+        import os
+        import time
 
         import kolo.spark
 
@@ -78,6 +81,7 @@ def killed_run_job(report_dir, marker):
         while len(executor_ids(session)) < 2:
             assert time.monotonic() < deadline, "the second executor did not register"
             time.sleep(0.2)
+        os.environ["KOLO_SPARK_PLUGIN"] = "1" if use_plugin else "0"
         try:
             kolo.spark.run(
                 train_until_stopped,
@@ -95,6 +99,8 @@ def killed_run_job(report_dir, marker):
                 "task_index": getattr(error, "task_index", None),
                 "reason": getattr(error, "remote_traceback", None),
             }
+        finally:
+            os.environ.pop("KOLO_SPARK_PLUGIN")
         return {"raised_at": None}
 
     return job
@@ -145,54 +151,49 @@ def scale_up_on_request_job(marker):
 
 @pytest.fixture(scope="module")
 def killed_runs(standalone_cluster, tmp_path_factory):
-    """Two Spark applications on the standalone cluster (two executors of one core each, one
-    per simulated host), without and with the plugin; each runs ``kolo.spark.run`` and rank 1's
-    executor JVM is SIGKILLed once both ranks train (the plugin's runs the scale-up job of
-    :func:`scale_up_on_request_job` first). Yields, per application, the error the run raised,
-    the seconds from the kill to that error, the killed executor's id and the driver's log."""
+    """One Spark application with the plugin on the standalone cluster (two executors of one
+    core each, one per simulated host) runs the scale-up job of :func:`scale_up_on_request_job`,
+    then ``kolo.spark.run`` twice, SIGKILLing rank 1's executor JVM once both ranks train: first
+    with kolo ignoring the plugin (``KOLO_SPARK_PLUGIN=0``: the path without the jar), then
+    using it (Standalone replaces the killed executor in between). Yields, per run (keyed by
+    whether it used the plugin), the error raised, the seconds from the kill to that error, the
+    killed executor's id; the scale-up job's value and the driver's log."""
     if kolo.spark.jar_path() is None:
         pytest.skip("kolo's Spark plugin jar is not built (dev/build-jvm.sh)")
     marker = uuid.uuid4().hex
-    runs = {}
-    # The plugin's session also runs an elastic job that grows by an executor added mid-run.
-    for plugin in (False, True):
-        tmp_path = tmp_path_factory.mktemp(f"plugin-{int(plugin)}")
-        report_dir = tmp_path / "reports"
+    tmp_path = tmp_path_factory.mktemp("plugin")
+    reports = [tmp_path / "reports-without", tmp_path / "reports-with"]
+    for report_dir in reports:
         report_dir.mkdir()
-        jobs = [killed_run_job(str(report_dir), marker)]
-        if plugin:
-            jobs.insert(0, scale_up_on_request_job(marker))
-        values, _, kill_times, log = run_jobs_killing_executors(
-            standalone_cluster,
-            tmp_path,
-            jobs,
-            [None] * (len(jobs) - 1) + [report_dir],
-            plugin=plugin,
-            dynamic_allocation=False,
-        )
-        error = values[-1]
+    jobs = [
+        scale_up_on_request_job(marker),
+        killed_run_job(str(reports[0]), marker, use_plugin=False),
+        killed_run_job(str(reports[1]), marker, use_plugin=True),
+    ]
+    values, _, kill_times, log = run_jobs_killing_executors(
+        standalone_cluster, tmp_path, jobs, [None, *reports], plugin=True, dynamic_allocation=False
+    )
+    assert_no_orphans(marker)
+    runs = {"scale_up": values[0], "log": log}
+    noticed = [
+        log_time(line)
+        for line in log.splitlines()
+        if "kolo.spark.run: Spark executor" in line and "was lost" in line
+    ]
+    for plugin, error, killed, report_dir in zip((False, True), values[1:], kill_times, reports):
         assert error["raised_at"] is not None, f"the run did not fail:\n{log[-5000:]}"
-        noticed = [
-            log_time(line)
-            for line in log.splitlines()
-            if "kolo.spark.run: Spark executor" in line and "was lost" in line
-        ]
+        print(f"plugin={plugin}: {error['type']}: {error['message'][:600]}")
         runs[plugin] = {
             "error": error,
-            "seconds": error["raised_at"] - kill_times[0],
-            "noticed": noticed[0] - kill_times[0] if noticed else None,
+            "seconds": error["raised_at"] - killed,
             "executor": json.loads((report_dir / "rank-1.json").read_text())["executor"],
-            "log": log,
-            "scale_up": values[0] if plugin else None,
         }
-    assert_no_orphans(marker)
-    for plugin, run in runs.items():
-        print(f"plugin={plugin}: {run['error']['type']}: {run['error']['message'][:600]}")
+    assert len(noticed) == 1, log[-6000:]
     print(
         "kill -9 of an executor JVM -> kolo.spark.run's error: "
         f"{runs[False]['seconds']:.2f}s without the plugin (task-runner watch / heartbeats), "
         f"{runs[True]['seconds']:.2f}s with it (Spark's executor-lost event, in the driver's "
-        f"log {runs[True]['noticed']:.2f}s after the kill)"
+        f"log {noticed[0] - kill_times[1]:.2f}s after the kill)"
     )
     yield runs
 
@@ -255,7 +256,7 @@ def test_an_executor_added_while_an_elastic_run_waits_is_a_discovery_event(kille
     """With the plugin, ``run_elastic``'s driver hears of the executor Spark added while its
     second task waited for a slot (logged, counted in the launch summary), and the task that
     started there joined."""
-    value, log = killed_runs[True]["scale_up"], killed_runs[True]["log"]
+    value, log = killed_runs["scale_up"], killed_runs["log"]
     results = value["results"]
     assert len(value["before"]) == 1 and [r["size"] for r in results] == [2, 2], value
     added = [e for e in value["after"] if e not in value["before"]]
@@ -266,5 +267,3 @@ def test_an_executor_added_while_an_elastic_run_waits_is_a_discovery_event(kille
     )
     summary = [line for line in log.splitlines() if "rank(s) finished in" in line]
     assert summary and "discovery: 1 executor(s) added" in summary[0], summary
-    # Without the plugin the elastic summary says nothing of discovery.
-    assert "discovery:" not in killed_runs[False]["log"]

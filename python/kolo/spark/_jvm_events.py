@@ -14,12 +14,15 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import os
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 log = logging.getLogger("kolo.spark")
 
+#: ``KOLO_SPARK_PLUGIN=0`` makes kolo ignore the plugin even when its jar is on the driver.
+ENABLE_VAR = "KOLO_SPARK_PLUGIN"
 #: The plugin's py4j entry point.
 EVENTS_CLASS = "io.kolo.spark.KoloEvents"
 #: The most events one drain takes from the JVM.
@@ -228,7 +231,9 @@ class JobEvents:
 
 def open_job_events(sc: Any, group: Callable[[], str]) -> Optional[JobEvents]:
     """The plugin's events for the launch whose job group ``group()`` returns, or None when
-    the plugin's jar is not on the driver's classpath."""
+    the plugin's jar is not on the driver's classpath (or ``KOLO_SPARK_PLUGIN=0``)."""
+    if os.environ.get(ENABLE_VAR, "1").strip() == "0":
+        return None
     source = _source(sc)
     return None if source is None else JobEvents(source, group)
 
