@@ -21,11 +21,14 @@ import cloudpickle
 import pytest
 from test_spark_elastic import (
     MARKER_VAR,
+    KillRankAt,
     assert_no_orphans,
+    elastic_estimator,
     elastic_steps,
     executor_id,
     executor_ids,
     executor_pid,
+    linear_rows,
     log_time,
     marked_pids,
     run_jobs_killing_executors,
@@ -66,6 +69,38 @@ def train_until_stopped(report_dir):
     return hvd.rank()
 
 
+def error_value(error):
+    """What the test needs of a launch's error, and when it was raised (wall clock)."""
+    import time
+
+    return {
+        "raised_at": time.time(),
+        "type": type(error).__name__,
+        "message": str(error),
+        "rank": getattr(error, "rank", None),
+        "host": getattr(error, "host", None),
+        "task_index": getattr(error, "task_index", None),
+        "reason": getattr(error, "remote_traceback", None),
+    }
+
+
+def killed_fit_job(store_dir, report_dir, marker):
+    """A ``TorchEstimator`` fit on two ranks (``kolo.spark.run``) whose rank 1 reports its
+    executor JVM at epoch 1 for the test to kill; returns the error the fit raised."""
+
+    def job(session):
+        df = session.createDataFrame(linear_rows(), ["x", "y"])
+        callback = KillRankAt(rank=1, epoch=1, report_dir=report_dir, step_s=0.03)
+        backend = dict(num_proc=2, env={MARKER_VAR: marker})
+        try:
+            elastic_estimator(store_dir, backend, callback, epochs=8).fit(df)
+        except Exception as error:
+            return error_value(error)
+        return {"raised_at": None}
+
+    return job
+
+
 def killed_run_job(report_dir, marker, use_plugin):
     """``kolo.spark.run`` on the two executors, one of which the test kills; returns the error
     it raised (its text and fields) and when it was raised (wall clock). Without
@@ -90,15 +125,7 @@ def killed_run_job(report_dir, marker, use_plugin):
                 env={MARKER_VAR: marker},
             )
         except Exception as error:  # RankFailedError, or LaunchError when Spark's stage failed
-            return {
-                "raised_at": time.time(),
-                "type": type(error).__name__,
-                "message": str(error),
-                "rank": getattr(error, "rank", None),
-                "host": getattr(error, "host", None),
-                "task_index": getattr(error, "task_index", None),
-                "reason": getattr(error, "remote_traceback", None),
-            }
+            return error_value(error)
         finally:
             os.environ.pop("KOLO_SPARK_PLUGIN")
         return {"raised_at": None}
@@ -162,19 +189,20 @@ def killed_runs(standalone_cluster, tmp_path_factory):
         pytest.skip("kolo's Spark plugin jar is not built (dev/build-jvm.sh)")
     marker = uuid.uuid4().hex
     tmp_path = tmp_path_factory.mktemp("plugin")
-    reports = [tmp_path / "reports-without", tmp_path / "reports-with"]
+    reports = [tmp_path / "reports-without", tmp_path / "reports-with", tmp_path / "reports-fit"]
     for report_dir in reports:
         report_dir.mkdir()
     jobs = [
         scale_up_on_request_job(marker),
         killed_run_job(str(reports[0]), marker, use_plugin=False),
         killed_run_job(str(reports[1]), marker, use_plugin=True),
+        killed_fit_job(str(tmp_path / "store"), str(reports[2]), marker),
     ]
     values, _, kill_times, log = run_jobs_killing_executors(
         standalone_cluster, tmp_path, jobs, [None, *reports], plugin=True, dynamic_allocation=False
     )
     assert_no_orphans(marker)
-    runs = {"scale_up": values[0], "log": log}
+    runs = {"scale_up": values[0], "log": log, "fit": values[3]}
     noticed = [
         log_time(line)
         for line in log.splitlines()
@@ -188,12 +216,13 @@ def killed_runs(standalone_cluster, tmp_path_factory):
             "seconds": error["raised_at"] - killed,
             "executor": json.loads((report_dir / "rank-1.json").read_text())["executor"],
         }
-    assert len(noticed) == 1, log[-6000:]
+    assert len(noticed) == 2, log[-6000:]  # the run with the plugin, and the fit
     print(
         "kill -9 of an executor JVM -> kolo.spark.run's error: "
         f"{runs[False]['seconds']:.2f}s without the plugin (task-runner watch / heartbeats), "
         f"{runs[True]['seconds']:.2f}s with it (Spark's executor-lost event, in the driver's "
-        f"log {noticed[0] - kill_times[1]:.2f}s after the kill)"
+        f"log {noticed[0] - kill_times[1]:.2f}s after the kill); the fit's "
+        f"{runs['fit']['raised_at'] - kill_times[2]:.2f}s"
     )
     yield runs
 
@@ -209,6 +238,15 @@ def test_a_killed_executor_fails_the_run_naming_executor_host_and_reason(killed_
     assert "137" in error["reason"] or "killed" in error["reason"].lower(), error
     assert error["type"] == "RankFailedError" and error["host"] == "127.0.0.1", error
     assert error["rank"] == 1 and error["task_index"] is not None, error
+
+
+def test_a_killed_executor_fails_a_fit_naming_executor_host_and_reason(killed_runs):
+    """The estimators launch through ``kolo.spark.run``: a fit whose executor is SIGKILLed
+    fails with the same explained error."""
+    error = killed_runs["fit"]
+    assert error["raised_at"] is not None and error["type"] == "RankFailedError", error
+    assert "on host 127.0.0.1 was lost: Command exited with code 137" in error["message"], error
+    assert error["rank"] == 1 and error["host"] == "127.0.0.1", error
 
 
 def test_the_plugin_reports_the_loss_sooner_than_the_heartbeat_path(killed_runs):
