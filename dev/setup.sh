@@ -23,6 +23,13 @@ echo "== installing Python dependencies (dev/requirements.txt)"
 .venv/bin/python -m pip install --quiet "$(sed -n 's/^\(torch==[^ ]*\).*/\1/p' dev/requirements.txt)"
 .venv/bin/python -m pip install --quiet -r dev/requirements.txt
 
+# kolo's Spark plugin jar goes into the package before it is installed (the wheel ships it).
+if command -v mvn >/dev/null 2>&1; then
+  PYTHON=.venv/bin/python dev/build-jvm.sh --skip-tests
+else
+  echo "== no mvn: kolo is installed without its Spark plugin (dev/system-deps.sh installs Maven)"
+fi
+
 echo "== building kolo (cargo release profile) and installing it into .venv"
 VIRTUAL_ENV="$PWD/.venv" PATH="$PWD/.venv/bin:$PATH" .venv/bin/maturin develop --release --quiet
 .venv/bin/python -c "import kolo, kolo.torch; print('kolo', kolo.__version__, 'ready in .venv')"

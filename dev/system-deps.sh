@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the system packages kolo's jobs and tests use, when missing (Debian/Ubuntu, apt):
 #   java (a JRE 17+) for PySpark — always;
+#   a JDK 17 and Maven for kolo's Spark plugin (jvm/, built by dev/build-jvm.sh) — always;
 #   openssh-server/-client for the kolorun-over-ssh tests — with --tests;
 #   Open MPI (mpirun.openmpi, libmpi for mpi4py's binary wheel) and MPICH (mpirun.mpich) for
 #   the mpirun/srun tests (tests/test_mpi.py) — with --tests. Debian keeps `mpirun` on Open MPI.
@@ -10,6 +11,9 @@ set -euo pipefail
 packages=()
 if ! command -v java >/dev/null 2>&1; then
   packages+=(openjdk-17-jre-headless)
+fi
+if ! command -v mvn >/dev/null 2>&1 || ! command -v javac >/dev/null 2>&1; then
+  packages+=(openjdk-17-jdk-headless maven)
 fi
 if [ "${1:-}" = "--tests" ] && ! command -v sshd >/dev/null 2>&1 && [ ! -x /usr/sbin/sshd ]; then
   packages+=(openssh-server openssh-client)

@@ -21,6 +21,8 @@ cargo test --release --workspace --locked --features kolo-collective/cuda
 echo "== ruff"
 ruff format --check python tests examples bench
 ruff check python tests examples bench
+echo "== kolo's Spark plugin: Maven build and JUnit tests (jvm/)"
+PYTHON=.venv/bin/python dev/build-jvm.sh
 echo "== pytest"
 python -m pytest
 echo "== test suite passed in $(( $(date +%s) - start )) s"

@@ -68,6 +68,31 @@ def kolo_segments() -> set[str]:
     return {name for name in os.listdir("/dev/shm") if name.startswith("kolo")}
 
 
+def executor_pid():
+    """The pid of the executor JVM this process runs under (None in local mode)."""
+    import os
+
+    pid = os.getpid()
+    while pid > 1:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if b"CoarseGrainedExecutorBackend" in f.read():
+                return pid
+        with open(f"/proc/{pid}/stat") as f:
+            pid = int(f.read().rsplit(")", 1)[1].split()[1])
+    return None
+
+
+def executor_id(pid=None):
+    """The Spark executor id of the executor JVM ``pid`` (default: the one this process runs
+    under; None in local mode)."""
+    pid = executor_pid() if pid is None else pid
+    if pid is None:
+        return None
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        args = f.read().decode().split("\0")
+    return args[args.index("--executor-id") + 1] if "--executor-id" in args else None
+
+
 def elastic_steps(steps, step_s, report_dir=None, die_rank=None, grow_to=None):
     """An elastic loop of ``steps`` committed steps of one allreduce each; the state keeps the
     size every step ran at. With ``report_dir``, each rank writes the pid of the executor JVM
@@ -87,25 +112,6 @@ def elastic_steps(steps, step_s, report_dir=None, die_rank=None, grow_to=None):
     resets = []
     state = hvd.elastic.ObjectState(hvd.broadcast_object, hvd.rank, step=0, sizes=[])
     state.register_reset_callbacks([lambda: resets.append(hvd.size())])
-
-    def executor_pid():
-        pid = os.getpid()
-        while pid > 1:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"CoarseGrainedExecutorBackend" in f.read():
-                    return pid
-            with open(f"/proc/{pid}/stat") as f:
-                pid = int(f.read().rsplit(")", 1)[1].split()[1])
-        return None
-
-    def executor_id():
-        """The Spark executor id of the JVM this rank runs under (None in local mode)."""
-        pid = executor_pid()
-        if pid is None:
-            return None
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            args = f.read().decode().split("\0")
-        return args[args.index("--executor-id") + 1] if "--executor-id" in args else None
 
     @hvd.elastic.run
     def train(state):
@@ -319,26 +325,36 @@ sys.path.insert(0, sys.argv[2])
 import cloudpickle
 from support.spark import local_session_builder
 
+import os
+import kolo.spark.plugin
+
 logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
 logging.getLogger("kolo.spark").setLevel(logging.INFO)
 with open(sys.argv[3], "rb") as f:
     jobs = cloudpickle.load(f)
+builder = local_session_builder(sys.argv[1])
+if os.environ.get("KOLO_TEST_SPARK_PLUGIN") == "1":  # kolo's Spark plugin (jvm/)
+    builder = kolo.spark.plugin.configure(builder)
 # Dynamic allocation from one executor of one core up to two: each rank has its own executor
 # JVM, an executor is added for a task that waits for a slot (the scale-up job), and the retry
 # of a killed rank's task waits for the executor started in its place (seconds), so the job
 # driver's own detection of the loss (about a second) always comes first.
-session = (
-    local_session_builder(sys.argv[1])
-    .config("spark.executor.memory", "512m")
-    .config("spark.executor.cores", "1")
-    .config("spark.dynamicAllocation.enabled", "true")
-    .config("spark.dynamicAllocation.shuffleTracking.enabled", "true")
-    .config("spark.dynamicAllocation.minExecutors", "1")
-    .config("spark.dynamicAllocation.initialExecutors", "1")
-    .config("spark.dynamicAllocation.maxExecutors", "2")
-    .config("spark.dynamicAllocation.schedulerBacklogTimeout", "1s")
-    .getOrCreate()
-)
+builder = builder.config("spark.executor.memory", "512m").config("spark.executor.cores", "1")
+if os.environ.get("KOLO_TEST_DYNAMIC_ALLOCATION") == "0":  # two executors (a barrier stage)
+    builder = builder.config("spark.cores.max", "2")
+    dynamic = {}
+else:
+    dynamic = {
+        "spark.dynamicAllocation.enabled": "true",
+        "spark.dynamicAllocation.shuffleTracking.enabled": "true",
+        "spark.dynamicAllocation.minExecutors": "1",
+        "spark.dynamicAllocation.initialExecutors": "1",
+        "spark.dynamicAllocation.maxExecutors": "2",
+        "spark.dynamicAllocation.schedulerBacklogTimeout": "1s",
+    }
+for key, value in dynamic.items():
+    builder = builder.config(key, value)
+session = builder.getOrCreate()
 session.sparkContext.setLogLevel("ERROR")
 deadline = time.monotonic() + 120
 while not session.sparkContext._jsc.sc().getExecutorIds().nonEmpty():
@@ -361,13 +377,17 @@ def executor_jvm(pid: int) -> bytes:
         return f.read()
 
 
-def run_jobs_killing_executors(standalone_cluster, tmp_path, jobs, report_dirs):
+def run_jobs_killing_executors(
+    standalone_cluster, tmp_path, jobs, report_dirs, plugin=False, dynamic_allocation=True
+):
     """Runs ``jobs`` (each ``job(session) -> JSON value``) one after the other in one Spark
     application on the standalone cluster (one core per executor, so each rank has its own
     executor JVM). During job ``i``, once ranks 0 and 1 wrote their executor's pid to
     ``report_dirs[i]`` (None: no kill), SIGKILLs rank 1's executor JVM. Returns each job's
     value, the seconds from each kill (or job start) to its job's end, the wall-clock time of
-    each kill, and the driver's stderr (its ``kolo.spark`` log)."""
+    each kill, and the driver's stderr (its ``kolo.spark`` log). With ``plugin``, the session
+    has kolo's Spark plugin (``kolo.spark.plugin.configure``); without ``dynamic_allocation``,
+    two executors from the start (a barrier stage cannot run under dynamic allocation)."""
     import queue
     import threading
 
@@ -375,7 +395,12 @@ def run_jobs_killing_executors(standalone_cluster, tmp_path, jobs, report_dirs):
     path.write_bytes(cloudpickle.dumps(jobs))
     script = tmp_path / "driver.py"
     script.write_text(STANDALONE_DRIVER)
-    env = dict(os.environ, KOLO_HEARTBEAT_TIMEOUT_SECONDS="15")
+    env = dict(
+        os.environ,
+        KOLO_HEARTBEAT_TIMEOUT_SECONDS="15",
+        KOLO_TEST_SPARK_PLUGIN=str(int(plugin)),
+        KOLO_TEST_DYNAMIC_ALLOCATION=str(int(dynamic_allocation)),
+    )
     driver = subprocess.Popen(
         [sys.executable, str(script), standalone_cluster, str(REPO / "tests"), str(path)],
         stdout=subprocess.PIPE,

@@ -8,6 +8,9 @@
 - ``kolo.spark.common.store`` holds the stores (``Store.create``);
   ``kolo.spark.common.backend`` Horovod's ``Backend``/``SparkBackend``, through which the
   estimators can launch.
+- :func:`jar_path` is kolo's Spark plugin jar (``kolo.spark.plugin.configure`` adds it to a
+  ``SparkSession.Builder``): lost executors fail a launch at once with the cluster manager's
+  reason, and ``run_elastic`` hears of executors added and removed.
 
 Importing this package imports neither PySpark nor torch.
 
@@ -23,6 +26,7 @@ Example::
     results = kolo.spark.run(fn, args=(42,), num_proc=2)
 """
 
+from kolo.spark.plugin import jar_path
 from kolo.spark.runner import run, run_elastic
 
-__all__ = ["run", "run_elastic"]
+__all__ = ["jar_path", "run", "run_elastic"]

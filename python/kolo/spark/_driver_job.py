@@ -22,6 +22,7 @@ from kolo.exceptions import (
     RankFailedError,
 )
 from kolo.spark._session import spark_target
+from kolo.spark._jvm_events import executor_lost_error, open_job_events
 
 log = logging.getLogger("kolo.spark")
 
@@ -40,6 +41,9 @@ POLL_S = 0.1
 #: The row each launch task returns to Spark: its index, whether its rank process succeeded,
 #: and how it ended (the Connect path's ``mapInArrow`` schema).
 TASK_ROW_SCHEMA = "index long, success boolean, description string"
+#: When a rank fails and the kolo Spark plugin is on, how long the driver waits for Spark to say
+#: whether an executor of the launch was lost (the failure's cause, named in the error).
+CAUSE_GRACE_S = 1.0
 
 
 def abort_and_cancel(driver: Any, target: Any, group: str, reason: Optional[str]) -> None:
@@ -78,6 +82,11 @@ class _Job:
         self.thread: Optional[threading.Thread] = None
         self.stage_error: Optional[BaseException] = None
         self.stage_done = threading.Event()
+        # The kolo Spark plugin's events when its jar is on the driver (else None; always None
+        # on Spark Connect, where this process has no JVM).
+        self.cluster = open_job_events(getattr(self.target, "sc", None), lambda: self.group)
+        #: Tasks whose executor Spark reported lost: no exit report will come from them.
+        self.gone: set[int] = set()
 
     def start_stage(self, task_fn: Callable[..., Any]) -> None:
         def stage() -> None:
@@ -102,6 +111,12 @@ class _Job:
         """Runs the driver loop until every rank process ended; raises on the first failure."""
         while True:
             self.pump(POLL_S)
+            lost = self.executor_lost(CAUSE_GRACE_S if self.driver.failure() else 0.0)
+            if lost is not None:
+                log.warning("kolo.spark.run: Spark %s; stopping the other ranks", lost.describe())
+                self.gone.update(partition for partition, _ in lost.partitions)
+                self.stop(f"Spark {lost.describe()}")
+                raise executor_lost_error(lost, self.driver)
             failure = self.driver.failure()
             if failure is not None:
                 self.stop(None)
@@ -142,6 +157,19 @@ class _Job:
                 stream.flush()
             except (OSError, ValueError):
                 pass
+
+    def executor_lost(self, grace: float) -> Any:
+        """The first executor of this launch Spark reported lost (through the kolo Spark
+        plugin), waiting up to ``grace`` seconds for one; None without the plugin."""
+        if self.cluster is None:
+            return None
+        deadline = time.monotonic() + grace
+        while True:
+            self.cluster.poll()
+            lost = self.cluster.take_lost()
+            if lost or time.monotonic() >= deadline:
+                return lost[0] if lost else None
+            time.sleep(POLL_S / 2)
 
     def on_started(self, task: int, attempt: int, hostname: str) -> None:
         """A task started its rank process (the elastic driver admits it here)."""
@@ -208,7 +236,9 @@ class _Job:
             running = [
                 t
                 for t in range(self.num_proc)
-                if self.driver.task_start(t) is not None and self.driver.task_exit(t) is None
+                if self.driver.task_start(t) is not None
+                and self.driver.task_exit(t) is None
+                and t not in self.gone
             ]
             if not running and self.stage_done.is_set():
                 return
@@ -237,6 +267,8 @@ class _Job:
 
     def close(self) -> None:
         self.driver.shutdown()
+        if self.cluster is not None:
+            self.cluster.close()
         if self.thread is not None:
             if not self.stage_done.wait(timeout=5.0):
                 try:

@@ -271,10 +271,14 @@ def run_elastic(
         job.wait()
         results = job.results()
         log.info(
-            "kolo.spark.run_elastic: %d rank(s) finished in %.1fs after %d reset(s)",
+            "kolo.spark.run_elastic: %d rank(s) finished in %.1fs after %d reset(s)%s",
             len(results),
             time.monotonic() - launched,
             job.resets,
+            ""
+            if job.cluster is None
+            else f"; discovery: {job.discovered['added']} executor(s) added, "
+            f"{job.discovered['removed']} removed",
         )
         return results
     except KeyboardInterrupt:
@@ -386,6 +390,8 @@ class _ElasticJob(_Job):
         self.stderr_tail: dict[int, collections.deque] = {}
         #: Distinct rank assignments seen (the first round and one per reset).
         self.rounds = 0
+        #: Executors added and removed, as the kolo Spark plugin reported them (discovery).
+        self.discovered: collections.Counter = collections.Counter()
 
     @property
     def resets(self) -> int:
@@ -492,6 +498,34 @@ class _ElasticJob(_Job):
                 task // self.max_num_proc,
             )
 
+    def discover(self) -> None:
+        """Executors added and removed, from the kolo Spark plugin when it is on (a discovery
+        source Horovod left as a TODO on Spark): logs and counts them; a removed executor's
+        tasks leave the job at once, before heartbeats or the task-runner watch tell."""
+        if self.cluster is None:
+            return
+        self.cluster.poll()
+        for change in self.cluster.take_changes():
+            self.discovered["added" if change.added else "removed"] += 1
+            if change.added:
+                log.info(
+                    "kolo.spark.run_elastic: discovery: executor %s added on host %s",
+                    change.executor_id,
+                    change.host,
+                )
+            else:
+                log.info(
+                    "kolo.spark.run_elastic: discovery: executor %s removed (host %s): %s",
+                    change.executor_id,
+                    change.host,
+                    change.reason,
+                )
+        for lost in self.cluster.take_lost():
+            for partition, attempt in lost.partitions:
+                task = partition + attempt * self.max_num_proc
+                if task in self.live:
+                    self.remove(task, f"Spark {lost.describe()}")
+
     def sync_live(self) -> None:
         """Takes the driver's view (it removes tasks whose heartbeats stopped or that reported
         a failure) and lets waiting tasks in."""
@@ -520,6 +554,7 @@ class _ElasticJob(_Job):
                 error = self.failed
                 self.stop(str(error))
                 raise error
+            self.discover()
             self.sync_live()
             assignment = self.driver.assignment()
             if assignment is not None:
