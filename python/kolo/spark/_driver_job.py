@@ -21,8 +21,8 @@ from kolo.exceptions import (
     NotEnoughSlotsError,
     RankFailedError,
 )
-from kolo.spark._session import spark_target
 from kolo.spark._jvm_events import executor_lost_error, open_job_events
+from kolo.spark._session import spark_target
 
 log = logging.getLogger("kolo.spark")
 
