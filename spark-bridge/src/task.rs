@@ -130,7 +130,7 @@ pub fn run_task(options: &TaskOptions, interrupted: &dyn Fn() -> bool) -> Result
     };
     sender.push(exited, 0);
     sender.flush();
-    // Only now: an elastic driver takes a task watch that ends before the exit as the task's
+    // Only now: the driver takes a task watch that ends before the exit as the task's
     // loss (kolo_collective::control::runner_watch).
     client.stop_background();
     Ok(outcome)

@@ -496,10 +496,11 @@ impl DriverClient {
     }
 
     /// [`DriverClient::start_abort_watcher`] for the runner of task `task_index`, which
-    /// supervises that task's rank process: in an elastic job the driver also takes the
-    /// watch's end, unless the runner posted the rank's exit before, as the loss of the task
-    /// (see [`crate::control::runner_watch`]), so the runner must post the exit first and
-    /// keep the watch open while its rank process runs.
+    /// supervises that task's rank process: the driver also takes the watch's end, unless the
+    /// runner posted the rank's exit before, as the loss of the task (see
+    /// [`crate::control::runner_watch`]), so the runner must post the exit first and keep the
+    /// watch open while its rank process runs (after an abort too: the watch stays open until
+    /// [`DriverClient::stop_background`]).
     pub fn start_task_watcher(&self, task_index: u32, abort: AbortSignal) -> Result<()> {
         kolo_runtime::handle()?.spawn(abort_watcher(
             self.clone(),
@@ -779,6 +780,12 @@ async fn abort_watcher(
                             let cause = cause_from(event);
                             log::warn!("rank {rank}: the job driver broadcast an abort: {cause}");
                             abort.abort(cause);
+                            if runner_task.is_some() {
+                                // A task runner holds its watch until it posted its rank's exit
+                                // and stops: the driver takes the watch's end before that as
+                                // the task's loss (its executor died).
+                                let _ = stop.wait_for(|stopped| *stopped).await;
+                            }
                             return;
                         }
                         Ok(None) => {

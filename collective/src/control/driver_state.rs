@@ -1159,19 +1159,22 @@ impl JobState {
             .map_err(Status::resource_exhausted)
     }
 
-    /// Elastic jobs: the runner of task `task_index` opened its watch stream; returns the
-    /// watch's lease for [`JobState::runner_watch_ended`].
+    /// The runner of task `task_index` opened its watch stream; returns the watch's lease for
+    /// [`JobState::runner_watch_ended`].
     pub(crate) fn runner_watch_opened(&self, task_index: u32) -> u64 {
         lock(&self.runners).opened(task_index)
     }
 
-    /// Elastic jobs: the runner watch `lease` of task `task_index` ended at `ended`, and
-    /// [`RUNNER_GRACE`] has passed. Unless the runner opened a new watch, posted its rank's
-    /// exit, or the task's rank sent a heartbeat since `ended`, the task is lost: the driver
-    /// records its exit (`was lost with its task runner: ...`, for the launcher) and removes it
-    /// from the job, so the survivors' next round does not wait for it.
+    /// The runner watch `lease` of task `task_index` ended at `ended`, and [`RUNNER_GRACE`]
+    /// has passed. Unless the runner opened a new watch, posted its rank's exit, or the task's
+    /// rank sent a heartbeat since `ended`, the task is lost: the driver records its exit
+    /// (`was lost with its task runner: ...`, for the launcher, which then does not wait for
+    /// it). An elastic job removes the task, so the survivors' next round does not wait for it;
+    /// a fixed job is aborted naming it (unless something aborted it already: the survivors
+    /// usually see the broken connection first).
     pub(crate) async fn runner_watch_ended(&self, task_index: u32, lease: u64, ended: Instant) {
-        if self.elastic.is_none() || self.abort_cause().is_some() || *self.shutdown.borrow() {
+        let aborted = self.abort_cause().is_some();
+        if (self.elastic.is_some() && aborted) || *self.shutdown.borrow() {
             return;
         }
         let rank = self.assignment().and_then(|peers| {
@@ -1210,7 +1213,22 @@ impl JobState {
         if let Err(err) = self.events.post(task_index, vec![exited]).await {
             log::warn!("job driver: cannot record the loss of task {task_index}: {err}");
         }
-        self.remove_member(task_index, format!("its rank process {description}"));
+        if self.elastic.is_some() {
+            self.remove_member(task_index, format!("its rank process {description}"));
+        } else if !aborted {
+            let peer = self.assignment().and_then(|peers| {
+                peers
+                    .iter()
+                    .find(|p| p.task_index == task_index)
+                    .map(|p| (p.rank, p.hostname.clone()))
+            });
+            let (rank, host) = peer.map_or((None, String::new()), |(r, h)| (Some(r), h));
+            self.abort(AbortCause {
+                rank,
+                host,
+                message: format!("task {task_index}'s rank process {description}"),
+            });
+        }
     }
 
     /// Takes every queued event, waiting up to `timeout` for the first one.

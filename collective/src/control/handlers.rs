@@ -119,8 +119,8 @@ async fn watch_elastic(
     }
 }
 
-/// An elastic task runner's watch stream: the job's abort, like a plain watch; when the
-/// runner's end of it closes, the task may be lost (see [`crate::control::runner_watch`]).
+/// A task runner's watch stream: the job's abort, like a plain watch; when the runner's end of
+/// it closes, the task may be lost (see [`crate::control::runner_watch`]).
 async fn watch_runner(
     state: Arc<JobState>,
     task_index: u32,
@@ -138,10 +138,18 @@ async fn watch_runner(
     let lease = state.runner_watch_opened(task_index);
     tokio::select! {
         cause = state.next_abort() => {
-            if let Some(cause) = cause {
-                let _ = sender.send(Ok(abort_event(cause))).await;
+            let Some(cause) = cause else { return };
+            let _ = sender.send(Ok(abort_event(cause))).await;
+            if state.is_elastic() {
+                return;
             }
-            return;
+            // A fixed job's launcher waits for every rank's exit after an abort: a runner
+            // that is gone (its executor died) never posts one, so keep watching for its end.
+            let mut shutdown = state.subscribe_shutdown();
+            tokio::select! {
+                () = sender.closed() => {}
+                _ = shutdown.wait_for(|down| *down) => return,
+            }
         }
         () = sender.closed() => {}
     }
@@ -243,11 +251,11 @@ impl Driver for Handlers {
         let request = request.into_inner();
         let (sender, receiver) = mpsc::channel(1);
         let state = Arc::clone(&self.state);
+        if let (RUNNER_RANK, Some(task_index)) = (request.rank, request.task_index) {
+            tokio::spawn(watch_runner(state, task_index, sender));
+            return Ok(Response::new(ReceiverStream::new(receiver)));
+        }
         if let (true, Some(task_index)) = (state.is_elastic(), request.task_index) {
-            if request.rank == RUNNER_RANK {
-                tokio::spawn(watch_runner(state, task_index, sender));
-                return Ok(Response::new(ReceiverStream::new(receiver)));
-            }
             tokio::spawn(watch_elastic(state, task_index, request.generation, sender));
             return Ok(Response::new(ReceiverStream::new(receiver)));
         }

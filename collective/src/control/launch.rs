@@ -503,6 +503,54 @@ mod tests {
         assert_eq!(driver.task_exit(0).map(|exit| exit.0), Some(false));
     }
 
+    /// A fixed job's runner watch of task 0 closes without an exit (its executor died): the
+    /// exit the launcher waits for is recorded after the grace, whether or not the job was
+    /// aborted already; returns it and how long after the close it came.
+    fn lost_runner_of_fixed_job(driver: &LaunchDriver) -> (String, Duration) {
+        let runner = runner_client(driver);
+        runner.start_task_watcher(0, AbortSignal::new()).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        let closed = Instant::now();
+        runner.stop_background();
+        let (event, at) = next_exit(driver, RUNNER_GRACE * 4).expect("no exit recorded");
+        let DriverEvent::Exited {
+            task,
+            success,
+            description,
+            ..
+        } = event
+        else {
+            unreachable!()
+        };
+        assert_eq!((task, success), (0, false));
+        (description, at - closed)
+    }
+
+    #[test]
+    fn a_fixed_job_whose_runner_goes_away_records_the_exit_and_aborts_naming_the_task() {
+        let driver = LaunchDriver::start(&options()).unwrap();
+        let (description, after) = lost_runner_of_fixed_job(&driver);
+        assert!(description.starts_with(LOST_WITH_RUNNER), "{description}");
+        assert!(
+            after >= RUNNER_GRACE && after < RUNNER_GRACE * 3,
+            "{after:?}"
+        );
+        let cause = driver.failure().expect("the job was not aborted");
+        assert!(
+            cause
+                .message
+                .starts_with("task 0's rank process was lost with its task runner"),
+            "{cause}"
+        );
+        // Already aborted (a survivor saw the broken connection first): the exit is still
+        // recorded, so the launcher does not wait for it, and the first cause stays.
+        let driver = LaunchDriver::start(&options()).unwrap();
+        driver.abort("rank 1 lost its peer");
+        let (description, _) = lost_runner_of_fixed_job(&driver);
+        assert!(description.starts_with(LOST_WITH_RUNNER), "{description}");
+        assert_eq!(driver.failure().unwrap().message, "rank 1 lost its peer");
+    }
+
     #[test]
     fn a_runner_that_posts_its_exit_before_closing_its_watch_is_not_lost() {
         let driver = LaunchDriver::start_elastic(&options(), ElasticConfig::new(1, 2)).unwrap();

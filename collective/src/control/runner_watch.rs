@@ -1,5 +1,9 @@
-//! Elastic jobs: noticing within about a second that a launcher's task runner (the Spark task
-//! that supervises one rank process) died without reporting its rank's exit.
+//! Noticing within about a second that a launcher's task runner (the Spark task that
+//! supervises one rank process) died without reporting its rank's exit. The driver then
+//! records that exit for the launcher: an elastic job removes the task, a fixed job is aborted
+//! naming it, and a launcher stopping an aborted job does not wait for an exit that would
+//! never come. A runner that hears of an abort keeps its watch open until it posted its rank's
+//! exit, so only a runner that is gone ends its watch without one.
 //!
 //! When a Spark executor dies, its task runners die with it, and their rank processes with
 //! them (parent-death signal), so nothing is left to post the rank's exit. Before, the driver
@@ -40,7 +44,7 @@ struct Runner {
     done: bool,
 }
 
-/// The runners of one elastic job, by task index.
+/// The runners of one job, by task index.
 #[derive(Debug, Default)]
 pub(crate) struct RunnerLeases {
     runners: HashMap<u32, Runner>,
