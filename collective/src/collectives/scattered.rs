@@ -92,7 +92,12 @@ impl<'a> Scattered<'a> {
 
     /// Copies `src` (of `range.len()` bytes) into `range` of the joint range; `streaming`
     /// bypasses the cache (see [`copy_streaming`]) for data nobody reads soon.
-    pub(crate) fn scatter(&mut self, range: Range<usize>, src: &[u8], streaming: bool) -> Result<()> {
+    pub(crate) fn scatter(
+        &mut self,
+        range: Range<usize>,
+        src: &[u8],
+        streaming: bool,
+    ) -> Result<()> {
         check_len(&range, src.len())?;
         self.visit(range, |at, piece| {
             let from = &src[at..at + piece.len()];
@@ -175,7 +180,8 @@ mod tests {
         let mut out = [0u8; 5];
         s.gather(2..7, &mut out).unwrap();
         assert_eq!(out, [3, 4, 5, 6, 7]);
-        s.scatter(1..8, &[10, 11, 12, 13, 14, 15, 16], false).unwrap();
+        s.scatter(1..8, &[10, 11, 12, 13, 14, 15, 16], false)
+            .unwrap();
         let mut all = [0u8; 9];
         s.gather(0..9, &mut all).unwrap();
         assert_eq!(all, [1, 10, 11, 12, 13, 14, 15, 16, 9]);

@@ -630,7 +630,8 @@ impl Executor<'_> {
                     if on {
                         self.timeline.negotiate_end(&desc.name);
                         self.timeline.start_op(&desc.name, OpKind::Allreduce);
-                        self.timeline.activity_start(&desc.name, "SHM_FUSED_ALLREDUCE");
+                        self.timeline
+                            .activity_start(&desc.name, "SHM_FUSED_ALLREDUCE");
                     }
                     views.push(l.bytes());
                 }

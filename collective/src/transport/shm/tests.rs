@@ -557,9 +557,8 @@ fn scattered_allreduce_and_broadcast_match_the_contiguous_ones() {
             node.allreduce_scattered(&mut batch, DType::F32, ReduceOp::Sum, 0.5)
                 .unwrap();
             for (t, &len) in lens.iter().enumerate() {
-                let expected = f32s(
-                    (0..len).map(|i| (0..n).map(|r| input(r, len, t)[i]).sum::<f32>() * 0.5),
-                );
+                let expected =
+                    f32s((0..len).map(|i| (0..n).map(|r| input(r, len, t)[i]).sum::<f32>() * 0.5));
                 assert_eq!(tensors[t], expected, "tensor {t} of {lens:?}");
             }
             let mut tensors: Vec<Vec<u8>> = lens
@@ -571,7 +570,11 @@ fn scattered_allreduce_and_broadcast_match_the_contiguous_ones() {
                 Scattered::new(tensors.iter_mut().map(|t| &mut t[..]).collect()).unwrap();
             node.broadcast_scattered(&mut batch, 1).unwrap();
             for (t, &len) in lens.iter().enumerate() {
-                assert_eq!(tensors[t], f32s(input(1, len, t)), "broadcast {t} of {lens:?}");
+                assert_eq!(
+                    tensors[t],
+                    f32s(input(1, len, t)),
+                    "broadcast {t} of {lens:?}"
+                );
             }
         }
     });
