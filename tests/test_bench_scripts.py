@@ -208,7 +208,11 @@ def test_fusion_benchmark_sweeps_threshold_and_cycle_time(tmp_path) -> None:
     assert len(lines) == 4, result.stdout
     for line in lines:
         assert re.search(r"ms/step \( *[\d.]+ collectives\) \| +[\d.]+x default", line), line
-        assert re.search(r"kolo/gloo time +[\d.]+x$", line), line
+        assert re.search(
+            r"kolo/gloo time +[\d.]+x \| 2 memcpys +[\d.]+ ms, kolo/2memcpy +[\d.]+x$", line
+        ), line
+    targets = [x for x in rank0_lines(result.stdout) if x.startswith("targets (issue 24)")]
+    assert len(targets) == 1 and "2-memcpy floor" in targets[0], result.stdout
     figures = json.loads(out.read_text())
     assert figures["tensors"] == 161 and len(figures["shapes"]) == 161
     assert sorted((r["threshold_bytes"], r["cycle_time_ms"]) for r in figures["results"]) == [
@@ -219,6 +223,7 @@ def test_fusion_benchmark_sweeps_threshold_and_cycle_time(tmp_path) -> None:
     ]
     for row in figures["results"]:
         assert row["kolo_step_s"] > 0 and row["collectives_per_step"] >= 1
+        assert row["memcpy2_step_s"] > 0 and row["ratio_time_over_memcpy2"] > 0
 
 
 def test_training_benchmark_reports_scaling_efficiency(tmp_path) -> None:

@@ -4,6 +4,7 @@
 
 use std::ops::Range;
 
+use super::scattered::Scattered;
 use super::{
     check_tensor, even_segments, invalid, label, ring_allgather, ring_pieces, ring_reduce_scatter,
     AlignedBuf, Session,
@@ -131,6 +132,76 @@ pub(crate) fn allreduce_tensors(
         ),
         _ => with_member_ring(session, tag, &what, |ring, mesh, scratch| {
             ring.allreduce(mesh, scratch, buf, dtype, reduction.op, factor)
+        }),
+    }
+}
+
+/// Whether [`allreduce_scattered`] can run a batch reduced with `op` on `session`: the
+/// session acts for the whole job over shared memory (flat, or hierarchical when chosen), and
+/// the op is elementwise (Adasum needs every tensor's boundaries and the TCP mesh).
+pub(crate) fn scattered_fits(session: &Session, op: ReduceOp) -> bool {
+    op != ReduceOp::Adasum
+        && session.size > 1
+        && match session.shm_layout() {
+            Some(Layout::Flat) => true,
+            Some(Layout::Hierarchical(_)) => super::hier::chosen(OpKind::Allreduce),
+            None => false,
+        }
+}
+
+/// [`allreduce`] of the joint range of `buf` (tensors of `dtype` laid end to end, reduced as
+/// one `[elements]` tensor named `name`) where they are: the engine's fused batches on shared
+/// memory, whose tensors go straight into the shared halves with no fusion buffer. Only when
+/// [`scattered_fits`]; a hierarchical host's leader packs the node's result into `packed` for
+/// the TCP ring among the leaders.
+pub(crate) fn allreduce_scattered(
+    session: &mut Session,
+    name: &str,
+    buf: &mut Scattered<'_>,
+    dtype: DType,
+    reduction: Reduction,
+    packed: &mut AlignedBuf,
+) -> Result<()> {
+    let kind = OpKind::Allreduce;
+    let len = buf.len();
+    let elements = i64::try_from(len / dtype.size()).unwrap_or(i64::MAX);
+    let shape = [elements];
+    let mut desc = reduction.descriptor(kind, name, dtype, &shape);
+    desc.invalid = check_tensor(name, len, &shape, dtype, "input")
+        .and_then(|()| {
+            reduce::check_reduction(dtype, reduction.op, reduction.prescale, reduction.postscale)
+        })
+        .and_then(|()| {
+            if scattered_fits(session, reduction.op) {
+                Ok(())
+            } else {
+                Err("a batch without shared memory or with Adasum (this is a bug)".into())
+            }
+        })
+        .err()
+        .map(|m| invalid(kind, name, m));
+    let (_, tag) = session.negotiate(desc)?;
+    let factor = reduction.result_factor(session.size);
+    let what = label(kind, name);
+    for part in buf.parts_mut() {
+        if let Err(e) = reduce::scale(dtype, part, reduction.prescale) {
+            return Err(session.abandon(&what, e));
+        }
+    }
+    match session.shm_layout() {
+        Some(Layout::Hierarchical(hosts)) => super::hier::allreduce_scattered(
+            session,
+            &hosts,
+            &what,
+            tag,
+            buf,
+            dtype,
+            reduction.op,
+            factor,
+            packed,
+        ),
+        _ => session.on_node(&what, |node| {
+            node.allreduce_scattered(buf, dtype, reduction.op, factor)
         }),
     }
 }

@@ -19,7 +19,8 @@ use std::ops::Range;
 use std::sync::OnceLock;
 
 use super::allreduce::on_ring;
-use super::Session;
+use super::scattered::Scattered;
+use super::{AlignedBuf, Session};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::Result;
 use crate::transport::Hosts;
@@ -96,6 +97,43 @@ pub(crate) fn allreduce(
         )?;
     }
     session.on_node(what, |node| node.broadcast(buf, 0))
+}
+
+/// [`allreduce`] of a tensor batch where its tensors are (see
+/// [`super::allreduce_scattered`]): the node reduces and broadcasts straight from and into
+/// the tensors; only the leader packs the node's result into `packed` for the TCP ring.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the allreduce's arguments plus the layout, the frame tag and the leader's buffer"
+)]
+pub(crate) fn allreduce_scattered(
+    session: &mut Session,
+    hosts: &Hosts,
+    what: &str,
+    tag: u32,
+    buf: &mut Scattered<'_>,
+    dtype: DType,
+    op: ReduceOp,
+    factor: f64,
+    packed: &mut AlignedBuf,
+) -> Result<()> {
+    let (host, leader) = place(session, hosts);
+    session.on_node(what, |node| node.allreduce_scattered(buf, dtype, op, 1.0))?;
+    if leader {
+        let len = buf.len();
+        let flat = packed.get(len);
+        buf.gather(0..len, flat)?;
+        on_ring(
+            session,
+            &hosts.leaders(),
+            host,
+            tag,
+            what,
+            |ring, mesh, scratch| ring.allreduce(mesh, scratch, flat, dtype, op, factor),
+        )?;
+        buf.scatter(0..len, flat, false)?;
+    }
+    session.on_node(what, |node| node.broadcast_scattered(buf, 0))
 }
 
 pub(crate) fn allgather(

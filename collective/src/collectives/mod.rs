@@ -29,11 +29,12 @@ pub(crate) mod alltoall;
 mod broadcast;
 mod hier;
 mod reducescatter;
+pub(crate) mod scattered;
 pub(crate) mod shm;
 
 pub(crate) use adasum::size_refusal as adasum_size_refusal;
 pub(crate) use allgather::allgather;
-pub(crate) use allreduce::{allreduce, allreduce_tensors};
+pub(crate) use allreduce::{allreduce, allreduce_scattered, allreduce_tensors};
 pub(crate) use alltoall::alltoall;
 pub(crate) use broadcast::broadcast;
 pub(crate) use reducescatter::reducescatter;

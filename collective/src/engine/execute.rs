@@ -15,15 +15,7 @@ use crate::collectives::{self, reducescatter_rows, row_bytes, AlignedBuf, Sessio
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::reduce;
-use crate::transport::Layout;
 use crate::wire::{OpDescriptor, OpKind};
-
-/// The largest fused allreduce on the flat shared-memory path. There every collective costs a
-/// few microseconds, while packing into and unpacking out of the fusion buffer costs two
-/// memory passes over the fused bytes: measured with ResNet-50's gradients on 2 ranks
-/// (`bench/fusion.py`), 1 MiB batches take 26 ms a step like no fusion at all (but with a
-/// third of the collectives), 128 MiB ones 55 ms.
-pub(crate) const SHM_FUSION_MAX: usize = 1 << 20;
 
 /// A submitted op waiting for its response on this rank.
 #[derive(Debug)]
@@ -234,13 +226,7 @@ impl Executor<'_> {
         join: &mut Option<u64>,
     ) -> Result<Vec<SetAction>> {
         let mut actions = Vec::new();
-        // The shared-memory cap is about host memory passes; device batches fuse as configured.
-        let flat_shm = matches!(session.shm_layout(), Some(Layout::Flat));
-        let threshold = |on_device: bool| match (flat_shm, on_device) {
-            (true, false) => self.fusion_threshold.min(SHM_FUSION_MAX),
-            _ => self.fusion_threshold,
-        };
-        let batches = plan_batches(&responses, threshold);
+        let batches = plan_batches(&responses, |_| self.fusion_threshold);
         let mut slots: Vec<Option<Response>> = responses.into_iter().map(Some).collect();
         for batch in batches {
             let items: Vec<Response> = batch.iter().filter_map(|&i| slots[i].take()).collect();
@@ -532,6 +518,9 @@ impl Executor<'_> {
         };
         let (dtype, reduction) = (first.dtype, reduction_of(first));
         let name = format!("fused.{}.{}", first.name, parts.len());
+        if collectives::allreduce::scattered_fits(session, reduction.op) {
+            return self.fused_in_place(session, parts, &name, dtype, reduction);
+        }
         let on = self.timeline.is_on();
         let buf = self.fusion.get(total);
         for (desc, local, at) in &parts {
@@ -604,6 +593,111 @@ impl Executor<'_> {
         }
         self.fusion.trim(self.fusion_threshold.max(64 << 20));
         result
+    }
+}
+
+impl Executor<'_> {
+    /// A fused batch on shared memory: the tensors themselves are the fusion buffer. They are
+    /// read straight into the shared halves and the results written straight back
+    /// ([`collectives::allreduce_scattered`]), so fusing costs no copy (a joined rank reduces
+    /// stand-ins holding the op's identity). The collective runs under the fused name and
+    /// descriptor every rank's engine derives from the same agreed batch, as the packed path.
+    fn fused_in_place(
+        &mut self,
+        session: &mut Session,
+        parts: Vec<(OpDescriptor, Option<Local>, usize)>,
+        name: &str,
+        dtype: DType,
+        reduction: Reduction,
+    ) -> Result<()> {
+        let on = self.timeline.is_on();
+        let mut stand_ins: Vec<Vec<u8>> = Vec::new();
+        for (desc, local, _) in &parts {
+            if local.is_none() {
+                let mut zeros = match zeroed(tensor_bytes(desc)) {
+                    Ok(zeros) => zeros,
+                    Err(e) => return Err(self.fail_batch(session, name, &parts, e)),
+                };
+                reduce::fill_identity(dtype, reduction.op, &mut zeros);
+                stand_ins.push(zeros);
+            }
+        }
+        let mut spare = stand_ins.iter_mut();
+        let mut views: Vec<&mut [u8]> = Vec::with_capacity(parts.len());
+        for (desc, local, _) in &parts {
+            match local {
+                Some(l) => {
+                    if on {
+                        self.timeline.negotiate_end(&desc.name);
+                        self.timeline.start_op(&desc.name, OpKind::Allreduce);
+                        self.timeline
+                            .activity_start(&desc.name, "SHM_FUSED_ALLREDUCE");
+                    }
+                    views.push(l.bytes());
+                }
+                None => {
+                    if let Some(zeros) = spare.next() {
+                        views.push(&mut zeros[..]);
+                    }
+                }
+            }
+        }
+        let mut batch = match collectives::scattered::Scattered::new(views) {
+            Ok(batch) => batch,
+            Err(e) => return Err(self.fail_batch(session, name, &parts, e)),
+        };
+        let fused = OpDescriptor {
+            dtype,
+            shape: vec![(batch.len() / dtype.size()) as i64],
+            op: Some(reduction.op),
+            prescale: reduction.prescale,
+            postscale: reduction.postscale,
+            ..OpDescriptor::new(OpKind::Allreduce, name)
+        };
+        session.set_agreed(vec![fused; session.size]);
+        let result = collectives::allreduce_scattered(
+            session,
+            name,
+            &mut batch,
+            dtype,
+            reduction,
+            self.fusion,
+        );
+        drop(batch);
+        self.stats.ran(parts.len(), true);
+        for (desc, local, _) in parts {
+            let Some(local) = local else { continue };
+            if on {
+                self.timeline.activity_end(&desc.name);
+                self.timeline.end_op(&desc.name);
+            }
+            let outcome = match &result {
+                Ok(()) => Ok(Output::Done),
+                Err(e) => Err(e.replicate()),
+            };
+            self.handles.complete(local.handle, outcome);
+        }
+        self.fusion.trim(self.fusion_threshold.max(64 << 20));
+        result
+    }
+
+    /// Gives up on a fused batch this rank cannot start (a stand-in could not be allocated):
+    /// the peers are told (the mesh breaks), every local handle of the batch fails with
+    /// `error`, which is returned.
+    fn fail_batch(
+        &self,
+        session: &mut Session,
+        name: &str,
+        parts: &[(OpDescriptor, Option<Local>, usize)],
+        error: Error,
+    ) -> Error {
+        let error = session.abandon_agreed(name, error);
+        for (_, local, _) in parts {
+            if let Some(local) = local {
+                self.handles.complete(local.handle, Err(error.replicate()));
+            }
+        }
+        error
     }
 }
 

@@ -523,3 +523,60 @@ fn node_collectives_match_the_reference() {
     });
     assert!(dir.entries().is_empty());
 }
+
+#[test]
+fn scattered_allreduce_and_broadcast_match_the_contiguous_ones() {
+    use crate::collectives::scattered::Scattered;
+    use crate::dtype::{DType, ReduceOp};
+    let dir = Dir::new("scattered");
+    let n = 3;
+    // A 16 KiB half: the large algorithm runs many rounds whose segments cross tensor ends.
+    run(&dir, n, 16 << 10, move |me, node| {
+        let node = Node {
+            alive: &ok,
+            node: &node,
+        };
+        let input = |r: usize, len: usize, salt: usize| -> Vec<f32> {
+            (0..len)
+                .map(|i| ((i * 7 + r * 3 + salt) % 13) as f32)
+                .collect()
+        };
+        // Tensor lengths (elements): empty ones, one-element ones, ones larger than a half.
+        for lens in [
+            vec![1usize, 0, 2, 5],
+            vec![3000, 1, 0, 4099, 7, 2500],
+            vec![10_000, 17, 6000, 1],
+        ] {
+            let mut tensors: Vec<Vec<u8>> = lens
+                .iter()
+                .enumerate()
+                .map(|(t, &len)| f32s(input(me, len, t)))
+                .collect();
+            let mut batch =
+                Scattered::new(tensors.iter_mut().map(|t| &mut t[..]).collect()).unwrap();
+            node.allreduce_scattered(&mut batch, DType::F32, ReduceOp::Sum, 0.5)
+                .unwrap();
+            for (t, &len) in lens.iter().enumerate() {
+                let expected =
+                    f32s((0..len).map(|i| (0..n).map(|r| input(r, len, t)[i]).sum::<f32>() * 0.5));
+                assert_eq!(tensors[t], expected, "tensor {t} of {lens:?}");
+            }
+            let mut tensors: Vec<Vec<u8>> = lens
+                .iter()
+                .enumerate()
+                .map(|(t, &len)| f32s(input(me, len, t)))
+                .collect();
+            let mut batch =
+                Scattered::new(tensors.iter_mut().map(|t| &mut t[..]).collect()).unwrap();
+            node.broadcast_scattered(&mut batch, 1).unwrap();
+            for (t, &len) in lens.iter().enumerate() {
+                assert_eq!(
+                    tensors[t],
+                    f32s(input(1, len, t)),
+                    "broadcast {t} of {lens:?}"
+                );
+            }
+        }
+    });
+    assert!(dir.entries().is_empty());
+}
