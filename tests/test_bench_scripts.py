@@ -126,6 +126,34 @@ def test_loader_benchmark_compares_kolo_with_pyarrow(tmp_path) -> None:
         assert entry["ratios_rows_per_s"]["pyarrow"] > 0
 
 
+def test_small_loader_benchmark_compares_stacked_kolo_with_the_row_group_loader(tmp_path) -> None:
+    out = tmp_path / "loader-small.json"
+    args = ["--data-dir", str(tmp_path / "data"), "--rows", "20000", "--columns", "8"]
+    args += ["--row-group-rows", "5000", "--batch-sizes", "256", "--epochs", "3"]
+    args += ["--repeats", "1", "--json", str(out)]
+    result = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "loader_small.py"), *args],
+        cwd=REPO,
+        env=worker_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, output_tail(result)
+    (line,) = [x for x in result.stdout.splitlines() if x.startswith("loader-small ")]
+    for name in ("kolo", "kolo-stack", "rowgroup"):
+        assert re.search(
+            rf"\| {name} [\d.]+ us/batch, [\d.]+M rows/s, epoch start [\d.]+ ms, cold [\d.]+ ms",
+            line,
+        ), line
+    assert re.search(r"speed per batch vs rowgroup: kolo [\d.]+x, kolo-stack [\d.]+x$", line)
+    figures = json.loads(out.read_text())
+    (entry,) = figures["results"]
+    for name in ("kolo", "kolo-stack"):
+        assert entry["median"][name]["batches_per_epoch"] == 20000 // 256
+    assert entry["median"]["rowgroup"]["batches_per_epoch"] == 4 * (5000 // 256)
+
+
 def rank0_lines(stdout: str) -> list[str]:
     return [
         line.partition("<stdout>:")[2]

@@ -19,7 +19,7 @@ from kolo import _native
 from kolo.data import ColumnInfo
 from kolo.data.loader import ParquetLoader
 from kolo.data.metadata import read_metadata
-from kolo.exceptions import DataError, InvalidValueError, StoreError
+from kolo.exceptions import DataError, InvalidArgumentError, InvalidValueError, StoreError
 
 ROWS = 300
 
@@ -224,6 +224,87 @@ def test_outputs_are_views_of_the_native_buffers(dataset: Path) -> None:
     assert tbatch["x"]._base is not None and tuple(tbatch["x"]._base.shape) == (1, 16)
     assert tbatch["vec"].is_contiguous() and tuple(tbatch["vec"].shape) == (16, 3)
     del torch
+
+
+def write_features(path: Path, rows: int = 301) -> Path:
+    """Two part files of float32 features ``a = id``, ``b = 2 id + 0.5``, ``c = -id``, an
+    int64 ``id`` and a float32 array ``vec``, in uneven row groups."""
+    path.mkdir(parents=True, exist_ok=True)
+    ids = np.arange(rows, dtype=np.int64)
+    f = ids.astype(np.float32)
+    table = pa.table(
+        {
+            "a": f,
+            "b": 2 * f + 0.5,
+            "c": -f,
+            "id": ids,
+            "vec": pa.array([[i, i + 0.5] for i in f], pa.list_(pa.float32(), 2)),
+        }
+    )
+    pq.write_table(table.slice(0, 120), path / "part-00000.parquet", row_group_size=50)
+    pq.write_table(table.slice(120), path / "part-00001.parquet", row_group_size=64)
+    return path
+
+
+@pytest.mark.parametrize("to", ["numpy", "torch"])
+def test_stack_gives_one_row_major_feature_tensor_in_the_columns_order(
+    tmp_path: Path, to: str
+) -> None:
+    # Batches of 16 in windows of 40 (some batches views of a window, others copied from
+    # two), rank 1 of 2 without drop_last (a last partial batch wrapping to row 0), two
+    # epochs: the stacked loader hands out the same rows in the same order as the columnar one.
+    torch = pytest.importorskip("torch") if to == "torch" else None
+    path = write_features(tmp_path / "features")
+    columns = ["a", "id", "b", "c", "vec"]
+    kwargs = dict(
+        batch_size=16,
+        rank=1,
+        size=2,
+        seed=3,
+        drop_last=False,
+        num_epochs=2,
+        to=to,
+        shuffle_buffer_size=40,
+    )
+    stacked = list(ParquetLoader(path, columns, stack="features", **kwargs))
+    columnar = list(ParquetLoader(path, columns, **kwargs))
+    assert len(stacked) == len(columnar) == 20
+    assert [len(b["id"]) for b in stacked[:10]] == [16] * 9 + [7]
+    for got, want in zip(stacked, columnar):
+        assert list(got) == ["features", "id", "vec"]
+        features = got["features"]
+        rows = len(want["id"])
+        if torch is not None:
+            assert features.dtype == torch.float32 and features.is_contiguous()
+            features, ids = features.numpy(), got["id"].numpy()
+            want = {k: v.numpy() for k, v in want.items()}
+        else:
+            assert features.dtype == np.float32 and features.flags.c_contiguous
+            ids = got["id"]
+        assert features.shape == (rows, 3)
+        np.testing.assert_array_equal(ids, want["id"])
+        np.testing.assert_array_equal(features, np.stack([want[c] for c in "abc"], axis=1))
+        f = ids.astype(np.float32)
+        np.testing.assert_array_equal(features, np.stack([f, 2 * f + 0.5, -f], axis=1))
+        np.testing.assert_array_equal(got["vec"], want["vec"])
+
+
+@pytest.mark.parametrize(
+    "columns, stack, error, words",
+    [
+        (["a", "b"], "a", InvalidValueError, ["stack='a'", "also a selected column"]),
+        (["a", "b"], 3, InvalidValueError, ["stack=3", "name of the stacked tensor"]),
+        (["vec"], "features", InvalidArgumentError, ["stack needs a scalar column", "vec"]),
+    ],
+)
+def test_bad_stack_raises_a_named_error(
+    tmp_path: Path, columns: list[str], stack: object, error: type, words: list[str]
+) -> None:
+    path = write_features(tmp_path / "features")
+    with raises_exactly(error) as info:
+        ParquetLoader(path, columns, 16, rank=0, size=1, to="numpy", stack=stack)
+    for word in words:
+        assert word in str(info.value)
 
 
 @pytest.mark.parametrize("compression", ["none", "snappy"])

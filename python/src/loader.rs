@@ -69,7 +69,8 @@ impl ParquetLoaderCore {
     #[new]
     #[pyo3(signature = (
         dataset, columns, batch_size, rank, size, shuffle, seed, drop_last, prefetch,
-        storage_options=None, shuffle_buffer_size=None, num_threads=None, num_epochs=None
+        storage_options=None, shuffle_buffer_size=None, num_threads=None, num_epochs=None,
+        stack=false
     ))]
     #[expect(
         clippy::too_many_arguments,
@@ -90,6 +91,7 @@ impl ParquetLoaderCore {
         shuffle_buffer_size: Option<i64>,
         num_threads: Option<i64>,
         num_epochs: Option<i64>,
+        stack: bool,
     ) -> PyResult<Self> {
         let positive = |name: &str, value: i64| -> PyResult<u64> {
             u64::try_from(value)
@@ -124,6 +126,7 @@ impl ParquetLoaderCore {
             shuffle_buffer_size,
             num_threads,
             num_epochs,
+            stack,
         };
         let store_options = store_options(storage_options, None);
         let loader = run_interruptibly(py, STOP_GRACE, move |_stop| {
@@ -163,6 +166,13 @@ impl ParquetLoaderCore {
             .iter()
             .map(|g| (g.names.clone(), g.dtype.name(), g.array_len))
             .collect()
+    }
+
+    /// The index in `layout` of the group handed out row-major as `[rows, columns]` (with
+    /// `stack=True`), or None.
+    #[getter]
+    fn stack_group(&self) -> Option<usize> {
+        self.loader.stack_group()
     }
 
     /// The dataset's URL.

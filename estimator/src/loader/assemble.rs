@@ -161,6 +161,25 @@ impl BatchView {
         self.buffer.dtype
     }
 
+    /// A row-major copy (`[rows, columns]`, from `pool`) of a view of stacked scalars; any
+    /// other view is returned as it is.
+    pub(crate) fn row_major(&self, pool: &Arc<BufferPool>) -> BatchView {
+        if !self.stacked {
+            return self.clone();
+        }
+        let [columns, rows] = self.shape();
+        let mut out = BatchBuffer::from_pool(pool, self.dtype(), [rows, columns]);
+        let stride = self.buffer.shape[1];
+        let source = self.address();
+        match self.dtype().width() {
+            1 => transpose::<u8>(source, stride, columns, rows, &mut out.storage),
+            2 => transpose::<u16>(source, stride, columns, rows, &mut out.storage),
+            4 => transpose::<u32>(source, stride, columns, rows, &mut out.storage),
+            _ => transpose::<u64>(source, stride, columns, rows, &mut out.storage),
+        }
+        BatchView::new(out.into_shared(), false, 0, rows)
+    }
+
     /// Shape: `[columns, rows]` for stacked scalars, `[rows, len]` for an array column.
     pub fn shape(&self) -> [usize; 2] {
         let [a, b] = self.buffer.shape;
@@ -218,6 +237,38 @@ impl BatchView {
                 .map(|b| u64::from_ne_bytes(b.try_into().unwrap_or_default()))
                 .collect()
         })
+    }
+}
+
+/// Rows per block of [`transpose`]: a block's `[rows, columns]` output stays in cache while
+/// each column's run of it is read.
+const TRANSPOSE_BLOCK: usize = 64;
+
+/// Writes `columns` runs of `rows` values (the first at `source`, the next `stride` values
+/// further each) into `out` as `[rows, columns]`.
+fn transpose<T: Plain>(
+    source: usize,
+    stride: usize,
+    columns: usize,
+    rows: usize,
+    out: &mut Storage,
+) {
+    let out = out.values_mut::<T>();
+    assert!(out.len() >= rows * columns, "transpose output too small");
+    let column = |c: usize| -> &[T] {
+        // SAFETY: `source` is the address of rows `[from, from + rows)` of column 0 of a live
+        // `[columns, stride]` buffer of `T` (the caller's view holds it); these rows belong to
+        // this view alone and are not handed out yet, so nothing writes them meanwhile.
+        unsafe { std::slice::from_raw_parts((source as *const T).add(c * stride), rows) }
+    };
+    for block in (0..rows).step_by(TRANSPOSE_BLOCK) {
+        let end = rows.min(block + TRANSPOSE_BLOCK);
+        for c in 0..columns {
+            let values = &column(c)[block..end];
+            for (r, value) in values.iter().enumerate() {
+                out[(block + r) * columns + c] = *value;
+            }
+        }
     }
 }
 

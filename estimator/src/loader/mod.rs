@@ -82,6 +82,10 @@ pub struct LoaderOptions {
     pub num_threads: Option<usize>,
     /// Epochs to run (`None`: no end).
     pub num_epochs: Option<u64>,
+    /// Hand out the scalar columns that share the first selected scalar column's dtype as one
+    /// row-major `[rows, columns]` buffer (a model's feature matrix, one tensor per batch)
+    /// instead of `[columns, rows]`; see [`Loader::stack_group`].
+    pub stack: bool,
 }
 
 impl LoaderOptions {
@@ -99,6 +103,7 @@ impl LoaderOptions {
             shuffle_buffer_size: None,
             num_threads: None,
             num_epochs: None,
+            stack: false,
         }
     }
 }
@@ -186,6 +191,23 @@ impl Loader {
         // Gathering a window on every core slowed the loader down: the caller's thread, which
         // turns batches into tensors, needs one of them.
         let assemble_threads = decoders.min(cpus.saturating_sub(1)).max(1);
+        let groups = assemble::layout(&specs);
+        let stack_group = if options.stack {
+            Some(
+                groups
+                    .iter()
+                    .position(|g| g.array_len.is_none())
+                    .ok_or_else(|| {
+                        Error::InvalidArgument(format!(
+                            "stack needs a scalar column to stack, but the columns {:?} are all \
+                             arrays (already one [rows, len] tensor each); drop stack",
+                            options.columns
+                        ))
+                    })?,
+            )
+        } else {
+            None
+        };
         let files = dataset.files();
         let context = Context {
             readers: files
@@ -194,7 +216,8 @@ impl Loader {
                 .collect(),
             roots: files.iter().map(|_| OnceLock::new()).collect(),
             row_groups,
-            groups: assemble::layout(&specs),
+            groups,
+            stack_group,
             specs,
             config,
             rank: options.rank,
@@ -224,6 +247,13 @@ impl Loader {
     /// The output buffers of every batch, in order.
     pub fn groups(&self) -> &[Group] {
         &self.context.groups
+    }
+
+    /// The group (index into [`Loader::groups`]) handed out as a row-major
+    /// `[rows, columns]` buffer when [`LoaderOptions::stack`] is set: the scalar columns of
+    /// the first selected scalar column's dtype, in selection order.
+    pub fn stack_group(&self) -> Option<usize> {
+        self.context.stack_group
     }
 
     /// The selected columns.

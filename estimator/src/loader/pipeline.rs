@@ -46,6 +46,8 @@ pub struct Context {
     pub specs: Vec<ColumnSpec>,
     /// The output buffers.
     pub groups: Vec<Group>,
+    /// The group handed out row-major (`[rows, columns]`), if any.
+    pub stack_group: Option<usize>,
     /// The plan settings.
     pub config: PlanConfig,
     /// This rank.
@@ -380,7 +382,7 @@ impl Assembler {
                 return Ok(false);
             };
             let bounds = plan.window_bounds(index);
-            let buffers = if position + rows as u64 <= bounds.end {
+            let mut buffers = if position + rows as u64 <= bounds.end {
                 // The batch lies inside the window: hand out views of it.
                 let from = (position - bounds.start) as usize;
                 position += rows as u64;
@@ -403,6 +405,11 @@ impl Assembler {
                 }
                 whole_views(groups, buffers)
             };
+            if let Some(g) = context.stack_group {
+                // One transposing copy here, on the loader's thread, rather than one tensor
+                // per column (or a copy) on the caller's.
+                buffers[g] = buffers[g].row_major(&self.pool);
+            }
             let batch = Batch {
                 epoch: job.epoch,
                 rows,

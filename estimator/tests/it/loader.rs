@@ -615,3 +615,100 @@ fn a_decode_error_surfaces_on_next_and_dropping_stops_the_threads() {
         started.elapsed()
     );
 }
+
+/// Two files of three float32 columns (`a = id`, `b = 2 id + 0.5`, `c = -id`) and `id`,
+/// in uneven row groups.
+fn feature_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for (i, ids, row_group) in [(0, 0..120i64, 50), (1, 120..301, 64)] {
+        let id: Vec<i64> = ids.collect();
+        let f = |k: f32, c: f32| -> ArrayRef {
+            Arc::new(Float32Array::from(
+                id.iter().map(|&i| i as f32 * k + c).collect::<Vec<_>>(),
+            ))
+        };
+        let columns: Vec<(&str, ArrayRef)> = vec![
+            ("a", f(1.0, 0.0)),
+            ("b", f(2.0, 0.5)),
+            ("c", f(-1.0, 0.0)),
+            ("id", Arc::new(Int64Array::from(id.clone()))),
+        ];
+        let schema = Schema::new(
+            columns
+                .iter()
+                .map(|(n, a)| Field::new(*n, a.data_type().clone(), false))
+                .collect::<Vec<_>>(),
+        );
+        let batch = RecordBatch::try_new(
+            Arc::new(schema),
+            columns.into_iter().map(|(_, a)| a).collect(),
+        )
+        .unwrap();
+        let path = dir.path().join(format!("part-0000{i}.parquet"));
+        write(&path, &batch, row_group, i == 0);
+    }
+    dir
+}
+
+#[test]
+fn stack_hands_out_one_row_major_buffer_with_the_columns_values_in_the_same_order() {
+    // Batches of 16 in windows of 40: some batches are views of a window, others are copied
+    // from two; rank 1 of 2 without drop_last ends on a partial batch wrapping to row 0.
+    let dir = feature_dir();
+    let dataset = open(dir.path());
+    let columns = ["a", "id", "b", "c"];
+    let mut base = options(&columns, 16, 1, 2, false);
+    base.num_epochs = Some(2);
+    let mut stacked_options = base.clone();
+    stacked_options.stack = true;
+    let mut columnar = Loader::open(&dataset, base).unwrap();
+    let mut stacked = Loader::open(&dataset, stacked_options).unwrap();
+    assert_eq!(columnar.stack_group(), None);
+    assert_eq!(stacked.stack_group(), Some(0));
+    assert_eq!(stacked.groups()[0].names, ["a", "b", "c"]);
+    let (mut batches, mut partial) = (0, 0);
+    loop {
+        match (next(&mut columnar), next(&mut stacked)) {
+            (Next::Batch(want), Next::Batch(got)) => {
+                assert_eq!(want.rows, got.rows);
+                let rows = got.rows;
+                assert_eq!(got.buffers[0].shape(), [rows, 3]);
+                assert_eq!(got.buffers[0].dtype(), DType::Float32);
+                assert_eq!(got.buffers[0].strides(), [12, 4], "C-contiguous");
+                assert_eq!(want.buffers[0].shape(), [3, rows]);
+                let by_column = le_f32(&want.buffers[0].to_bytes());
+                let by_row = le_f32(&got.buffers[0].to_bytes());
+                let ids = column_u64(&stacked, &got, "id");
+                assert_eq!(ids, column_u64(&columnar, &want, "id"), "same order");
+                for (r, &id) in ids.iter().enumerate() {
+                    let id = id as f32;
+                    assert_eq!(&by_row[r * 3..r * 3 + 3], &[id, 2.0 * id + 0.5, -id]);
+                    for c in 0..3 {
+                        assert_eq!(by_row[r * 3 + c], by_column[c * rows + r]);
+                    }
+                }
+                batches += 1;
+                partial += usize::from(rows < 16);
+            }
+            (Next::EndOfEpoch(a), Next::EndOfEpoch(b)) => assert_eq!(a, b),
+            (Next::Finished, Next::Finished) => break,
+            (a, b) => panic!("the loaders disagree: {a:?} vs {b:?}"),
+        }
+    }
+    assert_eq!(
+        batches, 20,
+        "151 rows a rank: 9 batches of 16 and one of 7, twice"
+    );
+    assert_eq!(partial, 2);
+}
+
+#[test]
+fn stack_without_a_scalar_column_is_a_typed_error() {
+    let dir = dataset_dir();
+    let mut options = options(&["v", "fixed"], 16, 0, 1, true);
+    options.stack = true;
+    match Loader::open(&open(dir.path()), options) {
+        Err(Error::InvalidArgument(message)) => assert!(message.contains("stack"), "{message}"),
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    }
+}

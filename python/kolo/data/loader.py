@@ -59,6 +59,13 @@ class ParquetLoader(BaseDataLoader):
         shuffle_buffer_size: rows per shuffle window (default ``max(16384, 4 * batch_size)``).
         num_threads: decode threads, and as many threads (at most one per CPU) gathering
             shuffle windows ahead (default ``min(4, CPUs)``).
+        stack: None: one tensor per column. A name: the scalar columns sharing the dtype of
+            the first selected scalar column come out as one ``[rows, columns]`` tensor
+            under that name (columns in selection order; copied row-major on the loader's
+            threads), the others under their own names. One tensor instead of one per
+            column is much cheaper per batch with many columns, and is the feature matrix
+            a model takes: ``ParquetLoader(path, features + ["label"], 256, stack="features")``
+            gives ``{"features": [256, len(features)], "label": [256]}``.
 
     ``state_dict()``/``load_state_dict()`` save and restore the position (rows handed out,
     not prefetched), also into a loader with another number of ranks: it then hands out
@@ -86,15 +93,26 @@ class ParquetLoader(BaseDataLoader):
         storage_options: Optional[Mapping[str, str]] = None,
         shuffle_buffer_size: Optional[int] = None,
         num_threads: Optional[int] = None,
+        stack: Optional[str] = None,
     ) -> None:
         if to not in ("torch", "numpy"):
             raise InvalidValueError(f'to={to!r} must be "torch" or "numpy"')
+        if stack is not None and (not isinstance(stack, str) or not stack):
+            raise InvalidValueError(
+                f"stack={stack!r} must be None or the name of the stacked tensor, "
+                'e.g. stack="features"'
+            )
         self._torch = None
         if to == "torch":
             import torch
 
             self._torch = torch
         columns = _column_names(columns)
+        if stack is not None and stack in columns:
+            raise InvalidValueError(
+                f"stack={stack!r} is also a selected column's name; name the stacked tensor "
+                "something else, e.g. stack='features'"
+            )
         initialized = _core.is_initialized()
         if rank is None:
             rank = _core.rank() if initialized else 0
@@ -116,10 +134,22 @@ class ParquetLoader(BaseDataLoader):
             None if shuffle_buffer_size is None else int(shuffle_buffer_size),
             None if num_threads is None else int(num_threads),
             None if num_epochs is None else int(num_epochs),
+            stack is not None,
         )
+        self._stack = stack
+        self._stack_group = self._core.stack_group
         self._layout = [(names, length is None) for names, _, length in self._core.layout]
-        self._names = [name for names, _ in self._layout for name in names]
-        self._order = columns if self._names != columns else None
+        if stack is not None:
+            stacked = set(self._layout[self._stack_group][0])
+            keys = [stack] + [c for c in columns if c not in stacked]
+        else:
+            keys = columns
+        self._names = [
+            stack if i == self._stack_group else name
+            for i, (names, _) in enumerate(self._layout)
+            for name in (names[:1] if i == self._stack_group else names)
+        ]
+        self._order = keys if self._names != keys else None
         # Kept here: len() from another thread while next_batch() runs (an async loader)
         # must not borrow the native loader (PyO3 raises "Already mutably borrowed").
         self._batches_per_epoch = int(self._core.batches_per_epoch)
@@ -162,9 +192,12 @@ class ParquetLoader(BaseDataLoader):
     def _convert(self, views: tuple) -> Dict[str, Any]:
         out: Dict[str, Any] = {}
         torch = self._torch
-        for (names, stacked), view in zip(self._layout, views):
+        stack_group = self._stack_group
+        for index, ((names, stacked), view) in enumerate(zip(self._layout, views)):
             array = np.asarray(view)
-            if torch is not None:
+            if index == stack_group:
+                out[self._stack] = array if torch is None else torch.from_numpy(array)
+            elif torch is not None:
                 tensor = torch.from_numpy(array)
                 if stacked:
                     out.update(zip(names, tensor.unbind(0)))
