@@ -158,7 +158,7 @@ impl EngineConfig {
             config.dynamic_process_sets = parse_flag(&name, &text)?;
         }
         config.thread_affinity = knob("THREAD_AFFINITY").map(|(_, text)| text);
-        config.autotune = AutotuneConfig::from_knobs(&knob)?;
+        config.autotune = AutotuneConfig::from_knobs(knob)?;
         config.fixed = FixedKnobs {
             fusion_threshold: knob("FUSION_THRESHOLD").is_some(),
             cycle_time: knob("CYCLE_TIME").is_some(),

@@ -96,7 +96,7 @@ mod tests {
             hierarchical_allgather: true,
             active: true,
         };
-        log.record(&params, 1234.567_891);
+        log.record(&params, 1_234.567_891);
         log.record(
             &TunedParams {
                 fusion_threshold: 3 << 19,
