@@ -25,6 +25,10 @@ pub(crate) const EI_CONVERGED: f64 = 0.01;
 /// samples.
 pub(crate) const PATIENCE: usize = 4;
 
+/// A change away from the configured setting must score at least this much better to be kept
+/// (a noisy sample does not move a job off a good default).
+pub(crate) const KEEP_MARGIN: f64 = 0.03;
+
 /// A parameter of the joint (Bayesian) search.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Dim {
@@ -234,7 +238,7 @@ impl Tuner {
                 match self.next_joint_point() {
                     Some(point) => self.set_point(&point),
                     None => {
-                        let best = self.incumbent.unwrap_or(0);
+                        let best = self.kept_joint_sample();
                         let point = self.xs[best].clone();
                         self.set_point(&point);
                         self.best = self.current;
@@ -251,7 +255,7 @@ impl Tuner {
                 self.record(score);
                 match next {
                     None => self.best_score = score,
-                    Some(_) if score > self.best_score => {
+                    Some(_) if score > self.best_score * (1.0 + KEEP_MARGIN) => {
                         self.best = self.current;
                         self.best_score = score;
                     }
@@ -327,6 +331,22 @@ impl Tuner {
         (!converged).then_some(proposal.point)
     }
 
+    /// The sample kept from the joint search: the best predicted one, unless it is predicted
+    /// less than [`KEEP_MARGIN`] better than the configured setting (sample 0).
+    fn kept_joint_sample(&self) -> usize {
+        let best = self.incumbent.unwrap_or(0);
+        let Some(gp) = GaussianProcess::fit(&self.xs, &self.ys, self.config.gaussian_process_noise)
+        else {
+            return best;
+        };
+        let configured = gp.mean_at(&self.xs[0]);
+        if gp.mean_at(&self.xs[best]) > configured + KEEP_MARGIN * configured.abs() {
+            best
+        } else {
+            0
+        }
+    }
+
     fn point(&self) -> Vec<f64> {
         self.dims.iter().map(|d| d.unit(&self.current)).collect()
     }
@@ -337,25 +357,21 @@ impl Tuner {
         }
     }
 
+    /// Moves on to the switches, from the joint search's kept setting (or, without a joint
+    /// search, the configured one).
     fn start_categorical(&mut self) {
+        if self.xs.is_empty() {
+            self.best = self.current;
+        }
+        self.current = self.best;
         if self.switches.is_empty() {
             self.finish();
         } else {
-            self.current = self.best_or_current();
             self.phase = Phase::Categorical { next: None };
         }
     }
 
-    fn best_or_current(&self) -> TunedParams {
-        if self.xs.is_empty() {
-            self.current
-        } else {
-            self.best
-        }
-    }
-
     fn finish(&mut self) {
-        self.best = self.best_or_current();
         self.current = TunedParams {
             active: false,
             ..self.best
@@ -501,6 +517,34 @@ mod tests {
         // Fixed dimensions keep the configured values.
         assert_eq!(best.fusion_threshold, 128 << 20);
         assert_eq!(best.cycle_time, Duration::from_millis(1));
+    }
+
+    #[test]
+    fn a_change_within_the_noise_margin_is_not_kept() {
+        // Cache off scores 1 % better: within the margin, the configured setting stays.
+        let score = |p: &TunedParams| if p.cache_enabled { 100.0 } else { 101.0 };
+        let mut tuner = Tuner::new(
+            config(20, 0.8),
+            start(),
+            Vec::new(),
+            vec![Switch::Cache],
+            None,
+        );
+        let (best, _, _) = drive(&mut tuner, score, 0.0);
+        assert!(best.cache_enabled, "{best:?}");
+        // A flat joint search keeps the configured fusion threshold and cycle time.
+        let mut tuner = Tuner::new(
+            config(20, 0.8),
+            start(),
+            vec![Dim::Fusion, Dim::Cycle],
+            Vec::new(),
+            None,
+        );
+        let (best, _, _) = drive(&mut tuner, |_| 100.0, 0.01);
+        assert_eq!(
+            (best.fusion_threshold, best.cycle_time),
+            (start().fusion_threshold, start().cycle_time)
+        );
     }
 
     #[test]
