@@ -17,6 +17,12 @@ states the issue-24 targets for the default setting: no slower than no fusion, a
 the memcpy floor. ``--scale k`` divides
 every tensor's element count by k (for smoke tests). ``KOLO_CYCLE_TIME`` must be more than
 0, so cycle time 0 runs as 0.01 ms.
+
+``--autotune`` then runs kolo's autotuner from the default setting (``KOLO_AUTOTUNE=1``,
+Horovod's defaults for the rest) until it keeps a setting, times that setting, and prints it
+against the grid's best point (target: within 5 %) and the steps it took against the steps
+Horovod's defaults take at the least: (3 warm-up + 21 Bayesian samples) x 5 scores x 10 steps
+= 1200 steps, before its categorical switches.
 """
 
 from __future__ import annotations
@@ -70,12 +76,39 @@ def resnet50_gradient_shapes() -> list[tuple[str, tuple[int, ...]]]:
 MIN_CYCLE_MS = 0.01
 
 
+# Horovod 0.28.1's autotune at its defaults needs at least this many steps: (3 warm-up + 21
+# Bayesian samples) x 5 scores x 10 steps per score, before trying its categorical switches.
+HOROVOD_DEFAULT_AUTOTUNE_STEPS = (3 + 21) * 5 * 10
+
+# The most steps the autotune mode runs before giving up on convergence.
+MAX_AUTOTUNE_STEPS = 3000
+
+
 def reinit(threshold_bytes: int, cycle_ms: float) -> None:
     if hvd.is_initialized():
         hvd.shutdown()
     os.environ["KOLO_FUSION_THRESHOLD"] = str(threshold_bytes)
     os.environ["KOLO_CYCLE_TIME"] = f"{max(cycle_ms, MIN_CYCLE_MS):g}"
     hvd.init()
+
+
+def reinit_autotuned() -> None:
+    """Re-initializes kolo with the autotuner on and the tuned knobs left free."""
+    hvd.shutdown()
+    for name in ("KOLO_FUSION_THRESHOLD", "KOLO_CYCLE_TIME"):
+        os.environ.pop(name, None)
+    os.environ["KOLO_AUTOTUNE"] = "1"
+    hvd.init()
+
+
+def autotune_until_kept(step) -> int:
+    """Runs `step` until every rank's engine keeps a setting; returns the steps taken."""
+    for n in range(1, MAX_AUTOTUNE_STEPS + 1):
+        step()
+        active = kolo.engine_stats()["autotune_active"]
+        if hvd.allreduce(torch.tensor([active]), op=hvd.Max, name="bench.active").item() == 0:
+            return n
+    return MAX_AUTOTUNE_STEPS
 
 
 def slowest(seconds: float) -> float:
@@ -96,6 +129,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None, help="timed steps (5; quick 3)")
     parser.add_argument("--scale", type=int, default=1, help="divide tensor sizes by this")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--autotune", action="store_true", help="also run the autotuner; compare with the grid"
+    )
     args = parser.parse_args()
     steps = args.steps or (3 if args.quick else 5)
 
@@ -195,6 +231,41 @@ def main() -> None:
             f"{human(total_bytes)} (target <= 1.30)",
             flush=True,
         )
+    autotune: dict[str, Any] | None = None
+    if args.autotune:
+        reinit_autotuned()
+        tune_start = time.perf_counter()
+        steps_used = autotune_until_kept(kolo_step)
+        tune_s = time.perf_counter() - tune_start
+        stats = kolo.engine_stats()
+        tuned_s = timed(kolo_step)
+        grid_best = min(results, key=lambda r: r["kolo_step_s"])
+        autotune = {
+            "steps": steps_used,
+            "seconds": tune_s,
+            "horovod_default_steps_at_least": HOROVOD_DEFAULT_AUTOTUNE_STEPS,
+            "threshold_bytes": stats["fusion_threshold"],
+            "cycle_time_ms": stats["cycle_time_us"] / 1e3,
+            "cache_enabled": bool(stats["cache_enabled"]),
+            "trials": stats["autotune_trials"],
+            "kolo_step_s": tuned_s,
+            "grid_best": grid_best,
+            "ratio_time_over_grid_best": tuned_s / grid_best["kolo_step_s"],
+            "ratio_time_over_default": tuned_s / default["kolo_step_s"],
+        }
+        if rank == 0:
+            print(
+                f"autotune: kept fusion {human(autotune['threshold_bytes'])} cycle "
+                f"{autotune['cycle_time_ms']:g} ms cache {int(autotune['cache_enabled'])} after "
+                f"{steps_used} steps ({autotune['trials']} trials, {tune_s:.1f} s; Horovod's "
+                f"defaults take >= {HOROVOD_DEFAULT_AUTOTUNE_STEPS} steps): "
+                f"{tuned_s * 1e3:.2f} ms/step | grid best fusion "
+                f"{human(grid_best['threshold_bytes'])} cycle {grid_best['cycle_time_ms']:g} ms "
+                f"{grid_best['kolo_step_s'] * 1e3:.2f} ms/step | tuned/grid-best "
+                f"{autotune['ratio_time_over_grid_best']:.3f}x (target <= 1.05x) | "
+                f"tuned/default {autotune['ratio_time_over_default']:.3f}x",
+                flush=True,
+            )
     if rank == 0:
         write_results(
             "fusion",
@@ -207,6 +278,7 @@ def main() -> None:
                 "steps": steps,
                 "shapes": [list(s) for _, s in shapes],
                 "results": results,
+                "autotune": autotune,
             },
             args.json,
         )

@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -357,17 +358,65 @@ def test_horovodrun_flags_kolo_lacks_print_one_notice_each_and_still_run() -> No
         timeout=60,
     )
     assert result.returncode == 0, result.stderr
-    # --gloo selects kolo's own controller and --hierarchical-allreduce its hierarchical
-    # path: Horovod's effects, no notice.
+    # --gloo selects kolo's own controller, --hierarchical-allreduce its hierarchical path and
+    # --autotune its autotuner: Horovod's effects, no notice.
     notes = [line for line in result.stderr.splitlines() if line.startswith("kolorun: note:")]
     assert [line.split(":")[2].strip() for line in notes] == [
         "--torus-allreduce",
-        "--autotune",
     ], result.stderr
     version = run_kolorun(["-v"], timeout=30)
     assert version.returncode == 0 and version.stdout.strip()[0].isdigit(), version
     result = run_kolorun(["-cb"], timeout=30)
     assert result.returncode == 0 and "[X] TCP" in result.stdout
+
+
+_AUTOTUNE_RANK = """
+import sys, time
+import torch
+import kolo, kolo.torch as hvd
+hvd.init()
+rank = hvd.rank()
+grads = [torch.ones(4096) for _ in range(3)]
+for step in range(400):
+    if rank == 1:
+        time.sleep(0.0005 * (1 + step % 3))  # rank 1 is slow: its own timings differ
+    for i, g in enumerate(grads):
+        hvd.allreduce_(g, op=hvd.Sum, name=f"grad.{i}")
+    active = kolo.engine_stats()["autotune_active"]
+    if hvd.allreduce(torch.tensor([active]), op=hvd.Max, name="active").item() == 0:
+        break
+stats = kolo.engine_stats()
+mine = torch.tensor([stats[k] for k in (
+    "autotune_trials", "fusion_threshold", "cycle_time_us", "cache_enabled")], dtype=torch.int64)
+every = hvd.allgather(mine.unsqueeze(0), name="settings")
+assert (every == every[0]).all(), every
+print("tuned", rank, step, *mine.tolist(), flush=True)
+hvd.shutdown()
+"""
+
+
+def test_kolorun_autotune_agrees_on_every_rank_and_writes_horovods_log(tmp_path: Path) -> None:
+    log = tmp_path / "autotune.csv"
+    flags = (
+        "-np 2 --autotune --autotune-warmup-samples 0 --autotune-steps-per-sample 2 "
+        f"--autotune-bayes-opt-max-samples 7 --autotune-log-file {log}"
+    ).split()
+    result = run_kolorun([*flags, "python", "-c", _AUTOTUNE_RANK], timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    # "[rank]<stdout>:tuned rank step trials fusion_threshold cycle_time_us cache_enabled"
+    tuned = [
+        line.split(":tuned ")[1].split() for line in result.stdout.splitlines() if ":tuned " in line
+    ]
+    assert len(tuned) == 2, result.stdout
+    # The same settings, trial count included, on both ranks, and the search ended early.
+    assert tuned[0][2:] == tuned[1][2:] and int(tuned[0][2]) >= 3, tuned
+    lines = log.read_text().splitlines()
+    assert lines[0] == (
+        "hierarchical_allreduce,hierarchical_allgather,torus_allreduce,cache_enabled,"
+        "cycle_time_ms,tensor_fusion_threshold,score"
+    )
+    assert len(lines) >= 4 and all(len(line.split(",")) == 7 for line in lines), lines
+    assert float(lines[-1].split(",")[5]) * (1 << 20) == pytest.approx(int(tuned[0][3]), rel=1e-4)
 
 
 def test_parse_args_contract() -> None:

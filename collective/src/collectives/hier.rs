@@ -16,6 +16,7 @@
 //! unset or `1`, the hierarchical path.
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;
 
 use super::allreduce::on_ring;
@@ -26,10 +27,41 @@ use crate::error::Result;
 use crate::transport::Hosts;
 use crate::wire::OpKind;
 
-/// This rank's host and whether it leads it.
+/// The autotuner's choice per operation (see [`set_tuned`]): 0 none, 1 flat, 2 hierarchical.
+static TUNED_ALLREDUCE: AtomicU8 = AtomicU8::new(0);
+static TUNED_ALLGATHER: AtomicU8 = AtomicU8::new(0);
+
+/// The autotuner's choices, which win over the variables (`None`: the variables decide). The
+/// engine sets them at the same cycle on every rank, so every rank takes the same path.
+pub(crate) fn set_tuned(choices: Option<(bool, bool)>) {
+    let code = |on: Option<bool>| match on {
+        None => 0,
+        Some(false) => 1,
+        Some(true) => 2,
+    };
+    TUNED_ALLREDUCE.store(code(choices.map(|c| c.0)), Ordering::Relaxed);
+    TUNED_ALLGATHER.store(code(choices.map(|c| c.1)), Ordering::Relaxed);
+}
+
 /// Whether `kind` (allreduce or allgather) takes the hierarchical path on a hierarchical
-/// layout, from its variable (read once per process; logged at debug level then).
+/// layout: the autotuner's choice when it made one, else [`from_env`].
 pub(crate) fn chosen(kind: OpKind) -> bool {
+    let tuned = if kind == OpKind::Allgather {
+        &TUNED_ALLGATHER
+    } else {
+        &TUNED_ALLREDUCE
+    };
+    match tuned.load(Ordering::Relaxed) {
+        1 => return false,
+        2 => return true,
+        _ => {}
+    }
+    from_env(kind)
+}
+
+/// Whether `kind` takes the hierarchical path by its variable alone (read once per process;
+/// logged at debug level then).
+pub(crate) fn from_env(kind: OpKind) -> bool {
     static CHOICES: OnceLock<(bool, bool)> = OnceLock::new();
     let (allreduce, allgather) = *CHOICES.get_or_init(|| {
         let read = |suffix: &str| {
@@ -65,6 +97,7 @@ pub(crate) fn chosen(kind: OpKind) -> bool {
     }
 }
 
+/// This rank's host and whether it leads it.
 fn place(session: &Session, hosts: &Hosts) -> (usize, bool) {
     let host = hosts.host_of[session.rank];
     (host, hosts.ranks[host][0] == session.rank)

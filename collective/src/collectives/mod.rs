@@ -27,7 +27,7 @@ pub(crate) mod allgather;
 pub(crate) mod allreduce;
 pub(crate) mod alltoall;
 mod broadcast;
-mod hier;
+pub(crate) mod hier;
 mod reducescatter;
 pub(crate) mod scattered;
 pub(crate) mod shm;

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::autotune::settings::AutotuneConfig;
 use crate::control::env::parse_seconds;
 use crate::error::{Error, Result};
 
@@ -39,6 +40,25 @@ pub struct EngineConfig {
     /// Cores to pin the background thread to, one per local rank
     /// (`KOLO_THREAD_AFFINITY`/`HOROVOD_THREAD_AFFINITY`, e.g. `2,3`; see [`super::affinity`]).
     pub thread_affinity: Option<String>,
+    /// Horovod's autotune (`KOLO_AUTOTUNE*` / `HOROVOD_AUTOTUNE*`; see [`super::autotune`]).
+    pub autotune: AutotuneConfig,
+    /// The knobs set explicitly, which the autotuner leaves alone (as Horovod does).
+    pub fixed: FixedKnobs,
+}
+
+/// Which tunable knobs the environment set explicitly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FixedKnobs {
+    /// `*_FUSION_THRESHOLD` was set.
+    pub fusion_threshold: bool,
+    /// `*_CYCLE_TIME` was set.
+    pub cycle_time: bool,
+    /// `*_CACHE_CAPACITY` was set.
+    pub cache: bool,
+    /// `*_HIERARCHICAL_ALLREDUCE` was set.
+    pub hierarchical_allreduce: bool,
+    /// `*_HIERARCHICAL_ALLGATHER` was set.
+    pub hierarchical_allgather: bool,
 }
 
 impl Default for EngineConfig {
@@ -54,6 +74,8 @@ impl Default for EngineConfig {
             timeline_mark_cycles: false,
             dynamic_process_sets: false,
             thread_affinity: None,
+            autotune: AutotuneConfig::default(),
+            fixed: FixedKnobs::default(),
         }
     }
 }
@@ -136,6 +158,14 @@ impl EngineConfig {
             config.dynamic_process_sets = parse_flag(&name, &text)?;
         }
         config.thread_affinity = knob("THREAD_AFFINITY").map(|(_, text)| text);
+        config.autotune = AutotuneConfig::from_knobs(knob)?;
+        config.fixed = FixedKnobs {
+            fusion_threshold: knob("FUSION_THRESHOLD").is_some(),
+            cycle_time: knob("CYCLE_TIME").is_some(),
+            cache: knob("CACHE_CAPACITY").is_some(),
+            hierarchical_allreduce: knob("HIERARCHICAL_ALLREDUCE").is_some(),
+            hierarchical_allgather: knob("HIERARCHICAL_ALLGATHER").is_some(),
+        };
         Ok(config)
     }
 }
@@ -217,6 +247,32 @@ mod tests {
         assert_eq!(c.stall_shutdown, Some(Duration::from_secs(3)));
         assert_eq!(c.timeline, Some(PathBuf::from("/tmp/t.json")));
         assert!(c.timeline_mark_cycles && c.dynamic_process_sets);
+        assert_eq!(
+            c.fixed,
+            FixedKnobs {
+                fusion_threshold: true,
+                cycle_time: true,
+                cache: true,
+                ..FixedKnobs::default()
+            }
+        );
+    }
+
+    #[test]
+    fn reads_the_autotune_settings() {
+        let c = config(&[
+            ("HOROVOD_AUTOTUNE", "1"),
+            ("HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", "5"),
+            ("HOROVOD_HIERARCHICAL_ALLGATHER", "0"),
+        ])
+        .unwrap();
+        assert!(c.autotune.enabled);
+        assert_eq!(c.autotune.steps_per_sample, 5);
+        assert!(c.fixed.hierarchical_allgather && !c.fixed.fusion_threshold);
+        match config(&[("KOLO_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "many")]) {
+            Err(Error::Config(m)) => assert!(m.contains("KOLO_AUTOTUNE_BAYES_OPT_MAX_SAMPLES")),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

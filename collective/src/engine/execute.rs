@@ -156,7 +156,7 @@ pub(crate) struct Executor<'e> {
 }
 
 /// Bytes of the tensor `desc` describes (0 if it does not fit).
-fn tensor_bytes(desc: &OpDescriptor) -> usize {
+pub(crate) fn tensor_bytes(desc: &OpDescriptor) -> usize {
     let elements = desc
         .shape
         .iter()

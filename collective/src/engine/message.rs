@@ -2,6 +2,7 @@
 //! the response-cache bits of the tensors it submitted since the last cycle, and the full
 //! descriptors of those the cache does not know.
 
+use super::autotune::{AppliedTrial, WIRE_LEN as PARAMS_LEN};
 use crate::control::host_updates::HostNews;
 use crate::wire::{FrameError, FrameKind, OpDescriptor};
 
@@ -18,7 +19,9 @@ pub(crate) const FLAG_JOINED: u8 = 1;
 pub(crate) const FLAG_SHUTDOWN: u8 = 2;
 /// Rank 0's stall inspector gave up on the tensors waiting in the table: fail them everywhere.
 pub(crate) const FLAG_STALL_ABORT: u8 = 4;
-const KNOWN_FLAGS: u8 = FLAG_JOINED | FLAG_SHUTDOWN | FLAG_STALL_ABORT;
+/// The message carries the autotuner's next setting (only global rank 0's is read).
+pub(crate) const FLAG_PARAMS: u8 = 8;
+const KNOWN_FLAGS: u8 = FLAG_JOINED | FLAG_SHUTDOWN | FLAG_STALL_ABORT | FLAG_PARAMS;
 
 /// Largest encoded message accepted from a peer.
 pub(crate) const MAX_MESSAGE_LEN: usize = 256 << 20;
@@ -33,6 +36,8 @@ pub(crate) struct CycleMessage {
     pub requests: Vec<OpDescriptor>,
     /// The sender's host-update news (only group rank 0's is read; see `super::host_news`).
     pub news: HostNews,
+    /// The autotuner's next setting, with [`FLAG_PARAMS`] (see `super::autotune`).
+    pub params: Option<AppliedTrial>,
 }
 
 impl CycleMessage {
@@ -58,6 +63,12 @@ impl CycleMessage {
         })
     }
 
+    /// Attaches the autotuner's next setting.
+    pub(crate) fn carry(&mut self, params: AppliedTrial) {
+        self.flags |= FLAG_PARAMS;
+        self.params = Some(params);
+    }
+
     pub(crate) fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(16 + 8 * self.bits.len() + 64 * self.requests.len());
         out.push(self.flags);
@@ -73,6 +84,9 @@ impl CycleMessage {
         }
         for stamp in [self.news.removed, self.news.added, self.news.handled] {
             out.extend_from_slice(&stamp.to_le_bytes());
+        }
+        if let (true, Some(params)) = (self.has(FLAG_PARAMS), &self.params) {
+            params.encode(&mut out);
         }
         out
     }
@@ -130,6 +144,11 @@ impl CycleMessage {
             added: stamp("addition")?,
             handled: stamp("handled")?,
         };
+        let params = if flags & FLAG_PARAMS != 0 {
+            Some(AppliedTrial::decode(take(PARAMS_LEN)?)?)
+        } else {
+            None
+        };
         if !rest.is_empty() {
             return Err(malformed(format!(
                 "{} trailing bytes after a cycle message",
@@ -141,6 +160,7 @@ impl CycleMessage {
             bits,
             requests,
             news,
+            params,
         })
     }
 }
@@ -163,12 +183,22 @@ mod tests {
 
     proptest! {
         #[test]
-        fn round_trips(flags in 0u8..8, bits in proptest::collection::vec(0usize..200, 0..20),
+        fn round_trips(flags in 0u8..8, tuned in proptest::option::of((any::<u32>(), 0usize..1 << 30, 1u64..1_000_000_000, any::<bool>())), bits in proptest::collection::vec(0usize..200, 0..20),
                        names in proptest::collection::vec("[a-z.0-9]{0,12}", 0..5),
                        dims in proptest::collection::vec(0i64..1000, 0..4),
                        stamps in proptest::array::uniform3(0.0f64..2e9)) {
             let news = HostNews { removed: stamps[0], added: stamps[1], handled: stamps[2] };
             let mut m = CycleMessage { flags, news, ..Default::default() };
+            if let Some((trial, fusion, nanos, on)) = tuned {
+                m.carry(AppliedTrial { trial, params: crate::engine::autotune::TunedParams {
+                    fusion_threshold: fusion,
+                    cycle_time: std::time::Duration::from_nanos(nanos),
+                    cache_enabled: on,
+                    hierarchical_allreduce: !on,
+                    hierarchical_allgather: on,
+                    active: on,
+                }});
+            }
             for b in &bits { m.set_bit(*b); }
             m.requests = names.into_iter().map(|n| desc(n, dims.clone())).collect();
             let decoded = CycleMessage::decode(&m.encode(), 4, 256).unwrap();
@@ -195,6 +225,12 @@ mod tests {
             ..Default::default()
         };
         assert!(CycleMessage::decode(&bad.encode(), 2, 64).is_err());
+        // The parameters flag without its parameters ends early.
+        let missing = CycleMessage {
+            flags: FLAG_PARAMS,
+            ..Default::default()
+        };
+        assert!(CycleMessage::decode(&missing.encode(), 2, 64).is_err());
     }
 
     #[test]

@@ -16,6 +16,7 @@
 //! global rank 0, the [`timeline::Timeline`].
 
 pub mod affinity;
+pub mod autotune;
 mod cache;
 pub mod config;
 mod coordinator;
@@ -46,7 +47,10 @@ use crate::control::host_updates::{news_snapshot, process_news};
 use crate::dtype::ReduceOp;
 use crate::error::{Error, Result};
 use crate::reduce;
+use crate::transport::Layout;
 use crate::wire::OpKind;
+use autotune::runtime::{Coordinating, Tuning};
+pub use autotune::{AppliedTrial, TunedParams};
 pub use config::EngineConfig;
 use coordinator::Coordinator;
 pub use execute::recycle_output;
@@ -100,6 +104,8 @@ struct Shared {
     wake: Wake,
     stats: Stats,
     timeline: Timeline,
+    /// The tunable setting in force (the configured one unless autotuning).
+    tuning: Tuning,
     /// Members (global ranks) of every registered process set.
     sets: Mutex<BTreeMap<u32, Vec<usize>>>,
     /// Why the engine stopped, once it did.
@@ -121,6 +127,8 @@ struct CycleState {
     fusion: AlignedBuf,
     /// What commits agree on about host updates (see [`host_news`]).
     news: Agreement,
+    /// Global rank 0's autotuner, when autotuning.
+    autotune: Option<Coordinating>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -148,14 +156,25 @@ impl Engine {
         if let Some(group) = Group::new(0, (0..info.size).collect(), info.rank) {
             runtimes.insert(0, SetRuntime::new(group, config.cache_capacity));
         }
+        let autotune = if config.autotune.enabled && info.rank == 0 {
+            let hierarchical = comm
+                .run(|s| Ok(matches!(s.shm_layout(), Some(Layout::Hierarchical(_)))))
+                .unwrap_or(false);
+            Some(Coordinating::new(&config, hierarchical)?)
+        } else {
+            None
+        };
         let cycles = Mutex::new(CycleState {
             sets: runtimes,
             next_set_id: 1,
             fusion: AlignedBuf::default(),
             news: Agreement::default(),
+            autotune,
         });
+        let tuning = Tuning::new(&config);
         let shared = Arc::new(Shared {
             comm,
+            tuning,
             config,
             handles: Handles::default(),
             inbox: Mutex::new(Inbox::default()),
@@ -413,8 +432,44 @@ impl Engine {
 
     /// The counters: cycles, tensors, collectives, shm_collectives, fused_tensors, cache_hits, cache_misses,
     /// negotiation_ns, negotiated_tensors.
+    /// With autotuning, also `autotune_trials` (settings applied), `autotune_active` (1 while
+    /// searching), and the setting in force: `fusion_threshold` (bytes), `cycle_time_us`,
+    /// `cache_enabled`, `hierarchical_allreduce`, `hierarchical_allgather`.
     pub fn stats(&self) -> Vec<(&'static str, u64)> {
-        self.shared.stats.snapshot()
+        let mut stats = self.shared.stats.snapshot();
+        if self.shared.config.autotune.enabled {
+            let p = self.shared.tuning.current();
+            stats.extend([
+                ("autotune_trials", self.shared.tuning.trials().len() as u64),
+                ("autotune_active", u64::from(p.active)),
+                ("fusion_threshold", p.fusion_threshold as u64),
+                (
+                    "cycle_time_us",
+                    u64::try_from(p.cycle_time.as_micros()).unwrap_or(u64::MAX),
+                ),
+                ("cache_enabled", u64::from(p.cache_enabled)),
+                (
+                    "hierarchical_allreduce",
+                    u64::from(p.hierarchical_allreduce),
+                ),
+                (
+                    "hierarchical_allgather",
+                    u64::from(p.hierarchical_allgather),
+                ),
+            ]);
+        }
+        stats
+    }
+
+    /// The autotuner's settings this rank applied, in order (empty without autotuning). Every
+    /// rank applies the same ones at the same cycles.
+    pub fn autotune_trials(&self) -> Vec<AppliedTrial> {
+        self.shared.tuning.trials()
+    }
+
+    /// The tunable setting in force on this rank.
+    pub fn tuned_params(&self) -> TunedParams {
+        self.shared.tuning.current()
     }
 
     /// Starts writing the timeline to `path` (rank 0 only; other ranks ignore it).
@@ -624,15 +679,7 @@ impl Shared {
         *lock(&self.last_cycle) = Instant::now();
         self.stats.cycle();
         self.timeline.mark_cycle();
-        let CycleState {
-            sets,
-            next_set_id,
-            fusion,
-            news,
-        } = state;
-        let outcome = self
-            .comm
-            .run(|session| self.cycle(session, sets, next_set_id, fusion, news));
+        let outcome = self.comm.run(|session| self.cycle(session, state));
         self.handles.cycle_ended();
         match outcome {
             Ok(Flow::Continue) => true,
@@ -669,7 +716,7 @@ impl Shared {
         let mut peer_started = false;
         loop {
             let wake = self.wake.rearm();
-            let due = *lock(&self.last_cycle) + self.config.cycle_time;
+            let due = *lock(&self.last_cycle) + self.tuning.current().cycle_time;
             let now = Instant::now();
             if now >= due {
                 return Ok(());
@@ -705,14 +752,14 @@ impl Shared {
         }
     }
 
-    fn cycle(
-        &self,
-        session: &mut Session,
-        sets: &mut BTreeMap<u32, SetRuntime>,
-        next_set_id: &mut u32,
-        fusion: &mut AlignedBuf,
-        news: &mut Agreement,
-    ) -> Result<Flow> {
+    fn cycle(&self, session: &mut Session, state: &mut CycleState) -> Result<Flow> {
+        let CycleState {
+            sets,
+            next_set_id,
+            fusion,
+            news,
+            autotune,
+        } = state;
         let (items, shutdown) = {
             let mut inbox = lock(&self.inbox);
             (std::mem::take(&mut inbox.items), inbox.shutdown)
@@ -768,12 +815,20 @@ impl Shared {
                 msg.flags |= FLAG_STALL_ABORT;
                 set.stall_abort = false;
             }
+            if id == 0 {
+                if let Some(trial) = autotune.as_mut().and_then(Coordinating::take_outgoing) {
+                    msg.carry(trial);
+                }
+            }
+            // With the cache switched off (autotune), every tensor goes in full; the
+            // coordinator accepts bits and full descriptors alike.
+            let use_cache = self.tuning.current().cache_enabled;
             for name in set.fresh.drain(..) {
                 let Some(local) = set.pending.get(&name) else {
                     continue;
                 };
                 let desc = local.sub.descriptor();
-                match set.coordinator.cache.lookup(&desc) {
+                match set.coordinator.cache.lookup(&desc).filter(|_| use_cache) {
                     Some(bit) => msg.set_bit(bit),
                     None => msg.requests.push(desc),
                 }
@@ -795,6 +850,13 @@ impl Shared {
                 })?;
                 msgs.push(decoded);
             }
+            // Global rank 0's autotune setting takes effect here, at this same cycle on every
+            // rank, before anything of the cycle runs.
+            if id == 0 {
+                if let Some(trial) = msgs[0].params {
+                    self.tuning.apply(trial);
+                }
+            }
             let now = Instant::now();
             let decision = set.coordinator.decide(&msgs, now);
             if id == 0 && !decision.responses.is_empty() {
@@ -807,12 +869,26 @@ impl Shared {
             {
                 self.stats.negotiation(started.elapsed());
             }
+            let agreed: Vec<(String, u64)> = match autotune {
+                Some(tuner) if id == 0 && tuner.searching() => decision
+                    .responses
+                    .iter()
+                    .filter_map(|r| match r {
+                        coordinator::Response::Run { descs, .. } => Some((
+                            descs[0].name.clone(),
+                            execute::tensor_bytes(&descs[0]) as u64,
+                        )),
+                        _ => None,
+                    })
+                    .collect(),
+                _ => Vec::new(),
+            };
             let mut executor = Executor {
                 handles: &self.handles,
                 stats: &self.stats,
                 timeline: &self.timeline,
                 fusion,
-                fusion_threshold: self.config.fusion_threshold,
+                fusion_threshold: self.tuning.current().fusion_threshold,
                 stall_shutdown: self.config.stall_shutdown.unwrap_or_default(),
             };
             let SetRuntime {
@@ -825,6 +901,9 @@ impl Shared {
                 executor.run(s, decision.responses, pending, join)
             })?;
             actions.extend(done);
+            if let (Some(tuner), false) = (autotune.as_mut(), agreed.is_empty()) {
+                tuner.observe(&agreed, Instant::now());
+            }
             if let Some(rank) = decision.shutdown_by {
                 log::debug!(
                     "rank {}: the engine stops (rank {} asked)",

@@ -105,11 +105,21 @@ elastic options (horovodrun's; --host-discovery-script or --min-np makes a launc
   (neither --min-np nor a script) the other elastic options change nothing and print a
   notice, as horovodrun ignores them.
 
+autotune (rank 0 tunes fusion threshold x cycle time, then the cache and hierarchical
+switches; every rank applies each setting at the same cycle; see docs/autotune.md):
+  --autotune / --no-autotune   [KOLO_/HOROVOD_AUTOTUNE]
+  --autotune-log-file FILE     CSV of every sample, Horovod's columns [*_AUTOTUNE_LOG]
+  --autotune-warmup-samples N  samples discarded first (default 3)
+  --autotune-steps-per-sample N
+                               steps per sample, scored by their median (default 10)
+  --autotune-bayes-opt-max-samples N
+                               cap on Bayesian samples; stops earlier once converged (20)
+  --autotune-gaussian-process-noise X
+                               largest GP noise level assumed, in [0, 1] (default 0.8)
+
 accepted with a notice (kolo has no such mechanism; the HOROVOD_* variable is still set):
-  --jsrun, --torus-allreduce, --autotune,
-  --autotune-log-file, --autotune-warmup-samples, --autotune-steps-per-sample,
-  --autotune-bayes-opt-max-samples, --autotune-gaussian-process-noise, --num-nccl-streams.
-  --no-autotune and --no-torus-allreduce are what kolo does anyway.
+  --jsrun, --torus-allreduce, --num-nccl-streams.
+  --no-torus-allreduce is what kolo does anyway.
 
 environment: every rank gets the launching environment except the variables docs/kolorun.md
 lists (HOSTNAME, PWD, SSH_*, ...); ssh ranks receive it on ssh's stdin, never on a command
@@ -274,9 +284,6 @@ pub enum Invocation {
 /// What kolo does instead of `option`'s Horovod effect, for the options kolo has no mechanism
 /// for; `None` for the options kolo honours.
 pub fn notice_for(option: &str) -> Option<&'static str> {
-    const AUTOTUNE: &str = "kolo has no autotuner: set --fusion-threshold-mb and \
-                            --cycle-time-ms directly (the HOROVOD_AUTOTUNE* variables are still \
-                            set)";
     Some(match option {
         "--jsrun" => {
             "kolorun starts ranks itself (or through mpirun with --mpi) and never runs jsrun: \
@@ -285,12 +292,6 @@ pub fn notice_for(option: &str) -> Option<&'static str> {
         "--torus-allreduce" => {
             "kolo has no NCCL torus allreduce; GPU tensors use kolo's NCCL allreduce"
         }
-        "--autotune"
-        | "--autotune-log-file"
-        | "--autotune-warmup-samples"
-        | "--autotune-steps-per-sample"
-        | "--autotune-bayes-opt-max-samples"
-        | "--autotune-gaussian-process-noise" => AUTOTUNE,
         "--num-nccl-streams" => {
             "kolo runs one NCCL stream per process set; HOROVOD_NUM_NCCL_STREAMS is set but \
              not read"
@@ -462,6 +463,7 @@ pub fn parse_args(args: &[String]) -> Result<Invocation> {
     }
     // Horovod sets the autotune variables only when autotuning is on.
     if autotune == Some(true) {
+        set_env(&mut parsed.engine_env, "KOLO_AUTOTUNE", "1".into());
         set_env(&mut parsed.engine_env, "HOROVOD_AUTOTUNE", "1".into());
         for (variable, setting) in autotune_env {
             set_env(&mut parsed.engine_env, &variable, setting);
@@ -566,15 +568,9 @@ mod tests {
     }
 
     /// The options horovodrun 0.28.1 has that kolo accepts without Horovod's effect.
-    const NOTICE_OPTIONS: [&str; 15] = [
+    const NOTICE_OPTIONS: [&str; 9] = [
         "--jsrun",
         "--torus-allreduce",
-        "--autotune",
-        "--autotune-log-file",
-        "--autotune-warmup-samples",
-        "--autotune-steps-per-sample",
-        "--autotune-bayes-opt-max-samples",
-        "--autotune-gaussian-process-noise",
         "--num-nccl-streams",
         "--max-np",
         "--max-num-proc",
@@ -863,6 +859,20 @@ mod tests {
         assert!(engine_env("--no-autotune --autotune-warmup-samples 3").is_empty());
     }
 
+    /// Bad autotune values fail at the launcher, naming the flag, before any rank starts.
+    #[test]
+    fn bad_autotune_values_are_config_errors() {
+        for (flag, value) in [
+            ("--autotune-steps-per-sample", "0"),
+            ("--autotune-bayes-opt-max-samples", "0"),
+            ("--autotune-warmup-samples", "-1"),
+            ("--autotune-gaussian-process-noise", "2"),
+        ] {
+            let message = error(&format!("--autotune {flag} {value} -np 1 python x.py"));
+            assert!(message.contains(flag), "{message}");
+        }
+    }
+
     /// Each tuning flag sets the variable Horovod's `set_env_from_args` sets (and kolo's name
     /// where kolo's engine reads one).
     #[test]
@@ -923,8 +933,11 @@ mod tests {
             (
                 "--autotune --autotune-log-file /a.csv --autotune-gaussian-process-noise 0.25",
                 &[
+                    ("KOLO_AUTOTUNE", "1"),
                     ("HOROVOD_AUTOTUNE", "1"),
+                    ("KOLO_AUTOTUNE_LOG", "/a.csv"),
                     ("HOROVOD_AUTOTUNE_LOG", "/a.csv"),
+                    ("KOLO_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "0.25"),
                     ("HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "0.25"),
                 ],
             ),

@@ -91,7 +91,7 @@ pub(crate) fn switch_vars(flag: &str) -> Option<Vec<(&'static str, String)>> {
         "--no-hierarchical-allgather" => one(&HIERARCHICAL_ALLGATHER, false),
         "--torus-allreduce" => one(&["HOROVOD_TORUS_ALLREDUCE"], true),
         "--no-torus-allreduce" => one(&["HOROVOD_TORUS_ALLREDUCE"], false),
-        "--autotune" => one(&["HOROVOD_AUTOTUNE"], true),
+        "--autotune" => one(&["KOLO_AUTOTUNE", "HOROVOD_AUTOTUNE"], true),
         // Horovod sets no variable when autotuning is off.
         "--no-autotune" => Vec::new(),
         "--timeline-mark-cycles" => one(
@@ -226,19 +226,37 @@ pub(crate) fn setting_vars(flag: &str, text: &str) -> Result<Vec<(&'static str, 
             if trimmed.is_empty() {
                 return Err(bad("is not a file path"));
             }
-            vec![("HOROVOD_AUTOTUNE_LOG", text.to_owned())]
+            vec![
+                ("KOLO_AUTOTUNE_LOG", text.to_owned()),
+                ("HOROVOD_AUTOTUNE_LOG", text.to_owned()),
+            ]
         }
         "--autotune-warmup-samples" => {
             let n = whole("is not a count: give a whole number, e.g. 3")?;
-            vec![("HOROVOD_AUTOTUNE_WARMUP_SAMPLES", n.to_string())]
+            vec![
+                ("KOLO_AUTOTUNE_WARMUP_SAMPLES", n.to_string()),
+                ("HOROVOD_AUTOTUNE_WARMUP_SAMPLES", n.to_string()),
+            ]
         }
         "--autotune-steps-per-sample" => {
             let n = whole("is not a count: give a whole number, e.g. 10")?;
-            vec![("HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", n.to_string())]
+            if n == 0 {
+                return Err(bad("is not a count of at least 1: give e.g. 10"));
+            }
+            vec![
+                ("KOLO_AUTOTUNE_STEPS_PER_SAMPLE", n.to_string()),
+                ("HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", n.to_string()),
+            ]
         }
         "--autotune-bayes-opt-max-samples" => {
             let n = whole("is not a count: give a whole number, e.g. 20")?;
-            vec![("HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", n.to_string())]
+            if n == 0 {
+                return Err(bad("is not a count of at least 1: give e.g. 20"));
+            }
+            vec![
+                ("KOLO_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", n.to_string()),
+                ("HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", n.to_string()),
+            ]
         }
         "--autotune-gaussian-process-noise" => {
             let noise = trimmed
@@ -246,7 +264,10 @@ pub(crate) fn setting_vars(flag: &str, text: &str) -> Result<Vec<(&'static str, 
                 .ok()
                 .filter(|v| (0.0..=1.0).contains(v))
                 .ok_or_else(|| bad("is not a noise level: give a number in [0, 1], e.g. 0.8"))?;
-            vec![("HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", noise.to_string())]
+            vec![
+                ("KOLO_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", noise.to_string()),
+                ("HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", noise.to_string()),
+            ]
         }
         _ => {
             return Err(Error::Internal(format!(
