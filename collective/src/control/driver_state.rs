@@ -1204,18 +1204,8 @@ impl JobState {
              was killed)",
             RUNNER_GRACE.as_secs_f64()
         );
-        let exited = TaskEvent {
-            kind: Some(task_event::Kind::Exited(TaskExited {
-                success: false,
-                description: description.clone(),
-            })),
-        };
-        if let Err(err) = self.events.post(task_index, vec![exited]).await {
-            log::warn!("job driver: cannot record the loss of task {task_index}: {err}");
-        }
-        if self.elastic.is_some() {
-            self.remove_member(task_index, format!("its rank process {description}"));
-        } else if !aborted {
+        if self.elastic.is_none() && !aborted {
+            // Aborted before the exit is recorded: a launcher that sees the exit sees why.
             let peer = self.assignment().and_then(|peers| {
                 peers
                     .iter()
@@ -1228,6 +1218,18 @@ impl JobState {
                 host,
                 message: format!("task {task_index}'s rank process {description}"),
             });
+        }
+        let exited = TaskEvent {
+            kind: Some(task_event::Kind::Exited(TaskExited {
+                success: false,
+                description: description.clone(),
+            })),
+        };
+        if let Err(err) = self.events.post(task_index, vec![exited]).await {
+            log::warn!("job driver: cannot record the loss of task {task_index}: {err}");
+        }
+        if self.elastic.is_some() {
+            self.remove_member(task_index, format!("its rank process {description}"));
         }
     }
 

@@ -498,7 +498,8 @@ mod tests {
         assert_eq!((task, success), (0, false));
         assert!(description.starts_with(LOST_WITH_RUNNER), "{description}");
         assert!(at - closed >= RUNNER_GRACE, "lost before the grace passed");
-        assert!(at - closed < RUNNER_GRACE * 3, "{:?}", at - closed);
+        // Well before the heartbeat timeout (20 s), even on a loaded machine.
+        assert!(at - closed < Duration::from_secs(10), "{:?}", at - closed);
         assert_eq!(driver.live_tasks(), Vec::<u32>::new());
         assert_eq!(driver.task_exit(0).map(|exit| exit.0), Some(false));
     }
@@ -532,7 +533,7 @@ mod tests {
         let (description, after) = lost_runner_of_fixed_job(&driver);
         assert!(description.starts_with(LOST_WITH_RUNNER), "{description}");
         assert!(
-            after >= RUNNER_GRACE && after < RUNNER_GRACE * 3,
+            after >= RUNNER_GRACE && after < Duration::from_secs(10),
             "{after:?}"
         );
         let cause = driver.failure().expect("the job was not aborted");
