@@ -72,6 +72,11 @@ def test_transform_on_connect_predicts_what_the_model_computes(torch_client):
     assert result["rows"] == 360
     assert result["max_diff"] < 1e-5
     assert result["accuracy"] > 0.85
+    # A model over the server's message limit: a typed error at the call, naming the setting.
+    kind, message = result["too_big"]
+    assert kind == "ConfigError", result["too_big"]
+    assert re.search(r"the model is \d+\.\d MiB", message) and "up to 32.0 MiB" in message, message
+    assert "spark.connect.grpc.maxInboundMessageSize" in message, message
 
 
 def _classic_errors(spark, tmp_path) -> dict:

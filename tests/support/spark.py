@@ -223,6 +223,9 @@ def start_connect_server(log_dir, master: str = "local[2]"):
         "spark.sql.shuffle.partitions": "2",
         "spark.default.parallelism": "2",
         "spark.pyspark.python": sys.executable,
+        # 32 MiB (the default is 128): a test sends a model over the limit without building one
+        # of 128 MiB.
+        "spark.connect.grpc.maxInboundMessageSize": str(32 << 20),
     }
     command = [os.path.join(spark_home, "bin", "spark-submit"), "--master", master]
     command += ["--name", "kolo-tests-connect", "--class", CONNECT_SERVER_CLASS]

@@ -122,11 +122,24 @@ def scenario_transform(spark, store) -> dict:
     with torch.no_grad():
         expected = model(local_in).double().numpy()
     served = np.array([r["label__output"] for r in got])
+    # A model larger than the server takes in one message (the fixture's server: 32 MiB).
+    big = TorchModel(
+        model=torch.nn.Linear(64, 160_000),
+        feature_columns=["features"],
+        label_columns=["label"],
+        metadata={"columns": {"features": {"dtype": "float32", "shape": [64]}}},
+    )
+    try:
+        big.transform(test_df)
+        too_big = ["no error", ""]
+    except Exception as error:
+        too_big = [type(error).__name__, str(error)]
     return {
         "rows": len(got),
         "columns": predictions.columns,
         "max_diff": float(np.abs(served - expected).max()),
         "accuracy": accuracy_of(predictions),
+        "too_big": too_big,
     }
 
 

@@ -123,6 +123,12 @@ class InlinePayload:
         self.value = value
 
 
+#: The Spark Connect server's default ``spark.connect.grpc.maxInboundMessageSize`` (128 MiB).
+CONNECT_MAX_MESSAGE_DEFAULT = 128 << 20
+#: Room a transform's plan needs besides the model payload inlined in its UDF.
+CONNECT_PLAN_SLACK = 1 << 20
+
+
 def _ship(df: Any, payload: bytes) -> Any:
     """How the payload reaches the Python workers: a broadcast on a classic session (sent once
     per executor), inline in the closure on Spark Connect. (Only the session's type is asked:
@@ -132,8 +138,29 @@ def _ship(df: Any, payload: bytes) -> Any:
     session = df.sparkSession
     connect_type = _connect_session_type()
     if connect_type is not None and isinstance(session, connect_type):
+        _check_fits_a_connect_message(session, len(payload))
         return InlinePayload(payload)
     return session.sparkContext.broadcast(payload)
+
+
+def _check_fits_a_connect_message(session: Any, size: int) -> None:
+    """``ConfigError`` at the call when the model inlined in the UDF would make the plan larger
+    than the Connect server accepts (it would otherwise fail inside the server's gRPC layer)."""
+    from kolo.exceptions import ConfigError
+
+    key = "spark.connect.grpc.maxInboundMessageSize"
+    try:
+        limit = int(session.conf.get(key, None) or CONNECT_MAX_MESSAGE_DEFAULT)
+    except (TypeError, ValueError):
+        limit = CONNECT_MAX_MESSAGE_DEFAULT
+    if size + CONNECT_PLAN_SLACK > limit:
+        raise ConfigError(
+            f"transform on Spark Connect: the model is {size / 2**20:.1f} MiB, and on Connect it "
+            f"travels inside the transform's plan, which the server accepts up to "
+            f"{limit / 2**20:.1f} MiB ({key}). Raise {key} on the Connect server (a server "
+            "setting, e.g. --conf at its start) above the model's size plus 1 MiB, or transform "
+            "on a classic SparkSession (its model goes out as a broadcast, without that limit)."
+        )
 
 
 def _stacked(values: Any) -> Any:
