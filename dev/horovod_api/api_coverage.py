@@ -31,6 +31,8 @@ REPO = Path(__file__).resolve().parents[2]
 DATA_FILE = REPO / "python" / "tests" / "fixtures" / "horovod_api_0.28.1.json"
 GAPS_FILE = REPO / "python" / "tests" / "fixtures" / "horovod_api_gaps.txt"
 IN_SCOPE = "issue19"
+#: horovodrun's argument group of the elastic flags (launcher_flags.ELASTIC_GROUP).
+ELASTIC_GROUP = "elastic arguments"
 
 #: Check categories, in the order the figure lists them, with their label.
 CATEGORIES: Dict[str, str] = {
@@ -264,8 +266,11 @@ _SAMPLE_VALUES = {
 
 
 def sample_argv(flag: Dict[str, Any], option: str, files: Dict[str, str]) -> List[str]:
-    """A valid horovodrun command line using ``option`` (one spelling of ``flag``)."""
+    """A valid horovodrun command line using ``option`` (one spelling of ``flag``); an
+    elastic flag's line is elastic (``--min-np 1``), as the flag only acts there."""
     tail = ["python", "train.py"]
+    if flag["group"] == ELASTIC_GROUP and flag["dest"] != "min_np":
+        tail = ["--min-np", "1", *tail]
     if not flag["takes_value"]:
         return ["-np", "2", option, *tail]
     dest = flag["dest"]

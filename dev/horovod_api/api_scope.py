@@ -14,7 +14,6 @@ from typing import Dict, List, Optional, Tuple
 IN_SCOPE = "issue19"
 TENSORFLOW = "issue 22 (TensorFlow)"
 ELASTIC = "issue 21 (elastic)"
-AUTOTUNE = "issue 24 (performance: autotune)"
 NOT_PLANNED = "not planned"
 #: Flags whose effect needs what this project cannot run (NVIDIA GPUs, IBM LSF's jsrun):
 #: accepted with a notice (issue 19's decision), so outside the effect target.
@@ -98,11 +97,6 @@ _OUT_OF_SCOPE = [
         NOT_PLANNED,
         "kolo has no MXNet adapter (MXNet is retired by Apache)",
     ),
-    (
-        lambda m: "elastic" in m.split("."),
-        ELASTIC,
-        "elastic training",
-    ),
 ]
 
 
@@ -117,10 +111,7 @@ def module_scope(module: str) -> Dict[str, str]:
 def name_scope(module: str, name: str) -> Dict[str, str]:
     """The scope of ``module.name``: its module's, or elastic for an elastic name
     (``run_elastic``, ``ElasticRayExecutor``, ``elastic`` submodules)."""
-    scope = module_scope(module)
-    if scope["owner"] == IN_SCOPE and "elastic" in name.lower():
-        return {"owner": ELASTIC, "reason": "elastic training"}
-    return scope
+    return module_scope(module)
 
 
 def internal_reason(module: str) -> Optional[str]:

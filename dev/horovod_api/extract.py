@@ -22,8 +22,6 @@ from typing import Any, Dict, List
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from api_scope import (
-    AUTOTUNE,
-    ELASTIC,
     ESTIMATOR_CLASSES,
     EXAMPLE_IMPORTS,
     NO_HARDWARE,
@@ -36,7 +34,7 @@ from api_scope import (
     name_scope,
 )
 from horovod_source import HorovodSource
-from launcher_flags import AUTOTUNE_GROUP, ELASTIC_GROUP, launcher_flags
+from launcher_flags import launcher_flags
 
 TAG = "v0.28.1"
 REPO = Path(__file__).resolve().parents[2]
@@ -102,17 +100,12 @@ def public_names(src: HorovodSource) -> List[Dict]:
 
 
 def flags(src: HorovodSource) -> List[Dict]:
-    """Horovodrun's flags, all in scope for acceptance; the effect of the elastic ones is
-    elastic training's (issue 21), of the autotune ones the performance issue's (24), of
-    ``--jsrun``/``--torus-allreduce``/``--num-nccl-streams`` hardware's this project lacks."""
+    """Horovodrun's flags, all in scope (elastic and autotune ones included); the effect of
+    ``--jsrun``/``--torus-allreduce``/``--num-nccl-streams`` is hardware's this project lacks."""
     rows = launcher_flags(src.read("horovod/runner/launch.py"))
     for row in rows:
         row["scope"] = {"owner": module_scope("horovod.runner.launch")["owner"]}
-        if row["group"] == ELASTIC_GROUP or row["dest"] == "host_discovery_script":
-            row["effect_owner"] = ELASTIC
-        elif row["group"] == AUTOTUNE_GROUP:
-            row["effect_owner"] = AUTOTUNE
-        elif row["dest"] in NO_HARDWARE_FLAGS:
+        if row["dest"] in NO_HARDWARE_FLAGS:
             row["effect_owner"] = NO_HARDWARE
     return rows
 

@@ -77,7 +77,7 @@ def flag_status(accepted: Check, effect: Check) -> str:
     if not accepted.covered:
         return "missing"
     if effect.owner != IN_SCOPE:
-        return f"accepted; elastic behaviour: {effect.owner}"
+        return f"accepted; its effect: {effect.owner}"
     if not effect.covered:
         return f"accepted, differs: {effect.detail}"
     return "supported"

@@ -23,10 +23,9 @@ _FLAG_ACTIONS = (
     "make_deprecated_bool_action",
 )
 
-#: Argument groups whose flags configure elastic training (their effect belongs to issue 21).
+#: The argument group of the flags that configure elastic training (they act only on an
+#: elastic command line).
 ELASTIC_GROUP = "elastic arguments"
-#: The group of the autotune flags (their effect, Horovod's autotune, belongs to issue 24).
-AUTOTUNE_GROUP = "autotune arguments"
 
 
 def launcher_flags(source: str) -> List[Dict[str, Any]]:

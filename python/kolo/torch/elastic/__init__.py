@@ -19,7 +19,9 @@ Example::
     train(hvd.elastic.TorchState(model, optimizer, epoch=0))
 """
 
-from kolo.elastic import ObjectState, State, run
+# Horovod's module has init, shutdown and run_fn too (outside its __all__).
+from kolo._lifecycle import init, shutdown  # noqa: F401
+from kolo.elastic import ObjectState, State, run, run_fn  # noqa: F401
 from kolo.torch.elastic.sampler import ElasticSampler
 from kolo.torch.elastic.state import TorchState
 
