@@ -16,6 +16,7 @@ import uuid
 
 import cloudpickle
 import pytest
+from support.rank_marker import MARKER_VAR, assert_no_orphans, marked_pids
 
 import kolo.spark
 from kolo.exceptions import ConfigError, InvalidArgumentError, NotEnoughSlotsError, RankFailedError
@@ -24,33 +25,6 @@ from kolo.spark.runner import task_slots
 pytestmark = pytest.mark.spark
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-MARKER_VAR = "KOLO_TEST_MARKER"
-
-
-def marked_pids(marker: str) -> list[int]:
-    """Processes whose environment carries ``KOLO_TEST_MARKER=marker`` (the rank processes)."""
-    import os
-
-    needle = f"{MARKER_VAR}={marker}".encode()
-    pids = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                if needle in f.read():
-                    pids.append(int(name))
-        except OSError:
-            continue
-    return pids
-
-
-def assert_no_orphans(marker: str, within: float = 10.0) -> None:
-    deadline = time.monotonic() + within
-    while marked_pids(marker) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert marked_pids(marker) == [], "rank processes survived the job"
 
 
 def collective_fn(magic):

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import cloudpickle
 import pytest
+from support.rank_marker import MARKER_VAR, assert_no_orphans
 
 import kolo.spark
 from kolo.exceptions import ConfigError, InvalidArgumentError, RankFailedError
@@ -30,33 +31,9 @@ pytestmark = pytest.mark.spark
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 REPO = Path(__file__).resolve().parents[1]
-MARKER_VAR = "KOLO_TEST_MARKER"
 #: A line of the driver's ``kolo.spark`` log, with its time (``%(asctime)s``); a rank's output
 #: may have been written into the same line before it.
 KOLO_SPARK_LINE = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) kolo\.spark ")
-
-
-def marked_pids(marker: str) -> list[int]:
-    """Processes whose environment carries ``KOLO_TEST_MARKER=marker`` (the rank processes)."""
-    needle = f"{MARKER_VAR}={marker}".encode()
-    pids = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                if needle in f.read():
-                    pids.append(int(name))
-        except OSError:
-            continue
-    return pids
-
-
-def assert_no_orphans(marker: str, within: float = 15.0) -> None:
-    deadline = time.monotonic() + within
-    while marked_pids(marker) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert marked_pids(marker) == [], "rank processes survived the job"
 
 
 def next_job_id(spark) -> int:
@@ -171,7 +148,7 @@ def test_a_rank_killed_leaves_and_the_survivor_finishes(spark):
     # Two steps ran on two ranks before the kill, the rest on the survivor alone.
     assert result["sizes"][:2] == [2, 2] and set(result["sizes"][2:]) == {1}, result
     assert result["resets"] == [1]
-    assert_no_orphans(marker)
+    assert_no_orphans(marker, within=15.0)
     assert kolo_segments() <= segments
     print(f"run_elastic local[2], one rank killed: {elapsed:.2f}s")
 
@@ -194,7 +171,7 @@ def test_a_task_past_num_proc_is_admitted_and_joins(spark):
     assert sorted(r["task"] for r in results) == [0, 1]
     assert all(r["size"] == 2 and r["step"] == results[0]["step"] >= 12 for r in results), results
     assert results[0]["sizes"] == results[1]["sizes"] and results[0]["sizes"][-1] == 2
-    assert_no_orphans(marker)
+    assert_no_orphans(marker, within=15.0)
 
 
 def test_the_reset_past_reset_limit_stops_the_job(spark):
@@ -213,7 +190,7 @@ def test_the_reset_past_reset_limit_stops_the_job(spark):
         )
     assert time.monotonic() - started < 60
     assert "reset" in str(caught.value)
-    assert_no_orphans(marker)
+    assert_no_orphans(marker, within=15.0)
 
 
 def raising_elastic_fn(marker):
@@ -243,7 +220,7 @@ def test_a_raising_function_fails_the_job_fast(spark):
     assert time.monotonic() - started < 30
     assert caught.value.rank == 1
     assert f"ValueError: boom {marker}" in caught.value.remote_traceback
-    assert_no_orphans(marker)
+    assert_no_orphans(marker, within=15.0)
 
 
 def test_bad_arguments_are_typed_errors_before_any_spark_job(spark):
@@ -530,7 +507,7 @@ def standalone_runs(standalone_cluster, tmp_path_factory):
         standalone_cluster, tmp_path, jobs, [None, *reports]
     )
     print("\n".join(line for line in log.splitlines() if "kolo.spark " in line))
-    assert_no_orphans(marker)
+    assert_no_orphans(marker, within=15.0)
     assert kolo_segments() <= segments
     yield {
         "values": values,
@@ -761,4 +738,4 @@ def test_elastic_fit_survives_a_killed_rank(spark, tmp_path, caplog):
     assert any("task 1 was killed by signal 9 (SIGKILL)" in m for m in messages), messages
     assert any("round of 1 rank(s): tasks [0]" in m for m in messages), messages
     check_fitted(spark, fitted, 4)
-    assert_no_orphans(marker)
+    assert_no_orphans(marker, within=15.0)

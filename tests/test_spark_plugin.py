@@ -19,10 +19,9 @@ import uuid
 
 import cloudpickle
 import pytest
+from support.rank_marker import MARKER_VAR, assert_no_orphans, marked_pids
 from test_spark_elastic import (
-    MARKER_VAR,
     KillRankAt,
-    assert_no_orphans,
     elastic_estimator,
     elastic_steps,
     executor_id,
@@ -30,7 +29,6 @@ from test_spark_elastic import (
     executor_pid,
     linear_rows,
     log_time,
-    marked_pids,
     run_jobs_killing_executors,
 )
 

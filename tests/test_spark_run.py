@@ -21,6 +21,7 @@ from pathlib import Path
 
 import cloudpickle
 import pytest
+from support.rank_marker import MARKER_VAR, assert_no_orphans, marked_pids
 
 import kolo.spark
 from kolo.exceptions import InvalidArgumentError, NotEnoughSlotsError, RankFailedError
@@ -31,30 +32,6 @@ pytestmark = pytest.mark.spark
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 REPO = Path(__file__).resolve().parents[1]
-MARKER_VAR = "KOLO_TEST_MARKER"
-
-
-def marked_pids(marker: str) -> list[int]:
-    """Processes whose environment carries ``KOLO_TEST_MARKER=marker`` (the rank processes)."""
-    needle = f"{MARKER_VAR}={marker}".encode()
-    pids = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                if needle in f.read():
-                    pids.append(int(name))
-        except OSError:
-            continue
-    return pids
-
-
-def assert_no_orphans(marker: str, within: float = 10.0) -> None:
-    deadline = time.monotonic() + within
-    while marked_pids(marker) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert marked_pids(marker) == [], "rank processes survived the job"
 
 
 class RankAtUnpickle:

@@ -480,34 +480,19 @@ mod tests {
     fn a_task_whose_runner_goes_away_without_an_exit_is_lost_within_the_grace() {
         // The Spark executor died: its task runner's watch closes and no exit is posted.
         let driver = LaunchDriver::start_elastic(&options(), ElasticConfig::new(1, 2)).unwrap();
-        let runner = runner_client(&driver);
-        runner.start_task_watcher(0, AbortSignal::new()).unwrap();
-        std::thread::sleep(Duration::from_millis(300));
-        let closed = Instant::now();
-        runner.stop_background();
-        let (event, at) = next_exit(&driver, RUNNER_GRACE * 4).expect("no exit recorded");
-        let DriverEvent::Exited {
-            task,
-            success,
-            description,
-            ..
-        } = event
-        else {
-            unreachable!()
-        };
-        assert_eq!((task, success), (0, false));
+        let (description, after) = lost_runner(&driver);
         assert!(description.starts_with(LOST_WITH_RUNNER), "{description}");
-        assert!(at - closed >= RUNNER_GRACE, "lost before the grace passed");
+        assert!(after >= RUNNER_GRACE, "lost before the grace passed");
         // Well before the heartbeat timeout (20 s), even on a loaded machine.
-        assert!(at - closed < Duration::from_secs(10), "{:?}", at - closed);
+        assert!(after < Duration::from_secs(10), "{after:?}");
         assert_eq!(driver.live_tasks(), Vec::<u32>::new());
         assert_eq!(driver.task_exit(0).map(|exit| exit.0), Some(false));
     }
 
-    /// A fixed job's runner watch of task 0 closes without an exit (its executor died): the
-    /// exit the launcher waits for is recorded after the grace, whether or not the job was
-    /// aborted already; returns it and how long after the close it came.
-    fn lost_runner_of_fixed_job(driver: &LaunchDriver) -> (String, Duration) {
+    /// The runner watch of task 0 closes without an exit (its executor died): waits for the
+    /// exit the driver records for it and returns its description and how long after the
+    /// close it came.
+    fn lost_runner(driver: &LaunchDriver) -> (String, Duration) {
         let runner = runner_client(driver);
         runner.start_task_watcher(0, AbortSignal::new()).unwrap();
         std::thread::sleep(Duration::from_millis(300));
@@ -530,7 +515,7 @@ mod tests {
     #[test]
     fn a_fixed_job_whose_runner_goes_away_records_the_exit_and_aborts_naming_the_task() {
         let driver = LaunchDriver::start(&options()).unwrap();
-        let (description, after) = lost_runner_of_fixed_job(&driver);
+        let (description, after) = lost_runner(&driver);
         assert!(description.starts_with(LOST_WITH_RUNNER), "{description}");
         assert!(
             after >= RUNNER_GRACE && after < Duration::from_secs(10),
@@ -547,7 +532,7 @@ mod tests {
         // recorded, so the launcher does not wait for it, and the first cause stays.
         let driver = LaunchDriver::start(&options()).unwrap();
         driver.abort("rank 1 lost its peer");
-        let (description, _) = lost_runner_of_fixed_job(&driver);
+        let (description, _) = lost_runner(&driver);
         assert!(description.starts_with(LOST_WITH_RUNNER), "{description}");
         assert_eq!(driver.failure().unwrap().message, "rank 1 lost its peer");
     }
