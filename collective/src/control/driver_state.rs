@@ -1150,7 +1150,7 @@ impl JobState {
         let exited = events
             .iter()
             .any(|event| matches!(event.kind, Some(task_event::Kind::Exited(_))));
-        if exited && self.elastic.is_some() {
+        if exited {
             lock(&self.runners).exited(task_index);
         }
         self.events

@@ -539,30 +539,34 @@ mod tests {
 
     #[test]
     fn a_runner_that_posts_its_exit_before_closing_its_watch_is_not_lost() {
-        let driver = LaunchDriver::start_elastic(&options(), ElasticConfig::new(1, 2)).unwrap();
-        let runner = runner_client(&driver);
-        runner.start_task_watcher(0, AbortSignal::new()).unwrap();
-        std::thread::sleep(Duration::from_millis(300));
-        let exited = TaskEvent {
-            kind: Some(task_event::Kind::Exited(TaskExited {
-                success: true,
-                description: "exited with code 0".into(),
-            })),
-        };
-        kolo_runtime::block_on(runner.post(0, vec![exited]))
-            .unwrap()
-            .unwrap();
-        runner.stop_background();
-        let (event, _) = next_exit(&driver, Duration::from_secs(5)).unwrap();
-        assert!(
-            matches!(&event, DriverEvent::Exited { success: true, .. }),
-            "{event:?}"
-        );
-        assert!(
-            next_exit(&driver, RUNNER_GRACE * 2).is_none(),
-            "a second exit was recorded"
-        );
-        assert_eq!(driver.live_tasks(), vec![0]);
+        let elastic = LaunchDriver::start_elastic(&options(), ElasticConfig::new(1, 2)).unwrap();
+        let fixed = LaunchDriver::start(&options()).unwrap();
+        for driver in [elastic, fixed] {
+            let runner = runner_client(&driver);
+            runner.start_task_watcher(0, AbortSignal::new()).unwrap();
+            std::thread::sleep(Duration::from_millis(300));
+            let exited = TaskEvent {
+                kind: Some(task_event::Kind::Exited(TaskExited {
+                    success: true,
+                    description: "exited with code 0".into(),
+                })),
+            };
+            kolo_runtime::block_on(runner.post(0, vec![exited]))
+                .unwrap()
+                .unwrap();
+            runner.stop_background();
+            let (event, _) = next_exit(&driver, Duration::from_secs(5)).unwrap();
+            assert!(
+                matches!(&event, DriverEvent::Exited { success: true, .. }),
+                "{event:?}"
+            );
+            assert!(
+                next_exit(&driver, RUNNER_GRACE * 2).is_none(),
+                "a second exit was recorded"
+            );
+            assert_eq!(driver.live_tasks(), vec![0]);
+            assert!(driver.failure().is_none(), "{:?}", driver.failure());
+        }
     }
 
     #[test]
