@@ -173,6 +173,9 @@ def test_ctrl_c_stops_every_rank(tmp_path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # kolorun as a terminal starts it: a suite run in the background (nohup, `cmd &`)
+        # passes SIGINT on ignored, and Python then leaves it ignored.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     pids: list[int] = []
     try:
