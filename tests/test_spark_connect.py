@@ -16,7 +16,11 @@ import uuid
 
 import cloudpickle
 import pytest
-from support.rank_marker import MARKER_VAR, assert_no_orphans, marked_pids
+from support.rank_marker import (
+    MARKER_VAR,
+    assert_no_orphans,
+    interrupt_main_once_running,
+)
 
 import kolo.spark
 from kolo.exceptions import ConfigError, InvalidArgumentError, NotEnoughSlotsError, RankFailedError
@@ -190,18 +194,8 @@ def sleeping_fn():
 
 
 def test_connect_interrupt_cancels_the_job_and_leaves_no_processes(connect_spark):
-    import _thread
-
     marker = uuid.uuid4().hex
-
-    def interrupt_when_running():
-        deadline = time.monotonic() + 60
-        while len(marked_pids(marker)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        time.sleep(0.5)
-        _thread.interrupt_main()
-
-    threading.Thread(target=interrupt_when_running, daemon=True).start()
+    interrupt_main_once_running(marker)
     started = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
         kolo.spark.run(

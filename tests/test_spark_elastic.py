@@ -465,22 +465,27 @@ def fit_job(store_dir, report_dir, marker, epochs):
     return job
 
 
+def grow_from_one_to_two(session, marker, before) -> dict:
+    """``run_elastic(num_proc=1, max_num_proc=2)`` until a step ran on two ranks; the
+    executors ``before`` (given) and after, and the ranks' results."""
+    import kolo.spark
+
+    results = kolo.spark.run_elastic(
+        elastic_steps,
+        kwargs={"steps": 5, "step_s": 0.1, "grow_to": 2},
+        num_proc=1,
+        min_num_proc=1,
+        max_num_proc=2,
+        env={MARKER_VAR: marker},
+    )
+    return {"before": before, "after": executor_ids(session), "results": results}
+
+
 def scale_up_job(marker):
     """``run_elastic(num_proc=1, max_num_proc=2)`` with the executors before and after."""
 
     def job(session):
-        import kolo.spark
-
-        before = executor_ids(session)
-        results = kolo.spark.run_elastic(
-            elastic_steps,
-            kwargs={"steps": 5, "step_s": 0.1, "grow_to": 2},
-            num_proc=1,
-            min_num_proc=1,
-            max_num_proc=2,
-            env={MARKER_VAR: marker},
-        )
-        return {"before": before, "after": executor_ids(session), "results": results}
+        return grow_from_one_to_two(session, marker, executor_ids(session))
 
     return job
 

@@ -23,10 +23,10 @@ from support.rank_marker import MARKER_VAR, assert_no_orphans, marked_pids
 from test_spark_elastic import (
     KillRankAt,
     elastic_estimator,
-    elastic_steps,
     executor_id,
     executor_ids,
     executor_pid,
+    grow_from_one_to_two,
     linear_rows,
     log_time,
     run_jobs_killing_executors,
@@ -140,8 +140,6 @@ def scale_up_on_request_job(marker):
         import threading
         import time
 
-        import kolo.spark
-
         jsc = session.sparkContext._jsc.sc()
         deadline = time.monotonic() + 120
         while len(executor_ids(session)) < 2:
@@ -161,15 +159,7 @@ def scale_up_on_request_job(marker):
             jsc.requestExecutors(2)
 
         threading.Thread(target=add_an_executor, daemon=True).start()
-        results = kolo.spark.run_elastic(
-            elastic_steps,
-            kwargs={"steps": 5, "step_s": 0.1, "grow_to": 2},
-            num_proc=1,
-            min_num_proc=1,
-            max_num_proc=2,
-            env={MARKER_VAR: marker},
-        )
-        return {"before": before, "after": executor_ids(session), "results": results}
+        return grow_from_one_to_two(session, marker, before)
 
     return job
 

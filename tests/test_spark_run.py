@@ -21,7 +21,11 @@ from pathlib import Path
 
 import cloudpickle
 import pytest
-from support.rank_marker import MARKER_VAR, assert_no_orphans, marked_pids
+from support.rank_marker import (
+    MARKER_VAR,
+    assert_no_orphans,
+    interrupt_main_once_running,
+)
 
 import kolo.spark
 from kolo.exceptions import InvalidArgumentError, NotEnoughSlotsError, RankFailedError
@@ -229,18 +233,8 @@ def sleeping_fn():
 
 
 def test_interrupt_cancels_the_job_and_leaves_no_processes(spark):
-    import _thread
-
     marker = uuid.uuid4().hex
-
-    def interrupt_when_running():
-        deadline = time.monotonic() + 60
-        while len(marked_pids(marker)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        time.sleep(0.5)
-        _thread.interrupt_main()
-
-    threading.Thread(target=interrupt_when_running, daemon=True).start()
+    interrupt_main_once_running(marker)
     started = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
         kolo.spark.run(sleeping_fn, num_proc=2, env={MARKER_VAR: marker}, stdout=io.StringIO())

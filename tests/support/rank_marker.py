@@ -39,3 +39,19 @@ def assert_no_orphans(marker: str, within: float = 10.0) -> None:
     while marked_pids(marker) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert marked_pids(marker) == [], "rank processes survived the job"
+
+
+def interrupt_main_once_running(marker: str, ranks: int = 2) -> None:
+    """From a daemon thread: once ``ranks`` marked processes run (at most 60 s) and half a
+    second later, raises ``KeyboardInterrupt`` in the main thread (a Ctrl-C on the driver)."""
+    import _thread
+    import threading
+
+    def interrupt() -> None:
+        deadline = time.monotonic() + 60
+        while len(marked_pids(marker)) < ranks and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)
+        _thread.interrupt_main()
+
+    threading.Thread(target=interrupt, daemon=True).start()
