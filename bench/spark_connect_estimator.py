@@ -22,7 +22,6 @@ import argparse
 import contextlib
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -83,52 +82,18 @@ def write_data(path: str, rows: int, features: int) -> None:
 
 
 @contextlib.contextmanager
-def connect_server(timeout_s: float = 180.0) -> Iterator[str]:
-    """A local Spark Connect server (127.0.0.1) for the duration; yields its sc:// URL."""
-    import pyspark
-    from common import free_port
+def connect_server() -> Iterator[str]:
+    """A local Spark Connect server (127.0.0.1; the test suite's, tests/support/spark.py) for the
+    duration; yields its sc:// URL."""
+    sys.path.insert(0, str(HERE.parent / "tests"))
+    from support.spark import start_connect_server, stop_process_group
 
-    spark_home = os.path.dirname(pyspark.__file__)
-    port = free_port()
-    confs = dict(SPARK_CONFS)
-    confs["spark.connect.grpc.binding.address"] = "127.0.0.1"
-    confs["spark.connect.grpc.binding.port"] = str(port)
-    command = [os.path.join(spark_home, "bin", "spark-submit"), "--master", "local[2]"]
-    command += ["--class", "org.apache.spark.sql.connect.service.SparkConnectServer"]
-    for key, value in confs.items():
-        command += ["--conf", f"{key}={value}"]
-    command.append("spark-internal")
-    env = dict(os.environ, SPARK_HOME=spark_home, SPARK_LOCAL_IP="127.0.0.1")
-    env["PYSPARK_PYTHON"] = sys.executable
-    log = tempfile.NamedTemporaryFile(prefix="kolo-bench-connect-", suffix=".log", delete=False)
-    server = subprocess.Popen(
-        command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    try:
-        import socket
-
-        deadline = time.monotonic() + timeout_s
-        while True:
-            with socket.socket() as sock:
-                sock.settimeout(0.5)
-                if sock.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the Spark Connect server did not start; see {log.name}")
-            time.sleep(0.5)
-        yield f"sc://127.0.0.1:{port}"
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(server.pid, signal.SIGTERM)
+    with tempfile.TemporaryDirectory(prefix="kolo-bench-connect-") as logs:
+        url, server = start_connect_server(Path(logs))
         try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(server.pid, signal.SIGKILL)
-            server.wait(timeout=10)
-
-
-# -- one client process ---------------------------------------------------------------------
+            yield url
+        finally:
+            stop_process_group(server)
 
 
 def client_session(target: str) -> Any:
