@@ -7,13 +7,14 @@ gets the same names on every rank.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import importlib.util
 import itertools
 import os
 import threading
 import warnings
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from kolo import _native
 from kolo.exceptions import InvalidArgumentError, NotInitializedError, NotSupportedError
@@ -116,6 +117,26 @@ def op_name(kind: str, name: Optional[str]) -> str:
     with _lock:
         counter = _counters.setdefault(kind, itertools.count())
         return f"{kind}.noname.{next(counter)}"
+
+
+@contextlib.contextmanager
+def submitted_together() -> Iterator[None]:
+    """Every op this thread submits in the block is handed to the engine at once when the block
+    ends, so a group (Horovod's grouped ops, a gradient tape's gradients) enters one cycle on
+    every rank and fuses; when the block raises, none of them is submitted.
+
+    Example::
+
+        with _core.submitted_together():
+            handles = [_native.submit(...) for t in tensors]
+    """
+    _native.begin_group()
+    try:
+        yield
+    except BaseException:
+        _native.cancel_group()
+        raise
+    _native.end_group()
 
 
 def engine_stats() -> dict[str, int]:

@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 mod blocking;
 mod cuda;
 mod error;
+mod group;
 mod job;
 mod launch;
 mod loader;
@@ -26,6 +27,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     error::register(m)?;
     session::register(m)?;
     ops::register(m)?;
+    group::register(m)?;
     launch::register(m)?;
     store::register(m)?;
     loader::register(m)?;

@@ -24,6 +24,13 @@ fn kept() -> MutexGuard<'static, Option<HashMap<u64, Py<PyAny>>>> {
     KEPT.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// Drops what `submit` keeps for `handle` (an op that was never handed to the engine).
+pub(crate) fn forget(handle: u64) {
+    if let Some(kept) = kept().as_mut() {
+        kept.remove(&handle);
+    }
+}
+
 /// True while the tensor `submit` was given with `keep` for `handle` is still held (until
 /// `wait` consumed the handle's result).
 #[pyfunction]
@@ -106,7 +113,7 @@ pub fn submit(
     // bytes and keeps the tensor referenced, and unused by Python, until the handle completes.
     sub.tensor = unsafe { RawTensor::new(ptr, nbytes) };
     let mut kept = kept();
-    let handle = worker.engine().submit_with(sub, wake).py_err()?;
+    let handle = crate::group::submit_or_hold(&worker, sub, wake).py_err()?;
     if let Some(keep) = keep {
         kept.get_or_insert_with(HashMap::new).insert(handle, keep);
     }

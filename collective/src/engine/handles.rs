@@ -109,6 +109,14 @@ impl Handles {
         }
     }
 
+    /// Forgets pending handle `id`, opened for an op that was then never submitted.
+    pub(crate) fn discard(&self, id: u64) {
+        let mut table = self.lock();
+        if let Some(Slot::Pending { set, name, .. }) = table.slots.remove(&id) {
+            table.outstanding.remove(&(set, name));
+        }
+    }
+
     /// Fails every pending handle with a replica of `error`.
     pub(crate) fn fail_all(&self, error: &Error) {
         let mut table = self.lock();

@@ -73,6 +73,23 @@ const PEER_JOIN_GRACE: Duration = Duration::from_millis(1);
 /// The longest single wait of an idle engine (it then checks for an abort or shutdown).
 const IDLE_TICK: Duration = Duration::from_millis(100);
 
+/// Ops checked and given handles but not yet submitted (see [`Engine::hold`]).
+#[derive(Debug, Default)]
+pub struct HeldOps(Vec<Item>);
+
+impl HeldOps {
+    /// The handles of the held ops, in the order they were held.
+    pub fn handles(&self) -> Vec<u64> {
+        self.0
+            .iter()
+            .filter_map(|item| match item {
+                Item::Op(handle, _) => Some(*handle),
+                Item::Join(..) => None,
+            })
+            .collect()
+    }
+}
+
 #[derive(Debug)]
 enum Item {
     Op(u64, Submission),
@@ -232,7 +249,71 @@ impl Engine {
         self.enqueue(sub, true, false)
     }
 
+    /// [`Engine::submit`] for several ops that must enter the same cycle: Horovod's grouped
+    /// ops (`grouped_allreduce`, a `DistributedGradientTape`'s gradients), which every rank
+    /// submits alike and which therefore become ready, and fuse, together (one at a time,
+    /// a cycle could start between two of them and split the group). All or none: when one
+    /// fails its checks, none is submitted.
+    pub fn submit_group(&self, subs: Vec<Submission>, wake: bool) -> Result<Vec<u64>> {
+        let mut held = HeldOps::default();
+        let mut handles = Vec::with_capacity(subs.len());
+        for sub in subs {
+            match self.hold(&mut held, sub) {
+                Ok(handle) => handles.push(handle),
+                Err(error) => {
+                    self.discard(held);
+                    return Err(error);
+                }
+            }
+        }
+        self.release(held, wake);
+        Ok(handles)
+    }
+
+    /// Checks `sub` and opens its handle like [`Engine::submit`], but holds it in `held`
+    /// instead of submitting it: [`Engine::release`] submits everything held at once (into
+    /// one cycle), [`Engine::discard`] forgets it.
+    pub fn hold(&self, held: &mut HeldOps, sub: Submission) -> Result<u64> {
+        let handle = self.admit(&sub, true)?;
+        held.0.push(Item::Op(handle, sub));
+        Ok(handle)
+    }
+
+    /// Submits every op in `held` at once: they enter the same cycle.
+    pub fn release(&self, held: HeldOps, wake: bool) {
+        if held.0.is_empty() {
+            return;
+        }
+        let mut inbox = lock(&self.shared.inbox);
+        for item in held.0 {
+            inbox.push(item);
+        }
+        drop(inbox);
+        if wake {
+            self.shared.wake.notify();
+        }
+    }
+
+    /// Forgets every op in `held`: their handles no longer exist and their names are free.
+    pub fn discard(&self, held: HeldOps) {
+        for item in held.0 {
+            if let Item::Op(handle, _) = item {
+                self.shared.handles.discard(handle);
+            }
+        }
+    }
+
     fn enqueue(&self, sub: Submission, wake: bool, check: bool) -> Result<u64> {
+        let handle = self.admit(&sub, check)?;
+        lock(&self.shared.inbox).push(Item::Op(handle, sub));
+        if wake {
+            self.shared.wake.notify();
+        }
+        Ok(handle)
+    }
+
+    /// Checks `sub` (its process set, and its arguments when `check`) and opens its handle.
+    fn admit(&self, sub: &Submission, check: bool) -> Result<u64> {
         self.check_running()?;
         let me = self.shared.comm.info().rank;
         let size = {
@@ -249,22 +330,16 @@ impl Engine {
             members.len()
         };
         if check {
-            validate(&sub, size)?;
+            validate(sub, size)?;
         }
         let region = Region {
             start: sub.tensor.addr(),
             end: sub.tensor.addr().saturating_add(sub.tensor.len() as u64),
             writes: matches!(sub.kind, OpKind::Allreduce | OpKind::Broadcast),
         };
-        let handle = self
-            .shared
+        self.shared
             .handles
-            .open(sub.process_set, &sub.name, Some(region))?;
-        lock(&self.shared.inbox).push(Item::Op(handle, sub));
-        if wake {
-            self.shared.wake.notify();
-        }
-        Ok(handle)
+            .open(sub.process_set, &sub.name, Some(region))
     }
 
     /// Submits this rank's join on the global set: from now on it contributes identities to

@@ -6,6 +6,7 @@ mod collectives;
 mod driver;
 mod driver_auth;
 mod elastic;
+mod groups;
 mod hostile;
 mod launcher;
 mod mesh_auth;

@@ -146,10 +146,11 @@ def allreduce(
     """
     _core.require_initialized()
     bufs = [_private_copy(a) for a in arrays]
-    natives = [
-        _submit("allreduce", name, b, ps, op=op, prescale=prescale, postscale=postscale)
-        for name, b in zip(names, bufs)
-    ]
+    with _core.submitted_together():
+        natives = [
+            _submit("allreduce", name, b, ps, op=op, prescale=prescale, postscale=postscale)
+            for name, b in zip(names, bufs)
+        ]
     _wait_all(natives)
     return bufs
 
@@ -169,7 +170,8 @@ def allgather(arrays: Sequence[Any], names: Sequence[str], ps: ProcessSet) -> li
                 f"allgather '{name}' works on the first dimension, but got a 0-dim value; "
                 "reshape it to (1,) first"
             )
-    natives = [_submit("allgather", name, b, ps) for name, b in zip(names, bufs)]
+    with _core.submitted_together():
+        natives = [_submit("allgather", name, b, ps) for name, b in zip(names, bufs)]
     results = _wait_all(natives)
     return [_from_engine(data, sum(rows), b) for (data, rows), b in zip(results, bufs)]
 
@@ -192,25 +194,26 @@ def reducescatter(
     _core.require_initialized()
     bufs = [_private_copy(a) for a in arrays]
     natives = []
-    for name, buf in zip(names, bufs):
-        _require_dim(buf, "reducescatter", name)
-        natives.append(
-            _native.submit(
-                "reducescatter",
-                name,
-                int(buf.ctypes.data),
-                int(buf.nbytes),
-                [int(d) for d in buf.shape],
-                _dtype_name(buf),
-                op.name,
-                float(prescale),
-                float(postscale),
-                0,
-                [],
-                int(ps.process_set_id or 0),
-                keep=buf,
+    with _core.submitted_together():
+        for name, buf in zip(names, bufs):
+            _require_dim(buf, "reducescatter", name)
+            natives.append(
+                _native.submit(
+                    "reducescatter",
+                    name,
+                    int(buf.ctypes.data),
+                    int(buf.nbytes),
+                    [int(d) for d in buf.shape],
+                    _dtype_name(buf),
+                    op.name,
+                    float(prescale),
+                    float(postscale),
+                    0,
+                    [],
+                    int(ps.process_set_id or 0),
+                    keep=buf,
+                )
             )
-        )
     results = _wait_all(natives)
     me = _members(ps).index(_core.rank())
     return [_from_engine(data, rows[me], buf) for (data, rows), buf in zip(results, bufs)]
@@ -239,7 +242,8 @@ def broadcast(
             f"broadcast: root_rank {root} is out of range for a job of {_core.size()} ranks"
         )
     bufs = [_private_copy(a) for a in arrays]
-    natives = [_submit("broadcast", name, b, ps, root=root) for name, b in zip(names, bufs)]
+    with _core.submitted_together():
+        natives = [_submit("broadcast", name, b, ps, root=root) for name, b in zip(names, bufs)]
     _wait_all(natives)
     return bufs
 

@@ -110,10 +110,11 @@ def _grouped_allreduce(
     base = _core.op_name("grouped_allreduce", name)
     nccl = reduce_op is not Adasum
     bufs = [_device_or_staged(t, nccl) if in_place else _device_or_owned(t, nccl) for t in tensors]
-    natives = [
-        _allreduce_submit(b, f"{base}.{i}", reduce_op, prescale_factor, postscale_factor, ps)
-        for i, b in enumerate(bufs)
-    ]
+    with _core.submitted_together():
+        natives = [
+            _allreduce_submit(b, f"{base}.{i}", reduce_op, prescale_factor, postscale_factor, ps)
+            for i, b in enumerate(bufs)
+        ]
     if in_place:
         return _register(
             natives, bufs, lambda _: [_write_back(t, b) for t, b in zip(tensors, bufs)]
@@ -205,7 +206,8 @@ def grouped_allgather_async(
     _core.require_initialized()
     ps = resolve(process_set)
     base = _core.op_name("grouped_allgather", name)
-    parts = [_allgather_submit(t, f"{base}.{i}", ps) for i, t in enumerate(tensors)]
+    with _core.submitted_together():
+        parts = [_allgather_submit(t, f"{base}.{i}", ps) for i, t in enumerate(tensors)]
     return _register_group(parts)
 
 
@@ -386,8 +388,11 @@ def grouped_reducescatter_async(
     ps = resolve(process_set)
     reduce_op = resolve_op(op, None)
     base = _core.op_name("grouped_reducescatter", name)
-    parts = [
-        _reducescatter_submit(t, f"{base}.{i}", reduce_op, prescale_factor, postscale_factor, ps)
-        for i, t in enumerate(tensors)
-    ]
+    with _core.submitted_together():
+        parts = [
+            _reducescatter_submit(
+                t, f"{base}.{i}", reduce_op, prescale_factor, postscale_factor, ps
+            )
+            for i, t in enumerate(tensors)
+        ]
     return _register_group(parts)
