@@ -198,20 +198,8 @@ def reducescatter(
         for name, buf in zip(names, bufs):
             _require_dim(buf, "reducescatter", name)
             natives.append(
-                _native.submit(
-                    "reducescatter",
-                    name,
-                    int(buf.ctypes.data),
-                    int(buf.nbytes),
-                    [int(d) for d in buf.shape],
-                    _dtype_name(buf),
-                    op.name,
-                    float(prescale),
-                    float(postscale),
-                    0,
-                    [],
-                    int(ps.process_set_id or 0),
-                    keep=buf,
+                _submit(
+                    "reducescatter", name, buf, ps, op=op, prescale=prescale, postscale=postscale
                 )
             )
     results = _wait_all(natives)
