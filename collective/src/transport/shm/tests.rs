@@ -642,7 +642,7 @@ fn allreduce_of_every_dtype_and_op_around_the_round_boundaries() {
             };
             // ROUND_REGION_MAX is a multiple of every element size and of 64, and below
             // half / 3: each round is n regions of ROUND_REGION_MAX.
-            assert!(ROUND_REGION_MAX * 3 <= DEFAULT_HALF_BYTES);
+            const { assert!(ROUND_REGION_MAX * 3 <= DEFAULT_HALF_BYTES) };
             let round = n * ROUND_REGION_MAX;
             for dtype in DType::ALL {
                 let e = dtype.size();
