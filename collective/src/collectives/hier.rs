@@ -164,7 +164,7 @@ pub(crate) fn allreduce_scattered(
             what,
             |ring, mesh, scratch| ring.allreduce(mesh, scratch, flat, dtype, op, factor),
         )?;
-        buf.scatter(0..len, flat, false)?;
+        buf.scatter(0..len, flat)?;
     }
     session.on_node(what, |node| node.broadcast_scattered(buf, 0))
 }

@@ -218,6 +218,11 @@ pub(crate) struct Halves<'a> {
 }
 
 impl Halves<'_> {
+    /// The number of local ranks (of halves).
+    pub(crate) fn len(&self) -> usize {
+        self.node.len()
+    }
+
     /// Local rank `j`'s half of this phase.
     pub(crate) fn get(&self, j: usize) -> &[u8] {
         // SAFETY: the half lies inside the mapping; its owner wrote it before publishing this

@@ -86,6 +86,9 @@ impl Segment {
         Self::map(&file, path, len, false).map_err(|e| setup_error(path, e))
     }
 
+    /// Maps the whole file with its page-table entries filled in (`MAP_POPULATE`; its memory
+    /// is already reserved), so the first collective does not take a page fault on every page
+    /// of its own halves (written) and of the peers' (read).
     fn map(file: &File, path: &Path, len: usize, owned: bool) -> io::Result<Segment> {
         // SAFETY: a fresh shared mapping of a file we hold open; the kernel picks the address.
         let ptr = unsafe {
@@ -93,7 +96,7 @@ impl Segment {
                 std::ptr::null_mut(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
                 file.as_raw_fd(),
                 0,
             )

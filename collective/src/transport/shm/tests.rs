@@ -580,3 +580,186 @@ fn scattered_allreduce_and_broadcast_match_the_contiguous_ones() {
     });
     assert!(dir.entries().is_empty());
 }
+
+/// `n` local ranks' inputs of `len` bytes of `dtype`: element `i` of rank `r` is
+/// `(7i + 3r) % 4 + 1` (so sums, products and averages of up to 3 ranks are exact in every
+/// dtype, and bool gets both values as its parity).
+fn pattern_inputs(dtype: crate::dtype::DType, len: usize, n: usize) -> Vec<Vec<u8>> {
+    use crate::dtype::DType;
+    let element = |v: i64| -> Vec<u8> {
+        match dtype {
+            DType::U8 => vec![v as u8],
+            DType::I8 => vec![v as i8 as u8],
+            DType::Bool => vec![(v % 2) as u8],
+            DType::I16 => (v as i16).to_le_bytes().to_vec(),
+            DType::I32 => (v as i32).to_le_bytes().to_vec(),
+            DType::I64 => v.to_le_bytes().to_vec(),
+            DType::F16 => half::f16::from_f64(v as f64).to_le_bytes().to_vec(),
+            DType::BF16 => crate::reduce::f32_to_bf16(v as f32).to_le_bytes().to_vec(),
+            DType::F32 => (v as f32).to_le_bytes().to_vec(),
+            DType::F64 => (v as f64).to_le_bytes().to_vec(),
+        }
+    };
+    (0..n)
+        .map(|r| {
+            // The pattern repeats every 4 elements.
+            let period: Vec<u8> = (0..4)
+                .flat_map(|i| element((7 * i + 3 * r as i64) % 4 + 1))
+                .collect();
+            period.iter().copied().cycle().take(len).collect()
+        })
+        .collect()
+}
+
+/// The reduction of `inputs` in rank order, times `factor`, with the kernels on whole buffers.
+fn reference(
+    dtype: crate::dtype::DType,
+    op: crate::dtype::ReduceOp,
+    inputs: &[Vec<u8>],
+    factor: f64,
+) -> Vec<u8> {
+    let mut acc = inputs[0].clone();
+    for input in &inputs[1..] {
+        crate::reduce::reduce_into(dtype, op, &mut acc, input).unwrap();
+    }
+    crate::reduce::scale(dtype, &mut acc, factor).unwrap();
+    acc
+}
+
+/// The large allreduce at the real half and round sizes: every dtype and elementwise op, on
+/// 2 and 3 ranks, at sizes on both sides of the one-phase limit, of a whole round and of two
+/// rounds, with element counts that leave uneven segments and partial rounds.
+#[test]
+fn allreduce_of_every_dtype_and_op_around_the_round_boundaries() {
+    use crate::collectives::shm::{ROUND_REGION_MAX, SMALL_ALLREDUCE};
+    use crate::dtype::{DType, ReduceOp};
+    for n in [2usize, 3] {
+        let dir = Dir::new(&format!("rounds{n}"));
+        run(&dir, n, DEFAULT_HALF_BYTES, move |me, node| {
+            let node = Node {
+                alive: &ok,
+                node: &node,
+            };
+            // ROUND_REGION_MAX is a multiple of every element size and of 64, and below
+            // half / 3: each round is n regions of ROUND_REGION_MAX.
+            const { assert!(ROUND_REGION_MAX * 3 <= DEFAULT_HALF_BYTES) };
+            let round = n * ROUND_REGION_MAX;
+            for dtype in DType::ALL {
+                let e = dtype.size();
+                let sizes = [
+                    e,
+                    3 * e,
+                    SMALL_ALLREDUCE,
+                    SMALL_ALLREDUCE + e,
+                    round - e,
+                    round,
+                    round + 7 * e,
+                    2 * round + 5 * e,
+                ];
+                for len in sizes {
+                    let inputs = pattern_inputs(dtype, len, n);
+                    let mut ops = vec![
+                        (ReduceOp::Sum, 1.0),
+                        (ReduceOp::Product, 1.0),
+                        (ReduceOp::Min, 1.0),
+                        (ReduceOp::Max, 1.0),
+                    ];
+                    if dtype != DType::Bool {
+                        ops.push((ReduceOp::Average, 1.0 / n as f64));
+                    }
+                    for (op, factor) in ops {
+                        let mut buf = inputs[me].clone();
+                        node.allreduce(&mut buf, dtype, op, factor).unwrap();
+                        let expected = reference(dtype, op, &inputs, factor);
+                        assert!(
+                            buf == expected,
+                            "{n} ranks, {op:?} of {len} bytes of {dtype}: first difference at \
+                             byte {:?}",
+                            buf.iter().zip(&expected).position(|(a, b)| a != b)
+                        );
+                    }
+                }
+            }
+        });
+        assert!(dir.entries().is_empty());
+    }
+}
+
+/// A fused batch at the real half and round sizes: tensors of odd lengths whose ends fall
+/// inside rounds and inside the reduction's blocks, averaged on 2 and 3 ranks.
+#[test]
+fn a_fused_batch_across_rounds_matches_the_tensors_reduced_alone() {
+    use crate::collectives::scattered::Scattered;
+    use crate::dtype::{DType, ReduceOp};
+    for n in [2usize, 3] {
+        let dir = Dir::new(&format!("fused{n}"));
+        run(&dir, n, DEFAULT_HALF_BYTES, move |me, node| {
+            let node = Node {
+                alive: &ok,
+                node: &node,
+            };
+            for dtype in [DType::F32, DType::BF16, DType::I64] {
+                let e = dtype.size();
+                let lens = [1usize, 131_075, 0, 200_001, 7, 4099, 262_144, 3];
+                let inputs: Vec<Vec<Vec<u8>>> = lens
+                    .iter()
+                    .map(|&l| pattern_inputs(dtype, l * e, n))
+                    .collect();
+                let mut tensors: Vec<Vec<u8>> = inputs.iter().map(|t| t[me].clone()).collect();
+                let mut batch =
+                    Scattered::new(tensors.iter_mut().map(|t| &mut t[..]).collect()).unwrap();
+                let factor = 1.0 / n as f64;
+                node.allreduce_scattered(&mut batch, dtype, ReduceOp::Sum, factor)
+                    .unwrap();
+                for (t, got) in tensors.iter().enumerate() {
+                    let expected = reference(dtype, ReduceOp::Sum, &inputs[t], factor);
+                    assert!(
+                        *got == expected,
+                        "{n} ranks, tensor {t} of {lens:?} ({dtype})"
+                    );
+                }
+            }
+        });
+        assert!(dir.entries().is_empty());
+    }
+}
+
+/// Minor page faults this thread has taken.
+fn minor_faults() -> i64 {
+    // SAFETY: getrusage writes one rusage into the zeroed struct.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid `who` and a live struct to write.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut usage) };
+    assert_eq!(rc, 0);
+    usage.ru_minflt
+}
+
+/// The segments are mapped with their pages already in place: the first collective over a
+/// node does not fault on each page of its own halves (written) and of the peers' (read).
+#[test]
+fn the_first_collective_takes_no_page_faults_on_the_segments() {
+    use crate::dtype::{DType, ReduceOp};
+    let dir = Dir::new("prefault");
+    let faults = run(&dir, 2, DEFAULT_HALF_BYTES, move |_, node| {
+        let node = Node {
+            alive: &ok,
+            node: &node,
+        };
+        // 3 MiB through 512 KiB regions: both halves of both segments, 1 MiB of each.
+        let mut buf = vec![1u8; 3 << 20];
+        let before = minor_faults();
+        node.allreduce(&mut buf, DType::U8, ReduceOp::Max, 1.0)
+            .unwrap();
+        let faults = minor_faults() - before;
+        assert!(buf.iter().all(|&b| b == 1));
+        faults
+    });
+    // Unmapped pages would fault ~1000 times (4 MiB of halves touched, 4 KiB pages).
+    for (rank, f) in faults.into_iter().enumerate() {
+        assert!(
+            f < 64,
+            "rank {rank} took {f} minor page faults in its first allreduce"
+        );
+    }
+    assert!(dir.entries().is_empty());
+}
