@@ -47,7 +47,6 @@ use crate::plan::{EpochPlan, PlanConfig};
 use decode::ColumnSpec;
 use pipeline::{Context, Item, Pipeline};
 use queue::Pop;
-use source::FileReader;
 use state::{Current, Position, STATE_VERSION};
 
 /// Default rows per shuffle window: at least this many and four batches, rounded up to whole
@@ -210,10 +209,8 @@ impl Loader {
         };
         let files = dataset.files();
         let context = Context {
-            readers: files
-                .iter()
-                .map(|f| FileReader::new(dataset.store().clone(), f.clone()))
-                .collect(),
+            // The dataset's readers: footers read by the metadata scan are not read again.
+            readers: Arc::clone(dataset.readers()),
             roots: files.iter().map(|_| OnceLock::new()).collect(),
             row_groups,
             groups,
@@ -242,6 +239,12 @@ impl Loader {
     /// The dataset's URL (the directory, or the single file).
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// The data files' readers: the dataset's own (shared with it and every loader over it),
+    /// so footers read for the metadata are not read again.
+    pub fn readers(&self) -> &Arc<[source::FileReader]> {
+        &self.context.readers
     }
 
     /// The output buffers of every batch, in order.

@@ -38,8 +38,8 @@ const JOIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// Everything the threads share about the dataset and the loader's settings.
 #[derive(Debug)]
 pub struct Context {
-    /// One reader per data file.
-    pub readers: Vec<FileReader>,
+    /// One reader per data file (the dataset's, shared).
+    pub readers: Arc<[FileReader]>,
     /// Row groups in the global row index space.
     pub row_groups: Vec<RowGroupRef>,
     /// The selected columns.

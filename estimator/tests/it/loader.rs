@@ -223,6 +223,41 @@ fn metadata_reads_footers_checks_arrays_and_caches() {
     assert_eq!(single.metadata().unwrap().rows, 1);
 }
 
+/// Issue 24: a cold start (no metadata cache) read every footer twice, once for the metadata
+/// and once more in the loader. The dataset's readers are now shared: one footer read and one
+/// open (mapping) per file, through the metadata scan and two epochs of a loader.
+#[test]
+fn a_cold_start_reads_each_footer_and_opens_each_file_once() {
+    for dictionary in [false, true] {
+        let dir = dataset_dir_with(dictionary);
+        let dataset = open(dir.path());
+        assert!(!dir.path().join(METADATA_FILE).exists(), "a cold start");
+        let mut loader =
+            Loader::open(&dataset, options(&["id", "x", "v"], 10, 0, 1, true)).unwrap();
+        assert!(
+            dir.path().join(METADATA_FILE).exists(),
+            "the metadata was computed"
+        );
+        for _ in 0..2 {
+            let ids: Vec<i64> = epoch_ids(&mut loader).concat();
+            assert_eq!(ids.len(), 300);
+        }
+        // Every reader that touched the files: the dataset's, and the loader's if it has
+        // others.
+        let mut sets = vec![dataset.readers()];
+        if !Arc::ptr_eq(loader.readers(), dataset.readers()) {
+            sets.push(loader.readers());
+        }
+        assert_eq!(dataset.readers().len(), 3);
+        for (i, file) in dataset.files().iter().enumerate() {
+            let reads: usize = sets.iter().map(|s| s[i].footer_reads()).sum();
+            let opens: usize = sets.iter().map(|s| s[i].opens()).sum();
+            assert_eq!(reads, 1, "footer reads of {}", file.rel);
+            assert_eq!(opens, 1, "opens of {}", file.rel);
+        }
+    }
+}
+
 #[test]
 fn every_rank_gets_equal_batches_and_every_row_appears() {
     let dir = dataset_dir();
