@@ -257,6 +257,9 @@ impl Work {
     }
 }
 
+/// A shuffle window of a run: (epoch, window index in the epoch's rank plan).
+type WindowKey = (u64, u64);
+
 /// One epoch as the assembler runs it.
 #[derive(Debug, Clone)]
 struct EpochJob {
@@ -335,7 +338,7 @@ struct Assembler {
     /// Windows being gathered by `workers`, in order, keyed by (epoch, window index): the
     /// rest of the current epoch's, then the next epoch's first ones, so an epoch starts
     /// on a window gathered while the last one was handed out.
-    ahead: VecDeque<((u64, u64), Pending<Window>)>,
+    ahead: VecDeque<(WindowKey, Pending<Window>)>,
     /// The threads that gather windows ahead.
     workers: Workers,
     /// How many windows may be gathered ahead at once.
@@ -459,8 +462,8 @@ impl Assembler {
     fn window_after(
         &mut self,
         job: &EpochJob,
-        (epoch, index): (u64, u64),
-    ) -> Result<Option<((u64, u64), Arc<RankPlan>)>> {
+        (epoch, index): WindowKey,
+    ) -> Result<Option<(WindowKey, Arc<RankPlan>)>> {
         let following = |job: &EpochJob| {
             let next = index + 1;
             (job.plan.window_bounds(next).start < job.end)
