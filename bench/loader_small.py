@@ -17,7 +17,9 @@ process, taking turns (kolo, kolo-stack, rowgroup, kolo, ...) for ``--repeats`` 
 Each run builds its loader and iterates ``--epochs`` epochs. Figures per run: the cold start
 (building the loader to its first batch), the epoch start of the later epochs (``iter()`` to
 the first batch; median), the per-batch time of the later epochs without their start
-(median of the epochs' means) and rows/s over the later epochs including their start. The
+(median of the epochs' means), the CPU time of the whole process (every thread: Python's
+and the loader's) per batch of the later epochs, which a loaded machine inflates less than
+wall time, and rows/s over the later epochs including their start. The
 median run of the rounds is printed with each kolo loader's per-batch speed relative to
 the rowgroup loader (> 1: faster); JSON goes to
 bench/results/loader-small-<time>.json (or ``--json``).
@@ -110,8 +112,9 @@ def run(make: Callable[[], Iterable], batch_size: int, epochs: int) -> dict[str,
     begin = time.perf_counter()
     loader = make()
     starts, per_batch, rows, seconds = [], [], 0, 0.0
-    cold = 0.0
+    cold, cpu, batches = 0.0, 0.0, 0
     for epoch in range(epochs):
+        c0 = time.process_time()
         t0 = time.perf_counter()
         it = iter(loader)
         next(it)
@@ -120,11 +123,14 @@ def run(make: Callable[[], Iterable], batch_size: int, epochs: int) -> dict[str,
         for _ in it:
             n += 1
         t2 = time.perf_counter()
+        c2 = time.process_time()
         if epoch == 0:
             cold = t1 - begin
             continue
         starts.append(t1 - t0)
         per_batch.append((t2 - t1) / max(n - 1, 1))
+        cpu += c2 - c0
+        batches += n
         rows += n * batch_size
         seconds += t2 - t0
     close = getattr(loader, "close", None)
@@ -134,6 +140,7 @@ def run(make: Callable[[], Iterable], batch_size: int, epochs: int) -> dict[str,
         "cold_start_ms": cold * 1e3,
         "epoch_start_ms": statistics.median(starts) * 1e3,
         "per_batch_us": statistics.median(per_batch) * 1e6,
+        "cpu_per_batch_us": cpu / max(batches, 1) * 1e6,
         "rows_per_s": rows / seconds,
         "batches_per_epoch": n,
     }
@@ -166,7 +173,8 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         for name in args.loaders:
             m = median[name]
             line.append(
-                f"{name} {m['per_batch_us']:.1f} us/batch, {m['rows_per_s'] / 1e6:.2f}M rows/s, "
+                f"{name} {m['per_batch_us']:.1f} us/batch (CPU {m['cpu_per_batch_us']:.1f} us), "
+                f"{m['rows_per_s'] / 1e6:.2f}M rows/s, "
                 f"epoch start {m['epoch_start_ms']:.2f} ms, cold {m['cold_start_ms']:.1f} ms"
             )
         if "rowgroup" in median:
@@ -176,6 +184,16 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
             line.append(
                 "speed per batch vs rowgroup: "
                 + ", ".join(f"{n} {ratio:.2f}x" for n, ratio in ratios.items())
+            )
+            # > 1: less CPU (all threads) per batch than the ten-line loader.
+            base = median["rowgroup"]["cpu_per_batch_us"]
+            line.append(
+                "CPU per batch vs rowgroup: "
+                + ", ".join(
+                    f"{n} {base / median[n]['cpu_per_batch_us']:.2f}x"
+                    for n in median
+                    if n != "rowgroup"
+                )
             )
         print(" | ".join(line), flush=True)
         results.append({"batch_size": batch_size, "median": median, "runs": runs})

@@ -220,10 +220,14 @@ def test_outputs_are_views_of_the_native_buffers(dataset: Path) -> None:
     # Scalar columns of one dtype are rows of one [columns, rows] buffer.
     stacked = next(iter(ParquetLoader(dataset, ["x", "id", "small", "u"], 16, to="numpy")))
     assert np.shares_memory(stacked["x"], stacked["x"].base)
-    tbatch = next(iter(ParquetLoader(dataset, ["x", "vec"], 16, to="torch")))
-    assert tbatch["x"]._base is not None and tuple(tbatch["x"]._base.shape) == (1, 16)
-    assert tbatch["vec"].is_contiguous() and tuple(tbatch["vec"].shape) == (16, 3)
-    del torch
+    # Torch tensors too: batches of one shuffle window (the whole epoch here) are consecutive
+    # rows of its buffers, so no batch was copied.
+    batches = iter(ParquetLoader(dataset, ["x", "vec"], 16, to="torch"))
+    first, second = next(batches), next(batches)
+    assert first["x"].dtype == torch.float32 and tuple(first["x"].shape) == (16,)
+    assert second["x"].data_ptr() - first["x"].data_ptr() == 16 * 4
+    assert first["vec"].is_contiguous() and tuple(first["vec"].shape) == (16, 3)
+    assert second["vec"].data_ptr() - first["vec"].data_ptr() == 16 * 3 * 4
 
 
 def write_features(path: Path, rows: int = 301) -> Path:

@@ -22,7 +22,7 @@
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::UNIX_EPOCH;
 
 use arrow::array::{Array, AsArray, GenericListArray, OffsetSizeTrait, RecordBatch};
@@ -43,12 +43,15 @@ const FORMAT_VERSION: u32 = 1;
 /// Threads reading footers (and list columns) at once.
 const MAX_SCAN_THREADS: usize = 8;
 
-/// A dataset located in a store: its data files, sorted, and their fingerprint.
+/// A dataset located in a store: its data files, sorted, and their fingerprint. Clones share
+/// one [`FileReader`] per file, so each footer is read (and each local file mapped) at most
+/// once, by whichever of the metadata scan and the loaders needs it first.
 #[derive(Debug, Clone)]
 pub struct Dataset {
     store: Store,
     url: String,
     files: Vec<DataFile>,
+    readers: Arc<[FileReader]>,
     fingerprint: String,
     cache_rel: String,
 }
@@ -134,7 +137,7 @@ impl Dataset {
             });
         }
         let fingerprint = fingerprint(&listed);
-        let files = listed
+        let files: Vec<DataFile> = listed
             .into_iter()
             .map(|info| DataFile {
                 url: store.url_of(&info.rel),
@@ -142,10 +145,15 @@ impl Dataset {
                 size: info.size,
             })
             .collect();
+        let readers = files
+            .iter()
+            .map(|file| FileReader::new(store.clone(), file.clone()))
+            .collect();
         Ok(Dataset {
             store,
             url,
             files,
+            readers,
             fingerprint,
             cache_rel,
         })
@@ -164,6 +172,12 @@ impl Dataset {
     /// The data files, sorted by path.
     pub fn files(&self) -> &[DataFile] {
         &self.files
+    }
+
+    /// One reader per data file (in [`Dataset::files`] order), shared by every clone of
+    /// this dataset and every loader over it.
+    pub fn readers(&self) -> &Arc<[FileReader]> {
+        &self.readers
     }
 
     /// Hash of every data file's path, size, entity tag and modification time.
@@ -229,12 +243,8 @@ impl Dataset {
 
     /// Reads every footer and list column.
     fn compute(&self) -> Result<DatasetMetadata> {
-        let readers: Vec<FileReader> = self
-            .files
-            .iter()
-            .map(|file| FileReader::new(self.store.clone(), file.clone()))
-            .collect();
-        let footers = parallel(&readers, |reader| {
+        let readers = &self.readers[..];
+        let footers = parallel(readers, |reader| {
             let metadata = reader.metadata()?;
             Ok(FileFooter::of(
                 reader.file(),
@@ -259,7 +269,7 @@ impl Dataset {
             .map(|(i, _)| i)
             .collect();
         if !list_columns.is_empty() {
-            let scans = parallel(&readers, |reader| scan_lists(reader, &list_columns))?;
+            let scans = parallel(readers, |reader| scan_lists(reader, &list_columns))?;
             for (scan, file) in scans.iter().zip(&self.files) {
                 for (&column, lengths) in list_columns.iter().zip(scan) {
                     columns[column].add_list_scan(lengths, &file.url);

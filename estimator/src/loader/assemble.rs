@@ -22,8 +22,23 @@ pub struct Group {
     /// Element dtype.
     pub dtype: DType,
     /// `Some(len)` for an array column (`[rows, len]`), `None` for stacked scalars
-    /// (`[columns, rows]`).
+    /// (`[columns, rows]`, or `[rows, columns]` when `row_major`).
     pub array_len: Option<usize>,
+    /// Stacked scalars gathered row-major, `[rows, columns]` (the `stack` option): windows
+    /// hold them that way, so a batch inside one is a view of it, as for an array column.
+    pub row_major: bool,
+}
+
+impl Group {
+    /// Values per row in a row-major buffer (`[rows, len]`): the array length, or the
+    /// number of columns of row-major stacked scalars; `None` for `[columns, rows]`.
+    fn row_len(&self) -> Option<usize> {
+        match self.array_len {
+            Some(len) => Some(len),
+            None if self.row_major => Some(self.columns.len()),
+            None => None,
+        }
+    }
 }
 
 /// Groups the selected columns into output buffers: scalars by dtype (first appearance
@@ -37,6 +52,7 @@ pub fn layout(specs: &[ColumnSpec]) -> Vec<Group> {
                 columns: vec![index],
                 dtype: spec.dtype,
                 array_len: Some(spec.len),
+                row_major: false,
             });
             continue;
         }
@@ -53,6 +69,7 @@ pub fn layout(specs: &[ColumnSpec]) -> Vec<Group> {
                 columns: vec![index],
                 dtype: spec.dtype,
                 array_len: None,
+                row_major: false,
             }),
         }
     }
@@ -151,7 +168,7 @@ impl BatchView {
 
     /// A view of all of `buffer`.
     fn whole(buffer: BatchBuffer, group: &Group) -> Self {
-        let stacked = group.array_len.is_none();
+        let stacked = group.row_len().is_none();
         let rows = buffer.shape[usize::from(stacked)];
         Self::new(buffer.into_shared(), stacked, 0, rows)
     }
@@ -159,25 +176,6 @@ impl BatchView {
     /// Element dtype.
     pub fn dtype(&self) -> DType {
         self.buffer.dtype
-    }
-
-    /// A row-major copy (`[rows, columns]`, from `pool`) of a view of stacked scalars; any
-    /// other view is returned as it is.
-    pub(crate) fn row_major(&self, pool: &Arc<BufferPool>) -> BatchView {
-        if !self.stacked {
-            return self.clone();
-        }
-        let [columns, rows] = self.shape();
-        let mut out = BatchBuffer::from_pool(pool, self.dtype(), [rows, columns]);
-        let stride = self.buffer.shape[1];
-        let source = self.address();
-        match self.dtype().width() {
-            1 => transpose::<u8>(source, stride, columns, rows, &mut out.storage),
-            2 => transpose::<u16>(source, stride, columns, rows, &mut out.storage),
-            4 => transpose::<u32>(source, stride, columns, rows, &mut out.storage),
-            _ => transpose::<u64>(source, stride, columns, rows, &mut out.storage),
-        }
-        BatchView::new(out.into_shared(), false, 0, rows)
     }
 
     /// Shape: `[columns, rows]` for stacked scalars, `[rows, len]` for an array column.
@@ -244,27 +242,17 @@ impl BatchView {
 /// each column's run of it is read.
 const TRANSPOSE_BLOCK: usize = 64;
 
-/// Writes `columns` runs of `rows` values (the first at `source`, the next `stride` values
-/// further each) into `out` as `[rows, columns]`.
-fn transpose<T: Plain>(
-    source: usize,
-    stride: usize,
-    columns: usize,
-    rows: usize,
-    out: &mut Storage,
-) {
-    let out = out.values_mut::<T>();
-    assert!(out.len() >= rows * columns, "transpose output too small");
-    let column = |c: usize| -> &[T] {
-        // SAFETY: `source` is the address of rows `[from, from + rows)` of column 0 of a live
-        // `[columns, stride]` buffer of `T` (the caller's view holds it); these rows belong to
-        // this view alone and are not handed out yet, so nothing writes them meanwhile.
-        unsafe { std::slice::from_raw_parts((source as *const T).add(c * stride), rows) }
-    };
+/// Writes `src`, `columns` runs of `rows` values (`[columns, rows]`), into `out` as
+/// `[rows, columns]`.
+fn transpose<T: Plain>(src: &[T], columns: usize, rows: usize, out: &mut [T]) {
+    assert!(
+        src.len() >= rows * columns && out.len() >= rows * columns,
+        "transpose buffers too small"
+    );
     for block in (0..rows).step_by(TRANSPOSE_BLOCK) {
         let end = rows.min(block + TRANSPOSE_BLOCK);
         for c in 0..columns {
-            let values = &column(c)[block..end];
+            let values = &src[c * rows + block..c * rows + end];
             for (r, value) in values.iter().enumerate() {
                 out[(block + r) * columns + c] = *value;
             }
@@ -339,15 +327,27 @@ impl Window {
         let gather = Gather::new(&segment_of, &row_of, &ranges);
         let mut buffers = allocate(groups, rows, pool);
         let bytes: usize = buffers.iter().map(BatchBuffer::byte_len).sum();
+        // Row-major stacked scalars are gathered column by column (the kernels' fast order)
+        // into a scratch `[columns, rows]` buffer, then transposed into the window, here on a
+        // gather thread rather than once per batch on the assembler's.
+        let mut scratch: Vec<Option<Storage>> = groups
+            .iter()
+            .map(|g| {
+                g.row_major
+                    .then(|| pool.take(g.dtype.width(), g.columns.len() * rows))
+            })
+            .collect();
         // Per group, its columns (of one width and length, gathered a few at a time).
         let mut tasks: Vec<(Vec<Column<'_>>, usize, usize)> = Vec::new();
-        for (group, buffer) in groups.iter().zip(buffers.iter_mut()) {
+        for ((group, buffer), scratch) in groups.iter().zip(buffers.iter_mut()).zip(&mut scratch) {
             let len = group.array_len.unwrap_or(1);
             let width = group.dtype.width();
             let per_column = (rows * len * width).max(1);
-            let columns = buffer
-                .storage
-                .bytes_mut()
+            let dst = match scratch {
+                Some(scratch) => scratch.bytes_mut(),
+                None => buffer.storage.bytes_mut(),
+            };
+            let columns = dst
                 .chunks_mut(per_column)
                 .zip(&group.columns)
                 .map(|(dst, &column)| Column {
@@ -391,6 +391,19 @@ impl Window {
                 }
             });
         }
+        for ((group, buffer), scratch) in groups.iter().zip(buffers.iter_mut()).zip(scratch) {
+            let Some(scratch) = scratch else {
+                continue;
+            };
+            let (columns, out) = (group.columns.len(), &mut buffer.storage);
+            match group.dtype.width() {
+                1 => transpose::<u8>(scratch.values(), columns, rows, out.values_mut()),
+                2 => transpose::<u16>(scratch.values(), columns, rows, out.values_mut()),
+                4 => transpose::<u32>(scratch.values(), columns, rows, out.values_mut()),
+                _ => transpose::<u64>(scratch.values(), columns, rows, out.values_mut()),
+            }
+            pool.give(scratch);
+        }
         let buffers = buffers.into_iter().map(BatchBuffer::into_shared).collect();
         Self { buffers, rows }
     }
@@ -401,7 +414,7 @@ impl Window {
             .iter()
             .zip(&self.buffers)
             .map(|(group, buffer)| {
-                BatchView::new(Arc::clone(buffer), group.array_len.is_none(), from, n)
+                BatchView::new(Arc::clone(buffer), group.row_len().is_none(), from, n)
             })
             .collect()
     }
@@ -419,9 +432,9 @@ impl Window {
         for ((group, window), buffer) in groups.iter().zip(&self.buffers).zip(out.iter_mut()) {
             let layout = Copy {
                 columns: group.columns.len(),
-                len: group.array_len,
+                len: group.row_len(),
                 src_rows: self.rows,
-                dst_rows: buffer.shape[if group.array_len.is_some() { 0 } else { 1 }],
+                dst_rows: buffer.shape[if group.row_len().is_some() { 0 } else { 1 }],
                 from,
                 n,
                 at,
@@ -472,7 +485,7 @@ impl Copy {
 pub fn allocate(groups: &[Group], rows: usize, pool: &Arc<BufferPool>) -> Vec<BatchBuffer> {
     groups
         .iter()
-        .map(|group| match group.array_len {
+        .map(|group| match group.row_len() {
             Some(len) => BatchBuffer::from_pool(pool, group.dtype, [rows, len]),
             None => BatchBuffer::from_pool(pool, group.dtype, [group.columns.len(), rows]),
         })
@@ -550,6 +563,79 @@ mod tests {
             .iter()
             .zip(&permutation)
             .all(|(&id, &p)| id == u64::from(p)));
+    }
+
+    /// Issue 24: with `stack`, every batch was transposed on the assembler's thread (108
+    /// us a batch of 4096 rows, twice the unstacked loader). The window itself is now gathered
+    /// row-major: a batch inside it is a view at its rows' offset (no copy), holding the same
+    /// values as the `[columns, rows]` window, transposed; copies out of it agree too.
+    #[test]
+    fn row_major_windows_hand_out_views_of_the_transposed_rows() {
+        let specs = [
+            ColumnSpec::for_test("id", DType::Int64, 1),
+            ColumnSpec::for_test("x", DType::Float32, 1),
+            ColumnSpec::for_test("v", DType::Float32, 2),
+            ColumnSpec::for_test("y", DType::Float32, 1),
+        ];
+        let columnar = layout(&specs);
+        let mut stacked = columnar.clone();
+        let g = stacked
+            .iter()
+            .position(|g| g.dtype == DType::Float32 && g.array_len.is_none());
+        let g = g.unwrap();
+        stacked[g].row_major = true;
+        assert_eq!(stacked[g].names, ["x", "y"]);
+        let n = 70_000usize;
+        let a = chunk((0..n as i64).collect(), 0.0);
+        let mut columns = a.columns.clone();
+        columns.push(Buffer::from_vec(
+            (0..n).map(|i| -(i as f32)).collect::<Vec<_>>(),
+        ));
+        let a = Arc::new(Chunk { rows: n, columns });
+        let segments = vec![Segment {
+            chunk: a,
+            start: 0,
+            len: n,
+        }];
+        let permutation: Vec<u32> = (0..n).map(|i| ((i * 7919) % n) as u32).collect();
+        let pool = Arc::new(BufferPool::default());
+        for threads in [1, 3] {
+            let want = Window::new(&segments, &permutation, &columnar, &pool, threads);
+            let got = Window::new(&segments, &permutation, &stacked, &pool, threads);
+            let whole = got.view(&stacked, 0, n);
+            for (from, rows) in [(0, 256), (256, 256), (n - 100, 100)] {
+                let view = &got.view(&stacked, from, rows)[g];
+                assert_eq!(view.shape(), [rows, 2]);
+                assert_eq!(view.strides(), [8, 4], "C-contiguous rows of two f32");
+                assert_eq!(
+                    view.address(),
+                    whole[g].address() + from * 8,
+                    "a view of the window, not a copy"
+                );
+                let by_column = want.view(&columnar, from, rows)[g].to_bytes();
+                let by_row = view.to_bytes();
+                for r in 0..rows {
+                    for c in 0..2 {
+                        let at = |k: usize| by_column[k * 4..k * 4 + 4].to_vec();
+                        assert_eq!(
+                            by_row[(r * 2 + c) * 4..(r * 2 + c) * 4 + 4],
+                            at(c * rows + r)
+                        );
+                    }
+                }
+                let mut out = allocate(&stacked, rows, &pool);
+                got.copy_out(&stacked, &mut out, from, rows, 0);
+                assert_eq!(out[g].to_bytes(), by_row, "copies agree with views");
+                assert_eq!(out[g].shape, [rows, 2]);
+            }
+            // The other groups are as without stack.
+            for k in (0..stacked.len()).filter(|&k| k != g) {
+                assert_eq!(
+                    whole[k].to_bytes(),
+                    want.view(&columnar, 0, n)[k].to_bytes()
+                );
+            }
+        }
     }
 
     #[test]

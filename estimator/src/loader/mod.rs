@@ -34,6 +34,7 @@ pub mod state;
 mod workers;
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -47,7 +48,6 @@ use crate::plan::{EpochPlan, PlanConfig};
 use decode::ColumnSpec;
 use pipeline::{Context, Item, Pipeline};
 use queue::Pop;
-use source::FileReader;
 use state::{Current, Position, STATE_VERSION};
 
 /// Default rows per shuffle window: at least this many and four batches, rounded up to whole
@@ -191,7 +191,7 @@ impl Loader {
         // Gathering a window on every core slowed the loader down: the caller's thread, which
         // turns batches into tensors, needs one of them.
         let assemble_threads = decoders.min(cpus.saturating_sub(1)).max(1);
-        let groups = assemble::layout(&specs);
+        let mut groups = assemble::layout(&specs);
         let stack_group = if options.stack {
             Some(
                 groups
@@ -208,12 +208,13 @@ impl Loader {
         } else {
             None
         };
+        if let Some(g) = stack_group {
+            groups[g].row_major = true;
+        }
         let files = dataset.files();
         let context = Context {
-            readers: files
-                .iter()
-                .map(|f| FileReader::new(dataset.store().clone(), f.clone()))
-                .collect(),
+            // The dataset's readers: footers read by the metadata scan are not read again.
+            readers: Arc::clone(dataset.readers()),
             roots: files.iter().map(|_| OnceLock::new()).collect(),
             row_groups,
             groups,
@@ -224,6 +225,7 @@ impl Loader {
             num_epochs: options.num_epochs,
             piece_rows: (PIECE_BYTES / row_bytes.max(1)).clamp(8192, 1 << 20),
             assemble_threads,
+            windows_gathered_inline: AtomicU64::new(0),
         };
         Ok(Loader {
             context: Arc::new(context),
@@ -242,6 +244,20 @@ impl Loader {
     /// The dataset's URL (the directory, or the single file).
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// The data files' readers: the dataset's own (shared with it and every loader over it),
+    /// so footers read for the metadata are not read again.
+    pub fn readers(&self) -> &Arc<[source::FileReader]> {
+        &self.context.readers
+    }
+
+    /// Shuffle windows gathered on the loader's assembler thread while batches waited for
+    /// them, since the loader was opened: the first window after each (re)start of the
+    /// threads. Every other window, the next epoch's first ones included, is gathered ahead
+    /// on the gather threads while the caller takes the batches before it.
+    pub fn windows_gathered_inline(&self) -> u64 {
+        self.context.windows_gathered_inline.load(Ordering::Relaxed)
     }
 
     /// The output buffers of every batch, in order.

@@ -4,7 +4,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -38,8 +38,8 @@ const JOIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// Everything the threads share about the dataset and the loader's settings.
 #[derive(Debug)]
 pub struct Context {
-    /// One reader per data file.
-    pub readers: Vec<FileReader>,
+    /// One reader per data file (the dataset's, shared).
+    pub readers: Arc<[FileReader]>,
     /// Row groups in the global row index space.
     pub row_groups: Vec<RowGroupRef>,
     /// The selected columns.
@@ -60,6 +60,9 @@ pub struct Context {
     pub roots: Vec<OnceLock<Vec<usize>>>,
     /// Threads that gather the columns of a shuffle window.
     pub assemble_threads: usize,
+    /// Shuffle windows the assembler gathered itself while batches waited for them (see
+    /// [`crate::loader::Loader::windows_gathered_inline`]).
+    pub windows_gathered_inline: AtomicU64,
 }
 
 impl Context {
@@ -254,11 +257,14 @@ impl Work {
     }
 }
 
+/// A shuffle window of a run: (epoch, window index in the epoch's rank plan).
+type WindowKey = (u64, u64);
+
 /// One epoch as the assembler runs it.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct EpochJob {
     epoch: u64,
-    plan: RankPlan,
+    plan: Arc<RankPlan>,
     /// Output position to start at.
     start: u64,
     /// Output position to stop at (rows handed out in the epoch).
@@ -303,7 +309,7 @@ impl Feed {
         }
         self.jobs.push_back(EpochJob {
             epoch: position.epoch,
-            plan,
+            plan: Arc::new(plan),
             start,
             end,
         });
@@ -329,8 +335,10 @@ struct Assembler {
     stream: VecDeque<Arc<Chunk>>,
     stream_row: usize,
     pool: Arc<BufferPool>,
-    /// Windows of the current epoch being gathered by `workers`, in window order.
-    ahead: VecDeque<(u64, Pending<Window>)>,
+    /// Windows being gathered by `workers`, in order, keyed by (epoch, window index): the
+    /// rest of the current epoch's, then the next epoch's first ones, so an epoch starts
+    /// on a window gathered while the last one was handed out.
+    ahead: VecDeque<(WindowKey, Pending<Window>)>,
     /// The threads that gather windows ahead.
     workers: Workers,
     /// How many windows may be gathered ahead at once.
@@ -370,19 +378,19 @@ impl Assembler {
         let context = Arc::clone(&self.context);
         let groups = &context.groups;
         let batch_size = self.context.config.batch_size;
-        let plan = &job.plan;
+        let plan = &*job.plan;
         let width = plan.window();
         let mut window: Option<(u64, Window)> = None;
         let mut position = job.start;
         while position < job.end {
             let rows = batch_size.min(job.end - position) as usize;
             let index = position / width;
-            self.load_window(&mut window, plan, index, job.end)?;
+            self.load_window(&mut window, job, index)?;
             let Some((_, current)) = window.as_ref() else {
                 return Ok(false);
             };
             let bounds = plan.window_bounds(index);
-            let mut buffers = if position + rows as u64 <= bounds.end {
+            let buffers = if position + rows as u64 <= bounds.end {
                 // The batch lies inside the window: hand out views of it.
                 let from = (position - bounds.start) as usize;
                 position += rows as u64;
@@ -392,7 +400,7 @@ impl Assembler {
                 let mut filled = 0;
                 while filled < rows {
                     let index = position / width;
-                    self.load_window(&mut window, plan, index, job.end)?;
+                    self.load_window(&mut window, job, index)?;
                     let Some((_, current)) = window.as_ref() else {
                         return Ok(false);
                     };
@@ -405,11 +413,6 @@ impl Assembler {
                 }
                 whole_views(groups, buffers)
             };
-            if let Some(g) = context.stack_group {
-                // One transposing copy here, on the loader's thread, rather than one tensor
-                // per column (or a copy) on the caller's.
-                buffers[g] = buffers[g].row_major(&self.pool);
-            }
             let batch = Batch {
                 epoch: job.epoch,
                 rows,
@@ -424,61 +427,106 @@ impl Assembler {
         Ok(true)
     }
 
-    /// Hands the workers the windows after `index` (the one being loaded), up to the depth
-    /// and within the epoch's rows before `end` (so every one is handed out in this epoch).
-    /// The rows come off the stream in window order, so `load_window` finds each in turn.
-    fn gather_ahead(&mut self, plan: &RankPlan, index: u64, end: u64) -> Result<()> {
+    /// Hands the workers the windows after window `index` of `job` (the one being loaded),
+    /// up to the depth: the rest of the epoch's rows before its end (so every one is handed
+    /// out in it), then the next epoch's first windows. The rows come off the stream in that
+    /// order (the next epoch's pieces follow this one's), so `load_window` finds each in turn.
+    fn gather_ahead(&mut self, job: &EpochJob, index: u64) -> Result<()> {
         loop {
-            let next = self.ahead.back().map_or(index, |(i, _)| *i) + 1;
-            if self.ahead.len() >= self.ahead_depth || plan.window_bounds(next).start >= end {
+            if self.ahead.len() >= self.ahead_depth {
                 return Ok(());
             }
-            let bounds = plan.window_bounds(next);
+            let last = self
+                .ahead
+                .back()
+                .map_or((job.epoch, index), |(key, _)| *key);
+            let Some((key, plan)) = self.window_after(job, last)? else {
+                return Ok(());
+            };
+            let bounds = plan.window_bounds(key.1);
             let Some(segments) = self.take_rows((bounds.end - bounds.start) as usize)? else {
                 return Ok(());
             };
-            let permutation = plan.window_permutation(next);
             let (context, pool) = (Arc::clone(&self.context), Arc::clone(&self.pool));
-            let pending = self
-                .workers
-                .submit(move || Window::new(&segments, &permutation, &context.groups, &pool, 1))?;
-            self.ahead.push_back((next, pending));
+            let pending = self.workers.submit(move || {
+                let permutation = plan.window_permutation(key.1);
+                Window::new(&segments, &permutation, &context.groups, &pool, 1)
+            })?;
+            self.ahead.push_back((key, pending));
         }
     }
 
-    /// Makes `window` the shuffle window `index` of `plan`: the one gathered ahead for it, or
+    /// The window after `(epoch, index)` (in `job`, the current epoch, or the epoch after it,
+    /// planned here if it is not yet) with its epoch's plan; `None` past the next epoch's
+    /// rows or the last epoch.
+    fn window_after(
+        &mut self,
+        job: &EpochJob,
+        (epoch, index): WindowKey,
+    ) -> Result<Option<(WindowKey, Arc<RankPlan>)>> {
+        let following = |job: &EpochJob| {
+            let next = index + 1;
+            (job.plan.window_bounds(next).start < job.end)
+                .then(|| ((job.epoch, next), Arc::clone(&job.plan)))
+        };
+        if epoch != job.epoch {
+            let after = self.feed.jobs.front().filter(|next| next.epoch == epoch);
+            return Ok(after.and_then(following));
+        }
+        if let Some(found) = following(job) {
+            return Ok(Some(found));
+        }
+        if self.feed.jobs.is_empty() && !self.feed.advance()? {
+            return Ok(None);
+        }
+        Ok(self
+            .feed
+            .jobs
+            .front()
+            .filter(|next| next.epoch == job.epoch + 1 && next.start < next.end)
+            .map(|next| {
+                let first = next.start / next.plan.window();
+                ((next.epoch, first), Arc::clone(&next.plan))
+            }))
+    }
+
+    /// Makes `window` the shuffle window `index` of `job`: the one gathered ahead for it, or
     /// one gathered here; leaves `None` there once stopped. Either way, the windows after it
-    /// (before `end`) are handed to the workers first, so they gather while this thread waits
-    /// for `index` or for room in the queue.
+    /// are handed to the workers first, so they gather while this thread waits for `index`
+    /// or for room in the queue.
     fn load_window(
         &mut self,
         window: &mut Option<(u64, Window)>,
-        plan: &RankPlan,
+        job: &EpochJob,
         index: u64,
-        end: u64,
     ) -> Result<()> {
         if window.as_ref().is_some_and(|(i, _)| *i == index) {
             return Ok(());
         }
         *window = None;
         if let Some((ahead, pending)) = self.ahead.pop_front() {
-            if ahead != index {
+            if ahead != (job.epoch, index) {
                 return Err(Error::Internal(format!(
-                    "shuffle window {index} was asked for while window {ahead} was gathered ahead"
+                    "shuffle window {index} of epoch {} was asked for while window {} of \
+                     epoch {} was gathered ahead",
+                    job.epoch, ahead.1, ahead.0
                 )));
             }
-            self.gather_ahead(plan, index, end)?;
+            self.gather_ahead(job, index)?;
             let work = &self.work;
             *window = pending.wait(POLL, || work.stopped())?.map(|w| (index, w));
             return Ok(());
         }
-        let bounds = plan.window_bounds(index);
+        let bounds = job.plan.window_bounds(index);
         let Some(segments) = self.take_rows((bounds.end - bounds.start) as usize)? else {
             return Ok(());
         };
-        self.gather_ahead(plan, index, end)?;
-        let permutation = plan.window_permutation(index);
+        self.gather_ahead(job, index)?;
+        let permutation = job.plan.window_permutation(index);
         let context = &self.context;
+        context
+            .windows_gathered_inline
+            .fetch_add(1, Ordering::Relaxed);
         *window = Some((
             index,
             Window::new(

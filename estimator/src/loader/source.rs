@@ -7,7 +7,8 @@
 
 use std::ops::Range;
 use std::path::Path;
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use arrow::array::RecordBatch;
 use bytes::Bytes;
@@ -39,13 +40,20 @@ pub struct DataFile {
     pub size: u64,
 }
 
-/// A data file opened for reading; footers and the local mapping are loaded once.
+/// A data file opened for reading; footers and the local mapping are loaded once. A
+/// [`Dataset`](crate::metadata::Dataset) keeps one per file and shares it between the metadata
+/// scan and every loader over it, so a cold start reads each footer (and maps each local
+/// file) once.
 #[derive(Debug)]
 pub struct FileReader {
     store: Store,
     file: DataFile,
     mapped: OnceLock<Bytes>,
     metadata: OnceLock<ArrowReaderMetadata>,
+    /// Held while the footer or the mapping is loaded, so threads asking at once load it once.
+    loading: Mutex<()>,
+    footer_reads: AtomicUsize,
+    opens: AtomicUsize,
 }
 
 impl FileReader {
@@ -56,7 +64,21 @@ impl FileReader {
             file,
             mapped: OnceLock::new(),
             metadata: OnceLock::new(),
+            loading: Mutex::new(()),
+            footer_reads: AtomicUsize::new(0),
+            opens: AtomicUsize::new(0),
         }
+    }
+
+    /// How many times this reader has read the file's footer (once, after the first
+    /// [`FileReader::metadata`]).
+    pub fn footer_reads(&self) -> usize {
+        self.footer_reads.load(Ordering::Relaxed)
+    }
+
+    /// How many times this reader has opened and mapped the (local) file.
+    pub fn opens(&self) -> usize {
+        self.opens.load(Ordering::Relaxed)
     }
 
     /// The file.
@@ -79,6 +101,11 @@ impl FileReader {
         if let Some(bytes) = self.mapped.get() {
             return Ok(Some(bytes.clone()));
         }
+        let _loading = self.loading.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(bytes) = self.mapped.get() {
+            return Ok(Some(bytes.clone()));
+        }
+        self.opens.fetch_add(1, Ordering::Relaxed);
         let bytes = map_file(&path)?;
         Ok(Some(self.mapped.get_or_init(|| bytes).clone()))
     }
@@ -97,10 +124,17 @@ impl FileReader {
         if let Some(metadata) = self.metadata.get() {
             return Ok(metadata);
         }
+        // Mapping a local file takes this lock too: map it first.
+        let local = self.local_bytes()?;
+        let _loading = self.loading.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(metadata) = self.metadata.get() {
+            return Ok(metadata);
+        }
         let options = ArrowReaderOptions::new()
             .with_column_index_policy(PageIndexPolicy::Skip)
             .with_offset_index_policy(PageIndexPolicy::Optional);
-        let metadata = match self.local_bytes()? {
+        self.footer_reads.fetch_add(1, Ordering::Relaxed);
+        let metadata = match local {
             Some(bytes) => ArrowReaderMetadata::load(&bytes, options),
             None => {
                 let mut reader = self.object_reader()?;

@@ -223,6 +223,41 @@ fn metadata_reads_footers_checks_arrays_and_caches() {
     assert_eq!(single.metadata().unwrap().rows, 1);
 }
 
+/// Issue 24: a cold start (no metadata cache) read every footer twice, once for the metadata
+/// and once more in the loader. The dataset's readers are now shared: one footer read and one
+/// open (mapping) per file, through the metadata scan and two epochs of a loader.
+#[test]
+fn a_cold_start_reads_each_footer_and_opens_each_file_once() {
+    for dictionary in [false, true] {
+        let dir = dataset_dir_with(dictionary);
+        let dataset = open(dir.path());
+        assert!(!dir.path().join(METADATA_FILE).exists(), "a cold start");
+        let mut loader =
+            Loader::open(&dataset, options(&["id", "x", "v"], 10, 0, 1, true)).unwrap();
+        assert!(
+            dir.path().join(METADATA_FILE).exists(),
+            "the metadata was computed"
+        );
+        for _ in 0..2 {
+            let ids: Vec<i64> = epoch_ids(&mut loader).concat();
+            assert_eq!(ids.len(), 300);
+        }
+        // Every reader that touched the files: the dataset's, and the loader's if it has
+        // others.
+        let mut sets = vec![dataset.readers()];
+        if !Arc::ptr_eq(loader.readers(), dataset.readers()) {
+            sets.push(loader.readers());
+        }
+        assert_eq!(dataset.readers().len(), 3);
+        for (i, file) in dataset.files().iter().enumerate() {
+            let reads: usize = sets.iter().map(|s| s[i].footer_reads()).sum();
+            let opens: usize = sets.iter().map(|s| s[i].opens()).sum();
+            assert_eq!(reads, 1, "footer reads of {}", file.rel);
+            assert_eq!(opens, 1, "opens of {}", file.rel);
+        }
+    }
+}
+
 #[test]
 fn every_rank_gets_equal_batches_and_every_row_appears() {
     let dir = dataset_dir();
@@ -700,6 +735,40 @@ fn stack_hands_out_one_row_major_buffer_with_the_columns_values_in_the_same_orde
         "151 rows a rank: 9 batches of 16 and one of 7, twice"
     );
     assert_eq!(partial, 2);
+}
+
+/// Issue 24: an epoch started by gathering its first shuffle window on the assembler's thread
+/// while the caller waited (a small dataset's epoch start, 2.8-3.2 ms). The next epoch's first
+/// windows are now gathered ahead, while the last ones of the epoch before are handed out:
+/// one window is gathered in line per start of the threads, not one per epoch, and every
+/// epoch still hands out every row once, in the seed's order.
+#[test]
+fn the_next_epochs_first_windows_are_gathered_ahead() {
+    let dir = dataset_dir();
+    let dataset = open(dir.path());
+    for (batch, window) in [(10, 40), (10, 300), (16, 20)] {
+        let run = |epochs: usize| {
+            let mut options = options(&["id"], batch, 0, 1, false);
+            options.shuffle_buffer_size = Some(window);
+            let mut loader = Loader::open(&dataset, options).unwrap();
+            let ids: Vec<Vec<i64>> = (0..epochs)
+                .map(|_| epoch_ids(&mut loader).concat())
+                .collect();
+            (loader.windows_gathered_inline(), ids)
+        };
+        let (inline, ids) = run(3);
+        assert_eq!(
+            inline, 1,
+            "windows gathered in line, batch {batch} window {window}"
+        );
+        for epoch in &ids {
+            let want: BTreeMap<i64, usize> = (0..ROWS).map(|i| (i, 1)).collect();
+            assert_eq!(counts(epoch.iter().copied()), want, "every row once");
+        }
+        assert_ne!(ids[0], ids[1], "epochs are shuffled differently");
+        // The same seed gives the same epochs (whatever was gathered ahead).
+        assert_eq!(run(3).1, ids);
+    }
 }
 
 #[test]

@@ -197,6 +197,10 @@ class ParquetLoader(BaseDataLoader):
             array = np.asarray(view)
             if index == stack_group:
                 out[self._stack] = array if torch is None else torch.from_numpy(array)
+            elif stacked and len(names) == 1:
+                # One scalar column ([1, rows]): numpy's row view is far cheaper per batch
+                # than torch's unbind.
+                out[names[0]] = array[0] if torch is None else torch.from_numpy(array[0])
             elif torch is not None:
                 tensor = torch.from_numpy(array)
                 if stacked:
