@@ -6,8 +6,8 @@ Each side runs, on 2 ranks, a function that imports torch, initialises its colle
 ``TorchDistributor`` sets up with ``torchrun``) and runs one allreduce of 4 floats: its first
 step. The figure is the time from the launch call to the moment the last rank finished that
 allreduce. Rounds alternate which side goes first; the figures are medians over rounds, after
-one warm-up launch each (whose kolo breakdown is printed too: it pays the executors' Python
-check and the Python workers' first imports).
+one warm-up launch each (whose kolo breakdown is printed too: the application's first launch
+starts the Python workers).
 
 kolo's breakdown comes from the times the launch records (``kolo.spark.run(...,
 _on_launch_report=...)``, see ``python/kolo/spark/_launch_report.py``): the phases up to every
@@ -15,15 +15,25 @@ rank's function starting, then the function's own: ``torch_import``, ``kolo_init
 (``import kolo.torch`` and ``hvd.init()``: the data-plane rendezvous) and ``first_collective``.
 Each phase ends when the last rank passed it, so the phases add up to the total.
 
+``--compare-with <tree>/python`` measures before/after instead: fresh applications (each a
+child process of this script) alternate between a baseline tree's kolo and this one, each
+timing its first launch (what a ``spark-submit`` of a training script pays) and ``--rounds``
+later ones.
+
 Example::
 
     .venv/bin/python bench/spark_launch.py --rounds 5
+    .venv/bin/python bench/spark_launch.py --compare-with /tmp/kolo-main/python --apps 3 --rounds 2
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
+import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -53,8 +63,85 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser.add_argument(
         "--no-distributor", action="store_true", help="kolo only (no TorchDistributor rounds)"
     )
+    parser.add_argument(
+        "--compare-with",
+        type=Path,
+        default=None,
+        help="a baseline tree's python/ dir (e.g. main's): instead of the run above, fresh Spark "
+        "applications alternate between it and this tree, each timing its first launch and "
+        "--rounds more (kolo only)",
+    )
+    parser.add_argument(
+        "--apps", type=int, default=3, help="applications per tree (--compare-with)"
+    )
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, default=None, help="results file")
     return parser.parse_args(argv)
+
+
+def child_main(args: argparse.Namespace) -> None:
+    """One fresh application (``--child``): its first launch and ``--rounds`` more, as JSON."""
+    session = local_session_builder().appName("kolo-bench-spark-launch").getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    first = kolo_launch(session)
+    later = [kolo_launch(session) for _ in range(args.rounds)]
+    print("RESULT " + json.dumps({"first": first, "later": later}), flush=True)
+    session.stop()
+
+
+def compare_main(args: argparse.Namespace) -> None:
+    """Fresh applications alternating between the baseline tree and this one."""
+    trees = {"baseline": args.compare_with.resolve(), "this": REPO / "python"}
+    apps: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
+    for app in range(args.apps):
+        names = list(trees) if app % 2 == 0 else list(trees)[::-1]
+        for name in names:
+            env = {**os.environ, "PYTHONPATH": str(trees[name])}
+            child = [sys.executable, __file__, "--child", "--rounds", str(args.rounds)]
+            done = subprocess.run(child, env=env, capture_output=True, text=True, timeout=900)
+            lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+            if done.returncode != 0 or not lines:
+                raise SystemExit(f"{name} application failed:\n{done.stdout}\n{done.stderr}")
+            apps[name].append(json.loads(lines[-1][len("RESULT ") :]))
+            figures = apps[name][-1]
+            print(
+                f"app {app} {name:8s}: first launch {figures['first']['total_s']:.2f} s, later "
+                + ", ".join(f"{run['total_s']:.2f}" for run in figures["later"]),
+                flush=True,
+            )
+    first = {n: statistics.median(a["first"]["total_s"] for a in runs) for n, runs in apps.items()}
+    later = {
+        n: statistics.median(r["total_s"] for a in runs for r in a["later"])
+        for n, runs in apps.items()
+    }
+    print(
+        f"first launch of an application to first step, median of {args.apps}: baseline "
+        f"{first['baseline']:.2f} s, this tree {first['this']:.2f} s -> ratio "
+        f"{first['this'] / first['baseline']:.2f}",
+        flush=True,
+    )
+    print(
+        f"later launches to first step, median of {args.apps}x{args.rounds}: baseline "
+        f"{later['baseline']:.2f} s, this tree {later['this']:.2f} s -> ratio "
+        f"{later['this'] / later['baseline']:.2f}",
+        flush=True,
+    )
+    phases = [a["first"]["phases_s"] for a in apps["this"] if "phases_s" in a["first"]]
+    if phases:
+        print_breakdown(
+            "this tree's first launch, median phases",
+            {name: statistics.median(p[name] for p in phases) for name in phases[0]},
+        )
+    write_results(
+        "spark_launch_compare",
+        {
+            "baseline": str(trees["baseline"]),
+            "apps": apps,
+            "first_median_s": first,
+            "later_median_s": later,
+        },
+        args.json,
+    )
 
 
 def kolo_first_step() -> dict[str, float]:
@@ -95,13 +182,20 @@ def distributor_first_step() -> dict[str, float]:
     return times
 
 
+def reports_launches() -> bool:
+    """Whether this kolo's ``kolo.spark.run`` hands out a launch report (a baseline tree run
+    with ``--child`` may predate it: then only its total is measured)."""
+    return "_on_launch_report" in inspect.signature(kolo.spark.run).parameters
+
+
 def kolo_launch(session: Any) -> dict[str, Any]:
     """One ``kolo.spark.run``: its total and its breakdown (phase -> seconds)."""
     reports: list[Any] = []
+    extra = {"_on_launch_report": reports.append} if reports_launches() else {}
     called = time.time()
-    ranks = kolo.spark.run(
-        kolo_first_step, num_proc=2, spark=session, _on_launch_report=reports.append
-    )
+    ranks = kolo.spark.run(kolo_first_step, num_proc=2, spark=session, **extra)
+    if not reports:
+        return {"total_s": max(rank["first_step"] for rank in ranks) - called}
     report = reports[0]
     points = report.milestones()
     for name, key in FN_PHASES:
@@ -138,6 +232,10 @@ def main(argv: Optional[list[str]] = None) -> None:
 
     args = parse_args(argv)
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    if args.child:
+        return child_main(args)
+    if args.compare_with is not None:
+        return compare_main(args)
     session = local_session_builder().appName("kolo-bench-spark-launch").getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     sides = {"kolo": lambda: kolo_launch(session)}
