@@ -111,6 +111,18 @@ def test_classification_fit_transform_with_ratio_validation_and_metrics(fitted, 
     assert any("tfevents" in path for path in logs), logs
 
 
+def test_fit_timings_break_the_launch_down(fitted):
+    """``getTimings()`` carries kolo.spark.run's launch report: every phase, none negative, and
+    together no longer than the launch part (which goes on to rank 0's first step)."""
+    from kolo.spark._launch_report import PHASES
+
+    timings = fitted[2].getTimings()
+    phases = timings["launch_phases"]
+    assert list(phases) == [name for name, _ in PHASES]
+    assert all(seconds >= 0 for seconds in phases.values()), phases
+    assert 0 < sum(phases.values()) <= timings["parts"]["launch"]
+
+
 def test_regression_with_validation_column_and_sample_weights(spark, tmp_path):
     rng = np.random.default_rng(0)
     rows = []

@@ -161,3 +161,17 @@ def test_a_rank_clock_behind_the_driver_gives_no_negative_phase():
     assert report.complete()
     del report.ranks[1]
     assert not report.complete() and "did not report" in report.describe()
+
+
+def test_launch_report_on_spark_connect(connect_spark):
+    """On a Spark Connect session the tasks' start times come back through ``mapInArrow``'s
+    rows (a double column): the report is as complete as on a classic session."""
+    reports: list[LaunchReport] = []
+    assert kolo.spark.run(
+        chatty_fn, num_proc=2, spark=connect_spark, _on_launch_report=reports.append
+    ) == [0, 1]
+    (report,) = reports
+    assert report.complete(), report
+    phases = report.phases()
+    assert [name for name, _ in phases] == [name for name, _ in PHASES]
+    assert sum(seconds for _, seconds in phases) == pytest.approx(report.total(), abs=1e-6)

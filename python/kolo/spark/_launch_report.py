@@ -8,15 +8,15 @@ it submitted the barrier stage; each barrier task returns when it started
 passed it (the launch waits for every rank), so the phases below add up to the time from the
 call to the moment every rank's function started:
 
-``setup`` (argument checks, pickling, slots, the driver's address), ``driver_service`` (the job driver service started, the
-payload published), ``spark_scheduling`` (stage submitted until every task ran: scheduling,
-Python workers, task deserialisation), ``process_spawn`` (until every rank process was
-created), ``python_start`` (until every interpreter ran), ``kolo_import``, ``rendezvous``
-(until every rank joined: registration and rank assignment), ``payload`` (fetching and
-unpickling the function, with the modules it imports).
+``setup`` (argument checks, pickling, slots, the driver's address), ``driver_service`` (the
+job driver service started, the payload published), ``spark_scheduling`` (stage submitted until
+every task ran: scheduling, Python workers, task deserialisation), ``process_spawn`` (until
+every rank process was created), ``python_start`` (until every interpreter ran),
+``kolo_import``, ``rendezvous`` (until every rank joined: registration and rank assignment),
+``payload`` (fetching and unpickling the function, with the modules it imports).
 
-Ranks on other hosts report their own clocks: across hosts the phases after
-``spark_scheduling`` carry the clocks' offset (on one host they are exact). A step a rank did
+Tasks and ranks on other hosts report their own clocks: across hosts the phases from
+``spark_scheduling`` on carry the clocks' offset (on one host they are exact). A step a rank did
 not report (an older kolo on the executors, no ``/proc``) is skipped, its time going to the
 next phase.
 

@@ -236,16 +236,24 @@ class KoloEstimator(Estimator, KoloPersistence):
         store = self.getStore()
         meta = get_dataset_metadata(store, dataset_idx, self._columns())
 
+        reports: list[Any] = []
+
         def launch(trainer: Callable[[], Any], on_message: Callable[[int, Any], None]) -> Any:
             from kolo.spark import run
 
             backend = self._backend()
             if isinstance(backend, SparkBackend):
-                return backend.run(trainer, env={}, _on_message=on_message)
+                return backend.run(
+                    trainer, env={}, _on_message=on_message, _on_launch_report=reports.append
+                )
             if backend is not None:  # a user's Backend: Horovod's call
                 return backend.run(trainer, args=(), kwargs={}, env={})
             return run(
-                trainer, num_proc=num_proc, verbose=self.getVerbose(), _on_message=on_message
+                trainer,
+                num_proc=num_proc,
+                verbose=self.getVerbose(),
+                _on_message=on_message,
+                _on_launch_report=reports.append,
             )
 
         run = train_on_ranks(
@@ -273,6 +281,10 @@ class KoloEstimator(Estimator, KoloPersistence):
                 "model_return": time.time() - rank0.get("returned_unix", launched),
             },
         }
+        if reports:
+            # The launch's own phases up to every rank's trainer starting (the rest of
+            # ``launch`` is the trainer's set-up until its first step).
+            model._timings["launch_phases"] = dict(reports[0].phases())
         model._start_epoch = result.get("start_epoch", 0)
         return model
 

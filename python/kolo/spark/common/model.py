@@ -85,7 +85,9 @@ class KoloModel(Model, KoloPersistence):
         ``hvd.init``, model and loader set-up, broadcasts), ``train`` (epochs, validation
         included, on rank 0), ``checkpoint`` (rank 0's writes) and ``model_return`` (rank 0's
         return to the trained model on the driver: TensorBoard sync, result transfer, ranks'
-        exit, loading the weights).
+        exit, loading the weights); with ``kolo.spark.run`` as the launcher (no backend or a
+        ``SparkBackend``), ``launch_phases``: where ``launch`` went until every rank's
+        trainer started (phase name to seconds, see ``docs/spark.md``).
 
         Example::
 
