@@ -138,8 +138,6 @@ def fit_kolo(df: Any, args: argparse.Namespace, store_dir: str, run: int) -> dic
     # trainer's own set-up (torch model, hvd.init, loaders, broadcasts) until the first step.
     phases = parts.get("launch_phases", {})
     figures.update({f"launch.{name}_s": value for name, value in phases.items()})
-    if phases:
-        figures["launch.trainer_setup_s"] = figures["launch_s"] - sum(phases.values())
     figures["_model"] = fitted  # type: ignore[assignment]
     return figures
 

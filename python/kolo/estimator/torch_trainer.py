@@ -378,18 +378,27 @@ class TorchTrainer:
         import kolo.torch as hvd
 
         started, started_unix = time.monotonic(), time.time()
+        # When this rank passed each step of its set-up (unix seconds; the fit's launch
+        # breakdown, ``getTimings()['launch_phases']``).
+        setup = {"imports": started_unix}
         self.spec.prepare_process()
         hvd.init()
+        setup["init"] = time.time()
         self._float64 = torch.float64
         self._build(hvd, torch)
+        setup["build"] = time.time()
         if elastic_launch():
             return self._train_elastic(hvd, torch, rank_timings(started, started_unix))
         self.train_loader, self.val_loader = self.spec.open_loaders(hvd.rank(), hvd.size())
+        setup["loaders"] = time.time()
         self.reporter = ProgressReporter(self.send, hvd.rank(), self.spec.epochs)
         resume = self._resume(hvd)
         start_epoch, history = resume_position(self.train_loader, resume)
+        setup["resume"] = time.time()
         timings = rank_timings(started, started_unix)
         writer, local_dir, sync = self._tensorboard(hvd)
+        setup["tensorboard"] = time.time()
+        timings["setup_unix"] = setup
         try:
             for epoch in range(start_epoch, self.spec.epochs):
                 self._call("on_epoch_begin", epoch, None)

@@ -282,11 +282,26 @@ class KoloEstimator(Estimator, KoloPersistence):
             },
         }
         if reports:
-            # The launch's own phases up to every rank's trainer starting (the rest of
-            # ``launch`` is the trainer's set-up until its first step).
-            model._timings["launch_phases"] = dict(reports[0].phases())
+            model._timings["launch_phases"] = _launch_phases(reports[0], rank0, first_step)
         model._start_epoch = result.get("start_epoch", 0)
         return model
+
+
+def _launch_phases(report: Any, rank0: Dict[str, Any], first_step: float) -> Dict[str, float]:
+    """Where a fit's ``launch`` went: ``kolo.spark.run``'s phases up to every rank's trainer
+    starting, then rank 0's set-up steps (``trainer_`` + imports, init, build, loaders, resume,
+    tensorboard, when the trainer reports them) and ``trainer_first_step`` (the rest until
+    its first step); times never go back, so the phases add up to the report's call to the
+    first step."""
+    phases = dict(report.phases())
+    points = report.milestones()
+    last = points[-1][1] if points else first_step
+    for step, at in (rank0.get("setup_unix") or {}).items():
+        if isinstance(at, (int, float)):
+            phases[f"trainer_{step}"] = max(0.0, float(at) - last)
+            last = max(last, float(at))
+    phases["trainer_first_step"] = max(0.0, first_step - last)
+    return phases
 
 
 #: Horovod's name of the estimators' base class
