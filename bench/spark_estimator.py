@@ -134,6 +134,10 @@ def fit_kolo(df: Any, args: argparse.Namespace, store_dir: str, run: int) -> dic
     parts = fitted.getTimings()
     figures = {"total_s": total, "first_step_s": parts["first_step"] - start}
     figures.update({f"{name}_s": value for name, value in parts["parts"].items()})
+    # kolo.spark.run's launch report: launch -> every rank's trainer started, then the
+    # trainer's own set-up (torch model, hvd.init, loaders, broadcasts) until the first step.
+    phases = parts.get("launch_phases", {})
+    figures.update({f"launch.{name}_s": value for name, value in phases.items()})
     figures["_model"] = fitted  # type: ignore[assignment]
     return figures
 
@@ -391,7 +395,9 @@ def main(argv: Optional[list[str]] = None) -> None:
                 else:
                     peer_runs.append(figures)
                 shown = ", ".join(
-                    f"{k}={v:.2f}" for k, v in sorted(figures.items()) if isinstance(v, float)
+                    f"{k}={v:.2f}"
+                    for k, v in sorted(figures.items())
+                    if isinstance(v, float) and not k.startswith("launch.")
                 )
                 print(f"round {round_} {name}: {shown}", flush=True)
         assert fitted is not None
@@ -435,8 +441,17 @@ def main(argv: Optional[list[str]] = None) -> None:
     horovod_fit = None
     if horovod_python is not None:
         horovod_fit = horovod_summary(kolo, horovod_runs, horovod_versions)
-    parts = ", ".join(f"{k[:-2]} {v:.2f} s" for k, v in kolo.items() if k not in ("total_s",))
+    parts = ", ".join(
+        f"{k[:-2]} {v:.2f} s"
+        for k, v in kolo.items()
+        if k != "total_s" and not k.startswith("launch.")
+    )
     print(f"kolo fit parts: {parts}")
+    launch_parts = ", ".join(
+        f"{k[len('launch.') : -2]} {v:.3f}" for k, v in kolo.items() if k.startswith("launch.")
+    )
+    if launch_parts:
+        print(f"kolo launch to first step, breakdown (s): {launch_parts}")
     for peer_name, target in (("row_by_row", 20.0), ("map_in_pandas", 1.0)):
         ratio = rows_per_s["kolo"] / rows_per_s[peer_name]
         print(

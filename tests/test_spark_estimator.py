@@ -111,6 +111,20 @@ def test_classification_fit_transform_with_ratio_validation_and_metrics(fitted, 
     assert any("tfevents" in path for path in logs), logs
 
 
+def test_fit_timings_break_the_launch_down(fitted):
+    """``getTimings()`` breaks the launch part down: kolo.spark.run's launch report, then rank
+    0's set-up steps until its first step; none negative, together within the launch part."""
+    from kolo.spark._launch_report import PHASES
+
+    timings = fitted[2].getTimings()
+    phases = timings["launch_phases"]
+    trainer = ["imports", "init", "build", "loaders", "resume", "tensorboard", "first_step"]
+    assert list(phases) == [name for name, _ in PHASES] + [f"trainer_{s}" for s in trainer]
+    assert all(seconds >= 0 for seconds in phases.values()), phases
+    # From run()'s call to rank 0's first step: within the launch part, which starts earlier.
+    assert 0 < sum(phases.values()) <= timings["parts"]["launch"]
+
+
 def test_regression_with_validation_column_and_sample_weights(spark, tmp_path):
     rng = np.random.default_rng(0)
     rows = []

@@ -13,6 +13,7 @@ import uuid
 from datetime import datetime
 from typing import Any, Callable, Optional, TextIO
 
+from kolo._launch_times import decode_rank_times, is_rank_times
 from kolo._nics import nics_ip
 from kolo.exceptions import (
     ConfigError,
@@ -22,6 +23,7 @@ from kolo.exceptions import (
     RankFailedError,
 )
 from kolo.spark._jvm_events import executor_lost_error, open_job_events
+from kolo.spark._launch_report import LaunchReport
 from kolo.spark._session import spark_target
 
 log = logging.getLogger("kolo.spark")
@@ -41,6 +43,9 @@ POLL_S = 0.1
 #: The row each launch task returns to Spark: its index, whether its rank process succeeded,
 #: and how it ended (the Connect path's ``mapInArrow`` schema).
 TASK_ROW_SCHEMA = "index long, success boolean, description string"
+#: ``kolo.spark.run``'s task row: the same, and when the task started (unix seconds; for the
+#: launch report).
+RUN_TASK_ROW_SCHEMA = f"{TASK_ROW_SCHEMA}, started_unix double"
 #: When a rank fails and the kolo Spark plugin is on, how long the driver waits for Spark to say
 #: whether an executor of the launch was lost (the failure's cause, named in the error).
 CAUSE_GRACE_S = 1.0
@@ -87,16 +92,20 @@ class _Job:
         self.cluster = open_job_events(getattr(self.target, "sc", None), lambda: self.group)
         #: Tasks whose executor Spark reported lost: no exit report will come from them.
         self.gone: set[int] = set()
+        #: The launch's recorded times (set by ``kolo.spark.run``; the ranks' arrive here).
+        self.report: Optional[LaunchReport] = None
+        #: The stage's rows, once it returned.
+        self.stage_rows: list[tuple] = []
 
-    def start_stage(self, task_fn: Callable[..., Any]) -> None:
+    def start_stage(self, task_fn: Callable[..., Any], schema: str = TASK_ROW_SCHEMA) -> None:
         def stage() -> None:
             try:
-                self.target.run_tasks(
+                self.stage_rows = self.target.run_tasks(
                     task_fn,
                     self.num_proc,
                     self.group,
                     "kolo.spark.run",
-                    TASK_ROW_SCHEMA,
+                    schema,
                     barrier=True,
                 )
             except BaseException as error:
@@ -141,9 +150,13 @@ class _Job:
             if kind == "output":
                 _, task, rank, is_stderr, text, micros = event
                 self.write(self.err if is_stderr else self.out, task, rank, is_stderr, text, micros)
-            elif kind == "message" and self.on_message is not None:
+            elif kind == "message":
                 _, task, rank, data = event
-                self.on_message(task if rank is None else rank, cloudpickle.loads(data))
+                if is_rank_times(data):
+                    if self.report is not None:
+                        self.report.ranks[task] = decode_rank_times(data)
+                elif self.on_message is not None:
+                    self.on_message(task if rank is None else rank, cloudpickle.loads(data))
             elif kind == "started":
                 _, task, attempt, hostname, pid = event
                 log.debug("task %d (attempt %d) started pid %d on %s", task, attempt, pid, hostname)

@@ -92,6 +92,52 @@ def check_executor_python(sc: Any, num_tasks: int, timeout_s: float = PROBE_TIME
         _checked.add(key)
 
 
+def executor_python_checked(sc: Any) -> bool:
+    """Whether the executors' Python of ``sc`` is known to import kolo (a probe or a launch
+    passed on this Spark application and executor Python).
+
+    Example::
+
+        if not executor_python_checked(target): ...
+    """
+    sc = spark_target(sc)
+    with _checked_lock:
+        return (sc.app_id(), sc.executor_python()) in _checked
+
+
+def remember_executor_python(sc: Any) -> None:
+    """Records that the executors' Python of ``sc`` imports kolo (a launch's tasks ran kolo
+    there), so later launches skip the probe.
+
+    Example::
+
+        remember_executor_python(target)
+    """
+    sc = spark_target(sc)
+    with _checked_lock:
+        _checked.add((sc.app_id(), sc.executor_python()))
+
+
+def diagnose_executor_python(sc: Any, num_tasks: int, timeout_s: float) -> Optional[ConfigError]:
+    """After a launch that did not check the executors' Python first failed: the
+    :class:`~kolo.exceptions.ConfigError` :func:`check_executor_python` gives when that Python
+    cannot run kolo (the failure's real cause), else None (the launch's own error stands).
+
+    Example::
+
+        diagnosis = diagnose_executor_python(target, 2, 60)
+        if diagnosis is not None:
+            raise diagnosis from launch_error
+    """
+    try:
+        check_executor_python(sc, num_tasks, timeout_s)
+    except ConfigError as error:
+        return error
+    except Exception as error:  # the probe itself failed otherwise: keep the launch's error
+        log.debug("kolo.spark.run: checking the executors' Python after a failure: %s", error)
+    return None
+
+
 def _run_probe(sc: Any, num_tasks: int, timeout_s: float) -> Optional[list[tuple]]:
     group = f"kolo.spark.python-probe-{uuid.uuid4().hex[:12]}"
     outcome: dict[str, Any] = {}

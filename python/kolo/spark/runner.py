@@ -12,6 +12,7 @@ from kolo.exceptions import (
     InvalidArgumentError,
 )
 from kolo.spark._driver_job import (
+    RUN_TASK_ROW_SCHEMA,
     TERM_GRACE_S,
     _bind_ip,
     _check_num_proc,
@@ -23,7 +24,13 @@ from kolo.spark._driver_job import (
     task_slots,
 )
 from kolo.spark._elastic import run_elastic  # Horovod's path: horovod.spark.runner.run_elastic
-from kolo.spark._python_probe import PROBE_TIMEOUT_S, check_executor_python
+from kolo.spark._launch_report import LaunchReport
+from kolo.spark._python_probe import (
+    PROBE_TIMEOUT_S,
+    diagnose_executor_python,
+    executor_python_checked,
+    remember_executor_python,
+)
 from kolo.spark._session import spark_target
 
 __all__ = ["run", "run_elastic", "task_slots"]
@@ -48,6 +55,7 @@ def run(
     *,
     spark: Any = None,
     _on_message: Optional[Callable[[int, Any], None]] = None,
+    _on_launch_report: Optional[Callable[[LaunchReport], None]] = None,
 ) -> list[Any]:
     """Runs ``fn(*args, **kwargs)`` on ``num_proc`` ranks of a Spark barrier stage and returns
     the results ordered by rank (Horovod's ``horovod.spark.run``).
@@ -60,9 +68,12 @@ def run(
     ``sys.stdout``/``sys.stderr``) prefixed ``[rank]<stdout>:``; results come back through the
     driver service, not Spark's ``collect`` (no ``spark.driver.maxResultSize`` limit).
 
-    Before the stage starts, one tiny job checks that the executors' Python imports kolo;
-    when it does not, ``run`` raises :class:`~kolo.exceptions.ConfigError` naming that Python
-    (path and version) and how to point the executors at one with kolo.
+    When the executors' Python cannot import kolo (or cannot run), ``run`` raises
+    :class:`~kolo.exceptions.ConfigError` naming that Python (path and version) and how to
+    point the executors at one with kolo. The first launch of an application finds out after
+    the fact: it starts the stage at once, and only when the launch fails runs one tiny job
+    that asks the executors' Python (no extra Spark job on the way to a working launch); a
+    launch that ran is remembered, so later failures are not diagnosed again.
 
     A rank that raises or dies stops every other rank, and ``run`` raises
     :class:`~kolo.exceptions.RankFailedError` with its rank, host, task attempt and traceback.
@@ -103,6 +114,10 @@ def run(
             Connect session.
         _on_message: called on the driver with ``(rank, obj)`` for each
             :func:`kolo.spark.task.send_to_driver` of a rank.
+        _on_launch_report: called on the driver, after a successful run, with the launch's
+            :class:`~kolo.spark._launch_report.LaunchReport`: where the time from the call to
+            every rank's function starting went (also logged at INFO, and printed on
+            ``stderr`` with ``verbose=2``).
 
     Example::
 
@@ -116,6 +131,8 @@ def run(
         print(kolo.spark.run(fn, args=(42,), num_proc=2))
         # [(42, 0, 2), (42, 1, 2)]
     """
+    report = LaunchReport(num_proc=0)
+    report.mark("called")
     kwargs = {} if kwargs is None else kwargs
     _notice_mpi(use_mpi, use_gloo, extra_mpi_args)
     target = spark_target(spark)
@@ -135,35 +152,78 @@ def run(
         raise InvalidArgumentError("executable must be the path of a Python interpreter (a str)")
     payload = _pickle_payload(fn, tuple(args), kwargs)
     _check_slots(target, num_proc)
-    check_executor_python(target, num_proc, min(start_timeout_s, PROBE_TIMEOUT_S))
+    report.num_proc = num_proc
     out = stdout if stdout is not None else sys.stdout
     err = stderr if stderr is not None else sys.stderr
     bind_ip = _bind_ip(target, nics)
+    checked = executor_python_checked(target)
+    try:
+        results = _launch(
+            target,
+            num_proc,
+            start_timeout_s,
+            payload,
+            bind_ip,
+            (out, err),
+            dict(env or {}),
+            executable,
+            verbose,
+            prefix_output_with_timestamp,
+            _on_message,
+            report,
+        )
+    except Exception as error:
+        if not checked:
+            # Was it the executors' Python? Asked only now, so a working launch skips the job.
+            timeout = min(start_timeout_s, PROBE_TIMEOUT_S)
+            diagnosis = diagnose_executor_python(target, num_proc, timeout)
+            if diagnosis is not None:
+                raise diagnosis from error
+        raise
+    remember_executor_python(target)
+    if _on_launch_report is not None:
+        _on_launch_report(report)
+    return results
 
+
+def _launch(
+    target: Any,
+    num_proc: int,
+    start_timeout_s: float,
+    payload: bytes,
+    bind_ip: str,
+    streams: tuple[TextIO, TextIO],
+    user_env: dict[str, str],
+    executable: Optional[str],
+    verbose: int,
+    timestamps: bool,
+    on_message: Optional[Callable[[int, Any], None]],
+    report: LaunchReport,
+) -> list[Any]:
+    """The launch proper: the job driver service, the barrier stage, the driver loop; fills
+    in ``report`` and returns the results by rank."""
     from kolo import _native
 
+    out, err = streams
+    report.mark("service_starting")
     launched = time.monotonic()
     driver = _native.LaunchDriver(num_proc, f"{bind_ip}:0", start_timeout_s)
-    job = _Job(target, driver, num_proc, out, err, prefix_output_with_timestamp, _on_message)
+    job = _Job(target, driver, num_proc, out, err, timestamps, on_message)
+    job.report = report
     try:
         driver.put_payload(payload)
         job_env = dict(driver.worker_env(0))
         job_env.pop("KOLO_TASK_INDEX", None)
-        task_fn = functools.partial(
-            _task_entry(), job_env, dict(env or {}), executable, TERM_GRACE_S
-        )
+        task_fn = functools.partial(_task_entry(), job_env, user_env, executable, TERM_GRACE_S)
         if verbose >= 2:
             print(
                 f"kolo.spark.run: starting {num_proc} rank(s); job driver at {driver.addr}",
                 file=err,
             )
-        job.start_stage(task_fn)
+        report.mark("submitted")
+        job.start_stage(task_fn, RUN_TASK_ROW_SCHEMA)
         job.wait()
         results = job.results()
-        log.info(
-            "kolo.spark.run: %d rank(s) finished in %.1fs", num_proc, time.monotonic() - launched
-        )
-        return results
     except KeyboardInterrupt:
         job.stop("kolo.spark.run was interrupted on the driver (Ctrl-C)")
         raise
@@ -172,6 +232,17 @@ def run(
         raise
     finally:
         job.close()
+    # The stage's rows are in once close() saw it end (they carry when each task started).
+    report.tasks.update({int(row[0]): float(row[3]) for row in job.stage_rows if len(row) > 3})
+    log.info(
+        "kolo.spark.run: %d rank(s) finished in %.1fs; %s",
+        num_proc,
+        time.monotonic() - launched,
+        report.describe(),
+    )
+    if verbose >= 2:
+        print(f"kolo.spark.run: {report.describe()}", file=err)
+    return results
 
 
 def _notice_mpi(use_mpi: Any, use_gloo: Any, extra_mpi_args: Any) -> None:

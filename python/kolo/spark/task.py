@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import time
 from typing import Any, Iterable, Iterator, Optional
 
 from kolo._env import ELASTIC_JOINING_ENV
@@ -36,7 +37,7 @@ from kolo._rank_process import rank_code
 __all__ = ["get_available_devices", "send_to_driver"]
 
 #: How the task runner starts the rank process (``executable -c CHILD_CODE``).
-CHILD_CODE = rank_code("kolo.spark.run")
+CHILD_CODE = rank_code("kolo.spark.run", report_times=True)
 
 
 def get_available_devices() -> list[str]:
@@ -102,8 +103,10 @@ def _run_barrier_task(
     executable: Optional[str],
     term_grace: float,
     partition: Iterable[Any],
-) -> Iterator[tuple[int, bool, str]]:
-    """One barrier task: start the rank process for this partition and wait for it."""
+) -> Iterator[tuple[int, bool, str, float]]:
+    """One barrier task: start the rank process for this partition and wait for it. Its row
+    ends with when it started (unix seconds; the launch report's end of Spark's scheduling)."""
+    started = time.time()
     from pyspark import BarrierTaskContext
 
     from kolo import _native
@@ -125,7 +128,7 @@ def _run_barrier_task(
     success, description = _native.spark_run_task(
         envs, program, ["-c", CHILD_CODE], attempt, hostname, term_grace
     )
-    yield (index, bool(success), str(description))
+    yield (index, bool(success), str(description), started)
 
 
 #: How a ``kolo.spark.run_elastic`` task starts its rank process (``executable -c ...``).

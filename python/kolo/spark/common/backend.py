@@ -155,8 +155,10 @@ class SparkBackend(Backend):
         env: Optional[dict[str, str]] = None,
         *,
         _on_message: Optional[Callable[[int, Any], None]] = None,
+        _on_launch_report: Optional[Callable[[Any], None]] = None,
     ) -> list[Any]:
-        """Runs ``fn`` on :meth:`num_processes` ranks with :func:`kolo.spark.run`.
+        """Runs ``fn`` on :meth:`num_processes` ranks with :func:`kolo.spark.run`
+        (``_on_launch_report`` gets its launch report; an elastic backend has none).
 
         Example::
 
@@ -171,13 +173,24 @@ class SparkBackend(Backend):
         if not self._elastic:
             # The elastic launchers' mark for their workers: not for the ranks of a fixed job.
             full_env.pop("KOLO_ELASTIC_TIMEOUT", None)
-        return (run_elastic if self._elastic else run)(
+        if self._elastic:
+            return run_elastic(
+                fn,
+                args=args,
+                kwargs=kwargs,
+                num_proc=self._num_proc,
+                env=full_env,
+                _on_message=_on_message,
+                **self._kwargs,
+            )
+        return run(
             fn,
             args=args,
             kwargs=kwargs,
             num_proc=self._num_proc,
             env=full_env,
             _on_message=_on_message,
+            _on_launch_report=_on_launch_report,
             **self._kwargs,
         )
 

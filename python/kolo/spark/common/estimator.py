@@ -236,16 +236,24 @@ class KoloEstimator(Estimator, KoloPersistence):
         store = self.getStore()
         meta = get_dataset_metadata(store, dataset_idx, self._columns())
 
+        reports: list[Any] = []
+
         def launch(trainer: Callable[[], Any], on_message: Callable[[int, Any], None]) -> Any:
             from kolo.spark import run
 
             backend = self._backend()
             if isinstance(backend, SparkBackend):
-                return backend.run(trainer, env={}, _on_message=on_message)
+                return backend.run(
+                    trainer, env={}, _on_message=on_message, _on_launch_report=reports.append
+                )
             if backend is not None:  # a user's Backend: Horovod's call
                 return backend.run(trainer, args=(), kwargs={}, env={})
             return run(
-                trainer, num_proc=num_proc, verbose=self.getVerbose(), _on_message=on_message
+                trainer,
+                num_proc=num_proc,
+                verbose=self.getVerbose(),
+                _on_message=on_message,
+                _on_launch_report=reports.append,
             )
 
         run = train_on_ranks(
@@ -273,8 +281,27 @@ class KoloEstimator(Estimator, KoloPersistence):
                 "model_return": time.time() - rank0.get("returned_unix", launched),
             },
         }
+        if reports:
+            model._timings["launch_phases"] = _launch_phases(reports[0], rank0, first_step)
         model._start_epoch = result.get("start_epoch", 0)
         return model
+
+
+def _launch_phases(report: Any, rank0: Dict[str, Any], first_step: float) -> Dict[str, float]:
+    """Where a fit's ``launch`` went: ``kolo.spark.run``'s phases up to every rank's trainer
+    starting, then rank 0's set-up steps (``trainer_`` + imports, init, build, loaders, resume,
+    tensorboard, when the trainer reports them) and ``trainer_first_step`` (the rest until
+    its first step); times never go back, so the phases add up to the report's call to the
+    first step."""
+    phases = dict(report.phases())
+    points = report.milestones()
+    last = points[-1][1] if points else first_step
+    for step, at in (rank0.get("setup_unix") or {}).items():
+        if isinstance(at, (int, float)):
+            phases[f"trainer_{step}"] = max(0.0, float(at) - last)
+            last = max(last, float(at))
+    phases["trainer_first_step"] = max(0.0, first_step - last)
+    return phases
 
 
 #: Horovod's name of the estimators' base class

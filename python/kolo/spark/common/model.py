@@ -85,7 +85,12 @@ class KoloModel(Model, KoloPersistence):
         ``hvd.init``, model and loader set-up, broadcasts), ``train`` (epochs, validation
         included, on rank 0), ``checkpoint`` (rank 0's writes) and ``model_return`` (rank 0's
         return to the trained model on the driver: TensorBoard sync, result transfer, ranks'
-        exit, loading the weights).
+        exit, loading the weights); with ``kolo.spark.run`` as the launcher (no backend or a
+        ``SparkBackend``), ``launch_phases``: where ``launch`` went, phase name to seconds:
+        ``kolo.spark.run``'s phases until every rank's trainer started (see ``docs/spark.md``),
+        then rank 0's ``trainer_imports``, ``trainer_init`` (``hvd.init``), ``trainer_build``
+        (model, optimizer, broadcasts), ``trainer_loaders``, ``trainer_resume``,
+        ``trainer_tensorboard`` and ``trainer_first_step``.
 
         Example::
 
