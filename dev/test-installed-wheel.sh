@@ -39,6 +39,14 @@ SITE=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 "$MAIN_PY" "$REPO/dev/installed_wheel/borrow_torch.py" "$work/lent" >"$work/torch-requirements.txt"
 echo "$work/lent" >"$SITE/kolo_lent_torch.pth"
 PIP=("$PY" -m pip --disable-pip-version-check --quiet)
+cp "$REPO/dev/installed_wheel/check_package_data.py" "$REPO/dev/installed_wheel/torch_job.py" \
+  "$REPO/examples/spark_torch_estimator.py" "$work/"
+# The package files first (the wheel alone, seconds): a missing one fails before the downloads.
+"${PIP[@]}" install --no-deps "$wheel"
+step "package files"
+(cd "$work" && env -u PYTHONPATH "$PY" check_package_data.py "$REPO")
+
+step "kolo's dependencies and the spark and torch extras"
 # The suite's pins as constraints (extras dropped: pip refuses them there): pip still installs
 # only what the wheel's metadata asks for, at the versions the rest of the suite tests.
 sed -e 's/#.*//' -e 's/\[[^]]*\]//' "$REPO/dev/requirements.txt" >"$work/constraints.txt"
@@ -48,14 +56,9 @@ sed -e 's/#.*//' -e 's/\[[^]]*\]//' "$REPO/dev/requirements.txt" >"$work/constra
 "${PIP[@]}" check
 
 # Everything below runs from $work with the fresh venv first on PATH and no PYTHONPATH.
-cp "$REPO/dev/installed_wheel/check_package_data.py" "$REPO/dev/installed_wheel/torch_job.py" \
-  "$REPO/examples/spark_torch_estimator.py" "$work/"
 cd "$work"
 for name in $(compgen -e | grep '^KOLO_' | grep -vx KOLO_LOG_LEVEL || true); do unset "$name"; done
 run() { env -u PYTHONPATH PATH="$work/venv/bin:$PATH" PYTHONUNBUFFERED=1 "$@"; }
-
-step "package files"
-run python check_package_data.py "$REPO"
 
 step "kolorun --check-build"
 run kolorun --check-build | tee "$work/check-build.txt"
