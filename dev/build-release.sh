@@ -23,7 +23,9 @@ parts=("$@")
 mkdir -p "$out" "$cache"
 out=$(cd "$out" && pwd)
 
-tools="$cache/tools-venv"
+# The tools' virtualenv (KOLO_RELEASE_TOOLS overrides): keep it, since the path of its zig is
+# part of the linker wrapper cargo sees, so a new one rebuilds everything.
+tools=${KOLO_RELEASE_TOOLS:-$cache/tools-venv}
 if ! cmp -s dev/release-requirements.txt "$tools/release-requirements.txt"; then
   echo "== release tools (dev/release-requirements.txt) into $tools"
   python3 -m venv "$tools"
