@@ -23,6 +23,9 @@ ruff format --check python tests examples bench
 ruff check python tests examples bench
 echo "== kolo's Spark plugin: Maven build and JUnit tests (jvm/)"
 PYTHON=.venv/bin/python dev/build-jvm.sh
+echo "== the wheel as users install it (dev/build-wheel.sh reuses the build; dev/test-installed-wheel.sh)"
+dev/build-wheel.sh .whl
+dev/test-installed-wheel.sh .whl/kolo-*.whl
 echo "== pytest"
 python -m pytest
 echo "== test suite passed in $(( $(date +%s) - start )) s"

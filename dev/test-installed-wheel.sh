@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Tests a built kolo wheel as a user gets it: installs WHEEL with `kolo[spark,torch]` into a
+# fresh virtualenv and, from a directory outside the clone (so the repo's python/ is never on
+# sys.path), checks that every package file is installed (dev/installed_wheel/
+# check_package_data.py: the files git tracks under python/kolo plus the built ones pyproject's
+# [tool.maturin] include ships, such as the Spark plugin jar), runs `kolorun --check-build`, a
+# 2-rank kolo.torch job (dev/installed_wheel/torch_job.py) and the README's main job
+# (examples/spark_torch_estimator.py: TorchEstimator on local[2] Spark). dev/test.sh runs it on
+# the wheel dev/build-wheel.sh made. Needs dev/setup.sh's .venv (its Python and its torch).
+#
+# Usage: dev/test-installed-wheel.sh WHEEL
+#
+# pip resolves kolo's own dependencies and the spark extra from the wheel's metadata (PyPI),
+# constrained to dev/requirements.txt's versions.
+# Only torch and its CUDA wheels (~3 GB) are lent from .venv (dev/installed_wheel/
+# borrow_torch.py), so pip still checks kolo[torch]'s floor against it. With
+# KOLO_WHEEL_CHECK_PIP_CACHE set (.ci/run sets it), pip caches downloads and the PySpark wheel it
+# builds there; without it pip follows the environment (PIP_NO_CACHE_DIR and so on).
+set -euo pipefail
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+[ $# -eq 1 ] && [ -f "$1" ] || { echo "usage: dev/test-installed-wheel.sh WHEEL" >&2; exit 2; }
+wheel=$(realpath "$1")
+MAIN_PY="$REPO/.venv/bin/python"
+[ -x "$MAIN_PY" ] || { echo "dev/test-installed-wheel.sh: run dev/setup.sh first" >&2; exit 2; }
+start=$(date +%s)
+step() { echo "== installed wheel [$(( $(date +%s) - start )) s]: $*"; }
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/kolo-installed-wheel.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+if [ -n "${KOLO_WHEEL_CHECK_PIP_CACHE:-}" ]; then
+  export PIP_CACHE_DIR="$KOLO_WHEEL_CHECK_PIP_CACHE"
+  unset PIP_NO_CACHE_DIR
+fi
+
+step "fresh virtualenv in $work with $(basename "$wheel")[spark,torch]"
+"$("$MAIN_PY" -c 'import sys; print(sys._base_executable)')" -m venv "$work/venv"
+PY="$work/venv/bin/python"
+SITE=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+"$MAIN_PY" "$REPO/dev/installed_wheel/borrow_torch.py" "$work/lent" >"$work/torch-requirements.txt"
+echo "$work/lent" >"$SITE/kolo_lent_torch.pth"
+PIP=("$PY" -m pip --disable-pip-version-check --quiet)
+cp "$REPO/dev/installed_wheel/check_package_data.py" "$REPO/dev/installed_wheel/torch_job.py" \
+  "$REPO/examples/spark_torch_estimator.py" "$work/"
+# The package files first (the wheel alone, seconds): a missing one fails before the downloads.
+"${PIP[@]}" install --no-deps "$wheel"
+step "package files"
+(cd "$work" && env -u PYTHONPATH "$PY" check_package_data.py "$REPO")
+
+step "kolo's dependencies and the spark and torch extras"
+# The suite's pins as constraints (extras dropped: pip refuses them there): pip still installs
+# only what the wheel's metadata asks for, at the versions the rest of the suite tests.
+sed -e 's/#.*//' -e 's/\[[^]]*\]//' "$REPO/dev/requirements.txt" >"$work/constraints.txt"
+# scikit-learn: the example's own dependency (its digits data set), not kolo's.
+"${PIP[@]}" install -c "$work/constraints.txt" "$wheel[spark,torch]" \
+  -r "$work/torch-requirements.txt" scikit-learn
+"${PIP[@]}" check
+
+# Everything below runs from $work with the fresh venv first on PATH and no PYTHONPATH.
+cd "$work"
+for name in $(compgen -e | grep '^KOLO_' | grep -vx KOLO_LOG_LEVEL || true); do unset "$name"; done
+run() { env -u PYTHONPATH PATH="$work/venv/bin:$PATH" PYTHONUNBUFFERED=1 "$@"; }
+
+step "kolorun --check-build"
+run kolorun --check-build | tee "$work/check-build.txt"
+grep -q '\[X\] PyTorch' "$work/check-build.txt" || { echo "--check-build: PyTorch not found" >&2; exit 1; }
+
+step "2-rank kolo.torch job"
+run kolorun -np 2 python torch_job.py | tee "$work/torch-job.txt"
+grep -q '\[0\]<stdout>:RESULT ok' "$work/torch-job.txt" || { echo "the 2-rank job did not finish" >&2; exit 1; }
+
+step "the main job: examples/spark_torch_estimator.py"
+run python spark_torch_estimator.py 2>&1 | tee "$work/example.txt" | grep -E "accuracy|Error" || true
+accuracy=$(sed -n 's/^test accuracy: \([0-9.]*\)$/\1/p' "$work/example.txt")
+[ -n "$accuracy" ] || { tail -40 "$work/example.txt" >&2; echo "the example printed no test accuracy" >&2; exit 1; }
+# The bar tests/test_spark_estimator.py sets for the same example run from the source tree.
+python3 -c "import sys; a = float(sys.argv[1]); sys.exit(0 if a >= 0.9 else f'accuracy {a} < 0.9')" "$accuracy"
+
+step "passed"

@@ -1,0 +1,89 @@
+"""The wheel's extras (pyproject.toml ``[project.optional-dependencies]``): one per framework
+(Horovod's ``horovod[spark]``, ``[ray]``, ``[pytorch]``, ``[keras]``, ``[tensorflow]``), each
+floor no newer than what the suite runs with and equal to the code's own version checks, no
+upper pins without a documented break, and ``kolo[all]`` covering every framework."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+from pathlib import Path
+
+import tomllib
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+REPO = Path(__file__).resolve().parents[2]
+FRAMEWORKS = ["torch", "spark", "ray", "keras", "lightning", "tensorflow"]
+# Extras beside the frameworks: Horovod's tensorflow-cpu (TensorFlow's CPU-only build).
+VARIANTS = ["tensorflow-cpu"]
+# Upper pins allowed only with the known break they avoid (docs/install.md lists them); none now.
+DOCUMENTED_UPPER_PINS: dict[str, str] = {}
+
+
+def extras() -> dict[str, list[Requirement]]:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    return {
+        name: [Requirement(r) for r in reqs]
+        for name, reqs in project["optional-dependencies"].items()
+    }
+
+
+def floor(requirement: Requirement) -> Version:
+    floors = [Version(s.version) for s in requirement.specifier if s.operator == ">="]
+    assert len(floors) == 1, f"{requirement}: one >= floor expected"
+    return floors[0]
+
+
+def suite_version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        if name != "tensorflow":
+            raise
+        # The suite runs TensorFlow's CPU build (dev/requirements.txt), the same release.
+        return importlib.metadata.version("tensorflow-cpu")
+
+
+def test_every_framework_has_an_extra_and_all_covers_them() -> None:
+    found = extras()
+    assert set(FRAMEWORKS) <= set(found), sorted(found)
+    (everything,) = found["all"]
+    assert everything.name == "kolo" and everything.extras == set(FRAMEWORKS), everything
+
+
+def test_framework_requirements_have_floors_and_no_undocumented_upper_pins() -> None:
+    for extra in FRAMEWORKS + VARIANTS:
+        for requirement in extras()[extra]:
+            floor(requirement)
+            upper = [s for s in requirement.specifier if s.operator not in (">=", "!=")]
+            assert not upper or requirement.name in DOCUMENTED_UPPER_PINS, (
+                f"kolo[{extra}]: {requirement} pins an upper bound without a documented break"
+            )
+
+
+def test_the_versions_the_suite_runs_satisfy_every_extra() -> None:
+    """A floor above the tested version would make the extra claim an untested range."""
+    for extra in FRAMEWORKS + VARIANTS:
+        for requirement in extras()[extra]:
+            installed = suite_version(requirement.name)
+            assert requirement.specifier.contains(installed, prereleases=True), (
+                f"kolo[{extra}]: {requirement} excludes the suite's {requirement.name} {installed}"
+            )
+
+
+def test_floors_match_the_code_own_version_checks() -> None:
+    from kolo.spark.lightning._version import MIN_PL_VERSION
+
+    by_name = {r.name: r for extra in FRAMEWORKS for r in extras()[extra]}
+    assert floor(by_name["lightning"]) == Version(MIN_PL_VERSION)
+    # kolo.spark.run's message when PySpark is missing names the oldest PySpark it runs on.
+    runner = (REPO / "python" / "kolo" / "spark" / "_session.py").read_text()
+    oldest = re.search(r"pip install pyspark \((\d+\.\d+) or", runner)
+    assert oldest, "kolo.spark's missing-PySpark message names no version"
+    assert floor(by_name["pyspark"]) == Version(oldest.group(1))
+    # kolo.keras and kolo.tensorflow are written for Keras 3 (TensorFlow ships it from 2.16).
+    assert floor(by_name["keras"]) == Version("3.0")
+    assert floor(by_name["tensorflow"]) >= Version("2.16")
+    (cpu,) = extras()["tensorflow-cpu"]
+    assert cpu.name == "tensorflow-cpu" and floor(cpu) == floor(by_name["tensorflow"])
