@@ -104,10 +104,13 @@ impl Handles {
     /// Completes handle `id` (no-op when it is unknown or already complete).
     pub(crate) fn complete(&self, id: u64, result: Result<Output>) {
         let mut table = self.lock();
-        if let Some(Slot::Pending { set, name, .. }) = table.slots.remove(&id) {
+        // A done slot keeps its first result (removing it first would lose that result).
+        if !matches!(table.slots.get(&id), Some(Slot::Pending { .. })) {
+            return;
+        }
+        if let Some(Slot::Pending { set, name, .. }) = table.slots.insert(id, Slot::Done(result)) {
             table.outstanding.remove(&(set, name));
             table.pending -= 1;
-            table.slots.insert(id, Slot::Done(result));
             drop(table);
             self.done.notify_all();
         }
@@ -268,7 +271,8 @@ mod tests {
         let join = h.open(0, "", None).unwrap();
         assert!(h.any_pending());
         h.complete(a, Ok(Output::Done));
-        h.complete(a, Ok(Output::Done)); // a second completion changes nothing
+        // A second completion changes nothing (and keeps the first result).
+        h.complete(a, Err(Error::Closed("late".into())));
         assert!(h.any_pending(), "the join still waits");
         h.complete(join, Ok(Output::LastJoined(0)));
         assert!(!h.any_pending());
