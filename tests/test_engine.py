@@ -437,6 +437,23 @@ def assert_allreduce_phases(events: list[dict[str, Any]], tensor: str) -> None:
     assert phases & data_phases, (tensor, sorted(phases))
 
 
+def assert_spans_balanced(events: list[dict[str, Any]]) -> None:
+    """Every span ends, on its own row, after it began; timestamps never go back."""
+    open_spans: dict[Any, int] = {}
+    last_ts = 0.0
+    for e in events:
+        if e.get("ph") == "M":
+            continue
+        assert e["ts"] >= last_ts, f"timestamps go back at {e}"
+        last_ts = e["ts"]
+        if e["ph"] == "B":
+            open_spans[e["pid"]] = open_spans.get(e["pid"], 0) + 1
+        elif e["ph"] == "E":
+            assert open_spans.get(e["pid"], 0) > 0, f"an end without a begin: {e}"
+            open_spans[e["pid"]] -= 1
+    assert not any(open_spans.values()), f"spans left open: {open_spans}"
+
+
 def process_names(events: list[dict[str, Any]]) -> set[str]:
     return {
         (e.get("args") or {}).get("name")
@@ -467,8 +484,10 @@ def test_timeline_start_stop_api(unfused_job) -> None:
     job, path = unfused_job
     job.require("api_timeline")
     events = trace_events(path)
-    for k in range(4):
+    # 700 ops: more events than one batch of the timeline's writer; every op has its phases.
+    for k in range(700):
         assert_allreduce_phases(events, f"api.grad.{k}")
+    assert_spans_balanced(events)
     assert {"NEGOTIATE_BROADCAST", "BROADCAST"} <= tensor_phases(events, "api.bcast")
     names = process_names(events)
     assert "api.after" not in names, "an op after stop_timeline() was recorded"

@@ -486,10 +486,15 @@ def main_checks() -> None:
 # --- fusion off / cache off, and the timeline API -----------------------------------------------
 
 
+# Enough ops for more events than the timeline hands its writer in one batch (4096).
+API_TIMELINE_OPS = 700
+
+
 def check_api_timeline(path: str) -> None:
     hvd.start_timeline(path)
     handles = [
-        hvd.allreduce_async_(torch.ones(5), name=f"api.grad.{k}", op=hvd.Sum) for k in range(4)
+        hvd.allreduce_async_(torch.ones(5), name=f"api.grad.{k}", op=hvd.Sum)
+        for k in range(API_TIMELINE_OPS)
     ]
     for handle in handles:
         hvd.synchronize(handle)

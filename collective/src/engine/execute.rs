@@ -306,7 +306,7 @@ impl Executor<'_> {
             self.timeline.negotiate_end(&name);
             self.timeline.start_op(&name, kind);
             self.timeline
-                .activity_start(&name, &format!("TCP_{}", kind.name().to_uppercase()));
+                .activity_start(&name, format!("TCP_{}", kind.name().to_uppercase()));
         }
         let handle = local.as_ref().map(|l| l.handle);
         let moves_data = !matches!(

@@ -47,6 +47,8 @@ struct Table {
     outstanding: HashSet<(u32, String)>,
     /// Counts finished cycles (see [`Handles::wait_for_cycle_end`]).
     cycles_ended: u64,
+    /// How many slots are pending.
+    pending: usize,
 }
 
 /// Every handle of the process.
@@ -87,6 +89,7 @@ impl Handles {
             )));
         }
         let id = LAST_HANDLE.fetch_add(1, Ordering::Relaxed) + 1;
+        table.pending += 1;
         table.slots.insert(
             id,
             Slot::Pending {
@@ -101,9 +104,13 @@ impl Handles {
     /// Completes handle `id` (no-op when it is unknown or already complete).
     pub(crate) fn complete(&self, id: u64, result: Result<Output>) {
         let mut table = self.lock();
-        if let Some(Slot::Pending { set, name, .. }) = table.slots.remove(&id) {
+        // A done slot keeps its first result (removing it first would lose that result).
+        if !matches!(table.slots.get(&id), Some(Slot::Pending { .. })) {
+            return;
+        }
+        if let Some(Slot::Pending { set, name, .. }) = table.slots.insert(id, Slot::Done(result)) {
             table.outstanding.remove(&(set, name));
-            table.slots.insert(id, Slot::Done(result));
+            table.pending -= 1;
             drop(table);
             self.done.notify_all();
         }
@@ -114,6 +121,7 @@ impl Handles {
         let mut table = self.lock();
         if let Some(Slot::Pending { set, name, .. }) = table.slots.remove(&id) {
             table.outstanding.remove(&(set, name));
+            table.pending -= 1;
         }
     }
 
@@ -130,11 +138,16 @@ impl Handles {
             table.slots.insert(id, Slot::Done(Err(error.replicate())));
         }
         table.outstanding.clear();
+        table.pending = 0;
         drop(table);
         self.done.notify_all();
     }
 
-    /// True once `id` completed; an error for an unknown handle.
+    /// Whether any op of this process (or its join) still waits for its result.
+    pub(crate) fn any_pending(&self) -> bool {
+        self.lock().pending > 0
+    }
+
     /// Records that a cycle ended and wakes the callers waiting for that.
     pub(crate) fn cycle_ended(&self) {
         self.lock().cycles_ended += 1;
@@ -165,6 +178,7 @@ impl Handles {
         }
     }
 
+    /// True once `id` completed; an error for an unknown handle.
     pub(crate) fn poll(&self, id: u64) -> Result<bool> {
         match self.lock().slots.get(&id) {
             Some(Slot::Done(_)) => Ok(true),
@@ -256,6 +270,33 @@ mod tests {
         assert!(h.wait(b, Duration::from_millis(1)).is_none());
         h.fail_all(&Error::Closed("gone".into()));
         assert!(matches!(h.wait(b, Duration::ZERO), Some(Err(Error::Closed(m))) if m == "gone"));
+    }
+
+    #[test]
+    fn any_pending_counts_ops_until_completed_or_failed() {
+        let h = Handles::default();
+        assert!(!h.any_pending());
+        let a = h.open_named(0, "a").unwrap();
+        let join = h.open(0, "", None).unwrap();
+        assert!(h.any_pending());
+        h.complete(a, Ok(Output::Done));
+        // A second completion changes nothing (and keeps the first result).
+        h.complete(a, Err(Error::Closed("late".into())));
+        assert!(h.any_pending(), "the join still waits");
+        h.complete(join, Ok(Output::LastJoined(0)));
+        assert!(!h.any_pending());
+        // A done but unconsumed result is not pending; a consumed one neither.
+        assert_eq!(h.wait(a, Duration::ZERO).unwrap().unwrap(), Output::Done);
+        assert!(!h.any_pending());
+        h.open_named(0, "b").unwrap();
+        h.open_named(0, "c").unwrap();
+        h.fail_all(&Error::Closed("gone".into()));
+        assert!(!h.any_pending());
+        // A discarded handle (held, never submitted) is not pending, and its name is free.
+        let held = h.open_named(0, "d").unwrap();
+        h.discard(held);
+        assert!(!h.any_pending());
+        h.open_named(0, "d").unwrap();
     }
 
     #[test]

@@ -4,8 +4,9 @@
 //!
 //! A cycle starts when ops were submitted and the submissions paused for
 //! [`EngineConfig::submit_quiet_time`] (so a lone op does not wait and a burst still fuses),
-//! when another rank started one, or at the latest [`EngineConfig::cycle_time`] after the last
-//! one. Each cycle the thread takes the ops submitted since the last cycle and, for every
+//! when another rank started one (at once if this rank has ops waiting, else once its caller
+//! submits or after a short grace), or, while ops wait, at the latest
+//! [`EngineConfig::cycle_time`] after the last one. Each cycle the thread takes the ops submitted since the last cycle and, for every
 //! process set this rank belongs to (in id order, the same on every rank), sends each member
 //! one [`message::CycleMessage`]: response-cache bits for tensors that ran before with the same
 //! arguments, full descriptors for the others. Every member runs the same
@@ -66,7 +67,7 @@ use wake::Wake;
 /// How long [`Engine::shutdown`] waits for the other ranks to agree before closing anyway.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
-/// The longest an engine with nothing submitted waits after its last submission before it joins
+/// The longest an engine with nothing waiting waits for its caller's submissions before it joins
 /// a cycle another rank started (see `wait_for_next_cycle`).
 const PEER_JOIN_GRACE: Duration = Duration::from_millis(1);
 
@@ -102,12 +103,24 @@ struct Inbox {
     shutdown: bool,
     /// When the latest item was submitted.
     last_submit: Option<Instant>,
+    /// When the oldest item of `items` was submitted.
+    first_submit: Option<Instant>,
 }
 
 impl Inbox {
     fn push(&mut self, item: Item) {
+        let now = Instant::now();
+        if self.items.is_empty() {
+            self.first_submit = Some(now);
+        }
         self.items.push(item);
-        self.last_submit = Some(Instant::now());
+        self.last_submit = Some(now);
+    }
+
+    /// Takes every item submitted so far.
+    fn take(&mut self) -> Vec<Item> {
+        self.first_submit = None;
+        std::mem::take(&mut self.items)
     }
 }
 
@@ -721,20 +734,33 @@ impl Shared {
     }
 
     fn run(&self) {
+        // How many cycles had ended when the wait decided to start one (none yet: the first
+        // cycle runs at once).
+        let mut decided_at: Option<u64> = None;
         loop {
             {
                 let mut state = lock(&self.cycles);
-                if lock(&self.stopped).is_some() || !self.run_cycle(&mut state) {
+                if lock(&self.stopped).is_some() {
+                    return;
+                }
+                // A caller ran a cycle after the wait decided (it held the lock meanwhile):
+                // that cycle took what the decision was about, so wait again.
+                let stale = decided_at.is_some_and(|seen| seen != self.handles.cycles_ended())
+                    && !lock(&self.inbox).shutdown;
+                if !stale && !self.run_cycle(&mut state) {
                     return;
                 }
             }
-            if let Err(error) = self.wait_for_next_cycle() {
-                log::error!(
-                    "rank {}: the engine stopped: {error}",
-                    self.comm.info().rank
-                );
-                self.stop(error);
-                return;
+            match self.wait_for_next_cycle() {
+                Ok(seen) => decided_at = Some(seen),
+                Err(error) => {
+                    log::error!(
+                        "rank {}: the engine stopped: {error}",
+                        self.comm.info().rank
+                    );
+                    self.stop(error);
+                    return;
+                }
             }
         }
     }
@@ -780,50 +806,82 @@ impl Shared {
         }
     }
 
-    /// Waits until the next cycle should start, at the latest one cycle time after the latest
-    /// one started (Horovod's cycle; cycles that callers ran count), earlier when
+    /// Waits until the next cycle should start (cycles that callers ran count as started):
     /// - ops were submitted and no more came for the submit quiet time: a lone op starts
     ///   negotiating at once, while ops submitted in a burst still go into one cycle and fuse;
-    /// - another rank started a cycle (its message arrived): cycles are exchanges among every
-    ///   rank, so the others join at once instead of letting it wait for their timers;
+    /// - another rank started a cycle (its message arrived) and this rank has ops waiting for
+    ///   the others (submitted, or negotiated in earlier cycles, or a join): it joins at once,
+    ///   after the quiet time of a burst still being submitted;
+    /// - another rank started a cycle and this rank has nothing waiting: it joins once
+    ///   something is submitted (after the quiet time), else [`PEER_JOIN_GRACE`] after the
+    ///   peer started. Joining at once with nothing would end the peer's cycle with its ops
+    ///   undecided: this rank's caller, a moment behind, then needs a second cycle and
+    ///   two more thread wake-ups on the peer (the per-step cost of small steps);
+    /// - one cycle time after the oldest op not yet in a cycle was submitted, or, for ops
+    ///   negotiated earlier that still wait for the others, one cycle time after the latest
+    ///   cycle started (Horovod's cycle). Counting from the latest cycle for a new op would
+    ///   start a cycle at its submission whenever the caller computed for longer than a cycle
+    ///   time, splitting the burst it is about to submit; an idle rank runs no timed cycles
+    ///   at all (they would decide nothing);
     /// - shutdown was requested.
-    fn wait_for_next_cycle(&self) -> Result<()> {
-        let mut peer_started = false;
+    ///
+    /// Returns how many cycles had ended when it decided (see [`Handles::cycles_ended`]).
+    fn wait_for_next_cycle(&self) -> Result<u64> {
+        let mut peer_started: Option<Instant> = None;
+        let mut cycles_seen = self.handles.cycles_ended();
         loop {
             let wake = self.wake.rearm();
-            let due = *lock(&self.last_cycle) + self.tuning.current().cycle_time;
-            let now = Instant::now();
-            if now >= due {
-                return Ok(());
+            // A cycle a caller ran meanwhile answered the peer's start this wait saw.
+            let cycles = self.handles.cycles_ended();
+            if cycles != cycles_seen {
+                cycles_seen = cycles;
+                peer_started = None;
             }
-            let (submitted, last_submit) = {
+            let now = Instant::now();
+            let (submitted, first_submit, last_submit) = {
                 let inbox = lock(&self.inbox);
                 if inbox.shutdown {
-                    return Ok(());
+                    return Ok(cycles_seen);
                 }
-                (!inbox.items.is_empty(), inbox.last_submit)
+                (
+                    !inbox.items.is_empty(),
+                    inbox.first_submit,
+                    inbox.last_submit,
+                )
             };
-            // The quiet time lets a burst of this rank's submissions go into one cycle. A peer's
-            // cycle is joined after it too (this rank's caller, busy submitting, then usually
-            // runs that cycle itself with its op in it), but with nothing of this rank's waiting
-            // after at most PEER_JOIN_GRACE.
-            let quiet = if submitted {
-                self.config.submit_quiet_time
-            } else {
-                self.config.submit_quiet_time.min(PEER_JOIN_GRACE)
+            let cycle_time = self.tuning.current().cycle_time;
+            // An op waits at most one cycle time from its submission; ops negotiated earlier
+            // that wait for the others get a cycle every cycle time.
+            let due = match first_submit {
+                Some(at) if submitted => Some(at + cycle_time),
+                _ => self
+                    .handles
+                    .any_pending()
+                    .then(|| *lock(&self.last_cycle) + cycle_time),
             };
-            let quiet_from = last_submit.map_or(now, |at| at + quiet);
-            let until = if submitted || peer_started {
-                if now >= quiet_from {
-                    return Ok(());
-                }
-                quiet_from.min(due)
-            } else {
-                due
+            let waiting = submitted || due.is_some();
+            let start_at = match (submitted, peer_started) {
+                // A burst goes into one cycle (the caller usually runs it itself).
+                (true, _) => last_submit.map(|at| at + self.config.submit_quiet_time),
+                (false, Some(_)) if waiting => Some(now),
+                (false, Some(at)) => Some(at + PEER_JOIN_GRACE),
+                (false, None) => None,
             };
+            let until = match (start_at, due) {
+                (Some(a), Some(b)) => a.min(b),
+                (a, b) => a.or(b).unwrap_or(now + IDLE_TICK),
+            };
+            if now >= until {
+                return Ok(cycles_seen);
+            }
             // Bounded, so an abort or a closing communicator is noticed while idle.
             let timeout = (until - now).min(IDLE_TICK);
-            peer_started |= self.comm.wait_readable(&wake, !peer_started, timeout)?;
+            if self
+                .comm
+                .wait_readable(&wake, peer_started.is_none(), timeout)?
+            {
+                peer_started.get_or_insert_with(Instant::now);
+            }
         }
     }
 
@@ -837,7 +895,7 @@ impl Shared {
         } = state;
         let (items, shutdown) = {
             let mut inbox = lock(&self.inbox);
-            (std::mem::take(&mut inbox.items), inbox.shutdown)
+            (inbox.take(), inbox.shutdown)
         };
         for item in items {
             match item {

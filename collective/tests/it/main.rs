@@ -6,6 +6,7 @@ mod collectives;
 mod driver;
 mod driver_auth;
 mod elastic;
+mod engine_cycles;
 mod groups;
 mod hostile;
 mod launcher;

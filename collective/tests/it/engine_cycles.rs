@@ -1,0 +1,104 @@
+//! When the engine starts cycles: an idle engine runs none, and a burst of ops submitted after
+//! the caller computed for longer than the cycle time goes into one cycle (one fused
+//! collective), on every rank.
+
+use std::sync::{Arc, Barrier};
+use std::thread::sleep;
+use std::time::Duration;
+
+use kolo_collective::engine::{Engine, EngineConfig, RawTensor, Submission};
+use kolo_collective::wire::OpKind;
+use kolo_collective::DType;
+
+use super::collectives::with_ranks;
+
+const WAIT: Duration = Duration::from_secs(30);
+
+fn stat(engine: &Engine, name: &str) -> u64 {
+    engine
+        .stats()
+        .into_iter()
+        .find(|(key, _)| *key == name)
+        .map(|(_, value)| value)
+        .unwrap_or_else(|| panic!("no counter {name}"))
+}
+
+/// Submits an in-place f32 allreduce of `values` named `name`.
+fn allreduce(engine: &Engine, name: &str, values: &mut [f32]) -> u64 {
+    let mut sub = Submission::new(OpKind::Allreduce, name);
+    sub.dtype = DType::F32;
+    sub.shape = vec![values.len() as i64];
+    // SAFETY: the callers keep `values` alive and untouched until the handle completes.
+    sub.tensor = unsafe { RawTensor::new(values.as_mut_ptr().cast(), values.len() * 4) };
+    engine.submit(sub).expect("a valid submission")
+}
+
+#[test]
+fn an_idle_engine_runs_no_cycles() {
+    let barrier = Barrier::new(2);
+    let idle_cycles = with_ranks(2, |rank, comm| {
+        let engine = Engine::start(Arc::new(comm), EngineConfig::default()).unwrap();
+        let mut values = [rank as f32; 4];
+        let handle = allreduce(&engine, "warm", &mut values);
+        engine.wait(handle, WAIT).unwrap().unwrap();
+        assert_eq!(values, [1.0; 4]);
+        barrier.wait();
+        let before = stat(&engine, "cycles");
+        // 100 cycle times of the default 1 ms with nothing submitted anywhere.
+        sleep(Duration::from_millis(100));
+        let idle = stat(&engine, "cycles") - before;
+        barrier.wait();
+        engine.shutdown();
+        idle
+    });
+    // A cycle of the warm-up op may still end after the first barrier; no timed ones follow.
+    for (rank, idle) in idle_cycles.into_iter().enumerate() {
+        assert!(idle <= 1, "rank {rank} ran {idle} cycles while idle");
+    }
+}
+
+#[test]
+fn a_burst_after_a_long_compute_goes_into_one_cycle() {
+    const STEPS: usize = 4;
+    const TENSORS: usize = 8;
+    let config = EngineConfig {
+        cycle_time: Duration::from_millis(50),
+        submit_quiet_time: Duration::from_millis(20),
+        ..EngineConfig::default()
+    };
+    let barrier = Barrier::new(2);
+    let collectives = with_ranks(2, |rank, comm| {
+        let engine = Engine::start(Arc::new(comm), config.clone()).unwrap();
+        let mut tensors = vec![[0f32; 4]; TENSORS];
+        let names: Vec<String> = (0..TENSORS).map(|i| format!("grad.{i}")).collect();
+        let mut counts = Vec::new();
+        for step in 0..STEPS {
+            barrier.wait();
+            let before = stat(&engine, "collectives");
+            // "Compute" for most of a cycle time since the last cycle, then submit the
+            // gradients one by one, the burst running past the cycle time since that cycle
+            // (a timer counted from the last cycle would fire inside it).
+            sleep(Duration::from_millis(45));
+            let mut handles = Vec::new();
+            for (t, name) in tensors.iter_mut().zip(&names) {
+                *t = [(rank + step) as f32; 4];
+                handles.push(allreduce(&engine, name, t));
+                sleep(Duration::from_millis(1));
+            }
+            for handle in handles {
+                engine.wait(handle, WAIT).unwrap().unwrap();
+            }
+            let want = (2 * step + 1) as f32;
+            assert!(tensors.iter().all(|t| *t == [want; 4]), "{tensors:?}");
+            counts.push(stat(&engine, "collectives") - before);
+        }
+        engine.shutdown();
+        counts
+    });
+    for (rank, counts) in collectives.into_iter().enumerate() {
+        assert_eq!(
+            counts, [1; STEPS],
+            "rank {rank}: collectives per step (more than one: the burst was split)"
+        );
+    }
+}
