@@ -6,6 +6,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
+        // Shared, not copied, by every task's registration reply.
+        .bytes(".kolo.driver.v1.RegisterReply.peer_list")
         .compile_fds(descriptors)?;
     Ok(())
 }

@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use prost::Message;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
@@ -21,8 +22,8 @@ use crate::control::mac::MacKey;
 use crate::control::proto::driver_client::DriverClient as RawClient;
 use crate::control::proto::{
     AbortEvent, FailureReport, HeartbeatRequest, KvChunk, KvGetRequest, KvPutRequest, LeaveRequest,
-    PostRequest, RegisterReply, RegisterRequest, SilentRanksReply, SilentRanksRequest, TaskEvent,
-    WatchAbortRequest,
+    PeerList, PostRequest, RegisterReply, RegisterRequest, SilentRanksReply, SilentRanksRequest,
+    TaskEvent, WatchAbortRequest,
 };
 use crate::control::runner_watch::RUNNER_RANK;
 use crate::error::{Error, Result};
@@ -123,7 +124,9 @@ impl Registration {
         let bad = |what: String| Error::Rendezvous(format!("the job driver at {addr} sent {what}"));
         let job_id = JobId::from_slice(&reply.job_id)
             .ok_or_else(|| bad(format!("a job id of {} bytes", reply.job_id.len())))?;
-        let peers = reply
+        let list = PeerList::decode(reply.peer_list)
+            .map_err(|err| bad(format!("a peer list that does not decode ({err})")))?;
+        let peers = list
             .peers
             .into_iter()
             .map(|peer| {

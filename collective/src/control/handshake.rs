@@ -9,18 +9,24 @@
 //!
 //! Every message has a fixed size, so the driver reads at most [`CLIENT_HELLO_LEN`] +
 //! [`TAG_LEN`] bytes from a peer that has not proved itself; each handshake has a deadline
-//! ([`HANDSHAKE_TIMEOUT`]) and at most [`MAX_HANDSHAKES`] run at once (further connections are
-//! closed at once and their clients retry), so floods of idle or junk connections cost bounded
-//! memory and cannot hold the driver.
+//! ([`HANDSHAKE_TIMEOUT`]) and at most [`MAX_HANDSHAKES`] run at once: a connection that
+//! arrives when all are taken ends the oldest unfinished one (a worker's handshake takes one
+//! round trip, so the oldest is almost surely idle or junk), so floods of idle or junk
+//! connections cost bounded memory and cannot hold the driver, and a worker that arrives right
+//! after a flood still gets in.
 
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::collections::VecDeque;
+use std::sync::{Mutex, PoisonError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch, Semaphore};
+
+use tokio::sync::{mpsc, watch};
+use tokio::task::AbortHandle;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::control::mac::{nonce, MacKey, TAG_LEN};
@@ -33,7 +39,7 @@ pub const CLIENT_HELLO_LEN: usize = MAGIC.len() + TAG_LEN;
 pub const DRIVER_PROOF_LEN: usize = TAG_LEN + TAG_LEN;
 /// How long a connection may take to finish its handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
-/// How many handshakes the driver runs at once; connections beyond are closed unread.
+/// How many handshakes the driver runs at once; a connection beyond ends the oldest one.
 pub const MAX_HANDSHAKES: usize = 512;
 /// The purpose the control plane's key is derived for.
 const PURPOSE: &str = "control plane";
@@ -128,9 +134,21 @@ async fn check_worker(stream: &mut TcpStream, key: &MacKey) -> Result<(), String
         .unwrap_or_else(|_| Err(format!("no handshake within {HANDSHAKE_TIMEOUT:?}")))
 }
 
+/// The handshakes under way, oldest first (at most [`MAX_HANDSHAKES`]).
+#[derive(Default)]
+struct Pending {
+    next_id: u64,
+    running: VecDeque<(u64, SocketAddr, AbortHandle)>,
+}
+
+fn lock_pending(pending: &Mutex<Pending>) -> std::sync::MutexGuard<'_, Pending> {
+    pending.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 /// The driver's incoming connections, each authenticated: accepts on `listener` until `stop`
-/// turns true, runs at most [`MAX_HANDSHAKES`] handshakes at once, and yields only connections
-/// whose client proved the key. Refusals are logged with the peer's address.
+/// turns true, runs at most [`MAX_HANDSHAKES`] handshakes at once (a newcomer beyond ends the
+/// oldest), and yields only connections whose client proved the key. Refusals are logged with
+/// the peer's address.
 pub(crate) fn authenticated_incoming(
     listener: TcpListener,
     key: MacKey,
@@ -138,7 +156,7 @@ pub(crate) fn authenticated_incoming(
 ) -> ReceiverStream<io::Result<TcpStream>> {
     let (sender, receiver) = mpsc::channel(64);
     let key = Arc::new(key);
-    let slots = Arc::new(Semaphore::new(MAX_HANDSHAKES));
+    let pending = Arc::new(Mutex::new(Pending::default()));
     tokio::spawn(async move {
         loop {
             let accepted = tokio::select! {
@@ -154,17 +172,28 @@ pub(crate) fn authenticated_incoming(
                     continue;
                 }
             };
-            let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
-                log::warn!(
-                    "job driver: closing the connection from {peer} unread: {MAX_HANDSHAKES} \
-                     handshakes are already under way"
-                );
-                continue;
-            };
-            let (key, sender) = (Arc::clone(&key), sender.clone());
-            tokio::spawn(async move {
+            let (key, sender, registry) = (Arc::clone(&key), sender.clone(), Arc::clone(&pending));
+            // Registered under the lock before the task can finish and unregister itself.
+            let mut running = lock_pending(&pending);
+            let id = running.next_id;
+            running.next_id += 1;
+            if running.running.len() >= MAX_HANDSHAKES {
+                if let Some((_, oldest, handle)) = running.running.pop_front() {
+                    handle.abort();
+                    refused(
+                        oldest,
+                        &format!(
+                            "its handshake was the oldest of {MAX_HANDSHAKES} unfinished ones \
+                             when another connection came"
+                        ),
+                    );
+                }
+            }
+            let task = tokio::spawn(async move {
                 let checked = check_worker(&mut stream, &key).await;
-                drop(slot);
+                lock_pending(&registry)
+                    .running
+                    .retain(|(other, _, _)| *other != id);
                 match checked {
                     Ok(()) => {
                         let _ = stream.set_nodelay(true);
@@ -173,6 +202,7 @@ pub(crate) fn authenticated_incoming(
                     Err(reason) => refused(peer, &reason),
                 }
             });
+            running.running.push_back((id, peer, task.abort_handle()));
         }
     });
     ReceiverStream::new(receiver)

@@ -110,6 +110,26 @@ pub fn resolve_nic_or_ip(value: &str, what: &str) -> Result<IpAddr> {
     })
 }
 
+/// How many connections the kernel may hold for a listener before it accepts them (clamped to
+/// `net.core.somaxconn`, 4096 by default on Linux 5.4+). The standard library's 128 overflows
+/// when a thousand workers connect at once: the kernel then drops their SYNs and each one
+/// retries only after a second.
+pub const LISTEN_BACKLOG: i32 = 4096;
+
+/// A listening TCP socket on `addr` (`SO_REUSEADDR`, as the standard library sets) with a
+/// backlog of [`LISTEN_BACKLOG`], for servers that a whole job connects to at once.
+pub fn listen(addr: SocketAddr) -> Result<std::net::TcpListener> {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )?;
+    socket.set_reuse_address(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(LISTEN_BACKLOG)?;
+    Ok(socket.into())
+}
+
 /// True when `value` is an IP address literal (as opposed to an interface name).
 pub fn is_ip_literal(value: &str) -> bool {
     value.trim().parse::<IpAddr>().is_ok()
@@ -129,6 +149,56 @@ mod tests {
         assert_eq!(
             local_ip_toward("127.0.0.1:9").unwrap(),
             IpAddr::from([127, 0, 0, 1])
+        );
+    }
+
+    #[test]
+    fn a_thousand_connections_wait_for_accept_without_a_dropped_syn() {
+        const CONNECTIONS: usize = 1_000;
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit/setrlimit with a valid rlimit; the soft limit stays within the hard.
+        unsafe {
+            assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit), 0);
+            let needed = (CONNECTIONS + 256) as libc::rlim_t;
+            assert!(
+                limit.rlim_max >= needed,
+                "this test needs {needed} open files; the hard limit (ulimit -Hn) is {}",
+                limit.rlim_max
+            );
+            if limit.rlim_cur < needed {
+                limit.rlim_cur = needed;
+                assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &limit), 0);
+            }
+        }
+        let listener = listen(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
+        let addr = listener.local_addr().unwrap();
+        // Nobody accepts: every connection must complete in the kernel's accept queue (a full
+        // queue drops the SYN, and the connect hangs until its first retry after 1 s).
+        let connected = kolo_runtime::block_on(async move {
+            let attempts: Vec<_> = (0..CONNECTIONS)
+                .map(|_| {
+                    tokio::spawn(tokio::time::timeout(
+                        std::time::Duration::from_millis(900),
+                        tokio::net::TcpStream::connect(addr),
+                    ))
+                })
+                .collect();
+            let mut streams = Vec::new();
+            for attempt in attempts {
+                if let Ok(Ok(stream)) = attempt.await.unwrap() {
+                    streams.push(stream);
+                }
+            }
+            streams.len()
+        })
+        .unwrap();
+        drop(listener);
+        assert_eq!(
+            connected, CONNECTIONS,
+            "connections completed before accept"
         );
     }
 

@@ -208,7 +208,7 @@ impl DriverService {
             elastic.check(config.num_tasks)?;
         }
         let runtime = kolo_runtime::handle()?;
-        let listener = std::net::TcpListener::bind(config.bind).map_err(|err| {
+        let listener = crate::control::net::listen(config.bind).map_err(|err| {
             Error::Config(format!(
                 "cannot start the job driver on {}: {err}",
                 config.bind
@@ -291,6 +291,12 @@ impl DriverService {
     /// The task indices registered so far, ascending (for progress messages).
     pub fn registered_tasks(&self) -> Vec<u32> {
         self.state.registered_tasks()
+    }
+
+    /// How regularly heartbeats arrive: the gaps between each rank's consecutive heartbeats
+    /// as the driver received them (a gap near the heartbeat timeout means they are starved).
+    pub fn heartbeat_gaps(&self) -> crate::control::HeartbeatGaps {
+        self.state.heartbeat_gaps()
     }
 
     /// How many ranks joined (in the current registration round) and have not left yet.

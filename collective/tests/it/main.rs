@@ -5,6 +5,7 @@ mod autotune;
 mod collectives;
 mod driver;
 mod driver_auth;
+mod driver_scale;
 mod elastic;
 mod engine_cycles;
 mod groups;
