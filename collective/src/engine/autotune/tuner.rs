@@ -57,22 +57,22 @@ impl Dim {
     fn scaled_range(self) -> (f64, f64) {
         match self {
             Dim::Fusion => (
-                Self::to_scale(self, FUSION_MB.0),
-                Self::to_scale(self, FUSION_MB.1),
+                Self::scaled(self, FUSION_MB.0),
+                Self::scaled(self, FUSION_MB.1),
             ),
             Dim::Cycle => (CYCLE_MS.0.ln(), CYCLE_MS.1.ln()),
         }
     }
 
     /// A value (MiB or ms) on this dimension's search scale.
-    fn to_scale(self, value: f64) -> f64 {
+    fn scaled(self, value: f64) -> f64 {
         match self {
             Dim::Fusion => (value.max(0.0) / FUSION_KNEE_MB).ln_1p(),
             Dim::Cycle => value.max(CYCLE_MS.0).ln(),
         }
     }
 
-    fn from_scale(self, scaled: f64) -> f64 {
+    fn unscaled(self, scaled: f64) -> f64 {
         match self {
             Dim::Fusion => scaled.exp_m1() * FUSION_KNEE_MB,
             Dim::Cycle => scaled.exp(),
@@ -86,12 +86,12 @@ impl Dim {
             Dim::Cycle => params.cycle_time.as_secs_f64() * 1e3,
         };
         let (low, high) = self.scaled_range();
-        ((self.to_scale(value) - low) / (high - low)).clamp(0.0, 1.0)
+        ((self.scaled(value) - low) / (high - low)).clamp(0.0, 1.0)
     }
 
     fn set(self, params: &mut TunedParams, unit: f64) {
         let (low, high) = self.scaled_range();
-        let value = self.from_scale(low + unit.clamp(0.0, 1.0) * (high - low));
+        let value = self.unscaled(low + unit.clamp(0.0, 1.0) * (high - low));
         match self {
             Dim::Fusion => params.fusion_threshold = (value * 1024.0 * 1024.0).round() as usize,
             Dim::Cycle => {
