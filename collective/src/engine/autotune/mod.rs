@@ -12,6 +12,8 @@
 //!   each rank's own timings are.
 //! - **Robust scores.** A sample is the median of its steps' scores (bytes the engine moved
 //!   per microsecond of the step, [`steps`]), and the first step after a change is not scored.
+//!   The model fits log scores over log-scaled knobs (cycle time 0.01–100 ms), so the region
+//!   of short cycles and few-MiB thresholds is not a sliver of the search space.
 //! - **Convergence.** The search stops once the expected improvement is negligible or the best
 //!   point has not changed for a few samples (`bayes_opt_max_samples` is only the cap), then
 //!   keeps the best setting.
