@@ -80,19 +80,26 @@ def test_launch_report_covers_every_phase_and_sums_to_its_total(spark):
     assert f"kolo.spark.run: {report.describe()}" in err.getvalue()
 
 
-def test_a_first_launch_runs_no_separate_probe_job_and_is_remembered(spark, monkeypatch):
-    """The first launch of an application (no check of the executors' Python remembered)
-    starts its stage without the probe job; once it ran, the executors' Python is remembered
-    as working."""
-    probes: list[int] = []
+@pytest.fixture
+def probes(monkeypatch) -> list[int]:
+    """The task counts of every executors'-Python probe job run from now on, with nothing
+    remembered as checked yet (an application's first launch)."""
+    counted: list[int] = []
     real_probe = _python_probe._run_probe
 
     def counted_probe(sc, num_tasks, timeout_s):
-        probes.append(num_tasks)
+        counted.append(num_tasks)
         return real_probe(sc, num_tasks, timeout_s)
 
     monkeypatch.setattr(_python_probe, "_checked", set())
     monkeypatch.setattr(_python_probe, "_run_probe", counted_probe)
+    return counted
+
+
+def test_a_first_launch_runs_no_separate_probe_job_and_is_remembered(spark, probes):
+    """The first launch of an application (no check of the executors' Python remembered)
+    starts its stage without the probe job; once it ran, the executors' Python is remembered
+    as working."""
     assert not _python_probe.executor_python_checked(spark)
     assert kolo.spark.run(chatty_fn, num_proc=2) == [0, 1]
     assert probes == []
@@ -103,22 +110,11 @@ def failing_fn():
     raise ValueError("the user's own failure")
 
 
-def test_a_failed_first_launch_keeps_its_own_error_when_the_executors_python_works(
-    spark, monkeypatch
-):
+def test_a_failed_first_launch_keeps_its_own_error_when_the_executors_python_works(spark, probes):
     """A first launch that fails for another reason asks the executors' Python after the
     fact, finds it working, and raises the launch's own error."""
     from kolo.exceptions import RankFailedError
 
-    probes: list[int] = []
-    real_probe = _python_probe._run_probe
-
-    def counted_probe(sc, num_tasks, timeout_s):
-        probes.append(num_tasks)
-        return real_probe(sc, num_tasks, timeout_s)
-
-    monkeypatch.setattr(_python_probe, "_checked", set())
-    monkeypatch.setattr(_python_probe, "_run_probe", counted_probe)
     with pytest.raises(RankFailedError, match="the user's own failure"):
         kolo.spark.run(failing_fn, num_proc=2)
     assert probes == [2]
