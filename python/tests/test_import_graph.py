@@ -27,6 +27,7 @@ LAYERS: List[List[str]] = [
         "kolo",
         "kolo._core",
         "kolo._env",
+        "kolo._launch_times",
         "kolo._lifecycle",
         "kolo._mpi_launch",
         "kolo._mpirun",
