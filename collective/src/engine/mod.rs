@@ -76,18 +76,12 @@ const IDLE_TICK: Duration = Duration::from_millis(100);
 
 /// Ops checked and given handles but not yet submitted (see [`Engine::hold`]).
 #[derive(Debug, Default)]
-pub struct HeldOps(Vec<Item>);
+pub struct HeldOps(Vec<(u64, Submission)>);
 
 impl HeldOps {
     /// The handles of the held ops, in the order they were held.
     pub fn handles(&self) -> Vec<u64> {
-        self.0
-            .iter()
-            .filter_map(|item| match item {
-                Item::Op(handle, _) => Some(*handle),
-                Item::Join(..) => None,
-            })
-            .collect()
+        self.0.iter().map(|(handle, _)| *handle).collect()
     }
 }
 
@@ -288,7 +282,7 @@ impl Engine {
     /// one cycle), [`Engine::discard`] forgets it.
     pub fn hold(&self, held: &mut HeldOps, sub: Submission) -> Result<u64> {
         let handle = self.admit(&sub, true)?;
-        held.0.push(Item::Op(handle, sub));
+        held.0.push((handle, sub));
         Ok(handle)
     }
 
@@ -298,8 +292,8 @@ impl Engine {
             return;
         }
         let mut inbox = lock(&self.shared.inbox);
-        for item in held.0 {
-            inbox.push(item);
+        for (handle, sub) in held.0 {
+            inbox.push(Item::Op(handle, sub));
         }
         drop(inbox);
         if wake {
@@ -309,10 +303,8 @@ impl Engine {
 
     /// Forgets every op in `held`: their handles no longer exist and their names are free.
     pub fn discard(&self, held: HeldOps) {
-        for item in held.0 {
-            if let Item::Op(handle, _) = item {
-                self.shared.handles.discard(handle);
-            }
+        for (handle, _) in held.0 {
+            self.shared.handles.discard(handle);
         }
     }
 

@@ -173,26 +173,17 @@ class SparkBackend(Backend):
         if not self._elastic:
             # The elastic launchers' mark for their workers: not for the ranks of a fixed job.
             full_env.pop("KOLO_ELASTIC_TIMEOUT", None)
-        if self._elastic:
-            return run_elastic(
-                fn,
-                args=args,
-                kwargs=kwargs,
-                num_proc=self._num_proc,
-                env=full_env,
-                _on_message=_on_message,
-                **self._kwargs,
-            )
-        return run(
-            fn,
+        common = dict(
             args=args,
             kwargs=kwargs,
             num_proc=self._num_proc,
             env=full_env,
             _on_message=_on_message,
-            _on_launch_report=_on_launch_report,
             **self._kwargs,
         )
+        if self._elastic:
+            return run_elastic(fn, **common)
+        return run(fn, _on_launch_report=_on_launch_report, **common)
 
     def num_processes(self) -> int:
         """``num_proc`` as given, or Spark's default parallelism.
