@@ -17,6 +17,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -170,6 +171,57 @@ def test_a_failure_stops_the_forked_ranks(warm, tmp_path):
     while process_start_ticks(hanging) is not None and time.monotonic() < deadline:
         time.sleep(0.1)
     assert process_start_ticks(hanging) is None, "the forked rank outlived the abort"
+
+
+def hang_fn(pid_dir):
+    """Records this rank's pid and hangs."""
+    import os
+    import time
+
+    with open(os.path.join(pid_dir, f"rank{os.environ['KOLO_RANK']}.pid"), "w") as file:
+        file.write(str(os.getpid()))
+    time.sleep(120)
+
+
+def clients_of(slot: WarmSlot) -> list[int]:
+    """The pids of the warm clients talking to ``slot``'s server."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            argv = Path("/proc", entry, "cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if b"-S" in argv and slot.key.encode() in argv:
+            pids.append(int(entry))
+    return pids
+
+
+def test_a_killed_client_takes_its_forked_rank_with_it(warm, tmp_path):
+    """The task's process (the client) is SIGKILLed, as after the abort's grace: the server
+    sees its connection close and kills the forked rank; the launch fails, no rank survives."""
+    slot, env = warm
+    pid_dir = str(tmp_path)
+    with pytest.raises(RankFailedError):
+
+        def kill_clients() -> None:
+            deadline = time.monotonic() + 60
+            while len(list(tmp_path.glob("rank*.pid"))) < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            for client in clients_of(slot):
+                os.kill(client, 9)
+
+        killer = threading.Thread(target=kill_clients)
+        killer.start()
+        try:
+            kolo.spark.run(hang_fn, args=(pid_dir,), num_proc=2, env=env, start_timeout=60)
+        finally:
+            killer.join()
+    ranks = [int(path.read_text()) for path in tmp_path.glob("rank*.pid")]
+    assert len(ranks) == 2
+    deadline = time.monotonic() + 10
+    while any(process_start_ticks(r) is not None for r in ranks) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(process_start_ticks(r) is None for r in ranks), "a forked rank outlived its client"
 
 
 def killed_fn():

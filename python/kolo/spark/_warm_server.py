@@ -18,8 +18,8 @@ but the launch's own ``KOLO_*``/``HOROVOD_*`` variables; a module file this serv
 changed on disk (kolo upgraded or edited, a package reinstalled); CUDA was initialised here;
 or a thread was started since the imports (only the native threads the imports themselves
 started, e.g. OpenBLAS's pool, which quiesces itself around ``fork``, are tolerated). A
-refusal for a stale environment or stale files also ends the server, so the task starts a
-matching one.
+refusal for a stale environment or stale files also retires the server (its socket goes at
+once; it exits when the ranks it forked ended), so a later task starts a matching one.
 
 The forked rank process takes over the client's stdin/stdout/stderr, environment, working
 directory, umask, resource limits and ignored signals, leads its own session (the client
@@ -161,6 +161,8 @@ class _Server:
     threads: int
     ranks: dict[int, _Rank] = field(default_factory=dict)
     last_active: float = field(default_factory=time.monotonic)
+    #: Stale (a refusal that ends the server): no new requests; exit once the ranks ended.
+    retiring: bool = False
 
     def note(self, text: str) -> None:
         self.log.write(f"{time.strftime('%H:%M:%S')} [{os.getpid()}] {text}\n")
@@ -171,7 +173,8 @@ class _Server:
         returns the request the rank runs."""
         while True:
             conns = [rank.conn for rank in self.ranks.values()]
-            readable, _, _ = select.select([self.listener, self.wake[0], *conns], [], [], TICK_S)
+            listening = [] if self.retiring else [self.listener]
+            readable, _, _ = select.select([*listening, self.wake[0], *conns], [], [], TICK_S)
             if self.wake[0] in readable:
                 try:
                     os.read(self.wake[0], 512)
@@ -182,6 +185,8 @@ class _Server:
                 if rank.conn in readable and not _peek_open(rank.conn):
                     self.note(f"the client of rank process {rank.pid} is gone: killing it")
                     _kill_group(rank.pid, signal.SIGKILL)
+            if self.retiring and not self.ranks:
+                return None
             if self.listener in readable:
                 try:
                     conn, _ = self.listener.accept()
@@ -193,7 +198,7 @@ class _Server:
                     if isinstance(outcome, dict):
                         return outcome
                     if outcome == "exit":
-                        return None
+                        self.retire()
             if self.config.watch is not None:
                 pid, ticks = self.config.watch
                 if process_start_ticks(pid) != ticks:
@@ -204,6 +209,22 @@ class _Server:
             elif time.monotonic() - self.last_active >= self.config.idle_s:
                 self.note(f"idle for {self.config.idle_s:g} s: exiting")
                 return None
+
+    def retire(self) -> None:
+        """Stops taking requests (the socket and secret go at once, so no task finds this
+        server again); the ranks it forked run to their end."""
+        self.retiring = True
+        for path in (
+            socket_path(self.config.directory, self.config.key),
+            secret_path(self.config.directory, self.config.key),
+        ):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        self.listener.close()
+        if self.ranks:
+            self.note(f"retiring: waiting for {len(self.ranks)} rank process(es) to end")
 
     def reap(self) -> None:
         while True:
