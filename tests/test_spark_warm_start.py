@@ -269,7 +269,8 @@ def start_server(tmp_path: Path, idle_s: float, watch=None) -> tuple[WarmSlot, s
     directory = tmp_path / "warm"
     directory.mkdir(mode=0o700)
     slot = WarmSlot(directory=str(directory), key="k" * 24, watch=watch)
-    config = ServerConfig(str(directory), slot.key, idle_s, ["cloudpickle"], watch)
+    modules = ["cloudpickle", "tensorflow", "kolo.keras", "kolo.spark.task"]
+    config = ServerConfig(str(directory), slot.key, idle_s, modules, watch)
     # Not detached (no SERVER_CODE fork) so the test can wait for it.
     code = SERVER_CODE.replace("if os.fork():\n    os._exit(0)\n", "")
     process = subprocess.Popen([sys.executable, "-c", code, config.to_json()])
@@ -332,8 +333,11 @@ class _Evil:
 
 
 def test_the_server_exits_after_its_idle_timeout(tmp_path):
-    """A server with no rank and no request exits after ``idle_s`` and removes its socket."""
+    """A server with no rank and no request exits after ``idle_s`` and removes its socket. It
+    imported what it was told but TensorFlow and kolo's Keras adapter (fork-unsafe runtimes)."""
     slot, process = start_server(tmp_path, idle_s=1.0)
+    modules = json.loads(Path(info_path(slot.directory, slot.key)).read_text())["modules"]
+    assert sorted(modules) == ["cloudpickle", "kolo.spark.task"], modules
     assert process.wait(timeout=15) == 0
     assert not slot.listening()
 
@@ -373,3 +377,26 @@ def test_a_launch_with_another_environment_is_not_forked(warm):
     assert process_start_ticks(pid) is None
     log = Path(slot.directory, slot.key + ".log").read_text()
     assert "the environment changed (KOLO_WARM_TEST_VARIABLE)" in log
+
+
+def test_only_installed_modules_and_kolo_are_recorded_for_the_server(tmp_path):
+    """What a fresh rank records for its executor's server: installed modules (numpy) and
+    kolo's, in import order; never the user's modules from the working directory or from
+    PYTHONPATH, even when they shadow nothing."""
+    (tmp_path / "cwd_module.py").write_text("X = 1\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "path_module.py").write_text("Y = 2\n")
+    code = (
+        "import sys, json; sys.path.insert(0, ''); import numpy, cwd_module, path_module; "
+        "import kolo.spark.task; from kolo._rank_process import third_party_modules; "
+        "print(json.dumps(third_party_modules()))"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(elsewhere), os.environ["PYTHONPATH"]])}
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    names = json.loads(out.stdout.splitlines()[-1])
+    assert "numpy" in names and "kolo.spark.task" in names
+    assert names.index("numpy") < names.index("kolo.spark.task")
+    assert not {"cwd_module", "path_module", "__main__", "kolo"} & set(names), names

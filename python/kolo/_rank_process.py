@@ -111,14 +111,15 @@ def _send_times(native: object, times: dict[str, Optional[float]]) -> None:
 
 
 def third_party_modules() -> list[str]:
-    """The top-level modules this process imported from an installed location (a
-    site-packages or dist-packages directory of this interpreter), never from the working
-    directory or anywhere else on ``sys.path`` (the user's own code, which may be edited
-    between runs).
+    """The modules this process imported that a warm rank server may import ahead of a later
+    rank, in the order they were imported: the top-level modules imported from an installed
+    location (a site-packages or dist-packages directory of this interpreter), never from the
+    working directory or anywhere else on ``sys.path`` (the user's own code, which may be
+    edited between runs); and kolo's own modules.
 
     Example::
 
-        third_party_modules()   # ['cloudpickle', 'numpy', 'torch']
+        third_party_modules()   # ['cloudpickle', 'numpy', 'torch', 'kolo.torch']
     """
     import site
     import sysconfig
@@ -132,7 +133,10 @@ def third_party_modules() -> list[str]:
     cwd = os.path.realpath(os.getcwd())
     names = []
     for name, module in list(sys.modules.items()):
-        if "." in name or name == "__main__" or name == "kolo" or name.startswith("kolo."):
+        if name.startswith("kolo."):
+            names.append(name)
+            continue
+        if "." in name or name in ("__main__", "kolo"):
             continue
         path = getattr(module, "__file__", None)
         if not isinstance(path, str):
@@ -142,7 +146,7 @@ def third_party_modules() -> list[str]:
             continue
         if any(path.startswith(root + os.sep) for root in roots):
             names.append(name)
-    return sorted(names)
+    return names
 
 
 def write_third_party_modules(path: str) -> None:

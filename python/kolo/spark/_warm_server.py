@@ -1,5 +1,6 @@
 """A warm rank server (a "zygote") for the rank processes of :func:`kolo.spark.run` on one
-executor: it imports kolo and the third-party modules the executor's previous rank imported,
+executor: it imports kolo and the installed modules the executor's previous rank imported
+(:func:`kolo._rank_process.third_party_modules`, minus ``FORK_UNSAFE``),
 then forks a rank process for each authenticated request, so a later launch's ranks skip the
 interpreter's start and ``import torch``.
 
@@ -16,8 +17,10 @@ descriptors, and fits ``MAX_REQUEST_BYTES``. It is refused, and the client start
 rank process instead, when: the interpreter differs; the environment differs in anything
 but the launch's own ``KOLO_*``/``HOROVOD_*`` variables; a module file this server loaded
 changed on disk (kolo upgraded or edited, a package reinstalled); CUDA was initialised here;
-or a thread was started since the imports (only the native threads the imports themselves
-started, e.g. OpenBLAS's pool, which quiesces itself around ``fork``, are tolerated). A
+or a thread was started since the imports. The only threads tolerated are unnamed native
+threads the imports themselves started (OpenBLAS's pool, which quiesces itself around
+``fork``); a server whose imports started named threads (a runtime such as tokio, gRPC or
+TensorFlow's) or loaded ``FORK_UNSAFE`` modules does not serve at all. A
 refusal for a stale environment or stale files also retires the server (its socket goes at
 once; it exits when the ranks it forked ended), so a later task starts a matching one.
 
@@ -52,6 +55,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional, TextIO
 
 from kolo.spark._warm_client import (
@@ -428,29 +432,69 @@ def _close_all(fds: list[int]) -> None:
             pass
 
 
+#: Modules a server never imports: they start threads or state that do not survive ``fork``
+#: (TensorFlow's and JAX's runtimes); a rank that needs them imports them itself. kolo's
+#: adapters for them are left out too.
+FORK_UNSAFE = ("tensorflow", "jax", "jaxlib", "keras", "tf_keras")
+
+
+def _fork_unsafe(name: str) -> bool:
+    parts = name.split(".")
+    if parts[0] == "kolo":
+        return any(part in FORK_UNSAFE for part in parts[1:])
+    return parts[0] in FORK_UNSAFE
+
+
 def _preimport(names: list[str], log: TextIO) -> dict[str, str]:
-    """Imports kolo's rank process and the installed distributions' top-level modules among
-    ``names``; returns ``{module: "distribution version"}`` of those imported."""
+    """Imports kolo's rank process and, in order, kolo's modules and the installed
+    distributions' top-level modules among ``names`` (not ``FORK_UNSAFE``); returns
+    ``{module: "distribution version"}`` of those imported."""
     from importlib import metadata
 
-    import kolo._rank_process  # noqa: F401
+    import kolo
+    import kolo._rank_process
 
     by_module = metadata.packages_distributions()
     imported = {}
     for name in names:
-        dists = by_module.get(name)
-        if not dists or name.startswith("kolo") or name in sys.builtin_module_names:
+        kolo_module = name.startswith("kolo.")
+        dists = ["kolo"] if kolo_module else by_module.get(name)
+        if not dists or _fork_unsafe(name) or name in sys.builtin_module_names:
+            continue
+        if not kolo_module and "." in name:
             continue
         try:
             importlib.import_module(name)
         except BaseException as error:  # a module that cannot load alone is left to the rank
             log.write(f"not pre-importing {name}: {type(error).__name__}: {error}\n")
             continue
+        if kolo_module:
+            imported[name] = f"kolo {kolo.__version__}"
+            continue
         try:
             imported[name] = f"{dists[0]} {metadata.version(dists[0])}"
         except metadata.PackageNotFoundError:
             imported[name] = dists[0]
+    unsafe = sorted(name for name in sys.modules if _fork_unsafe(name) and "." not in name)
+    if unsafe:
+        raise RuntimeError(f"the imports loaded fork-unsafe modules {unsafe}")
     return imported
+
+
+def _named_threads() -> list[str]:
+    """The names of this process's threads other than the main thread's own name. Thread
+    pools that quiesce around ``fork`` (OpenBLAS, MKL) keep the process's name; runtimes that
+    do not (tokio, gRPC, TensorFlow) name their threads."""
+    main = Path("/proc/self/comm").read_text().strip()
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            name = Path(f"/proc/self/task/{task}/comm").read_text().strip()
+        except OSError:
+            continue
+        if name != main:
+            names.append(name)
+    return sorted(names)
 
 
 def _stamps() -> dict[str, tuple[int, int]]:
@@ -490,7 +534,18 @@ def main() -> None:
     log = open(log_path(directory, key), "a", encoding="utf-8")
     env = dict(os.environ)
     started = time.time()
-    modules = _preimport(config.modules, log)
+    try:
+        modules = _preimport(config.modules, log)
+    except RuntimeError as error:
+        log.write(f"not serving: {error}\n")
+        return
+    named = _named_threads()
+    if named:
+        log.write(
+            f"not serving: the imports started named threads {named} (a runtime that "
+            "does not survive fork)\n"
+        )
+        return
     secret = os.urandom(32)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock = socket_path(directory, key)

@@ -261,7 +261,11 @@ def start_server(
                 data = file.read(MAX_MODULES_BYTES + 1)
             if len(data) <= MAX_MODULES_BYTES:
                 raw = json.loads(data)
-                modules = [m for m in raw if isinstance(m, str) and m.isidentifier()]
+                modules = [
+                    m
+                    for m in raw
+                    if isinstance(m, str) and all(part.isidentifier() for part in m.split("."))
+                ]
         except (OSError, ValueError, TypeError):
             pass
         config = ServerConfig(
