@@ -32,6 +32,7 @@ from kolo.spark._warm_server import ServerConfig, info_path, process_start_ticks
 from kolo.spark._warm_start import (
     SERVER_CODE,
     WarmSlot,
+    mentions_fork_unsafe,
     slot_for,
     warm_start_options,
 )
@@ -355,6 +356,28 @@ def test_the_server_exits_when_its_executor_is_gone(tmp_path):
         assert not slot.listening()
     finally:
         executor.kill()
+
+
+def tensorflow_fn():
+    """Names TensorFlow (never imports it here): such a launch must not fork from a server
+    that holds torch."""
+    import os
+
+    if os.environ.get("NEVER_SET_IN_THIS_TEST"):
+        import tensorflow  # noqa: F401
+    return os.getppid()
+
+
+def test_a_function_that_uses_tensorflow_gets_fresh_ranks(warm):
+    """A payload naming a fork-unsafe framework (TensorFlow, kolo's Keras adapter, JAX) runs
+    fresh rank processes even with a server up; torch-only payloads do not trip the scan."""
+    slot, env = warm
+    pid = server_pid(slot)
+    reports: list[LaunchReport] = []
+    parents = kolo.spark.run(tensorflow_fn, num_proc=2, env=env, _on_launch_report=reports.append)
+    assert pid not in parents and reports[0].warm_ranks() == []
+    assert mentions_fork_unsafe(cloudpickle.dumps((tensorflow_fn, (), {}))) == "tensorflow"
+    assert mentions_fork_unsafe(cloudpickle.dumps((numpy_and_user_fn, (), {}))) is None
 
 
 def test_a_launch_with_another_environment_is_not_forked(warm):

@@ -39,7 +39,7 @@ from typing import Mapping, Optional
 
 from kolo.exceptions import ConfigError
 from kolo.spark import _warm_client
-from kolo.spark._warm_server import ServerConfig, lock_path, process_start_ticks
+from kolo.spark._warm_server import FORK_UNSAFE, ServerConfig, lock_path, process_start_ticks
 
 log = logging.getLogger("kolo.spark")
 
@@ -95,6 +95,32 @@ def warm_start_options(environ: Optional[Mapping[str, str]] = None) -> WarmStart
     if not 0 < idle_s < 1e7:
         raise ConfigError(f"{IDLE_VAR}={idle_text!r} must be a positive number of seconds")
     return WarmStart(enabled=enabled, idle_s=idle_s)
+
+
+def mentions_fork_unsafe(payload: bytes) -> Optional[str]:
+    """The first name in a pickled payload that names a ``FORK_UNSAFE`` framework (its
+    modules, globals and the names its code imports, e.g. ``tensorflow`` or
+    ``kolo.spark.keras``), else None. Such a launch runs fresh rank processes: a rank forked
+    from a server that imported torch must not load TensorFlow (the two abort a process
+    together), and the server never imports those frameworks itself.
+
+    Example::
+
+        mentions_fork_unsafe(cloudpickle.dumps(lambda: __import__("tensorflow")))  # 'tensorflow'
+    """
+    import pickletools
+
+    try:
+        for _, arg, _ in pickletools.genops(payload):
+            if isinstance(arg, str) and len(arg) < 256:
+                parts = arg.split(".")
+                if parts[0] in FORK_UNSAFE or (
+                    parts[0] == "kolo" and any(part in FORK_UNSAFE for part in parts[1:])
+                ):
+                    return arg
+    except Exception:  # not a pickle this scanner understands: do not fork for it
+        return "an unreadable payload"
+    return None
 
 
 @dataclass(frozen=True)

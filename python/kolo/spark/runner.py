@@ -32,7 +32,7 @@ from kolo.spark._python_probe import (
     remember_executor_python,
 )
 from kolo.spark._session import spark_target
-from kolo.spark._warm_start import WarmStart, warm_start_options
+from kolo.spark._warm_start import WarmStart, mentions_fork_unsafe, warm_start_options
 
 __all__ = ["run", "run_elastic", "task_slots"]
 
@@ -153,6 +153,10 @@ def run(
         raise InvalidArgumentError("executable must be the path of a Python interpreter (a str)")
     warm = warm_start_options()
     payload = _pickle_payload(fn, tuple(args), kwargs)
+    unsafe = mentions_fork_unsafe(payload) if warm.enabled else None
+    if unsafe is not None:
+        log.debug("kolo.spark.run: fresh rank processes (the function uses %s)", unsafe)
+        warm = WarmStart(enabled=False, idle_s=warm.idle_s)
     _check_slots(target, num_proc)
     report.num_proc = num_proc
     out = stdout if stdout is not None else sys.stdout
