@@ -335,6 +335,13 @@ def main(argv: Optional[list[str]] = None) -> None:
             f"{side} launch to first step, median phases of {args.rounds}", phase_medians[side]
         )
     warm_s, fresh_s, floor_s = medians["kolo warm"], medians["kolo fresh"], medians["spark_floor"]
+    floor_started = statistics.median(r["tasks_started_s"] for r in runs["spark_floor"])
+    print(
+        f"empty barrier stage: every task started {floor_started:.3f} s after submission "
+        f"(kolo warm's spark_scheduling: {phase_medians['kolo warm']['spark_scheduling']:.3f} s), "
+        f"rows back at {floor_s:.3f} s",
+        flush=True,
+    )
     print(
         f"launch to first step (2 ranks), median of {args.rounds}: kolo warm {warm_s:.2f} s, "
         f"kolo fresh {fresh_s:.2f} s, first launch {first['total_s']:.2f} s; empty barrier "
@@ -352,6 +359,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         "runs": runs,
         "target_s": 1.5,
         "ratio_warm_over_fresh": warm_s / fresh_s,
+        "spark_floor_tasks_started_median_s": floor_started,
     }
     if "TorchDistributor" in medians:
         td = medians["TorchDistributor"]

@@ -374,6 +374,9 @@ class _Server:
             os.environ.update({str(k): str(v) for k, v in request["env"].items()})
             os.chdir(request["cwd"])
             sys.argv = ["-c"]
+            # Directory listings the server's imports cached (e.g. of a PYTHONPATH entry) may
+            # predate the user's edits: the rank looks again, as a fresh process does.
+            importlib.invalidate_caches()
             numpy_random = sys.modules.get("numpy.random")
             if numpy_random is not None:
                 numpy_random.seed()
