@@ -266,6 +266,10 @@ def test_the_off_knob_starts_fresh_rank_processes(warm, monkeypatch):
 # The server alone (no Spark): authentication, idle timeout, the executor's end.
 
 
+#: The environment of the servers these tests start by hand.
+SERVER_ENV = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+
+
 def start_server(tmp_path: Path, idle_s: float, watch=None) -> tuple[WarmSlot, subprocess.Popen]:
     directory = tmp_path / "warm"
     directory.mkdir(mode=0o700)
@@ -274,7 +278,7 @@ def start_server(tmp_path: Path, idle_s: float, watch=None) -> tuple[WarmSlot, s
     config = ServerConfig(str(directory), slot.key, idle_s, modules, watch)
     # Not detached (no SERVER_CODE fork) so the test can wait for it.
     code = SERVER_CODE.replace("if os.fork():\n    os._exit(0)\n", "")
-    process = subprocess.Popen([sys.executable, "-c", code, config.to_json()])
+    process = subprocess.Popen([sys.executable, "-c", code, config.to_json()], env=SERVER_ENV)
     wait_listening(slot, timeout=30)
     return slot, process
 
@@ -320,6 +324,13 @@ def test_a_request_without_the_secret_is_refused_before_it_is_parsed(tmp_path):
         # With the secret, a well-formed request from another interpreter is refused politely.
         reply = raw_request(slot, secret, [0, 1, 2], json.dumps({"executable": "/x"}).encode())
         assert b'"ok": false' in reply and b"interpreter" in reply
+        # Fields of the wrong shape are a refusal, not the server's end.
+        bad = {"executable": os.path.realpath(sys.executable), "version": sys.version}
+        bad.update(env=SERVER_ENV, launch_names=[], cwd="/", rlimits={"RLIMIT_NOFILE": 7})
+        reply = raw_request(slot, secret, [0, 1, 2], json.dumps(bad).encode())
+        assert b'"ok": false' in reply and b"malformed" in reply, reply
+        time.sleep(1.5)
+        assert process.poll() is None and slot.listening()
     finally:
         process.kill()
         process.wait()

@@ -282,7 +282,10 @@ class _Server:
             _close_all(fds)
             conn.close()
             return None
-        reason, fatal = self.refusal(request)
+        try:
+            reason, fatal = self.refusal(request)
+        except Exception as error:  # a field of the wrong shape
+            reason, fatal = f"a malformed request ({type(error).__name__}: {error})", False
         if reason is not None:
             self.note(f"refused a request: {reason}")
             _close_all(fds)
