@@ -28,12 +28,14 @@ import kolo.spark
 from kolo.exceptions import ConfigError, RankFailedError
 from kolo.spark import _warm_client
 from kolo.spark._launch_report import LaunchReport
-from kolo.spark._warm_server import ServerConfig, info_path, process_start_ticks
+from kolo.spark._warm_server import ServerConfig, info_path, key_files, process_start_ticks
 from kolo.spark._warm_start import (
     SERVER_CODE,
+    STALE_KEY_S,
     WarmSlot,
     mentions_fork_unsafe,
     slot_for,
+    sweep_stale_keys,
     warm_start_options,
 )
 
@@ -365,6 +367,8 @@ def test_the_server_exits_when_its_executor_is_gone(tmp_path):
         executor.wait()
         assert process.wait(timeout=15) == 0
         assert not slot.listening()
+        # The key is dead with its executor: none of its files stay behind.
+        assert [p for p in key_files(slot.directory, slot.key) if os.path.exists(p)] == []
     finally:
         executor.kill()
 
@@ -434,3 +438,27 @@ def test_only_installed_modules_and_kolo_are_recorded_for_the_server(tmp_path):
     assert "numpy" in names and "kolo.spark.task" in names
     assert names.index("numpy") < names.index("kolo.spark.task")
     assert not {"cwd_module", "path_module", "__main__", "kolo"} & set(names), names
+
+
+def test_stale_keys_are_swept_but_not_a_running_servers(tmp_path):
+    """A key nobody holds and nobody touched for a day loses its files; a key whose lock is
+    held (a running server) keeps them however old."""
+    import fcntl
+
+    directory = tmp_path / "warm"
+    directory.mkdir(mode=0o700)
+    old = time.time() - STALE_KEY_S - 60
+    for key in ("a" * 24, "b" * 24):
+        for suffix in (".lock", ".log", ".modules.json"):
+            path = directory / (key + suffix)
+            path.write_text("")
+            os.utime(path, (old, old))
+    held = os.open(directory / ("b" * 24 + ".lock"), os.O_RDWR)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        sweep_stale_keys(str(directory))
+    finally:
+        os.close(held)
+    assert sorted(p.name for p in directory.iterdir()) == [
+        "b" * 24 + suffix for suffix in (".lock", ".log", ".modules.json")
+    ]

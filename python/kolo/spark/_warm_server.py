@@ -95,6 +95,21 @@ def log_path(directory: str, key: str) -> str:
     return os.path.join(directory, key + ".log")
 
 
+def key_files(directory: str, key: str) -> list[str]:
+    """Every file of ``key`` in ``directory`` (its lock last)."""
+    names = (".sock", ".secret", ".json", ".log", ".modules.json", ".lock")
+    return [os.path.join(directory, key + suffix) for suffix in names]
+
+
+def remove_key_files(directory: str, key: str) -> None:
+    """Removes ``key``'s files (once no server can use the key again)."""
+    for path in key_files(directory, key):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
 @dataclass
 class ServerConfig:
     """What the task tells a server: where it lives, what it imports, what it watches."""
@@ -167,6 +182,8 @@ class _Server:
     last_active: float = field(default_factory=time.monotonic)
     #: Stale (a refusal that ends the server): no new requests; exit once the ranks ended.
     retiring: bool = False
+    #: The executor ended: this key is never used again, so its files all go.
+    executor_gone: bool = False
 
     def note(self, text: str) -> None:
         self.log.write(f"{time.strftime('%H:%M:%S')} [{os.getpid()}] {text}\n")
@@ -207,6 +224,7 @@ class _Server:
                 pid, ticks = self.config.watch
                 if process_start_ticks(pid) != ticks:
                     self.note(f"the executor process {pid} is gone: exiting")
+                    self.executor_gone = True
                     return None
             if self.ranks:
                 self.last_active = time.monotonic()
@@ -604,6 +622,8 @@ def main() -> None:
             for rank in server.ranks.values():
                 _kill_group(rank.pid, signal.SIGKILL)
             log.close()
+            if server.executor_gone:
+                remove_key_files(directory, key)
     if request is None:
         return
     from kolo._rank_process import rank_main

@@ -33,13 +33,20 @@ import os
 import stat
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Optional
 
 from kolo.exceptions import ConfigError
 from kolo.spark import _warm_client
-from kolo.spark._warm_server import FORK_UNSAFE, ServerConfig, lock_path, process_start_ticks
+from kolo.spark._warm_server import (
+    FORK_UNSAFE,
+    ServerConfig,
+    lock_path,
+    process_start_ticks,
+    remove_key_files,
+)
 
 log = logging.getLogger("kolo.spark")
 
@@ -57,6 +64,8 @@ SERVER_CODE = (
     "from kolo.spark._warm_server import main\n"
     "main()\n"
 )
+#: A key's files untouched this long with no server are removed (its executor is long gone).
+STALE_KEY_S = 24 * 3600.0
 #: The largest module list a task reads.
 MAX_MODULES_BYTES = 64 << 10
 #: How far up from the task's process the executor's JVM is looked for.
@@ -268,6 +277,27 @@ def rank_args(
     return client + fresh, slot
 
 
+def sweep_stale_keys(directory: str, now: Optional[float] = None) -> None:
+    """Removes the files of keys whose lock nobody holds and that nobody touched for
+    ``STALE_KEY_S`` (servers of executors long gone that exited idle)."""
+    now = time.time() if now is None else now
+    for name in os.listdir(directory):
+        if not name.endswith(".lock"):
+            continue
+        key = name[: -len(".lock")]
+        slot = WarmSlot(directory=directory, key=key, watch=None)
+        try:
+            newest = max(
+                os.stat(os.path.join(directory, key + suffix)).st_mtime
+                for suffix in (".lock", ".log", ".modules.json")
+                if os.path.exists(os.path.join(directory, key + suffix))
+            )
+        except (OSError, ValueError):
+            continue
+        if now - newest > STALE_KEY_S and not slot.server_running():
+            remove_key_files(directory, key)
+
+
 def client_source() -> str:
     """The client's program (this module's sibling ``_warm_client.py``, run with ``-c``)."""
     return Path(_warm_client.__file__).read_text(encoding="utf-8")
@@ -281,6 +311,7 @@ def start_server(
     try:
         if slot.server_running():
             return
+        sweep_stale_keys(slot.directory)
         modules: list[str] = []
         try:
             with open(slot.modules_path, "rb") as file:
