@@ -288,3 +288,100 @@ pub(super) fn arrivals_pipe() -> io::Result<(UnixStream, UnixStream)> {
     read.set_nonblocking(true)?;
     Ok((write, read))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+    use std::time::Duration;
+
+    use super::*;
+    use crate::abort::AbortSignal;
+    use crate::collectives::{self, allreduce::Reduction, Session};
+    use crate::control::JobSecret;
+    use crate::dtype::{DType, ReduceOp};
+    use crate::transport::handshake::data_key;
+    use crate::transport::{DataListener, Mesh};
+    use crate::wire::OpKind;
+
+    #[test]
+    fn connect_mode_parses_lazy_and_eager_and_names_the_knob_otherwise() {
+        assert_eq!(ConnectMode::parse("").unwrap(), ConnectMode::Lazy);
+        assert_eq!(ConnectMode::parse(" Lazy ").unwrap(), ConnectMode::Lazy);
+        assert_eq!(ConnectMode::parse("EAGER").unwrap(), ConnectMode::Eager);
+        let err = ConnectMode::parse("mesh").unwrap_err();
+        assert!(
+            matches!(&err, Error::Config(m) if m.contains("KOLO_CONNECT=\"mesh\"")),
+            "{err}"
+        );
+    }
+
+    /// The engine runs a collective with descriptors it agreed on beforehand (no descriptor
+    /// exchange with every member); so does this test, to see the ring's own connections.
+    #[test]
+    fn a_ring_allreduce_connects_each_rank_to_its_two_neighbours_only() {
+        for n in [2usize, 3, 8] {
+            let key = data_key(&JobSecret::generate());
+            let listeners: Vec<DataListener> = (0..n)
+                .map(|_| DataListener::bind(IpAddr::V4(Ipv4Addr::LOCALHOST)).unwrap())
+                .collect();
+            let peers: Vec<SocketAddr> = listeners.iter().map(DataListener::local_addr).collect();
+            let connected: Vec<Vec<usize>> = thread::scope(|s| {
+                let handles: Vec<_> = listeners
+                    .into_iter()
+                    .enumerate()
+                    .map(|(rank, listener)| {
+                        let config = MeshConfig {
+                            job_id: [n as u8; 16],
+                            key: key.clone(),
+                            rank,
+                            peers: peers.clone(),
+                            connect_timeout: Duration::from_secs(10),
+                            op_timeout: Duration::from_secs(10),
+                        };
+                        s.spawn(move || {
+                            let mesh =
+                                Mesh::connect_lazily(listener, config, AbortSignal::new()).unwrap();
+                            assert_eq!(mesh.connections(), ConnectionCounts::default());
+                            let mut session = Session::new(Some(mesh), rank, n);
+                            let reduction = Reduction {
+                                op: ReduceOp::Sum,
+                                prescale: 1.0,
+                                postscale: 1.0,
+                            };
+                            let desc =
+                                reduction.descriptor(OpKind::Allreduce, "ring", DType::F32, &[64]);
+                            session.set_agreed(vec![desc; n]);
+                            let mut buf: Vec<u8> =
+                                (0..64).flat_map(|_| (rank as f32).to_le_bytes()).collect();
+                            collectives::allreduce(
+                                &mut session,
+                                "ring",
+                                &mut buf,
+                                &[64],
+                                DType::F32,
+                                reduction,
+                            )
+                            .unwrap();
+                            let total = (n * (n - 1) / 2) as f32;
+                            assert!(buf
+                                .chunks_exact(4)
+                                .all(|c| f32::from_le_bytes(c.try_into().unwrap()) == total));
+                            let mesh = session.mesh.as_ref().unwrap();
+                            let linked: Vec<usize> =
+                                (0..n).filter(|&p| mesh.links[p].is_some()).collect();
+                            assert_eq!(mesh.connections().opened, linked.len() as u64);
+                            linked
+                        })
+                    })
+                    .collect();
+                handles.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            for (rank, linked) in connected.into_iter().enumerate() {
+                let mut neighbours = vec![(rank + 1) % n, (rank + n - 1) % n];
+                neighbours.sort_unstable();
+                neighbours.dedup();
+                assert_eq!(linked, neighbours, "rank {rank} of {n}");
+            }
+        }
+    }
+}
