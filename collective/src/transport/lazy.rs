@@ -19,6 +19,7 @@
 use std::collections::BTreeSet;
 use std::io::{self, Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -120,6 +121,8 @@ struct Shared {
 pub(super) struct Acceptor {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
+    /// Written to stop the thread at once (it also looks at `stop` every tick).
+    stop: UnixStream,
 }
 
 impl Acceptor {
@@ -140,15 +143,19 @@ impl Acceptor {
             stop: AtomicBool::new(false),
             failed: Mutex::new(None),
         });
+        let (stop, stopped) = arrivals_pipe()?;
         let thread = {
             let shared = Arc::clone(&shared);
             thread::Builder::new()
                 .name(format!("kolo-accept-{}", config.rank))
-                .spawn(move || accept_loop(&listener, &config, &shared, &watch, &arrivals))?
+                .spawn(move || {
+                    accept_loop(&listener, &config, &shared, &watch, &arrivals, &stopped)
+                })?
         };
         Ok(Acceptor {
             shared,
             thread: Some(thread),
+            stop,
         })
     }
 
@@ -195,8 +202,9 @@ pub(super) enum AcceptError<E> {
 impl Drop for Acceptor {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
+        let _ = (&self.stop).write(&[1]);
         if let Some(thread) = self.thread.take() {
-            // It looks at `stop` at least every tick.
+            // It wakes on the byte just written, or looks at `stop` within a tick.
             let _ = thread.join();
         }
     }
@@ -209,6 +217,7 @@ fn accept_loop(
     shared: &Shared,
     watch: &Mutex<Vec<TcpStream>>,
     mut arrivals: &UnixStream,
+    stopped: &UnixStream,
 ) {
     let rank = config.rank;
     let mut missing: BTreeSet<usize> = (rank + 1..config.peers.len()).collect();
@@ -254,7 +263,7 @@ fn accept_loop(
             thread::sleep(TICK);
             Ok(())
         } else {
-            accepting.wait(listener, Instant::now() + TICK)
+            accepting.wait(listener, Some(stopped.as_raw_fd()), Instant::now() + TICK)
         };
         if let Err(e) = wait {
             let why = format!("rank {rank}'s data-plane listener failed: {e}");

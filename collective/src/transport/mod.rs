@@ -353,14 +353,20 @@ impl Mesh {
         }
         wanted.sort_unstable();
         wanted.dedup();
-        let deadline = Instant::now() + lazy.config.connect_timeout;
+        // A dial needs only the peer's acceptor thread: the connect timeout bounds it. Waiting
+        // for a higher rank's dial is waiting for that rank to reach this collective: bounded
+        // like any collective wait (or by the connect timeout, if longer).
+        let now = Instant::now();
+        let dial_deadline = now + lazy.config.connect_timeout;
+        let accept_wait = lazy.config.connect_timeout.max(self.op_timeout);
+        let accept_deadline = now + accept_wait;
         let mut made: Vec<(usize, TcpStream, bool)> = Vec::with_capacity(wanted.len());
         let mut outcome = Ok(());
         // Dials first: a dial needs only the peer's acceptor thread, never its collective
         // thread, so dialing cannot wait on a rank that waits on this one.
         for &peer in wanted.iter().filter(|&&p| p < self.rank) {
             let check = || self.interrupt_error();
-            match setup::dial_peer(&lazy.config, peer, deadline, &check) {
+            match setup::dial_peer(&lazy.config, peer, dial_deadline, &check) {
                 Ok(stream) => made.push((peer, stream, true)),
                 Err(error) => {
                     outcome = Err(self
@@ -375,19 +381,20 @@ impl Mesh {
             for &peer in wanted.iter().filter(|&&p| p > self.rank) {
                 match lazy
                     .acceptor
-                    .take(peer, deadline, || self.check_interrupts())
+                    .take(peer, accept_deadline, || self.check_interrupts())
                 {
                     Ok(Some(stream)) => made.push((peer, stream, false)),
                     Ok(None) => {
                         outcome = Err(Failure::Other(Error::Timeout {
                             what: format!(
-                                "rank {} waiting for {} to connect to its data address {}; did that rank \
-                                 start, and can it reach this host?",
+                                "rank {} waiting for {} to connect to its data address {} (it has not \
+                                 reached a collective with this rank; is it stuck, or can it not reach this \
+                                 host?)",
                                 self.rank,
                                 self.peer_name(peer),
                                 lazy.config.peers[self.rank]
                             ),
-                            after: lazy.config.connect_timeout,
+                            after: accept_wait,
                         }));
                         break;
                     }

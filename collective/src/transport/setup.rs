@@ -312,7 +312,7 @@ fn accept_higher(
         if missing.is_empty() {
             break;
         }
-        accepting.wait(listener, deadline)?;
+        accepting.wait(listener, None, deadline)?;
     }
     accepting.finish(rank);
     Ok(out)
@@ -408,9 +408,19 @@ impl Accepting {
     }
 
     /// Waits (at most a tick, and not past `deadline` or the next handshake's expiry) until the
-    /// listener or a pending connection is readable.
-    pub(super) fn wait(&self, listener: &TcpListener, deadline: Instant) -> Result<()> {
-        let mut interests = Vec::with_capacity(self.pending.len() + 1);
+    /// listener, a pending connection or `also` is readable.
+    pub(super) fn wait(
+        &self,
+        listener: &TcpListener,
+        also: Option<std::os::fd::RawFd>,
+        deadline: Instant,
+    ) -> Result<()> {
+        let mut interests = Vec::with_capacity(self.pending.len() + 2);
+        interests.extend(also.map(|fd| Interest {
+            fd,
+            read: true,
+            write: false,
+        }));
         if self.pending.len() < MAX_PENDING {
             interests.push(Interest {
                 fd: listener.as_raw_fd(),
