@@ -7,7 +7,7 @@ use crate::abort::AbortSignal;
 use crate::collectives::{self, Session};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
-use crate::transport::{Mesh, WakeSignal, Watch};
+use crate::transport::{ConnectionCounts, ConnectionStats, Mesh, WakeSignal, Watch};
 
 /// Where this rank sits in the job.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,6 +66,8 @@ pub struct Communicator {
     state: Mutex<State>,
     /// What the engine waits on between cycles without taking `state`.
     watch: Option<Watch>,
+    /// The mesh's connection counters (none for a single rank).
+    connections: Option<Arc<ConnectionStats>>,
 }
 
 impl Communicator {
@@ -80,6 +82,7 @@ impl Communicator {
                 closed: None,
             }),
             watch: None,
+            connections: None,
         }
     }
 
@@ -110,6 +113,7 @@ impl Communicator {
                 None
             }
         };
+        let connections = Some(mesh.connection_stats());
         let session = Session::new(Some(mesh), info.rank, info.size);
         Communicator {
             info,
@@ -117,7 +121,17 @@ impl Communicator {
             closing,
             state: Mutex::new(State { session, closed }),
             watch,
+            connections,
         }
+    }
+
+    /// How many data-plane connections this rank made and holds: with connections on demand
+    /// (`KOLO_CONNECT=lazy`), only those to the peers its collectives used so far.
+    pub fn connections(&self) -> ConnectionCounts {
+        self.connections
+            .as_ref()
+            .map(|stats| stats.counts())
+            .unwrap_or_default()
     }
 
     /// Where this rank sits in the job.

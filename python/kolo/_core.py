@@ -145,7 +145,10 @@ def engine_stats() -> dict[str, int]:
     (those run on a shared-memory data plane, flat or hierarchical; never Adasum, which runs
     over TCP), ``fused_tensors``,
     ``cache_hits`` / ``cache_misses`` (tensors agreed through the response cache / in full),
-    ``negotiation_ns`` and ``negotiated_tensors``.
+    ``negotiation_ns`` and ``negotiated_tensors``, and ``connections_opened`` /
+    ``connections_open`` (the data-plane TCP connections this rank made since ``init`` and
+    holds now: with ``KOLO_CONNECT=lazy``, the default, only those to the peers its
+    collectives used so far; with ``KOLO_CONNECT=eager``, ``size - 1`` from the start).
 
     Example::
 

@@ -515,8 +515,15 @@ impl Engine {
     /// With autotuning, also `autotune_trials` (settings applied), `autotune_active` (1 while
     /// searching), and the setting in force: `fusion_threshold` (bytes), `cycle_time_us`,
     /// `cache_enabled`, `hierarchical_allreduce`, `hierarchical_allgather`.
+    /// Always `connections_opened` and `connections_open`: the data-plane (TCP) connections
+    /// this rank made since `init` and holds now.
     pub fn stats(&self) -> Vec<(&'static str, u64)> {
         let mut stats = self.shared.stats.snapshot();
+        let connections = self.shared.comm.connections();
+        stats.extend([
+            ("connections_opened", connections.opened),
+            ("connections_open", connections.open),
+        ]);
         if self.shared.config.autotune.enabled {
             let p = self.shared.tuning.current();
             stats.extend([

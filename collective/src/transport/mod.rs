@@ -1,13 +1,15 @@
-//! The direct TCP data plane between ranks: a full mesh of connections (one per pair of ranks)
-//! over which the collectives run.
+//! The direct TCP data plane between ranks: at most one connection per pair of ranks, over
+//! which the collectives run.
 //!
 //! Every rank binds a [`DataListener`] first and publishes its address (through the driver);
-//! once every rank knows every address, [`Mesh::establish`] connects the ranks (the higher rank
-//! of each pair connects, the lower accepts) and checks each connection with a keyed handshake
+//! once every rank knows every address, the ranks connect (the higher rank of each pair
+//! connects, the lower accepts) and check each connection with a keyed handshake
 //! ([`handshake`]): both sides prove the job secret, and the connection must come from the
 //! claimed rank's registered address. Connections that fail it are logged and dropped, the
 //! listener keeps accepting (a bounded number of handshakes at a time, each with a deadline)
-//! until the real peers arrived, and is closed once they have.
+//! until the real peers arrived, and is closed once they have. [`Mesh::establish`] makes every
+//! connection at once (`KOLO_CONNECT=eager`); [`Mesh::connect_lazily`] makes each when a
+//! collective first needs it ([`lazy`], the default).
 //!
 //! All waits are bounded: sockets are non-blocking and every wait ticks at least every
 //! 100 ms to check the job's [`AbortSignal`]; an operation that makes no progress for the
@@ -17,12 +19,15 @@
 //! fast instead of hanging.
 
 pub mod handshake;
+mod lazy;
 mod plane;
 mod poll;
 mod setup;
 pub(crate) mod shm;
 mod stream;
 
+pub(crate) use lazy::ConnectionStats;
+pub use lazy::{ConnectMode, ConnectionCounts, CONNECT};
 pub(crate) use plane::{Hosts, Layout, ShmPlane};
 pub use plane::{TransportChoice, TRANSPORT};
 pub(crate) use poll::wait_readable;
@@ -31,8 +36,9 @@ pub(crate) use stream::{Buffers, RecvBlock, SendBlock, StreamPlan, CHUNK};
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::abort::AbortSignal;
@@ -75,7 +81,7 @@ impl DataListener {
     }
 }
 
-/// Everything [`Mesh::establish`] needs to know about the job.
+/// Everything [`Mesh::establish`] and [`Mesh::connect_lazily`] need to know about the job.
 #[derive(Debug, Clone)]
 pub struct MeshConfig {
     /// The job id shared by all ranks (from the driver). Not a secret: it only tells jobs'
@@ -88,7 +94,8 @@ pub struct MeshConfig {
     pub rank: usize,
     /// The data address of every rank, indexed by rank (this rank's own included).
     pub peers: Vec<SocketAddr>,
-    /// How long to keep connecting and accepting until every peer is connected.
+    /// How long to keep connecting and accepting until every peer is connected (eager), or
+    /// until a peer a collective needs is connected (lazy).
     pub connect_timeout: Duration,
     /// How long a collective may go without any progress before it fails.
     pub op_timeout: Duration,
@@ -103,7 +110,7 @@ struct Link {
     mid_frame: bool,
 }
 
-/// The connected data plane of one rank: a TCP connection to every other rank.
+/// The data plane of one rank: a TCP connection to every other rank it talks to.
 #[derive(Debug)]
 pub struct Mesh {
     rank: usize,
@@ -123,6 +130,21 @@ pub struct Mesh {
     shm: Option<ShmPlane>,
     /// Asked, when a collective fails, which ranks the job driver lost (launched jobs only).
     silence: Option<SilenceProbe>,
+    /// Connections on demand; `None` when every connection was made at setup (eager).
+    lazy: Option<Lazy>,
+    /// How many connections this rank made and holds.
+    stats: Arc<ConnectionStats>,
+    /// A clone of every connection, for the engine to wait on between cycles ([`Watch`]).
+    watched: Arc<Mutex<Vec<TcpStream>>>,
+}
+
+/// What a lazy mesh needs to make connections later.
+#[derive(Debug)]
+struct Lazy {
+    config: MeshConfig,
+    acceptor: lazy::Acceptor,
+    /// Readable when the acceptor took a new connection (the read end; see [`Watch`]).
+    arrivals: UnixStream,
 }
 
 /// Asks someone outside the data plane (the job driver, which hears every rank's heartbeats)
@@ -145,10 +167,13 @@ impl std::fmt::Debug for SilenceProbe {
     }
 }
 
-/// A mesh's peers as the engine watches them between cycles (see [`Mesh::watch`]).
+/// A mesh's peers as the engine watches them between cycles (see [`Mesh::watch`]): every
+/// connection the mesh has (connections made later included) and, in a lazy mesh, the signal
+/// that a peer just connected.
 #[derive(Debug)]
 pub(crate) struct Watch {
-    streams: Vec<TcpStream>,
+    streams: Arc<Mutex<Vec<TcpStream>>>,
+    arrivals: Option<UnixStream>,
     node: Option<Arc<ShmNode>>,
 }
 
@@ -180,13 +205,26 @@ impl Watch {
     ) -> io::Result<bool> {
         let mut fds = vec![wake.fd];
         if peers {
-            fds.extend(self.streams.iter().map(AsRawFd::as_raw_fd));
+            if let Some(arrivals) = &self.arrivals {
+                fds.push(arrivals.as_raw_fd());
+            }
+            let streams = self.streams.lock().unwrap_or_else(PoisonError::into_inner);
+            fds.extend(streams.iter().map(AsRawFd::as_raw_fd));
         }
+        // A peer that connected started something: report it once.
+        let from_peer = |ready: &[bool]| {
+            if self.arrivals.is_some() && ready.get(1).copied().unwrap_or(false) {
+                if let Some(arrivals) = &self.arrivals {
+                    lazy::drain(arrivals);
+                }
+            }
+            ready[1..].iter().any(|&r| r)
+        };
         let node = match &self.node {
             Some(node) if peers => node,
             _ => {
                 let ready = poll::wait_readable(&fds, timeout)?;
-                return Ok(ready[1..].iter().any(|&r| r));
+                return Ok(from_peer(&ready));
             }
         };
         let deadline = Instant::now() + timeout;
@@ -196,7 +234,7 @@ impl Watch {
             }
             let ready = poll::wait_readable(&fds, Duration::ZERO)?;
             if ready.iter().any(|&r| r) {
-                return Ok(ready[1..].iter().any(|&r| r) || node.peer_ahead());
+                return Ok(from_peer(&ready) || node.peer_ahead());
             }
             let now = Instant::now();
             if now >= deadline {
@@ -207,7 +245,7 @@ impl Watch {
                 // No futex_waitv (Linux < 5.16): poll the sockets for the slice instead.
                 let ready = poll::wait_readable(&fds, slice)?;
                 if ready.iter().any(|&r| r) {
-                    return Ok(ready[1..].iter().any(|&r| r) || node.peer_ahead());
+                    return Ok(from_peer(&ready) || node.peer_ahead());
                 }
             }
         }
@@ -245,6 +283,186 @@ impl Mesh {
         abort: AbortSignal,
     ) -> Result<Mesh> {
         setup::establish(listener, config, abort)
+    }
+
+    /// A mesh that connects to a peer only when a collective first sends to or receives from
+    /// it (see [`lazy`]): returns at once, with a background thread accepting the higher
+    /// ranks' connections on `listener`. Fails only on an invalid `config`.
+    pub fn connect_lazily(
+        listener: DataListener,
+        config: MeshConfig,
+        abort: AbortSignal,
+    ) -> Result<Mesh> {
+        setup::validate(&listener, &config)?;
+        let watched = Arc::new(Mutex::new(Vec::new()));
+        let (notify, arrivals) = lazy::arrivals_pipe()?;
+        let acceptor = lazy::Acceptor::start(
+            listener.listener,
+            config.clone(),
+            Arc::clone(&watched),
+            notify,
+        )?;
+        let size = config.peers.len();
+        Ok(Mesh {
+            rank: config.rank,
+            size,
+            check: wire::job_check(&config.job_id),
+            op_timeout: config.op_timeout,
+            abort,
+            links: (0..size).map(|_| None).collect(),
+            hosts: Vec::new(),
+            closing: Arc::new(AtomicBool::new(false)),
+            broken: None,
+            shm: None,
+            silence: None,
+            lazy: Some(Lazy {
+                config,
+                acceptor,
+                arrivals,
+            }),
+            stats: Arc::new(ConnectionStats::default()),
+            watched,
+        })
+    }
+
+    /// The connection counters, shared (they stay readable after the mesh moved).
+    pub(crate) fn connection_stats(&self) -> Arc<ConnectionStats> {
+        Arc::clone(&self.stats)
+    }
+
+    /// How many connections this rank made and holds.
+    pub fn connections(&self) -> ConnectionCounts {
+        self.stats.counts()
+    }
+
+    /// Makes sure this rank is connected to each of `peers` (global ranks; this rank's own is
+    /// skipped): in a lazy mesh, dials the lower ranks not connected yet, then waits for the
+    /// higher ones to dial (each within the connect timeout). An eager mesh has every
+    /// connection already.
+    pub(crate) fn ensure_links(&mut self, peers: &[usize]) -> Result<(), Failure> {
+        let Some(lazy) = &self.lazy else {
+            return Ok(());
+        };
+        let mut wanted: Vec<usize> = peers
+            .iter()
+            .copied()
+            .filter(|&p| p != self.rank && p < self.size && self.links[p].is_none())
+            .collect();
+        if wanted.is_empty() {
+            return Ok(());
+        }
+        wanted.sort_unstable();
+        wanted.dedup();
+        // A dial needs only the peer's acceptor thread: the connect timeout bounds it. Waiting
+        // for a higher rank's dial is waiting for that rank to reach this collective: bounded
+        // like any collective wait (or by the connect timeout, if longer).
+        let now = Instant::now();
+        let dial_deadline = now + lazy.config.connect_timeout;
+        let accept_wait = lazy.config.connect_timeout.max(self.op_timeout);
+        let accept_deadline = now + accept_wait;
+        let mut made: Vec<(usize, TcpStream, bool)> = Vec::with_capacity(wanted.len());
+        let mut outcome = Ok(());
+        // Dials first: a dial needs only the peer's acceptor thread, never its collective
+        // thread, so dialing cannot wait on a rank that waits on this one.
+        for &peer in wanted.iter().filter(|&&p| p < self.rank) {
+            let check = || self.interrupt_error();
+            match setup::dial_peer(&lazy.config, peer, dial_deadline, &check) {
+                Ok(stream) => made.push((peer, stream, true)),
+                Err(error) => {
+                    outcome = Err(self
+                        .check_interrupts()
+                        .err()
+                        .unwrap_or(Failure::Other(error)));
+                    break;
+                }
+            }
+        }
+        if outcome.is_ok() {
+            for &peer in wanted.iter().filter(|&&p| p > self.rank) {
+                match lazy
+                    .acceptor
+                    .take(peer, accept_deadline, || self.check_interrupts())
+                {
+                    Ok(Some(stream)) => made.push((peer, stream, false)),
+                    Ok(None) => {
+                        outcome = Err(Failure::Other(Error::Timeout {
+                            what: format!(
+                                "rank {} waiting for {} to connect to its data address {} (it has not \
+                                 reached a collective with this rank; is it stuck, or can it not reach this \
+                                 host?)",
+                                self.rank,
+                                self.peer_name(peer),
+                                lazy.config.peers[self.rank]
+                            ),
+                            after: accept_wait,
+                        }));
+                        break;
+                    }
+                    Err(lazy::AcceptError::Stopped(failure)) => {
+                        outcome = Err(failure);
+                        break;
+                    }
+                    Err(lazy::AcceptError::Failed(why)) => {
+                        outcome = Err(Failure::Other(Error::Io(io::Error::other(why))));
+                        break;
+                    }
+                }
+            }
+        }
+        // Connections made before a failure are kept: the failure's `Fail` frame reaches
+        // those peers too.
+        for (peer, stream, dialed) in made {
+            self.install(peer, stream, dialed).map_err(Failure::Local)?;
+        }
+        outcome
+    }
+
+    /// Takes a proven connection to `peer` into the mesh.
+    fn install(&mut self, peer: usize, stream: TcpStream, dialed: bool) -> io::Result<()> {
+        stream.set_nodelay(true)?;
+        stream.set_nonblocking(true)?;
+        if dialed {
+            // The acceptor already handed accepted connections to the watch.
+            let clone = stream.try_clone()?;
+            self.watched
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(clone);
+        }
+        let addr = stream
+            .peer_addr()
+            .unwrap_or_else(|_| self.lazy_peer_addr(peer));
+        log::debug!(
+            "rank {}: connected to rank {peer} ({addr}) on demand",
+            self.rank
+        );
+        self.links[peer] = Some(Link {
+            stream,
+            addr,
+            mid_frame: false,
+        });
+        self.stats.add(1);
+        Ok(())
+    }
+
+    fn lazy_peer_addr(&self, peer: usize) -> SocketAddr {
+        self.lazy
+            .as_ref()
+            .map(|l| l.config.peers[peer])
+            .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)))
+    }
+
+    /// The abort's or shutdown's error, if either happened (for waits outside collectives).
+    fn interrupt_error(&self) -> Result<()> {
+        if let Some(error) = self.abort.error() {
+            return Err(error);
+        }
+        if self.closing.load(Ordering::Acquire) {
+            return Err(Error::Closed(
+                "the communicator was shut down while connecting to a peer".into(),
+            ));
+        }
+        Ok(())
     }
 
     /// This rank.
@@ -485,23 +703,28 @@ impl Mesh {
             }
         }
         self.links.iter_mut().for_each(|l| *l = None);
+        self.stats.all_closed();
+        // Stops the acceptor (within a tick) and closes the listener.
+        self.lazy = None;
     }
 
     /// What the engine waits on between cycles, usable without holding the communicator's
     /// lock (so that a caller can run a cycle meanwhile): a duplicate of every peer's socket
     /// and the flat shared-memory node.
     pub(crate) fn watch(&self) -> io::Result<Watch> {
-        let streams = self
-            .links
-            .iter()
-            .flatten()
-            .map(|l| l.stream.try_clone())
-            .collect::<io::Result<Vec<_>>>()?;
+        let arrivals = match &self.lazy {
+            Some(lazy) => Some(lazy.arrivals.try_clone()?),
+            None => None,
+        };
         let node = match &self.shm {
             Some(plane) if matches!(plane.layout, Layout::Flat) => Some(Arc::clone(&plane.node)),
             _ => None,
         };
-        Ok(Watch { streams, node })
+        Ok(Watch {
+            streams: Arc::clone(&self.watched),
+            arrivals,
+            node,
+        })
     }
 
     /// Reads the reason of a `Fail` frame whose header was just read (bounded wait).
@@ -534,7 +757,7 @@ impl Mesh {
 
 impl Drop for Mesh {
     fn drop(&mut self) {
-        if self.links.iter().any(Option::is_some) {
+        if self.links.iter().any(Option::is_some) || self.lazy.is_some() {
             let rank = self.rank;
             self.close(&format!("rank {rank} dropped its data-plane connections"));
         }

@@ -6,7 +6,7 @@ use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -18,7 +18,7 @@ use super::handshake::{
     HELLO_FRAME_LEN, PROOF_FRAME_LEN,
 };
 use super::poll::{self, Interest};
-use super::{DataListener, Link, Mesh, MeshConfig, TICK};
+use super::{ConnectionStats, DataListener, Link, Mesh, MeshConfig, TICK};
 use crate::abort::AbortSignal;
 use crate::control::mac::nonce;
 use crate::error::{Error, Result};
@@ -28,16 +28,13 @@ use crate::wire::{self, Hello, HEADER_LEN, HELLO_LEN, NONCE_LEN, PROOF_LEN};
 /// taken, new connections wait in the kernel's backlog until a slot frees: every slot frees
 /// within [`ACCEPT_DEADLINE`], so a flood of silent connections delays a real peer (whose
 /// connector retries) but can never evict one that is proving itself.
-const MAX_PENDING: usize = 128;
+pub(super) const MAX_PENDING: usize = 128;
 /// The connector's first pause between attempts; it doubles up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(20);
 const MAX_BACKOFF: Duration = Duration::from_millis(500);
 
-pub(super) fn establish(
-    listener: DataListener,
-    config: MeshConfig,
-    abort: AbortSignal,
-) -> Result<Mesh> {
+/// Checks that `config` describes a mesh this rank is part of.
+pub(super) fn validate(listener: &DataListener, config: &MeshConfig) -> Result<()> {
     let size = config.peers.len();
     if size == 0 || config.rank >= size {
         return Err(Error::InvalidArgument(format!(
@@ -59,6 +56,16 @@ pub(super) fn establish(
             listener.addr
         );
     }
+    Ok(())
+}
+
+pub(super) fn establish(
+    listener: DataListener,
+    config: MeshConfig,
+    abort: AbortSignal,
+) -> Result<Mesh> {
+    validate(&listener, &config)?;
+    let size = config.peers.len();
     let deadline = Instant::now() + config.connect_timeout;
     let stop = AtomicBool::new(false);
     let (accepted, connected) = thread::scope(|scope| {
@@ -87,9 +94,11 @@ pub(super) fn establish(
         (Err(Error::Closed(_)), Err(e)) | (Err(e), _) | (_, Err(e)) => return Err(e),
     };
     let mut links: Vec<Option<Link>> = (0..size).map(|_| None).collect();
+    let mut watched = Vec::with_capacity(size);
     for (peer, stream) in accepted.into_iter().chain(connected) {
         let addr = stream.peer_addr().unwrap_or(config.peers[peer]);
         configure(&stream)?;
+        watched.push(stream.try_clone()?);
         links[peer] = Some(Link {
             stream,
             addr,
@@ -112,6 +121,13 @@ pub(super) fn establish(
         broken: None,
         shm: None,
         silence: None,
+        lazy: None,
+        stats: {
+            let stats = Arc::new(ConnectionStats::default());
+            stats.add(watched.len() as u64);
+            stats
+        },
+        watched: Arc::new(Mutex::new(watched)),
     })
 }
 
@@ -137,73 +153,84 @@ fn check_wait(abort: &AbortSignal, stop: &AtomicBool) -> Result<()> {
     Ok(())
 }
 
-/// Connects to every lower rank in turn and runs the keyed handshake with it. A connection
-/// that is refused, dropped or left unanswered is retried with backoff until `deadline`; an
-/// answer that is not the expected rank's (or cannot prove the secret) fails at once.
+/// Connects to every lower rank in turn and runs the keyed handshake with it (see
+/// [`dial_peer`]).
 fn connect_lower(
     config: &MeshConfig,
     abort: &AbortSignal,
     stop: &AtomicBool,
     deadline: Instant,
 ) -> Result<Vec<(usize, TcpStream)>> {
-    let rank = config.rank;
-    let mut out = Vec::with_capacity(rank);
     let check = || check_wait(abort, stop);
-    for peer in 0..rank {
-        let addr = config.peers[peer];
-        let mut last_error: Option<io::Error> = None;
-        let mut backoff = FIRST_BACKOFF;
-        let stream = loop {
-            check()?;
-            let now = Instant::now();
-            if now >= deadline {
-                let last = last_error
-                    .map(|e| format!(" (last error: {e})"))
-                    .unwrap_or_default();
-                return Err(Error::Timeout {
-                    what: format!(
-                        "rank {rank} connecting to rank {peer}'s data address {addr}{last}; is that rank \
-                         running and reachable from this host?"
-                    ),
-                    after: config.connect_timeout,
-                });
-            }
-            let attempt = connect_from(
-                config.peers[rank].ip(),
-                addr,
-                (deadline - now).min(Duration::from_secs(2)),
-            )
-            .map_err(DialError::Dropped)
-            .and_then(|mut stream| {
-                let dial = Dial {
-                    key: &config.key,
-                    job_id: &config.job_id,
-                    from: rank as u32,
-                    to: peer as u32,
-                    size: config.peers.len() as u32,
-                };
-                handshake::dial(&mut stream, dial, deadline, &check).map(|()| stream)
+    (0..config.rank)
+        .map(|peer| dial_peer(config, peer, deadline, &check).map(|stream| (peer, stream)))
+        .collect()
+}
+
+/// Connects to `peer` (a lower rank: the higher rank of a pair dials) and runs the keyed
+/// handshake. A connection that is refused, dropped or left unanswered is retried with backoff
+/// until `deadline`; an answer that is not the expected rank's (or cannot prove the secret)
+/// fails at once. `check` is called at every wait and stops the dial when it fails.
+pub(super) fn dial_peer(
+    config: &MeshConfig,
+    peer: usize,
+    deadline: Instant,
+    check: &dyn Fn() -> Result<()>,
+) -> Result<TcpStream> {
+    let rank = config.rank;
+    let addr = config.peers[peer];
+    let mut last_error: Option<io::Error> = None;
+    let mut backoff = FIRST_BACKOFF;
+    loop {
+        check()?;
+        let now = Instant::now();
+        if now >= deadline {
+            let last = last_error
+                .map(|e| format!(" (last error: {e})"))
+                .unwrap_or_default();
+            return Err(Error::Timeout {
+                what: format!(
+                    "rank {rank} connecting to rank {peer}'s data address {addr}{last}; is that rank \
+                     running and reachable from this host?"
+                ),
+                after: config.connect_timeout,
             });
-            match attempt {
-                Ok(stream) => break stream,
-                Err(DialError::Dropped(e)) => {
-                    log::debug!("rank {rank}: data connection to rank {peer} at {addr} failed ({e}); retrying");
-                    last_error = Some(e);
-                    thread::sleep(backoff.min(deadline.saturating_duration_since(Instant::now())));
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
-                }
-                Err(DialError::Rejected(why)) => {
-                    return Err(Error::Rendezvous(format!(
-                        "rank {rank}: the process at rank {peer}'s data address {addr} failed the handshake: \
-                         {why}; is another job or program using that address?"
-                    )))
-                }
-                Err(DialError::Stopped(e)) => return Err(e),
+        }
+        let attempt = connect_from(
+            config.peers[rank].ip(),
+            addr,
+            (deadline - now).min(Duration::from_secs(2)),
+        )
+        .map_err(DialError::Dropped)
+        .and_then(|mut stream| {
+            let dial = Dial {
+                key: &config.key,
+                job_id: &config.job_id,
+                from: rank as u32,
+                to: peer as u32,
+                size: config.peers.len() as u32,
+            };
+            handshake::dial(&mut stream, dial, deadline, check).map(|()| stream)
+        });
+        match attempt {
+            Ok(stream) => return Ok(stream),
+            Err(DialError::Dropped(e)) => {
+                log::debug!(
+                    "rank {rank}: data connection to rank {peer} at {addr} failed ({e}); retrying"
+                );
+                last_error = Some(e);
+                thread::sleep(backoff.min(deadline.saturating_duration_since(Instant::now())));
+                backoff = (backoff * 2).min(MAX_BACKOFF);
             }
-        };
-        out.push((peer, stream));
+            Err(DialError::Rejected(why)) => {
+                return Err(Error::Rendezvous(format!(
+                    "rank {rank}: the process at rank {peer}'s data address {addr} failed the handshake: \
+                     {why}; is another job or program using that address?"
+                )))
+            }
+            Err(DialError::Stopped(e)) => return Err(e),
+        }
     }
-    Ok(out)
 }
 
 /// A TCP connection to `to` from this rank's own registered data address `from` (any port):
@@ -263,8 +290,7 @@ fn accept_higher(
         return Ok(out);
     }
     listener.set_nonblocking(true)?;
-    let mut pending: Vec<Pending> = Vec::new();
-    let mut quietly_dropped = 0usize;
+    let mut accepting = Accepting::default();
     while !missing.is_empty() {
         check_wait(abort, stop)?;
         if Instant::now() >= deadline {
@@ -279,11 +305,35 @@ fn accept_higher(
                 after: config.connect_timeout,
             });
         }
-        while pending.len() < MAX_PENDING {
+        accepting.accept_new(listener, config)?;
+        for (peer, stream) in accepting.advance(config, &mut missing) {
+            out.push((peer, stream));
+        }
+        if missing.is_empty() {
+            break;
+        }
+        accepting.wait(listener, None, deadline)?;
+    }
+    accepting.finish(rank);
+    Ok(out)
+}
+
+/// The accepting side of the handshakes: the accepted connections whose handshake is under
+/// way (at most [`MAX_PENDING`], each with a deadline).
+#[derive(Default)]
+pub(super) struct Accepting {
+    pending: Vec<Pending>,
+    quietly_dropped: usize,
+}
+
+impl Accepting {
+    /// Accepts the connections waiting in the listener's backlog while slots are free.
+    pub(super) fn accept_new(&mut self, listener: &TcpListener, config: &MeshConfig) -> Result<()> {
+        while self.pending.len() < MAX_PENDING {
             match listener.accept() {
                 Ok((stream, addr)) => {
                     stream.set_nonblocking(true)?;
-                    pending.push(Pending {
+                    self.pending.push(Pending {
                         stream,
                         addr,
                         expires: Instant::now() + ACCEPT_DEADLINE.min(config.connect_timeout),
@@ -308,31 +358,44 @@ fn accept_higher(
                 Err(e) => return Err(Error::Io(e)),
             }
         }
+        Ok(())
+    }
+
+    /// Advances every pending handshake as far as the bytes received allow; returns the
+    /// connections proven as one of the `missing` ranks (removed from it) and drops those that
+    /// failed or expired.
+    pub(super) fn advance(
+        &mut self,
+        config: &MeshConfig,
+        missing: &mut BTreeSet<usize>,
+    ) -> Vec<(usize, TcpStream)> {
+        let rank = config.rank;
+        let mut out = Vec::new();
         let now = Instant::now();
         let mut i = 0;
-        while i < pending.len() {
-            let step = if now >= pending[i].expires {
+        while i < self.pending.len() {
+            let step = if now >= self.pending[i].expires {
                 Step::Drop("it did not complete the handshake in time".into(), false)
             } else {
-                advance_handshake(&mut pending[i], config, &missing)
+                advance_handshake(&mut self.pending[i], config, missing)
             };
             match step {
                 Step::Wait => i += 1,
                 Step::Proven(peer) => {
-                    let done = pending.swap_remove(i);
+                    let done = self.pending.swap_remove(i);
                     missing.remove(&peer);
                     log::debug!("rank {rank}: rank {peer} connected from {}", done.addr);
                     out.push((peer, done.stream));
                 }
                 Step::Drop(reason, loud) => {
-                    let bad = pending.swap_remove(i);
+                    let bad = self.pending.swap_remove(i);
                     if loud {
                         log::warn!(
                             "rank {rank}: dropping data connection from {}: {reason}",
                             bad.addr
                         );
                     } else {
-                        quietly_dropped += 1;
+                        self.quietly_dropped += 1;
                         log::debug!(
                             "rank {rank}: dropping data connection from {}: {reason}",
                             bad.addr
@@ -341,23 +404,37 @@ fn accept_higher(
                 }
             }
         }
-        if missing.is_empty() {
-            break;
-        }
-        let mut interests = Vec::with_capacity(pending.len() + 1);
-        if pending.len() < MAX_PENDING {
+        out
+    }
+
+    /// Waits (at most a tick, and not past `deadline` or the next handshake's expiry) until the
+    /// listener, a pending connection or `also` is readable.
+    pub(super) fn wait(
+        &self,
+        listener: &TcpListener,
+        also: Option<std::os::fd::RawFd>,
+        deadline: Instant,
+    ) -> Result<()> {
+        let mut interests = Vec::with_capacity(self.pending.len() + 2);
+        interests.extend(also.map(|fd| Interest {
+            fd,
+            read: true,
+            write: false,
+        }));
+        if self.pending.len() < MAX_PENDING {
             interests.push(Interest {
                 fd: listener.as_raw_fd(),
                 read: true,
                 write: false,
             });
         }
-        interests.extend(pending.iter().map(|p| Interest {
+        interests.extend(self.pending.iter().map(|p| Interest {
             fd: p.stream.as_raw_fd(),
             read: true,
             write: false,
         }));
-        let next_expiry = pending
+        let next_expiry = self
+            .pending
             .iter()
             .map(|p| p.expires)
             .min()
@@ -367,15 +444,24 @@ fn accept_higher(
             &interests,
             TICK.min(next_expiry.saturating_duration_since(Instant::now())),
         )?;
+        Ok(())
     }
-    quietly_dropped += pending.len();
-    if quietly_dropped > 0 {
-        log::warn!(
-            "rank {rank}: dropped {quietly_dropped} data connection(s) that never completed the handshake \
-             (silent or closed early)"
-        );
+
+    /// How many handshakes are under way.
+    pub(super) fn pending(&self) -> usize {
+        self.pending.len()
     }
-    Ok(out)
+
+    /// Drops the handshakes still under way and logs how many connections never completed one.
+    pub(super) fn finish(self, rank: usize) {
+        let quietly_dropped = self.quietly_dropped + self.pending.len();
+        if quietly_dropped > 0 {
+            log::warn!(
+                "rank {rank}: dropped {quietly_dropped} data connection(s) that never completed the handshake \
+                 (silent or closed early)"
+            );
+        }
+    }
 }
 
 /// Reads `want` more bytes of a pending connection into `p.buf[..want]` as far as they are

@@ -306,6 +306,9 @@ impl Mesh {
         F: FnMut(usize, &mut [u8], &[u8]) -> Result<()>,
     {
         check_plan(plan, &mut bufs, scratch)?;
+        let peers: Vec<usize> = plan.send_to.into_iter().chain(plan.recv_from).collect();
+        self.ensure_links(&peers)
+            .map_err(|failure| self.fail(failure, what))?;
         let mut send_mid_frame = false;
         let result = self.drive(plan, &mut bufs, scratch, &mut sink, &mut send_mid_frame);
         if let Some(link) = plan
@@ -420,6 +423,8 @@ impl Mesh {
         max_len: usize,
         peers: &[usize],
     ) -> Result<Vec<Vec<u8>>> {
+        self.ensure_links(peers)
+            .map_err(|failure| self.fail(failure, what))?;
         let frame = wire::encode_frame(FrameKind::Descriptor, tag, &self.check, payload);
         let mut peers: Vec<ExchangePeer> = peers
             .iter()

@@ -19,7 +19,9 @@ use crate::control::env::{parse_seconds, WorkerEnv};
 use crate::control::{data_plane_ip, join_job, silence};
 use crate::engine::{Engine, EngineConfig};
 use crate::error::{Error, Result};
-use crate::transport::{DataListener, Mesh, MeshConfig, SilenceProbe, TransportChoice};
+use crate::transport::{
+    ConnectMode, DataListener, Mesh, MeshConfig, SilenceProbe, TransportChoice,
+};
 pub use session::{rank_env, WorkerSession};
 
 /// Environment variable: how long a collective may wait without progress before it fails.
@@ -211,7 +213,10 @@ impl Worker {
             .map(|peer| peer.host_hash.clone())
             .collect();
         let established = TransportChoice::from_env().and_then(|choice| {
-            let mut mesh = Mesh::establish(listener, config, abort.clone())?;
+            let mut mesh = match ConnectMode::from_env()? {
+                ConnectMode::Eager => Mesh::establish(listener, config, abort.clone())?,
+                ConnectMode::Lazy => Mesh::connect_lazily(listener, config, abort.clone())?,
+            };
             mesh.setup_shm(&key, &hashes, choice)?;
             let asker = driver.clone();
             mesh.set_silence_probe(SilenceProbe::new(move || silence::ask(&asker, rank)));

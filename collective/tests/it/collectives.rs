@@ -19,7 +19,7 @@ use kolo_collective::{AbortCause, AbortSignal, DType, Error, ReduceOp};
 
 const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
-fn job_id() -> JobId {
+pub(crate) fn job_id() -> JobId {
     static NEXT: AtomicU64 = AtomicU64::new(1);
     let mut id = [0u8; 16];
     id[..8].copy_from_slice(&std::process::id().to_le_bytes().repeat(2));
@@ -28,12 +28,12 @@ fn job_id() -> JobId {
 }
 
 /// The data-plane key of the tests' job secret (one per test process).
-fn key() -> MacKey {
+pub(crate) fn key() -> MacKey {
     static SECRET: std::sync::OnceLock<JobSecret> = std::sync::OnceLock::new();
     data_key(SECRET.get_or_init(JobSecret::generate))
 }
 
-fn info(rank: usize, size: usize) -> RankInfo {
+pub(crate) fn info(rank: usize, size: usize) -> RankInfo {
     RankInfo {
         rank,
         size,

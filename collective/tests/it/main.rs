@@ -3,6 +3,7 @@
 mod adasum;
 mod autotune;
 mod collectives;
+mod connect;
 mod driver;
 mod driver_auth;
 mod driver_scale;
