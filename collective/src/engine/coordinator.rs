@@ -16,7 +16,8 @@ use crate::wire::{OpDescriptor, OpKind};
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Response {
     /// Run the collective: every member's descriptor (joined members get one that contributes
-    /// nothing). `cached`: agreed through the cache bits alone.
+    /// nothing), or a single descriptor that is every member's (a tensor agreed through the
+    /// cache). `cached`: agreed through the cache bits alone.
     Run {
         descs: Vec<OpDescriptor>,
         cached: bool,
@@ -153,8 +154,7 @@ impl Coordinator {
             .enumerate()
             .filter(|(_, g)| {
                 !g.msg.requests.is_empty()
-                    || g
-                        .msg
+                    || g.msg
                         .bit_indices()
                         .any(|bit| everywhere.binary_search(&bit).is_err())
             })
@@ -175,8 +175,10 @@ impl Coordinator {
                 // Every member announced the cached descriptor: it agreed everywhere and
                 // passed `check_sizes` when it was cached, so nothing is compared again.
                 self.cache.touch(bit);
+                // One descriptor stands for every member's (see `Response::Run`): copying it
+                // per member would cost O(n) per tensor per cycle on every rank.
                 decision.responses.push(Response::Run {
-                    descs: vec![desc; self.size],
+                    descs: vec![desc],
                     cached: true,
                 });
             }

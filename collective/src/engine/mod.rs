@@ -969,22 +969,25 @@ impl Shared {
             let started = Instant::now();
             let capacity = set.coordinator.cache.capacity();
             let payload = msg.encode();
-            let protocol = self
-                .config
-                .negotiation
-                .protocol(set.group.members.len());
+            let protocol = self.config.negotiation.protocol(set.group.members.len());
             let digest = session.with_group(&mut set.group, |s| {
-                negotiation::negotiate(&mut SessionLinks::new(s), protocol, payload, MAX_MESSAGE_LEN)
+                negotiation::negotiate(
+                    &mut SessionLinks::new(s),
+                    protocol,
+                    payload,
+                    MAX_MESSAGE_LEN,
+                )
             })?;
             let mut groups = Vec::with_capacity(digest.entries.len());
             for entry in digest.entries {
                 let first = entry.ranks.first().map_or(0, |r| r.start);
-                let decoded = CycleMessage::decode(&entry.payload, world, capacity).map_err(|e| {
-                    Error::Internal(format!(
-                        "rank {} sent an unreadable cycle message: {e}",
-                        set.group.members[first]
-                    ))
-                })?;
+                let decoded =
+                    CycleMessage::decode(&entry.payload, world, capacity).map_err(|e| {
+                        Error::Internal(format!(
+                            "rank {} sent an unreadable cycle message: {e}",
+                            set.group.members[first]
+                        ))
+                    })?;
                 groups.push(Senders {
                     msg: decoded,
                     ranks: entry.ranks.into_iter().flatten().collect(),

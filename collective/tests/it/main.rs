@@ -12,3 +12,4 @@ mod groups;
 mod hostile;
 mod launcher;
 mod mesh_auth;
+mod negotiation;

@@ -84,7 +84,8 @@ impl Digest {
                 None => self.entries.push(entry),
             }
         }
-        self.entries.sort_by_key(|e| e.ranks.first().map_or(0, |r| r.start));
+        self.entries
+            .sort_by_key(|e| e.ranks.first().map_or(0, |r| r.start));
     }
 
     /// Checks that the senders are exactly the ranks `lo..hi`, each once.
@@ -143,12 +144,15 @@ impl Digest {
         let mut entries = Vec::new();
         let mut pos = 0usize;
         let read = |pos: &mut usize, n: usize| -> Result<&[u8], DigestError> {
-            let end = pos.checked_add(n).filter(|&e| e <= bytes.len()).ok_or_else(|| {
-                format!(
-                    "a cycle digest ends early ({} bytes left, {n} needed)",
-                    bytes.len() - *pos
-                )
-            })?;
+            let end = pos
+                .checked_add(n)
+                .filter(|&e| e <= bytes.len())
+                .ok_or_else(|| {
+                    format!(
+                        "a cycle digest ends early ({} bytes left, {n} needed)",
+                        bytes.len() - *pos
+                    )
+                })?;
             let out = &bytes[*pos..end];
             *pos = end;
             Ok(out)

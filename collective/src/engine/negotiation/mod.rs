@@ -201,10 +201,7 @@ mod tests {
         assert_eq!(Negotiation::parse("auto"), Some(Negotiation::Auto));
         assert_eq!(Negotiation::parse("ring"), None);
         assert_eq!(Negotiation::Auto.protocol(2), Protocol::AllToAll);
-        assert_eq!(
-            Negotiation::Auto.protocol(AUTO_TREE_FROM),
-            Protocol::Tree
-        );
+        assert_eq!(Negotiation::Auto.protocol(AUTO_TREE_FROM), Protocol::Tree);
         assert_eq!(Negotiation::AllToAll.protocol(1024), Protocol::AllToAll);
         assert_eq!(Negotiation::Tree.protocol(2), Protocol::Tree);
     }

@@ -268,7 +268,11 @@ fn tensor(i: usize, bigger: bool) -> OpDescriptor {
 fn describe(response: &Response) -> String {
     match response {
         Response::Run { descs, cached } => {
-            format!("{} {}", if *cached { "cached" } else { "run" }, descs[0].name)
+            format!(
+                "{} {}",
+                if *cached { "cached" } else { "run" },
+                descs[0].name
+            )
         }
         Response::Fail { name, .. } => format!("fail {name}"),
         Response::Stalled { name, .. } => format!("stalled {name}"),
