@@ -64,6 +64,7 @@ fn main() {
         ] {
             let mut config = SimConfig::new(n, knob);
             config.link = link;
+            let started = std::time::Instant::now();
             let report = match run(&config) {
                 Ok(report) => report,
                 Err(e) => {
@@ -71,6 +72,7 @@ fn main() {
                     std::process::exit(1);
                 }
             };
+            eprintln!("n={n} {protocol}: simulated in {:.1?}", started.elapsed());
             for (step, label) in [(0, "first"), (1, "cached")] {
                 let cycles = &report.cycles[step];
                 let non_root = &cycles[1.min(cycles.len() - 1)..];

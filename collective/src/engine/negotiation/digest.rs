@@ -33,7 +33,7 @@ impl Digest {
         Digest {
             entries: vec![Entry {
                 payload,
-                ranks: vec![rank..rank + 1],
+                ranks: just(rank),
             }],
         }
     }
@@ -55,7 +55,7 @@ impl Digest {
                     index.insert(payload.clone(), entries.len());
                     entries.push(Entry {
                         payload,
-                        ranks: vec![rank..rank + 1],
+                        ranks: just(rank),
                     });
                 }
             }
@@ -191,6 +191,11 @@ impl Digest {
         }
         Ok(Digest { entries })
     }
+}
+
+/// The ranges holding only `rank`.
+pub(crate) fn just(rank: usize) -> Vec<Range<usize>> {
+    std::iter::once(rank..rank + 1).collect()
 }
 
 fn put(out: &mut Vec<u8>, n: usize) {

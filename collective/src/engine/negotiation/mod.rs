@@ -41,9 +41,14 @@ pub enum Negotiation {
     Tree,
 }
 
-/// The set size from which [`Negotiation::Auto`] uses the tree (measured with real processes on
-/// one host; see docs/engine.md).
-pub const AUTO_TREE_FROM: usize = 8;
+/// The set size from which [`Negotiation::Auto`] uses the tree. Measured with real processes on
+/// one (loaded, 2-core) host, `kolorun -np N python bench/engine.py --counts 1 161
+/// --skip-fusion`, protocols interleaved, medians of 3–6 jobs: a 1-tensor step took
+/// 689/337 µs (all-to-all/tree) at 2 ranks, 2252/1350 µs at 4, 5031/4286 µs at 8; 161-tensor
+/// steps were equal within noise. The tree is never slower here, but at 2 ranks that is the
+/// shared-memory exchange losing under oversubscription, while across hosts all-to-all needs
+/// one message latency per cycle and the tree two: 2-member sets keep all-to-all.
+pub const AUTO_TREE_FROM: usize = 4;
 
 /// The protocol one process set runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,7 +84,7 @@ impl Negotiation {
 /// Point-to-point links among the members of one process set, addressed by group rank. Every
 /// wait is bounded: a receive fails with a typed error (a timeout naming the peer) rather than
 /// hang, and never accepts more than `max_len` bytes.
-pub trait Links {
+pub(crate) trait Links {
     /// This member's group rank.
     fn rank(&self) -> usize;
     /// The number of members.
@@ -92,22 +97,23 @@ pub trait Links {
     fn send(&mut self, peer: usize, bytes: &[u8]) -> Result<()>;
     /// Receives the next message from `peer`, of at most `max_len` bytes.
     fn recv(&mut self, peer: usize, max_len: usize) -> Result<Vec<u8>>;
-    /// Sends `payload` to every other member and receives one message from each, indexed by
-    /// group rank (this member's own included).
-    fn exchange_all(&mut self, payload: &[u8], max_len: usize) -> Result<Vec<Vec<u8>>> {
+    /// Sends `payload` to every other member and receives one message from each; returns
+    /// every member's message (this member's own included) as a digest.
+    fn exchange_all(&mut self, payload: Vec<u8>, max_len: usize) -> Result<Digest> {
         let (me, size) = (self.rank(), self.size());
         for peer in (0..size).filter(|&p| p != me) {
-            self.send(peer, payload)?;
+            self.send(peer, &payload)?;
         }
-        (0..size)
-            .map(|peer| {
-                if peer == me {
-                    Ok(payload.to_vec())
-                } else {
-                    self.recv(peer, max_len)
-                }
-            })
-            .collect()
+        let mut all = Vec::with_capacity(size);
+        for peer in 0..size {
+            if peer == me {
+                all.push(Vec::new());
+            } else {
+                all.push(self.recv(peer, max_len)?);
+            }
+        }
+        all[me] = payload;
+        Ok(Digest::from_payloads(all))
     }
 }
 
@@ -124,10 +130,7 @@ pub(crate) fn negotiate<L: Links>(
         return Ok(Digest::single(me, payload));
     }
     match protocol {
-        Protocol::AllToAll => {
-            let all = links.exchange_all(&payload, max_len)?;
-            Ok(Digest::from_payloads(all))
-        }
+        Protocol::AllToAll => links.exchange_all(payload, max_len),
         Protocol::Tree => tree_round(links, payload, max_len),
     }
 }

@@ -2,7 +2,7 @@
 //! all under the cycle's tag. Point-to-point messages go over the TCP links of the two peers
 //! only; the all-to-all exchange uses [`Session::exchange`] (shared memory on one host).
 
-use super::Links;
+use super::{Digest, Links};
 use crate::collectives::Session;
 use crate::error::{Error, Result};
 
@@ -58,7 +58,8 @@ impl Links for SessionLinks<'_> {
         self.transfer(peer, &[], false, max_len)
     }
 
-    fn exchange_all(&mut self, payload: &[u8], max_len: usize) -> Result<Vec<Vec<u8>>> {
-        self.session.exchange(WHAT, self.tag, payload, max_len)
+    fn exchange_all(&mut self, payload: Vec<u8>, max_len: usize) -> Result<Digest> {
+        let all = self.session.exchange(WHAT, self.tag, &payload, max_len)?;
+        Ok(Digest::from_payloads(all))
     }
 }

@@ -15,7 +15,8 @@ use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{negotiate, Links, Negotiation, Protocol};
+use super::digest::{just, Entry};
+use super::{negotiate, Digest, Links, Negotiation, Protocol};
 use crate::dtype::{DType, ReduceOp};
 use crate::engine::coordinator::{Coordinator, Response, Senders};
 use crate::engine::message::{CycleMessage, MAX_MESSAGE_LEN};
@@ -185,22 +186,9 @@ impl SimLinks {
         self.cpu_mark = thread_cpu();
         Ok(())
     }
-}
 
-impl Links for SimLinks {
-    fn rank(&self) -> usize {
-        self.rank
-    }
-
-    fn size(&self) -> usize {
-        self.size
-    }
-
-    fn send(&mut self, peer: usize, bytes: &[u8]) -> Result<()> {
-        self.post(peer, Arc::from(bytes))
-    }
-
-    fn recv(&mut self, peer: usize, max_len: usize) -> Result<Vec<u8>> {
+    /// Receives `peer`'s next message (virtual time: the later of now and its arrival).
+    fn recv_shared(&mut self, peer: usize, max_len: usize) -> Result<Arc<[u8]>> {
         self.account();
         let packet = loop {
             if let Some(p) = self.stash.get_mut(&peer).and_then(VecDeque::pop_front) {
@@ -231,26 +219,77 @@ impl Links for SimLinks {
             )));
         }
         self.clock = self.clock.max(packet.arrival);
-        let out = packet.bytes.to_vec();
+        self.cpu_mark = thread_cpu();
+        Ok(packet.bytes)
+    }
+}
+
+impl Links for SimLinks {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn send(&mut self, peer: usize, bytes: &[u8]) -> Result<()> {
+        self.post(peer, Arc::from(bytes))
+    }
+
+    fn recv(&mut self, peer: usize, max_len: usize) -> Result<Vec<u8>> {
+        let bytes = self.recv_shared(peer, max_len)?;
+        self.account();
+        let out = bytes.to_vec();
         self.cpu_mark = thread_cpu();
         Ok(out)
     }
 
-    fn exchange_all(&mut self, payload: &[u8], max_len: usize) -> Result<Vec<Vec<u8>>> {
+    /// Sends one shared copy of `payload` to every peer and merges what arrives as it
+    /// arrives, so a 1,024-rank all-to-all holds each distinct message once, not n² copies.
+    fn exchange_all(&mut self, payload: Vec<u8>, max_len: usize) -> Result<Digest> {
         let shared: Arc<[u8]> = Arc::from(payload);
         let me = self.rank;
         for peer in (0..self.size).filter(|&p| p != me) {
             self.post(peer, Arc::clone(&shared))?;
         }
-        (0..self.size)
-            .map(|peer| {
-                if peer == self.rank {
-                    Ok(payload.to_vec())
-                } else {
-                    self.recv(peer, max_len)
+        let mut all: Vec<Arc<[u8]>> = Vec::with_capacity(self.size);
+        let mut index: HashMap<Arc<[u8]>, usize> = HashMap::new();
+        for peer in 0..self.size {
+            let bytes = if peer == me {
+                Arc::clone(&shared)
+            } else {
+                self.recv_shared(peer, max_len)?
+            };
+            // Equal messages share one allocation.
+            let bytes = match index.get(&bytes) {
+                Some(&i) => Arc::clone(&all[i]),
+                None => {
+                    index.insert(Arc::clone(&bytes), peer);
+                    bytes
                 }
-            })
-            .collect()
+            };
+            all.push(bytes);
+        }
+        drop(index);
+        let mut entries: Vec<Entry> = Vec::new();
+        let mut by_pointer: HashMap<*const u8, usize> = HashMap::new();
+        for (rank, bytes) in all.iter().enumerate() {
+            match by_pointer.get(&bytes.as_ptr()) {
+                Some(&i) => match entries[i].ranks.last_mut() {
+                    Some(last) if last.end == rank => last.end = rank + 1,
+                    _ => entries[i].ranks.push(rank..rank + 1),
+                },
+                None => {
+                    by_pointer.insert(bytes.as_ptr(), entries.len());
+                    entries.push(Entry {
+                        payload: bytes.to_vec(),
+                        ranks: just(rank),
+                    });
+                }
+            }
+        }
+        Ok(Digest { entries })
     }
 }
 

@@ -42,7 +42,10 @@ impl Node {
 }
 
 /// The children's ranges of the node owning `[lo, hi)`.
-fn split(lo: usize, hi: usize) -> (Option<(usize, usize)>, Option<(usize, usize)>) {
+/// A child's group rank and the end (exclusive) of its subtree.
+type Child = (usize, usize);
+
+fn split(lo: usize, hi: usize) -> (Option<Child>, Option<Child>) {
     let rest = hi.saturating_sub(lo + 1);
     if rest == 0 {
         return (None, None);
