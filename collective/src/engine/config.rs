@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::autotune::settings::AutotuneConfig;
+use super::negotiation::Negotiation;
 use crate::control::env::parse_seconds;
 use crate::error::{Error, Result};
 
@@ -44,6 +45,10 @@ pub struct EngineConfig {
     pub autotune: AutotuneConfig,
     /// The knobs set explicitly, which the autotuner leaves alone (as Horovod does).
     pub fixed: FixedKnobs,
+    /// How the members of a process set share their cycle messages (`KOLO_NEGOTIATION`:
+    /// `auto`, the default, `all_to_all` or `tree`; kolo's own knob; see
+    /// [`super::negotiation`]).
+    pub negotiation: Negotiation,
 }
 
 /// Which tunable knobs the environment set explicitly.
@@ -76,12 +81,15 @@ impl Default for EngineConfig {
             thread_affinity: None,
             autotune: AutotuneConfig::default(),
             fixed: FixedKnobs::default(),
+            negotiation: Negotiation::Auto,
         }
     }
 }
 
 /// kolo's own knob (Horovod has no such setting, so there is no `HOROVOD_*` spelling).
 const SUBMIT_QUIET_TIME: &str = "KOLO_SUBMIT_QUIET_TIME";
+/// kolo's own knob (Horovod has none): how cycle messages travel.
+const NEGOTIATION: &str = "KOLO_NEGOTIATION";
 
 /// The largest cache we accept (its bit vector travels every cycle).
 const MAX_CACHE_CAPACITY: usize = 1 << 20;
@@ -156,6 +164,14 @@ impl EngineConfig {
         }
         if let Some((name, text)) = knob("DYNAMIC_PROCESS_SETS") {
             config.dynamic_process_sets = parse_flag(&name, &text)?;
+        }
+        if let Some(text) = get(NEGOTIATION).filter(|v| !v.trim().is_empty()) {
+            config.negotiation = Negotiation::parse(&text).ok_or_else(|| {
+                Error::Config(format!(
+                    "{NEGOTIATION}={text:?} is not a negotiation protocol: use auto (the default), all_to_all \
+                     (every member messages every other each cycle) or tree"
+                ))
+            })?;
         }
         config.thread_affinity = knob("THREAD_AFFINITY").map(|(_, text)| text);
         config.autotune = AutotuneConfig::from_knobs(knob)?;
@@ -286,6 +302,21 @@ mod tests {
     }
 
     #[test]
+    fn negotiation_is_read_and_defaults_to_auto() {
+        assert_eq!(config(&[]).unwrap().negotiation, Negotiation::Auto);
+        assert_eq!(
+            config(&[("KOLO_NEGOTIATION", "tree")]).unwrap().negotiation,
+            Negotiation::Tree
+        );
+        assert_eq!(
+            config(&[("KOLO_NEGOTIATION", "all_to_all")])
+                .unwrap()
+                .negotiation,
+            Negotiation::AllToAll
+        );
+    }
+
+    #[test]
     fn bad_values_name_the_variable() {
         for (name, value) in [
             ("KOLO_CYCLE_TIME", "fast"),
@@ -296,6 +327,7 @@ mod tests {
             ("KOLO_STALL_CHECK_TIME_SECONDS", "-5"),
             ("KOLO_SUBMIT_QUIET_TIME", "-1"),
             ("KOLO_SUBMIT_QUIET_TIME", "soon"),
+            ("KOLO_NEGOTIATION", "ring"),
         ] {
             match config(&[(name, value)]) {
                 Err(Error::Config(m)) => assert!(m.contains(name), "{m}"),

@@ -16,7 +16,8 @@ use crate::wire::{OpDescriptor, OpKind};
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Response {
     /// Run the collective: every member's descriptor (joined members get one that contributes
-    /// nothing). `cached`: agreed through the cache bits alone.
+    /// nothing), or a single descriptor that is every member's (a tensor agreed through the
+    /// cache). `cached`: agreed through the cache bits alone.
     Run {
         descs: Vec<OpDescriptor>,
         cached: bool,
@@ -35,6 +36,13 @@ pub(crate) struct Decision {
     pub responses: Vec<Response>,
     /// A member asked to shut down (the lowest such rank).
     pub shutdown_by: Option<usize>,
+}
+
+/// Members (group ranks, ascending) that sent the same message.
+#[derive(Debug, Clone)]
+pub(crate) struct Senders {
+    pub msg: CycleMessage,
+    pub ranks: Vec<usize>,
 }
 
 #[derive(Debug)]
@@ -70,14 +78,39 @@ impl Coordinator {
     }
 
     /// Decides the cycle from every member's message (indexed by group rank).
+    #[cfg(test)]
     pub(crate) fn decide(&mut self, msgs: &[CycleMessage], now: Instant) -> Decision {
+        let groups: Vec<Senders> = msgs
+            .iter()
+            .enumerate()
+            .map(|(r, m)| Senders {
+                msg: m.clone(),
+                ranks: vec![r],
+            })
+            .collect();
+        self.decide_grouped(&groups, now)
+    }
+
+    /// Decides the cycle from every member's message, members that sent the same message
+    /// grouped (every group rank in exactly one group). The same decision as from the messages
+    /// one by one, at a cost that grows with the distinct messages and the tensors, not with
+    /// the members, when the messages agree.
+    pub(crate) fn decide_grouped(&mut self, groups: &[Senders], now: Instant) -> Decision {
         let mut decision = Decision {
-            shutdown_by: msgs.iter().position(|m| m.has(FLAG_SHUTDOWN)),
+            shutdown_by: groups
+                .iter()
+                .filter(|g| g.msg.has(FLAG_SHUTDOWN))
+                .filter_map(|g| g.ranks.iter().copied().min())
+                .min(),
             ..Decision::default()
         };
-        let newly: Vec<usize> = (0..self.size)
-            .filter(|&r| msgs[r].has(FLAG_JOINED) && !self.joined[r])
+        let mut newly: Vec<usize> = groups
+            .iter()
+            .filter(|g| g.msg.has(FLAG_JOINED))
+            .flat_map(|g| g.ranks.iter().copied())
+            .filter(|&r| r < self.size && !self.joined[r])
             .collect();
+        newly.sort_unstable();
         for &r in &newly {
             self.joined[r] = true;
         }
@@ -86,17 +119,26 @@ impl Coordinator {
         }
 
         // Cache bits: those every active member sent run at once; the rest wait in the table.
-        let active: Vec<usize> = (0..self.size).filter(|&r| !self.joined[r]).collect();
+        let any_joined = self.joined.iter().any(|&j| j);
+        let active = self.joined.iter().filter(|&&j| !j).count();
         let mut counts: HashMap<usize, usize> = HashMap::new();
-        for &r in &active {
-            for bit in msgs[r].bit_indices() {
-                *counts.entry(bit).or_default() += 1;
+        for g in groups {
+            let senders = if any_joined {
+                g.ranks.iter().filter(|&&r| !self.joined[r]).count()
+            } else {
+                g.ranks.len()
+            };
+            if senders == 0 {
+                continue;
+            }
+            for bit in g.msg.bit_indices() {
+                *counts.entry(bit).or_default() += senders;
             }
         }
         let mut everywhere: Vec<usize> = counts
             .iter()
             .filter(|&(&bit, &n)| {
-                n == active.len()
+                n == active
                     && self
                         .cache
                         .get(bit)
@@ -105,8 +147,22 @@ impl Coordinator {
             .map(|(&bit, _)| bit)
             .collect();
         everywhere.sort_unstable();
-        for (r, msg) in msgs.iter().enumerate() {
-            for bit in msg.bit_indices() {
+        // Members whose message needs per-member work (bits that wait, descriptors), in rank
+        // order: the table's entries are numbered in the order of the first sender.
+        let mut order: Vec<(usize, usize)> = groups
+            .iter()
+            .enumerate()
+            .filter(|(_, g)| {
+                !g.msg.requests.is_empty()
+                    || g.msg
+                        .bit_indices()
+                        .any(|bit| everywhere.binary_search(&bit).is_err())
+            })
+            .flat_map(|(i, g)| g.ranks.iter().map(move |&r| (r, i)))
+            .collect();
+        order.sort_unstable();
+        for &(r, i) in &order {
+            for bit in groups[i].msg.bit_indices() {
                 if everywhere.binary_search(&bit).is_err() {
                     if let Some(desc) = self.cache.get(bit).cloned() {
                         self.insert(r, desc, now, true);
@@ -119,15 +175,17 @@ impl Coordinator {
                 // Every member announced the cached descriptor: it agreed everywhere and
                 // passed `check_sizes` when it was cached, so nothing is compared again.
                 self.cache.touch(bit);
+                // One descriptor stands for every member's (see `Response::Run`): copying it
+                // per member would cost O(n) per tensor per cycle on every rank.
                 decision.responses.push(Response::Run {
-                    descs: vec![desc; self.size],
+                    descs: vec![desc],
                     cached: true,
                 });
             }
         }
 
-        for (r, msg) in msgs.iter().enumerate() {
-            for desc in &msg.requests {
+        for &(r, i) in &order {
+            for desc in &groups[i].msg.requests {
                 self.insert(r, desc.clone(), now, false);
             }
         }
@@ -156,7 +214,8 @@ impl Coordinator {
             }
         }
 
-        if msgs.first().is_some_and(|m| m.has(FLAG_STALL_ABORT)) {
+        let first = groups.iter().find(|g| g.ranks.contains(&0));
+        if first.is_some_and(|g| g.msg.has(FLAG_STALL_ABORT)) {
             let report = self.stall_report(now, Duration::ZERO);
             for (name, missing) in report {
                 self.table.remove(&name);

@@ -298,6 +298,7 @@ impl Executor<'_> {
         local: Option<Local>,
     ) -> Result<Option<SetAction>> {
         let me = session.rank;
+        let descs = every_members(descs, session.size);
         let desc = descs[me].clone();
         let kind = desc.kind;
         let name = desc.name.clone();
@@ -471,8 +472,8 @@ impl Executor<'_> {
     ) -> Result<()> {
         let mut parts = Vec::with_capacity(items.len());
         for item in items {
-            if let Response::Run { mut descs, cached } = item {
-                let desc = descs.swap_remove(session.rank);
+            if let Response::Run { descs, cached } = item {
+                let desc = own_descriptor(descs, session.rank);
                 let local = pending.remove(&desc.name);
                 self.count(local.is_some(), cached);
                 if local.is_some() {
@@ -501,8 +502,8 @@ impl Executor<'_> {
         let mut parts: Vec<(OpDescriptor, Option<Local>, usize)> = Vec::with_capacity(items.len());
         let mut total = 0usize;
         for item in items {
-            if let Response::Run { mut descs, cached } = item {
-                let desc = descs.swap_remove(session.rank);
+            if let Response::Run { descs, cached } = item {
+                let desc = own_descriptor(descs, session.rank);
                 let local = pending.remove(&desc.name);
                 self.count(local.is_some(), cached);
                 let bytes = tensor_bytes(&desc);
@@ -707,6 +708,23 @@ fn reduction_of(desc: &OpDescriptor) -> Reduction {
         prescale: desc.prescale,
         postscale: desc.postscale,
     }
+}
+
+/// Every member's descriptor of an agreed collective: a single descriptor stands for all
+/// `size` members (see `Response::Run`).
+fn every_members(descs: Vec<OpDescriptor>, size: usize) -> Vec<OpDescriptor> {
+    match <[OpDescriptor; 1]>::try_from(descs) {
+        Ok([one]) => vec![one; size],
+        Err(descs) => descs,
+    }
+}
+
+/// This member's (group rank `rank`) descriptor of an agreed collective.
+fn own_descriptor(mut descs: Vec<OpDescriptor>, rank: usize) -> OpDescriptor {
+    if descs.len() == 1 {
+        return descs.swap_remove(0);
+    }
+    descs.swap_remove(rank)
 }
 
 #[cfg(test)]

@@ -29,6 +29,7 @@ pub mod fuzzing;
 mod handles;
 pub mod host_news;
 mod message;
+pub mod negotiation;
 pub mod request;
 mod stats;
 pub mod timeline;
@@ -44,7 +45,7 @@ use crate::collectives::allgather::check_first_dim;
 use crate::collectives::alltoall::check_splits;
 use crate::collectives::{check_tensor, AlignedBuf, Group, Session};
 use crate::communicator::Communicator;
-use crate::control::host_updates::{news_snapshot, process_news};
+use crate::control::host_updates::{news_snapshot, process_news, HostNews};
 use crate::dtype::ReduceOp;
 use crate::error::{Error, Result};
 use crate::reduce;
@@ -53,12 +54,13 @@ use crate::wire::OpKind;
 use autotune::runtime::{Coordinating, Tuning};
 pub use autotune::{AppliedTrial, TunedParams};
 pub use config::EngineConfig;
-use coordinator::Coordinator;
+use coordinator::{Coordinator, Senders};
 pub use execute::recycle_output;
 use execute::{Executor, Local, SetAction};
 use handles::{Handles, Region};
 use host_news::{Agreement, HostsUpdated};
 use message::{CycleMessage, FLAG_JOINED, FLAG_SHUTDOWN, FLAG_STALL_ABORT, MAX_MESSAGE_LEN};
+use negotiation::SessionLinks;
 pub use request::{Output, RawTensor, Submission};
 use stats::Stats;
 use timeline::Timeline;
@@ -932,8 +934,14 @@ impl Shared {
             let Some(set) = sets.get_mut(&id) else {
                 continue;
             };
+            // Only global rank 0's news is read: the others send none, so that members' messages
+            // agree (and merge) in the negotiation.
             let mut msg = CycleMessage {
-                news: news_snapshot(),
+                news: if id == 0 && set.group.rank == 0 {
+                    news_snapshot()
+                } else {
+                    HostNews::default()
+                },
                 ..CycleMessage::default()
             };
             if set.join.is_some() {
@@ -968,36 +976,51 @@ impl Shared {
             let started = Instant::now();
             let capacity = set.coordinator.cache.capacity();
             let payload = msg.encode();
-            let payloads = session.with_group(&mut set.group, |s| {
-                let tag = s.next_tag();
-                s.exchange("the engine's cycle", tag, &payload, MAX_MESSAGE_LEN)
+            let protocol = self.config.negotiation.protocol(set.group.members.len());
+            let digest = session.with_group(&mut set.group, |s| {
+                negotiation::negotiate(
+                    &mut SessionLinks::new(s),
+                    protocol,
+                    payload,
+                    MAX_MESSAGE_LEN,
+                )
             })?;
-            let mut msgs = Vec::with_capacity(payloads.len());
-            for (r, p) in payloads.iter().enumerate() {
-                let decoded = CycleMessage::decode(p, world, capacity).map_err(|e| {
-                    Error::Internal(format!(
-                        "rank {} sent an unreadable cycle message: {e}",
-                        set.group.members[r]
-                    ))
-                })?;
-                msgs.push(decoded);
+            let mut groups = Vec::with_capacity(digest.entries.len());
+            for entry in digest.entries {
+                let first = entry.ranks.first().map_or(0, |r| r.start);
+                let decoded =
+                    CycleMessage::decode(&entry.payload, world, capacity).map_err(|e| {
+                        Error::Internal(format!(
+                            "rank {} sent an unreadable cycle message: {e}",
+                            set.group.members[first]
+                        ))
+                    })?;
+                groups.push(Senders {
+                    msg: decoded,
+                    ranks: entry.ranks.into_iter().flatten().collect(),
+                });
             }
+            let (first_params, first_news) = groups
+                .iter()
+                .find(|g| g.ranks.first() == Some(&0))
+                .map(|g| (g.msg.params, g.msg.news))
+                .unwrap_or_default();
             // Global rank 0's autotune setting takes effect here, at this same cycle on every
             // rank, before anything of the cycle runs.
             if id == 0 {
-                if let Some(trial) = msgs[0].params {
+                if let Some(trial) = first_params {
                     self.tuning.apply(trial);
                 }
             }
             let now = Instant::now();
-            let decision = set.coordinator.decide(&msgs, now);
+            let decision = set.coordinator.decide_grouped(&groups, now);
             if id == 0 && !decision.responses.is_empty() {
-                news.observe(msgs[0].news);
+                news.observe(first_news);
             }
             // Idle cycles (nothing submitted anywhere) are not negotiation.
-            if msgs
+            if groups
                 .iter()
-                .any(|m| !m.bits.is_empty() || !m.requests.is_empty())
+                .any(|g| !g.msg.bits.is_empty() || !g.msg.requests.is_empty())
             {
                 self.stats.negotiation(started.elapsed());
             }

@@ -423,18 +423,36 @@ impl Mesh {
         max_len: usize,
         peers: &[usize],
     ) -> Result<Vec<Vec<u8>>> {
-        self.ensure_links(peers)
+        let both: Vec<(usize, bool, bool)> = peers.iter().map(|&p| (p, true, true)).collect();
+        self.transfer(what, tag, payload, max_len, &both)
+    }
+
+    /// [`Mesh::exchange`] with a direction per peer: `(rank, send, receive)`. Sends `payload`
+    /// to the peers marked `send` and returns, in `peers` order, what each peer marked
+    /// `receive` sent (empty for the others). The engine's negotiation tree sends to its
+    /// parent or children only with this.
+    pub(crate) fn transfer(
+        &mut self,
+        what: &str,
+        tag: u32,
+        payload: &[u8],
+        max_len: usize,
+        peers: &[(usize, bool, bool)],
+    ) -> Result<Vec<Vec<u8>>> {
+        let ranks: Vec<usize> = peers.iter().map(|&(rank, _, _)| rank).collect();
+        self.ensure_links(&ranks)
             .map_err(|failure| self.fail(failure, what))?;
         let frame = wire::encode_frame(FrameKind::Descriptor, tag, &self.check, payload);
         let mut peers: Vec<ExchangePeer> = peers
             .iter()
-            .map(|&rank| ExchangePeer {
+            .map(|&(rank, send, recv)| ExchangePeer {
                 rank,
-                sent: 0,
+                sent: if send { 0 } else { frame.len() },
+                recv,
                 header: [0; HEADER_LEN],
                 header_got: 0,
                 body: Vec::new(),
-                body_len: None,
+                body_len: if recv { None } else { Some(0) },
             })
             .collect();
         let result = self.drive_exchange(&frame, tag, max_len, &mut peers);
@@ -507,6 +525,8 @@ impl Mesh {
 struct ExchangePeer {
     rank: usize,
     sent: usize,
+    /// Whether this peer's frame is to be received.
+    recv: bool,
     header: [u8; HEADER_LEN],
     header_got: usize,
     body: Vec<u8>,
@@ -537,6 +557,9 @@ impl ExchangePeer {
                     progressed = true;
                 }
             }
+        }
+        if !self.recv {
+            return Ok(progressed);
         }
         while self.header_got < HEADER_LEN {
             match io_failure(peer, (&*stream).read(&mut self.header[self.header_got..]))? {

@@ -13,3 +13,4 @@ mod groups;
 mod hostile;
 mod launcher;
 mod mesh_auth;
+mod negotiation;

@@ -1,0 +1,158 @@
+//! The negotiation at scale in the simulator (`cargo bench -p kolo-collective --bench
+//! scale_sim`): for n = 2, 8, 64, 256 and 1,024 virtual ranks and both protocols
+//! (`all_to_all`, today's design, and `tree`), the real negotiation, cycle message codec and
+//! coordinator agree on a step of 161 tensors twice: first uncached (full descriptors), then
+//! through the response cache (the steady state). Virtual time over a modelled link (5 µs,
+//! 10 GB/s; see `engine::negotiation::sim`) plus each rank's measured thread CPU time, so the
+//! figures do not depend on how loaded this machine is. Prints a table, then one JSON document
+//! on the last line.
+//!
+//! `KOLO_SIM_SIZES=2,8,64` picks the sizes (default 2, 8, 64, 256: at 1,024 the coordinator's
+//! per-member descriptor table of the first step, O(n × tensors) per rank, needs about 25 GiB
+//! for all ranks in one process, more than this machine has); `KOLO_SIM_LATENCY_US` and `KOLO_SIM_GBPS` (bytes:
+//! gigabytes per second) change the link.
+
+use std::time::Duration;
+
+use kolo_collective::engine::negotiation::sim::{run, LinkModel, RankCycle, SimConfig};
+use kolo_collective::engine::negotiation::Negotiation;
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+struct Row {
+    n: usize,
+    protocol: &'static str,
+    step: &'static str,
+    root: RankCycle,
+    non_root_msgs_max: usize,
+    non_root_msgs_mean: f64,
+    non_root_bytes_mean: f64,
+    cpu_mean_us: f64,
+    cpu_max_us: f64,
+    agreement_us: f64,
+    peers_max: usize,
+    peers_root: usize,
+    identical: bool,
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+fn main() {
+    let sizes: Vec<usize> = std::env::var("KOLO_SIM_SIZES")
+        .ok()
+        .map(|v| v.split(',').filter_map(|s| s.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![2, 8, 64, 256]);
+    let link = LinkModel {
+        latency: Duration::from_secs_f64(env_or("KOLO_SIM_LATENCY_US", 5.0) / 1e6),
+        bandwidth: env_or("KOLO_SIM_GBPS", 10.0) * 1e9,
+    };
+    println!(
+        "negotiation simulator: 161 tensors, link {:.1} µs, {:.1} GB/s; virtual time + measured CPU",
+        us(link.latency),
+        link.bandwidth / 1e9
+    );
+    let mut rows = Vec::new();
+    for &n in &sizes {
+        for (protocol, knob) in [
+            ("all_to_all", Negotiation::AllToAll),
+            ("tree", Negotiation::Tree),
+        ] {
+            let mut config = SimConfig::new(n, knob);
+            config.link = link;
+            let started = std::time::Instant::now();
+            let report = match run(&config) {
+                Ok(report) => report,
+                Err(e) => {
+                    eprintln!("n={n} {protocol}: {e}");
+                    std::process::exit(1);
+                }
+            };
+            eprintln!("n={n} {protocol}: simulated in {:.1?}", started.elapsed());
+            for (step, label) in [(0, "first"), (1, "cached")] {
+                let cycles = &report.cycles[step];
+                let non_root = &cycles[1.min(cycles.len() - 1)..];
+                let others = non_root.len().max(1) as f64;
+                rows.push(Row {
+                    n,
+                    protocol,
+                    step: label,
+                    root: cycles[0].clone(),
+                    non_root_msgs_max: non_root.iter().map(|c| c.messages).max().unwrap_or(0),
+                    non_root_msgs_mean: non_root.iter().map(|c| c.messages).sum::<usize>() as f64
+                        / others,
+                    non_root_bytes_mean: non_root.iter().map(|c| c.bytes).sum::<usize>() as f64
+                        / others,
+                    cpu_mean_us: cycles.iter().map(|c| us(c.cpu)).sum::<f64>() / n as f64,
+                    cpu_max_us: cycles.iter().map(|c| us(c.cpu)).fold(0.0, f64::max),
+                    agreement_us: us(report.agreement(step)),
+                    peers_max: report.peers.iter().copied().max().unwrap_or(0),
+                    peers_root: report.peers[0],
+                    identical: cycles.iter().all(|c| c.decision == cycles[0].decision)
+                        && cycles[0].decision.len() == 161,
+                });
+            }
+        }
+    }
+    println!(
+        "{:>5} {:>10} {:>6} | {:>9} {:>11} | {:>8} {:>8} {:>11} | {:>9} {:>9} | {:>11} | {:>5} {:>5} | agree",
+        "n", "protocol", "step", "root msgs", "root bytes", "nr msg mx", "nr msg", "nr bytes", "cpu µs", "cpu mx µs",
+        "agreement µs", "peers", "root"
+    );
+    for r in &rows {
+        println!(
+            "{:>5} {:>10} {:>6} | {:>9} {:>11} | {:>8} {:>8.1} {:>11.0} | {:>9.1} {:>9.1} | {:>11.1} | {:>5} {:>5} | {}",
+            r.n,
+            r.protocol,
+            r.step,
+            r.root.messages,
+            r.root.bytes,
+            r.non_root_msgs_max,
+            r.non_root_msgs_mean,
+            r.non_root_bytes_mean,
+            r.cpu_mean_us,
+            r.cpu_max_us,
+            r.agreement_us,
+            r.peers_max,
+            r.peers_root,
+            if r.identical { "yes" } else { "NO" }
+        );
+    }
+    let json: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            format!(
+                "{{\"n\":{},\"protocol\":\"{}\",\"step\":\"{}\",\"root_messages\":{},\"root_bytes\":{},\
+                 \"non_root_messages_max\":{},\"non_root_messages_mean\":{:.2},\"non_root_bytes_mean\":{:.0},\
+                 \"cpu_mean_us\":{:.1},\"cpu_max_us\":{:.1},\"agreement_us\":{:.1},\"peers_max\":{},\
+                 \"peers_root\":{},\"identical_decisions\":{}}}",
+                r.n,
+                r.protocol,
+                r.step,
+                r.root.messages,
+                r.root.bytes,
+                r.non_root_msgs_max,
+                r.non_root_msgs_mean,
+                r.non_root_bytes_mean,
+                r.cpu_mean_us,
+                r.cpu_max_us,
+                r.agreement_us,
+                r.peers_max,
+                r.peers_root,
+                r.identical
+            )
+        })
+        .collect();
+    println!(
+        "{{\"latency_us\":{:.2},\"bandwidth_gbps\":{:.2},\"tensors\":161,\"rows\":[{}]}}",
+        us(link.latency),
+        link.bandwidth / 1e9,
+        json.join(",")
+    );
+}

@@ -1,0 +1,429 @@
+//! The negotiation simulator: `ranks` virtual ranks, one thread each, run the real negotiation
+//! ([`super::negotiate`]), the real cycle message codec and the real coordinator (and its response
+//! cache) over in-memory channels, in virtual time, so a 1,024-rank job runs on one small machine
+//! and its figures do not depend on how loaded the machine is.
+//!
+//! Time model: every rank has a virtual clock, starting at 0 each cycle (every rank submits the
+//! step's tensors at the same moment). The CPU time a rank's thread spends between two link
+//! operations (measured with `CLOCK_THREAD_CPUTIME_ID`: encoding, merging, decoding, deciding)
+//! advances its clock. Sending `b` bytes occupies the sender for `b / bandwidth`; the message
+//! arrives `latency` after that. A receive sets the clock to the later of its own value and the
+//! message's arrival. A rank's agreement time is its clock once it has the cycle's decision.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::digest::{just, Entry};
+use super::{negotiate, Digest, Links, Negotiation, Protocol};
+use crate::dtype::{DType, ReduceOp};
+use crate::engine::coordinator::{Coordinator, Response, Senders};
+use crate::engine::message::{CycleMessage, MAX_MESSAGE_LEN};
+use crate::error::{Error, Result};
+use crate::wire::{OpDescriptor, OpKind};
+
+/// The modelled network between any two ranks.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LinkModel {
+    /// One-way latency of a message.
+    pub latency: Duration,
+    /// Bytes per second a rank sends.
+    pub bandwidth: f64,
+}
+
+impl Default for LinkModel {
+    /// 5 µs and 10 GB/s: a datacenter network (25–100 Gb/s NICs, TCP).
+    fn default() -> Self {
+        LinkModel {
+            latency: Duration::from_micros(5),
+            bandwidth: 10e9,
+        }
+    }
+}
+
+/// One simulated job.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    /// Virtual ranks (threads).
+    pub ranks: usize,
+    /// The negotiation knob every rank uses.
+    pub negotiation: Negotiation,
+    /// The network.
+    pub link: LinkModel,
+    /// Tensors per step (each an f32 allreduce).
+    pub tensors: usize,
+    /// Steps, one cycle each: the first negotiates full descriptors, the others cache bits.
+    pub steps: usize,
+    /// A rank that submits the first tensor of the first step with another shape.
+    pub mismatch_rank: Option<usize>,
+    /// Response cache entries (as `KOLO_CACHE_CAPACITY`).
+    pub cache_capacity: usize,
+}
+
+impl SimConfig {
+    /// `ranks` ranks negotiating a 161-tensor step (ResNet-50's gradients) twice.
+    pub fn new(ranks: usize, negotiation: Negotiation) -> Self {
+        SimConfig {
+            ranks,
+            negotiation,
+            link: LinkModel::default(),
+            tensors: 161,
+            steps: 2,
+            mismatch_rank: None,
+            cache_capacity: 1024,
+        }
+    }
+}
+
+/// One rank's figures for one cycle.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RankCycle {
+    /// Messages this rank sent.
+    pub messages: usize,
+    /// Bytes this rank sent (payloads).
+    pub bytes: usize,
+    /// Thread CPU time of this rank's work.
+    pub cpu: Duration,
+    /// Virtual time at which this rank had the cycle's decision.
+    pub agreed_at: Duration,
+    /// The decision, one line per response (`run name`, `cached name`, `fail name`, ...).
+    pub decision: Vec<String>,
+}
+
+/// What one simulation found.
+#[derive(Debug, Clone)]
+pub struct SimReport {
+    /// The protocol the ranks ran.
+    pub protocol: Protocol,
+    /// `cycles[step][rank]`.
+    pub cycles: Vec<Vec<RankCycle>>,
+    /// For every rank, the distinct peers it exchanged control messages with (the connections
+    /// the control plane needs).
+    pub peers: Vec<usize>,
+}
+
+impl SimReport {
+    /// The latest agreement of any rank in `step`.
+    pub fn agreement(&self, step: usize) -> Duration {
+        self.cycles[step]
+            .iter()
+            .map(|c| c.agreed_at)
+            .max()
+            .unwrap_or_default()
+    }
+}
+
+/// The longest a simulated rank waits for a message (wall time).
+const RECV_TIMEOUT: Duration = Duration::from_secs(60);
+
+struct Packet {
+    from: usize,
+    bytes: Arc<[u8]>,
+    arrival: f64,
+}
+
+/// [`Links`] over channels with virtual time.
+struct SimLinks {
+    rank: usize,
+    size: usize,
+    link: LinkModel,
+    outboxes: Arc<Vec<Sender<Packet>>>,
+    inbox: Receiver<Packet>,
+    stash: HashMap<usize, VecDeque<Packet>>,
+    /// Virtual clock, seconds.
+    clock: f64,
+    /// Thread CPU time when the clock last took it in.
+    cpu_mark: Duration,
+    cpu: Duration,
+    messages: usize,
+    bytes: usize,
+    peers: BTreeSet<usize>,
+}
+
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec the call writes.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+impl SimLinks {
+    /// Adds the CPU time spent since the last call to the clock.
+    fn account(&mut self) {
+        let now = thread_cpu();
+        let spent = now.saturating_sub(self.cpu_mark);
+        self.cpu_mark = now;
+        self.cpu += spent;
+        self.clock += spent.as_secs_f64();
+    }
+
+    fn start_cycle(&mut self) {
+        self.clock = 0.0;
+        self.cpu = Duration::ZERO;
+        self.messages = 0;
+        self.bytes = 0;
+        self.cpu_mark = thread_cpu();
+    }
+
+    fn post(&mut self, peer: usize, bytes: Arc<[u8]>) -> Result<()> {
+        self.account();
+        self.clock += bytes.len() as f64 / self.link.bandwidth;
+        let arrival = self.clock + self.link.latency.as_secs_f64();
+        self.messages += 1;
+        self.bytes += bytes.len();
+        self.peers.insert(peer);
+        self.outboxes[peer]
+            .send(Packet {
+                from: self.rank,
+                bytes,
+                arrival,
+            })
+            .map_err(|_| Error::Closed(format!("simulated rank {peer} is gone")))?;
+        self.cpu_mark = thread_cpu();
+        Ok(())
+    }
+
+    /// Receives `peer`'s next message (virtual time: the later of now and its arrival).
+    fn recv_shared(&mut self, peer: usize, max_len: usize) -> Result<Arc<[u8]>> {
+        self.account();
+        let packet = loop {
+            if let Some(p) = self.stash.get_mut(&peer).and_then(VecDeque::pop_front) {
+                break p;
+            }
+            match self.inbox.recv_timeout(RECV_TIMEOUT) {
+                Ok(p) if p.from == peer => break p,
+                Ok(p) => self.stash.entry(p.from).or_default().push_back(p),
+                Err(RecvTimeoutError::Timeout) => {
+                    return Err(Error::Timeout {
+                        what: format!(
+                            "simulated rank {} waited for rank {peer}'s message",
+                            self.rank
+                        ),
+                        after: RECV_TIMEOUT,
+                    })
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(Error::Closed("the simulation ended".into()))
+                }
+            }
+        };
+        self.peers.insert(peer);
+        if packet.bytes.len() > max_len {
+            return Err(Error::Internal(format!(
+                "simulated rank {peer} sent {} bytes where at most {max_len} are accepted",
+                packet.bytes.len()
+            )));
+        }
+        self.clock = self.clock.max(packet.arrival);
+        self.cpu_mark = thread_cpu();
+        Ok(packet.bytes)
+    }
+}
+
+impl Links for SimLinks {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn send(&mut self, peer: usize, bytes: &[u8]) -> Result<()> {
+        self.post(peer, Arc::from(bytes))
+    }
+
+    fn recv(&mut self, peer: usize, max_len: usize) -> Result<Vec<u8>> {
+        let bytes = self.recv_shared(peer, max_len)?;
+        self.account();
+        let out = bytes.to_vec();
+        self.cpu_mark = thread_cpu();
+        Ok(out)
+    }
+
+    /// Sends one shared copy of `payload` to every peer and merges what arrives as it
+    /// arrives, so a 1,024-rank all-to-all holds each distinct message once, not n² copies.
+    fn exchange_all(&mut self, payload: Vec<u8>, max_len: usize) -> Result<Digest> {
+        let shared: Arc<[u8]> = Arc::from(payload);
+        let me = self.rank;
+        for peer in (0..self.size).filter(|&p| p != me) {
+            self.post(peer, Arc::clone(&shared))?;
+        }
+        let mut all: Vec<Arc<[u8]>> = Vec::with_capacity(self.size);
+        let mut index: HashMap<Arc<[u8]>, usize> = HashMap::new();
+        for peer in 0..self.size {
+            let bytes = if peer == me {
+                Arc::clone(&shared)
+            } else {
+                self.recv_shared(peer, max_len)?
+            };
+            // Equal messages share one allocation.
+            let bytes = match index.get(&bytes) {
+                Some(&i) => Arc::clone(&all[i]),
+                None => {
+                    index.insert(Arc::clone(&bytes), peer);
+                    bytes
+                }
+            };
+            all.push(bytes);
+        }
+        drop(index);
+        let mut entries: Vec<Entry> = Vec::new();
+        let mut by_pointer: HashMap<*const u8, usize> = HashMap::new();
+        for (rank, bytes) in all.iter().enumerate() {
+            match by_pointer.get(&bytes.as_ptr()) {
+                Some(&i) => match entries[i].ranks.last_mut() {
+                    Some(last) if last.end == rank => last.end = rank + 1,
+                    _ => entries[i].ranks.push(rank..rank + 1),
+                },
+                None => {
+                    by_pointer.insert(bytes.as_ptr(), entries.len());
+                    entries.push(Entry {
+                        payload: bytes.to_vec(),
+                        ranks: just(rank),
+                    });
+                }
+            }
+        }
+        Ok(Digest { entries })
+    }
+}
+
+/// The descriptor of tensor `i` of a step (shapes vary like a network's layers).
+fn tensor(i: usize, bigger: bool) -> OpDescriptor {
+    let len = 256 * (1 + (i % 13) as i64) + i64::from(bigger);
+    OpDescriptor {
+        dtype: DType::F32,
+        shape: vec![len],
+        op: Some(ReduceOp::Average),
+        ..OpDescriptor::new(OpKind::Allreduce, &format!("grad.layer{i}.weight"))
+    }
+}
+
+fn describe(response: &Response) -> String {
+    match response {
+        Response::Run { descs, cached } => {
+            format!(
+                "{} {}",
+                if *cached { "cached" } else { "run" },
+                descs[0].name
+            )
+        }
+        Response::Fail { name, .. } => format!("fail {name}"),
+        Response::Stalled { name, .. } => format!("stalled {name}"),
+        Response::Join { last } => format!("join {last}"),
+    }
+}
+
+/// One rank's steps. Ranks need no barrier between steps: every link is FIFO and every round
+/// is per peer, so a rank that runs ahead only queues its next cycle's messages.
+fn run_rank(config: &SimConfig, links: &mut SimLinks) -> Result<Vec<RankCycle>> {
+    let protocol = config.negotiation.protocol(config.ranks);
+    let mut coordinator = Coordinator::new(config.ranks, config.cache_capacity);
+    let mut cycles = Vec::with_capacity(config.steps);
+    for step in 0..config.steps {
+        links.start_cycle();
+        let mut msg = CycleMessage::default();
+        for i in 0..config.tensors {
+            let bigger = step == 0 && i == 0 && config.mismatch_rank == Some(links.rank);
+            let desc = tensor(i, bigger);
+            match coordinator.cache.lookup(&desc) {
+                Some(bit) => msg.set_bit(bit),
+                None => msg.requests.push(desc),
+            }
+        }
+        let digest = negotiate(links, protocol, msg.encode(), MAX_MESSAGE_LEN)?;
+        let mut groups = Vec::with_capacity(digest.entries.len());
+        for entry in digest.entries {
+            let decoded = CycleMessage::decode(&entry.payload, config.ranks, config.cache_capacity)
+                .map_err(|e| Error::Internal(format!("an unreadable simulated message: {e}")))?;
+            groups.push(Senders {
+                msg: decoded,
+                ranks: entry.ranks.into_iter().flatten().collect(),
+            });
+        }
+        let decision = coordinator.decide_grouped(&groups, Instant::now());
+        links.account();
+        cycles.push(RankCycle {
+            messages: links.messages,
+            bytes: links.bytes,
+            cpu: links.cpu,
+            agreed_at: Duration::from_secs_f64(links.clock),
+            decision: decision.responses.iter().map(describe).collect(),
+        });
+    }
+    Ok(cycles)
+}
+
+/// Runs the simulation.
+pub fn run(config: &SimConfig) -> Result<SimReport> {
+    let n = config.ranks;
+    if n == 0 {
+        return Err(Error::InvalidArgument(
+            "a simulation needs at least one rank".into(),
+        ));
+    }
+    let (senders, receivers): (Vec<_>, Vec<_>) = (0..n).map(|_| channel::<Packet>()).unzip();
+    let outboxes = Arc::new(senders);
+    let mut threads = Vec::with_capacity(n);
+    for (rank, inbox) in receivers.into_iter().enumerate() {
+        let config = config.clone();
+        let outboxes = Arc::clone(&outboxes);
+        let thread = std::thread::Builder::new()
+            .name(format!("sim-rank-{rank}"))
+            .stack_size(1 << 20)
+            .spawn(move || {
+                let mut links = SimLinks {
+                    rank,
+                    size: config.ranks,
+                    link: config.link,
+                    outboxes,
+                    inbox,
+                    stash: HashMap::new(),
+                    clock: 0.0,
+                    cpu_mark: Duration::ZERO,
+                    cpu: Duration::ZERO,
+                    messages: 0,
+                    bytes: 0,
+                    peers: BTreeSet::new(),
+                };
+                let cycles = run_rank(&config, &mut links);
+                (cycles, links.peers.len())
+            })
+            .map_err(Error::Io)?;
+        threads.push(thread);
+    }
+    drop(outboxes);
+    let mut per_rank = Vec::with_capacity(n);
+    let mut peers = Vec::with_capacity(n);
+    let mut failure = None;
+    for thread in threads {
+        match thread.join() {
+            Ok((Ok(cycles), p)) => {
+                per_rank.push(cycles);
+                peers.push(p);
+            }
+            Ok((Err(e), _)) => {
+                failure.get_or_insert(e);
+            }
+            Err(_) => {
+                failure.get_or_insert(Error::Internal("a simulated rank panicked".into()));
+            }
+        }
+    }
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    let cycles = (0..config.steps)
+        .map(|s| per_rank.iter().map(|r| r[s].clone()).collect())
+        .collect();
+    Ok(SimReport {
+        protocol: config.negotiation.protocol(n),
+        cycles,
+        peers,
+    })
+}

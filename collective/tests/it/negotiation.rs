@@ -1,0 +1,180 @@
+//! The negotiation protocols: in the simulator at 64 ranks (identical decisions on every rank
+//! and under both protocols, O(1) messages and three peers per rank under the tree, a mismatch
+//! failing everywhere), and real engines over loopback with the tree forced (every engine
+//! scenario: allreduce cached and uncached, allgather, broadcast, a mismatch, a process set,
+//! join).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kolo_collective::engine::negotiation::sim::{run, SimConfig};
+use kolo_collective::engine::negotiation::Negotiation;
+use kolo_collective::engine::{Engine, EngineConfig, Output, RawTensor, Submission};
+use kolo_collective::wire::OpKind;
+use kolo_collective::{DType, Error};
+
+use super::collectives::with_ranks;
+
+const WAIT: Duration = Duration::from_secs(30);
+
+#[test]
+fn simulated_64_ranks_agree_alike_under_both_protocols_and_the_tree_sends_o1_messages() {
+    let tree = run(&SimConfig::new(64, Negotiation::Tree)).unwrap();
+    let mesh = run(&SimConfig::new(64, Negotiation::AllToAll)).unwrap();
+    for step in 0..2 {
+        let reference = &tree.cycles[step][0].decision;
+        assert_eq!(reference.len(), 161, "step {step}: {reference:?}");
+        let prefix = if step == 0 { "run " } else { "cached " };
+        assert!(
+            reference.iter().all(|d| d.starts_with(prefix)),
+            "{reference:?}"
+        );
+        for (rank, cycle) in tree.cycles[step].iter().enumerate() {
+            assert_eq!(&cycle.decision, reference, "tree, step {step}, rank {rank}");
+            // Parent (1 up) and two children (poke and digest each).
+            assert!(
+                cycle.messages <= 5,
+                "tree rank {rank} sent {}",
+                cycle.messages
+            );
+        }
+        for (rank, cycle) in mesh.cycles[step].iter().enumerate() {
+            assert_eq!(
+                &cycle.decision, reference,
+                "all-to-all, step {step}, rank {rank}"
+            );
+            assert_eq!(cycle.messages, 63, "all-to-all rank {rank}");
+        }
+    }
+    assert!(tree.peers.iter().all(|&p| p <= 3), "{:?}", tree.peers);
+    assert!(mesh.peers.iter().all(|&p| p == 63));
+    // The steady state's digest is one message however many ranks: constant bytes per hop.
+    let cached_bytes = tree.cycles[1].iter().map(|c| c.bytes).max().unwrap();
+    let small = run(&SimConfig::new(8, Negotiation::Tree)).unwrap();
+    assert_eq!(
+        cached_bytes,
+        small.cycles[1].iter().map(|c| c.bytes).max().unwrap()
+    );
+}
+
+#[test]
+fn a_simulated_mismatch_fails_on_every_rank_under_the_tree() {
+    let mut config = SimConfig::new(64, Negotiation::Tree);
+    config.mismatch_rank = Some(37);
+    let report = run(&config).unwrap();
+    for (rank, cycle) in report.cycles[0].iter().enumerate() {
+        assert_eq!(cycle.decision[0], "fail grad.layer0.weight", "rank {rank}");
+        assert_eq!(cycle.decision, report.cycles[0][0].decision);
+    }
+}
+
+fn tree() -> EngineConfig {
+    EngineConfig {
+        negotiation: Negotiation::Tree,
+        ..EngineConfig::default()
+    }
+}
+
+fn f32_op(kind: OpKind, name: &str, buf: &mut [f32], rows: Option<usize>) -> Submission {
+    let mut sub = Submission::new(kind, name);
+    sub.dtype = DType::F32;
+    sub.shape = match rows {
+        Some(r) => vec![r as i64, (buf.len() / r.max(1)) as i64],
+        None => vec![buf.len() as i64],
+    };
+    // SAFETY: every caller waits for the op before `buf` is dropped or read.
+    sub.tensor = unsafe { RawTensor::new(buf.as_mut_ptr().cast(), std::mem::size_of_val(buf)) };
+    sub
+}
+
+fn run_op(engine: &Engine, sub: Submission) -> Result<Output, Error> {
+    let handle = engine.submit(sub)?;
+    engine.wait(handle, WAIT).expect("the op completes in time")
+}
+
+#[test]
+fn real_engines_run_every_scenario_over_the_tree() {
+    const N: usize = 5;
+    with_ranks(N, |rank, comm| {
+        let engine = Engine::start(Arc::new(comm), tree()).unwrap();
+        // Allreduce: the first step negotiates descriptors, the next ones cache bits.
+        for step in 0..3 {
+            let mut grads: Vec<Vec<f32>> = (0..4).map(|i| vec![(rank + i) as f32; 8]).collect();
+            let subs = grads
+                .iter_mut()
+                .enumerate()
+                .map(|(i, g)| f32_op(OpKind::Allreduce, &format!("g{i}"), g, None))
+                .collect();
+            for handle in engine.submit_group(subs, true).unwrap() {
+                engine.wait(handle, WAIT).unwrap().unwrap();
+            }
+            for (i, g) in grads.iter().enumerate() {
+                let want = (0..N).map(|r| (r + i) as f32).sum::<f32>();
+                assert!(g.iter().all(|&x| x == want), "step {step} g{i}: {g:?}");
+            }
+        }
+        let hits = engine
+            .stats()
+            .into_iter()
+            .find(|(k, _)| *k == "cache_hits")
+            .map(|(_, v)| v)
+            .unwrap();
+        assert!(hits >= 8, "rank {rank}: {hits} cache hits");
+
+        // Allgather with a different first dimension on every rank.
+        let mut mine = vec![rank as f32; 2 * (rank + 1)];
+        match run_op(
+            &engine,
+            f32_op(OpKind::Allgather, "ag", &mut mine, Some(rank + 1)),
+        )
+        .unwrap()
+        {
+            Output::Tensor { rows, .. } => {
+                assert_eq!(rows, (1..=N as u64).collect::<Vec<_>>())
+            }
+            other => panic!("{other:?}"),
+        }
+
+        // Broadcast from rank 2.
+        let mut b = vec![rank as f32; 4];
+        let mut sub = f32_op(OpKind::Broadcast, "b", &mut b, None);
+        sub.root = 2;
+        run_op(&engine, sub).unwrap();
+        assert_eq!(b, vec![2.0; 4]);
+
+        // A mismatched shape fails on every rank, and the engine keeps working.
+        let mut m = vec![0f32; if rank == 3 { 5 } else { 4 }];
+        let error = run_op(&engine, f32_op(OpKind::Allreduce, "m", &mut m, None)).unwrap_err();
+        assert!(error.to_string().contains("rank"), "rank {rank}: {error}");
+
+        // A process set of the odd ranks runs its own tree.
+        let handle = engine.add_process_set(&[1, 3], true).unwrap();
+        let id = match engine.wait(handle, WAIT).unwrap().unwrap() {
+            Output::ProcessSet(id) => id,
+            other => panic!("{other:?}"),
+        };
+        if rank % 2 == 1 {
+            let mut x = vec![rank as f32; 3];
+            let mut sub = f32_op(OpKind::Allreduce, "odd", &mut x, None);
+            sub.process_set = id;
+            run_op(&engine, sub).unwrap();
+            assert_eq!(x, vec![4.0; 3]);
+        }
+
+        // Join: rank 4 joins first, the others allreduce once more and join; the last to join
+        // is reported alike everywhere.
+        if rank != 4 {
+            let mut x = vec![1f32; 2];
+            run_op(&engine, f32_op(OpKind::Allreduce, "late", &mut x, None)).unwrap();
+            assert_eq!(x, vec![4.0; 2]);
+        }
+        let handle = engine.join().unwrap();
+        let last = match engine.wait(handle, WAIT).unwrap().unwrap() {
+            Output::LastJoined(last) => last,
+            other => panic!("{other:?}"),
+        };
+        assert!(last < N);
+        engine.shutdown();
+        last
+    });
+}
