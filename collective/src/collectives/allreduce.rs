@@ -354,6 +354,44 @@ pub(crate) fn on_ring<R>(
     f(&ring, mesh, scratch)
 }
 
+/// Allreduce of `buf` among `members` (global ranks; this rank is member `rank`): the host
+/// leaders of the hierarchical path. Recursive doubling or the ring, chosen as for a flat job
+/// of that many ranks (or forced alike).
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the allreduce's arguments plus the members, the frame tag and the label"
+)]
+pub(crate) fn among(
+    session: &mut Session,
+    members: &[usize],
+    rank: usize,
+    tag: u32,
+    what: &str,
+    buf: &mut [u8],
+    dtype: DType,
+    op: ReduceOp,
+    factor: f64,
+) -> Result<()> {
+    let algorithm = session.algorithm_among(OpKind::Allreduce, buf.len(), members.len());
+    let ring = Ring {
+        members,
+        rank,
+        tag,
+        what,
+    };
+    let Session {
+        mesh,
+        scratch,
+        work,
+        ..
+    } = session;
+    let mesh = mesh.as_mut().ok_or_else(no_mesh)?;
+    match algorithm {
+        Algorithm::RecursiveDoubling => ring.doubling_allreduce(mesh, work, buf, dtype, op, factor),
+        _ => ring.allreduce(mesh, scratch, buf, dtype, op, factor),
+    }
+}
+
 pub(crate) fn no_mesh() -> crate::error::Error {
     crate::error::Error::Internal("a multi-rank session has no mesh".into())
 }

@@ -195,6 +195,15 @@ impl Session {
         Ok(algorithm::select(kind, bytes, self.size, choices))
     }
 
+    /// The TCP algorithm `kind` runs for `bytes` among `members` ranks (the hierarchical
+    /// path's host leaders); `auto` when the variables are invalid (the collective's
+    /// negotiation refused them already).
+    pub(crate) fn algorithm_among(&self, kind: OpKind, bytes: usize, members: usize) -> Algorithm {
+        let auto = AlgorithmChoices::default();
+        let choices = self.algorithms.as_ref().unwrap_or(&auto);
+        algorithm::select(kind, bytes, members, choices)
+    }
+
     /// Runs `f` with the TCP ring over all of this session's members after counting a run
     /// of `algorithm` for `kind`; `f` gets the mesh, the scratch and the work buffer.
     pub(crate) fn run_algorithm<R>(
