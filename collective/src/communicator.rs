@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::abort::AbortSignal;
-use crate::collectives::{self, Session};
+use crate::collectives::{self, AlgorithmChoices, Session};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::transport::{ConnectionCounts, ConnectionStats, Mesh, WakeSignal, Watch};
@@ -137,6 +137,19 @@ impl Communicator {
     /// Where this rank sits in the job.
     pub fn info(&self) -> &RankInfo {
         &self.info
+    }
+
+    /// Forces the TCP algorithm of allreduce, allgather and broadcast (`None` fields: chosen
+    /// by size and rank count), replacing `KOLO_*_ALGORITHM`. Every rank must pass the same
+    /// choices before its next collective.
+    pub fn set_algorithms(&self, choices: AlgorithmChoices) {
+        self.lock_even_if_poisoned().session.set_algorithms(choices);
+    }
+
+    /// How many times this rank ran each TCP algorithm (`("allreduce_ring", 3)`, ...,
+    /// sorted by name); collectives on shared memory are not counted.
+    pub fn algorithm_runs(&self) -> Vec<(String, u64)> {
+        self.lock_even_if_poisoned().session.runs.snapshot()
     }
 
     /// The job's abort signal (shared with the driver client that sets it).

@@ -1,7 +1,8 @@
-//! allgather: ring with one block per rank (ranks may differ in the first dimension); chunked
+//! allgather: recursive doubling for small results, else a ring ([`super::algorithm`]
+//! chooses), with one block per rank (ranks may differ in the first dimension); chunked
 //! copies through shared memory on one host; hierarchical across hosts.
 
-use super::allreduce::with_member_ring;
+use super::algorithm::Algorithm;
 use super::{check_tensor, invalid, label, row_bytes, row_segments, Session};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -22,7 +23,9 @@ pub(crate) fn allgather<'a>(
         shape: shape.to_vec(),
         ..OpDescriptor::new(kind, name)
     };
+    let forced = session.algorithm(kind, 0);
     desc.invalid = check_first_dim(shape)
+        .and_then(|()| forced.map(|_| ()))
         .and_then(|()| check_tensor(name, input.len(), shape, dtype, "input"))
         .err()
         .map(|m| invalid(kind, name, m));
@@ -67,9 +70,20 @@ pub(crate) fn allgather<'a>(
         {
             super::hier::allgather(session, &hosts, &what, tag, output, &segs)?
         }
-        _ => with_member_ring(session, tag, &what, |ring, mesh, _| {
-            ring.allgather(mesh, output, &segs)
-        })?,
+        _ => {
+            // The gathered size is known only now, and alike on every rank.
+            let algorithm = session.algorithm(kind, total).map_err(Error::Internal)?;
+            session.run_algorithm(
+                kind,
+                algorithm,
+                tag,
+                &what,
+                |ring, mesh, _, _| match algorithm {
+                    Algorithm::RecursiveDoubling => ring.doubling_allgather(mesh, output, &segs),
+                    _ => ring.allgather(mesh, output, &segs),
+                },
+            )?
+        }
     }
     Ok(rows)
 }

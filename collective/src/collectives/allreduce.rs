@@ -1,9 +1,11 @@
-//! allreduce: ring reduce-scatter then ring allgather, in place (over TCP); the shared-memory
+//! allreduce: recursive doubling ([`super::tree`]) for small messages, ring reduce-scatter then
+//! ring allgather for large ones, in place (over TCP; [`super::algorithm`] chooses); the shared-memory
 //! node's algorithm on one host; the hierarchical one across hosts. Also the ring and chain
 //! building blocks the hierarchical collectives run among host leaders.
 
 use std::ops::Range;
 
+use super::algorithm::Algorithm;
 use super::scattered::Scattered;
 use super::{
     check_tensor, even_segments, invalid, label, ring_allgather, ring_pieces, ring_reduce_scatter,
@@ -96,7 +98,9 @@ pub(crate) fn allreduce_tensors(
     let kind = OpKind::Allreduce;
     let mut desc = reduction.descriptor(kind, name, dtype, shape);
     let size = session.size;
+    let algorithm = session.algorithm(kind, buf.len());
     desc.invalid = check_tensor(name, buf.len(), shape, dtype, "input")
+        .and_then(|()| algorithm.clone().map(|_| ()))
         .and_then(|()| {
             reduce::check_reduction(dtype, reduction.op, reduction.prescale, reduction.postscale)
         })
@@ -130,9 +134,18 @@ pub(crate) fn allreduce_tensors(
             reduction.op,
             factor,
         ),
-        _ => with_member_ring(session, tag, &what, |ring, mesh, scratch| {
-            ring.allreduce(mesh, scratch, buf, dtype, reduction.op, factor)
-        }),
+        _ => {
+            let algorithm = algorithm.map_err(Error::Internal)?;
+            let op = reduction.op;
+            session.run_algorithm(kind, algorithm, tag, &what, |ring, mesh, scratch, work| {
+                match algorithm {
+                    Algorithm::RecursiveDoubling => {
+                        ring.doubling_allreduce(mesh, work, buf, dtype, op, factor)
+                    }
+                    _ => ring.allreduce(mesh, scratch, buf, dtype, op, factor),
+                }
+            })
+        }
     }
 }
 
@@ -320,18 +333,6 @@ impl Ring<'_> {
     }
 }
 
-/// Runs `f` with the TCP ring over all of `session`'s members, its mesh and its scratch buffer.
-pub(crate) fn with_member_ring<R>(
-    session: &mut Session,
-    tag: u32,
-    what: &str,
-    f: impl FnOnce(&Ring<'_>, &mut Mesh, &mut AlignedBuf) -> Result<R>,
-) -> Result<R> {
-    let members = session.members.clone();
-    let rank = session.rank;
-    on_ring(session, &members, rank, tag, what, f)
-}
-
 /// Runs `f` with the TCP ring over `members` (global ranks in ring order; this rank is member
 /// `rank`), `session`'s mesh and its scratch buffer.
 pub(crate) fn on_ring<R>(
@@ -351,6 +352,44 @@ pub(crate) fn on_ring<R>(
     let Session { mesh, scratch, .. } = session;
     let mesh = mesh.as_mut().ok_or_else(no_mesh)?;
     f(&ring, mesh, scratch)
+}
+
+/// Allreduce of `buf` among `members` (global ranks; this rank is member `rank`): the host
+/// leaders of the hierarchical path. Recursive doubling or the ring, chosen as for a flat job
+/// of that many ranks (or forced alike).
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the allreduce's arguments plus the members, the frame tag and the label"
+)]
+pub(crate) fn among(
+    session: &mut Session,
+    members: &[usize],
+    rank: usize,
+    tag: u32,
+    what: &str,
+    buf: &mut [u8],
+    dtype: DType,
+    op: ReduceOp,
+    factor: f64,
+) -> Result<()> {
+    let algorithm = session.algorithm_among(OpKind::Allreduce, buf.len(), members.len());
+    let ring = Ring {
+        members,
+        rank,
+        tag,
+        what,
+    };
+    let Session {
+        mesh,
+        scratch,
+        work,
+        ..
+    } = session;
+    let mesh = mesh.as_mut().ok_or_else(no_mesh)?;
+    match algorithm {
+        Algorithm::RecursiveDoubling => ring.doubling_allreduce(mesh, work, buf, dtype, op, factor),
+        _ => ring.allreduce(mesh, scratch, buf, dtype, op, factor),
+    }
 }
 
 pub(crate) fn no_mesh() -> crate::error::Error {

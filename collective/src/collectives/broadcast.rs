@@ -1,10 +1,11 @@
-//! broadcast: a pipelined chain from the root over TCP; chunked through shared memory on one
+//! broadcast: a binomial tree for small messages and a pipelined chain from the root for large
+//! ones over TCP ([`super::algorithm`] chooses); chunked through shared memory on one
 //! host; hierarchical across hosts.
 
-use super::allreduce::with_member_ring;
+use super::algorithm::Algorithm;
 use super::{check_tensor, invalid, label, Session};
 use crate::dtype::DType;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::transport::Layout;
 use crate::wire::{OpDescriptor, OpKind};
 
@@ -32,7 +33,9 @@ pub(crate) fn broadcast(
             size - 1
         ))
     };
+    let algorithm = session.algorithm(kind, buf.len());
     desc.invalid = root_check
+        .and_then(|()| algorithm.clone().map(|_| ()))
         .and_then(|()| check_tensor(name, buf.len(), shape, dtype, "tensor"))
         .err()
         .map(|m| invalid(kind, name, m));
@@ -46,8 +49,18 @@ pub(crate) fn broadcast(
         Some(Layout::Hierarchical(hosts)) => {
             super::hier::broadcast(session, &hosts, &what, tag, buf, root)
         }
-        None => with_member_ring(session, tag, &what, |ring, mesh, _| {
-            ring.broadcast(mesh, buf, root)
-        }),
+        None => {
+            let algorithm = algorithm.map_err(Error::Internal)?;
+            session.run_algorithm(
+                kind,
+                algorithm,
+                tag,
+                &what,
+                |ring, mesh, _, _| match algorithm {
+                    Algorithm::BinomialTree => ring.tree_broadcast(mesh, buf, root),
+                    _ => ring.broadcast(mesh, buf, root),
+                },
+            )
+        }
     }
 }

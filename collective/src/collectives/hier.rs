@@ -1,7 +1,8 @@
 //! Hierarchical collectives for jobs on several hosts with several ranks each: shared memory
 //! within each host, a TCP ring (or chain) among one leader per host (its lowest rank).
 //!
-//! - allreduce: shm allreduce within the host, ring allreduce among the leaders, shm
+//! - allreduce: shm allreduce within the host, ring (or, for small messages,
+//!   recursive-doubling: [`super::algorithm`]) allreduce among the leaders, shm
 //!   broadcast from the leader (reducescatter runs this and keeps its rows);
 //! - allgather (when every host's ranks are contiguous): shm allgather within the host, ring
 //!   allgather of the host blocks among the leaders, shm broadcast from the leader;
@@ -120,14 +121,8 @@ pub(crate) fn allreduce(
     let (host, leader) = place(session, hosts);
     session.on_node(what, |node| node.allreduce(buf, dtype, op, 1.0))?;
     if leader {
-        on_ring(
-            session,
-            &hosts.leaders(),
-            host,
-            tag,
-            what,
-            |ring, mesh, scratch| ring.allreduce(mesh, scratch, buf, dtype, op, factor),
-        )?;
+        let leaders = hosts.leaders();
+        super::allreduce::among(session, &leaders, host, tag, what, buf, dtype, op, factor)?;
     }
     session.on_node(what, |node| node.broadcast(buf, 0))
 }
@@ -156,14 +151,8 @@ pub(crate) fn allreduce_scattered(
         let len = buf.len();
         let flat = packed.get(len);
         buf.gather(0..len, flat)?;
-        on_ring(
-            session,
-            &hosts.leaders(),
-            host,
-            tag,
-            what,
-            |ring, mesh, scratch| ring.allreduce(mesh, scratch, flat, dtype, op, factor),
-        )?;
+        let leaders = hosts.leaders();
+        super::allreduce::among(session, &leaders, host, tag, what, flat, dtype, op, factor)?;
         buf.scatter(0..len, flat)?;
     }
     session.on_node(what, |node| node.broadcast_scattered(buf, 0))

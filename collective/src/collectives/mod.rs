@@ -9,12 +9,14 @@
 //!
 //! The data then moves over the [`Mesh`]:
 //!
-//! - allreduce: ring reduce-scatter then ring allgather, pipelined chunk by chunk; Adasum by
+//! - allreduce: recursive doubling for small messages ([`tree`]), ring reduce-scatter then
+//!   ring allgather, pipelined chunk by chunk, for large ones ([`algorithm`] chooses); Adasum by
 //!   Horovod's vector-halving distance-doubling pairwise exchanges ([`adasum`]);
 //! - reducescatter: the ring reduce-scatter alone, with Horovod's uneven row split
 //!   ([`reducescatter_rows`]);
-//! - allgather: ring allgather with one block per rank (sizes may differ, even be zero);
-//! - broadcast: a pipelined chain from the root;
+//! - allgather: recursive doubling for small results, else a ring, with one block per rank
+//!   (sizes may differ, even be zero);
+//! - broadcast: a binomial tree for small messages, else a pipelined chain from the root;
 //! - alltoall: pairwise exchange (step k: send to rank + k, receive from rank - k);
 //! - barrier: the negotiation alone.
 //!
@@ -23,6 +25,7 @@
 //! [`hier`] across hosts.
 
 mod adasum;
+pub mod algorithm;
 pub(crate) mod allgather;
 pub(crate) mod allreduce;
 pub(crate) mod alltoall;
@@ -31,8 +34,10 @@ pub(crate) mod hier;
 mod reducescatter;
 pub(crate) mod scattered;
 pub(crate) mod shm;
+pub(crate) mod tree;
 
 pub(crate) use adasum::size_refusal as adasum_size_refusal;
+pub use algorithm::{Algorithm, AlgorithmChoices};
 pub(crate) use allgather::allgather;
 pub(crate) use allreduce::{allreduce, allreduce_scattered, allreduce_tensors};
 pub(crate) use alltoall::alltoall;
@@ -68,6 +73,9 @@ pub(crate) fn barrier(session: &mut Session) -> Result<()> {
         .negotiate(OpDescriptor::new(OpKind::Barrier, ""))
         .map(|_| ())
 }
+
+/// Bytes of the work buffer kept between collectives (recursive doubling's partner copy).
+const KEEP_PARTNER_COPY: usize = 4 << 20;
 
 /// A buffer with 8-byte alignment, reused across collectives.
 #[derive(Debug, Default)]
@@ -112,6 +120,11 @@ pub(crate) struct Session {
     agreed: Option<Vec<OpDescriptor>>,
     scratch: AlignedBuf,
     work: AlignedBuf,
+    /// The forced TCP algorithms ([`algorithm`]'s variables, read when the session starts),
+    /// or why the variables are invalid (every collective then refuses to run).
+    algorithms: Result<AlgorithmChoices, String>,
+    /// How many times each TCP algorithm ran.
+    pub(crate) runs: algorithm::AlgorithmRuns,
 }
 
 /// A process set's part of a [`Session`]: id, members, this rank's position, sequence
@@ -164,7 +177,54 @@ impl Session {
             agreed: None,
             scratch: AlignedBuf::default(),
             work: AlignedBuf::default(),
+            algorithms: AlgorithmChoices::from_env(),
+            runs: algorithm::AlgorithmRuns::default(),
         }
+    }
+
+    /// Forces (or frees, with `None`) the TCP algorithms of this session, replacing what the
+    /// variables said. Every rank must choose alike.
+    pub(crate) fn set_algorithms(&mut self, choices: AlgorithmChoices) {
+        self.algorithms = Ok(choices);
+    }
+
+    /// The TCP algorithm `kind` runs for `bytes` on this session, or why the variables
+    /// forcing one are invalid.
+    pub(crate) fn algorithm(&self, kind: OpKind, bytes: usize) -> Result<Algorithm, String> {
+        let choices = self.algorithms.as_ref().map_err(Clone::clone)?;
+        Ok(algorithm::select(kind, bytes, self.size, choices))
+    }
+
+    /// The TCP algorithm `kind` runs for `bytes` among `members` ranks (the hierarchical
+    /// path's host leaders); `auto` when the variables are invalid (the collective's
+    /// negotiation refused them already).
+    pub(crate) fn algorithm_among(&self, kind: OpKind, bytes: usize, members: usize) -> Algorithm {
+        let auto = AlgorithmChoices::default();
+        let choices = self.algorithms.as_ref().unwrap_or(&auto);
+        algorithm::select(kind, bytes, members, choices)
+    }
+
+    /// Runs `f` with the TCP ring over all of this session's members after counting a run
+    /// of `algorithm` for `kind`; `f` gets the mesh, the scratch and the work buffer.
+    pub(crate) fn run_algorithm<R>(
+        &mut self,
+        kind: OpKind,
+        algorithm: Algorithm,
+        tag: u32,
+        what: &str,
+        f: impl FnOnce(&allreduce::Ring<'_>, &mut Mesh, &mut AlignedBuf, &mut AlignedBuf) -> Result<R>,
+    ) -> Result<R> {
+        self.runs.count(kind, algorithm);
+        let ring = allreduce::Ring {
+            members: &self.members,
+            rank: self.rank,
+            tag,
+            what,
+        };
+        let mesh = self.mesh.as_mut().ok_or_else(allreduce::no_mesh)?;
+        let out = f(&ring, mesh, &mut self.scratch, &mut self.work);
+        self.work.trim(KEEP_PARTNER_COPY);
+        out
     }
 
     /// The global rank of group rank `r`.

@@ -7,7 +7,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use half::f16;
-use kolo_collective::collectives::reducescatter_rows;
+use kolo_collective::collectives::{reducescatter_rows, Algorithm, AlgorithmChoices};
 use kolo_collective::communicator::{Communicator, RankInfo};
 use kolo_collective::control::mac::MacKey;
 use kolo_collective::control::JobSecret;
@@ -1119,6 +1119,11 @@ fn against_fake_peer(fake: impl FnOnce(&mut TcpStream, JobId) + Send) -> Error {
         let abort = AbortSignal::new();
         let mesh = Mesh::establish(listener, config, abort.clone()).unwrap();
         let comm = Communicator::new(info(0, 2), mesh, abort);
+        // The fakes speak the ring's protocol: its first data frame is half the tensor.
+        comm.set_algorithms(AlgorithmChoices {
+            allreduce: Some(Algorithm::Ring),
+            ..AlgorithmChoices::default()
+        });
         let mut buf = f32_bytes(&[1.0; 4]);
         let start = Instant::now();
         let err = comm

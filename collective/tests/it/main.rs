@@ -1,6 +1,7 @@
 //! The crate's one integration-test binary.
 
 mod adasum;
+mod algorithms;
 mod autotune;
 mod collectives;
 mod connect;
