@@ -258,6 +258,18 @@ def train() -> dict[str, float]:
     return {"train_step_ms": statistics.median(step_times[1:]) * 1e3}
 
 
+def open_sockets() -> int:
+    """How many sockets this process holds open (its data-plane TCP connections and listener,
+    and its connection to the job driver)."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+        except OSError:  # closed while listing (the listing's own descriptor)
+            pass
+    return count
+
+
 def memory() -> dict[str, float]:
     """This process's memory now (MiB): ``pss`` (its share of every page it maps, so summing
     it over the ranks gives what the job really uses; torch's libraries are shared) and
@@ -314,6 +326,7 @@ def main(modes: list[str]) -> int:
     stats = _core.engine_stats()
     # connections_open: an engine statistic of lazy connections, where the engine has it.
     report["connections_open"] = stats.get("connections_open")
+    report["sockets"] = open_sockets()
     report["collectives"] = stats.get("collectives")
     report["shm_collectives"] = stats.get("shm_collectives")
     report["checks"] = checks
