@@ -19,8 +19,9 @@ For each n, repeat and design (the designs alternate), two launches:
    before kolorun starts to the last rank's ``init()`` returning: process start, imports,
    rendezvous, data plane), matrix (the slowest rank's pass through the whole checked
    collectives matrix), small-allreduce latency (4 B, 4 KiB, 64 KiB: each rank's median of
-   ``--iterations`` calls, then the median over ranks), connections per rank (the engine's
-   ``connections_open`` statistic where it exists, else n/a; and the sockets each rank holds
+   ``--iterations`` calls, then the median over ranks), connections per rank right after
+   ``init`` and at the end (the engine's ``connections_open`` statistic where it exists, else
+   n/a; the matrix's alltoall needs every pair; and the sockets each rank holds
    open at the end, counted in /proc: data plane, listener, driver), the largest peak RSS of a
    rank and the job's total PSS (shared pages counted once).
 2. tests/support/forked_ranks.py: a ``LaunchDriver`` here and n torch ranks forked from one
@@ -65,6 +66,7 @@ COLUMNS = (
     ("allreduce_4KiB_us", "4 KiB us", "{:.0f}"),
     ("allreduce_64KiB_us", "64 KiB us", "{:.0f}"),
     ("train_step_ms", "train step ms", "{:.1f}"),
+    ("connections_at_init", "conns@init", "{:.1f}"),
     ("connections", "conns/rank", "{:.1f}"),
     ("sockets", "sockets/rank", "{:.1f}"),
     ("peak_rss_mib", "peak RSS MiB", "{:.0f}"),
@@ -137,6 +139,8 @@ def run_matrix(n: int, hosts: int, env: dict[str, str], timeout: float) -> dict[
         row[key] = statistics.median(r[key] for r in values if key in r)
     conns = [r["connections_open"] for r in values if r.get("connections_open") is not None]
     row["connections"] = statistics.mean(conns) if conns else None
+    at_init = [r["connections_at_init"] for r in values if r.get("connections_at_init") is not None]
+    row["connections_at_init"] = statistics.mean(at_init) if at_init else None
     row["sockets"] = statistics.mean(r["sockets"] for r in values)
     row["peak_rss_mib"] = max(r["peak_rss_mib"] for r in values)
     row["pss_total_mib"] = sum(r["pss_mib"] for r in values)

@@ -313,6 +313,8 @@ def main(modes: list[str]) -> int:
         "cross_size": _core.cross_size(),
         "started": started,
         "initialised": initialised,
+        # Data-plane connections right after init (where the engine counts them).
+        "connections_at_init": _core.engine_stats().get("connections_open"),
     }
     for mode in modes:
         began = time.perf_counter()
