@@ -371,3 +371,32 @@ def test_elastic_benchmark_times_each_recovery_phase(tmp_path) -> None:
     for row in figures["results"]:
         assert 0 < row["total_s"] < 60, row
     assert figures["commit"]["ranks"] == 2 and figures["commit"]["commit_over_memcpy"] > 0
+
+
+def test_scale_ranks_benchmark_runs_both_designs_interleaved(tmp_path) -> None:
+    out = tmp_path / "scale.json"
+    args = ["--ranks", "4", "--hosts", "2", "--iterations", "3", "--json", str(out)]
+    result = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "scale_ranks.py"), *args],
+        cwd=REPO,
+        env=worker_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    assert [line.split()[:2] for line in lines if re.match(r"\s+4\s+(today|new)\s", line)] == [
+        ["4", "today"],
+        ["4", "new"],
+    ], result.stdout
+    assert any(line.startswith("  n=  4: init s ") for line in lines), result.stdout
+    figures = json.loads(out.read_text())
+    assert figures["designs"]["today"] == {
+        "KOLO_NEGOTIATION": "all_to_all",
+        "KOLO_CONNECT": "eager",
+    }
+    for design in ("today", "new"):
+        row = figures["results"][f"4/{design}"]
+        assert row["problems"] == [] and row["hosts"] == 2, row
+        assert 0 < row["init_s"] < 60 and row["allreduce_4B_us"] > 0 and row["train_step_ms"] > 0

@@ -17,8 +17,9 @@
 //! - the driver process's RSS (now and peak) and open descriptors.
 //!
 //! `KOLO_DRIVER_BENCH_SIZES=64,256` picks the sizes; `KOLO_DRIVER_BENCH_HOLD=10` shortens the
-//! heartbeat phase. The soft open-file limit is raised as needed (an error names a hard limit
-//! that is too low).
+//! heartbeat phase; `KOLO_DRIVER_BENCH_ELASTIC=1` makes the job elastic (min = max = n), where
+//! the driver checks each heartbeat's sender against the latest round's assignment. The soft
+//! open-file limit is raised as needed (an error names a hard limit that is too low).
 
 #[path = "support/driver_load.rs"]
 mod driver_load;
@@ -27,7 +28,9 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
-use kolo_collective::control::{ClientOptions, DriverConfig, DriverService, JobSecret};
+use kolo_collective::control::{
+    ClientOptions, DriverConfig, DriverService, ElasticConfig, JobSecret,
+};
 use kolo_collective::AbortCause;
 
 /// The argument that makes this binary the driver child.
@@ -64,8 +67,13 @@ fn main() {
         std::process::exit(2);
     }
     let results: Vec<String> = sizes.iter().map(|&n| run(n, hold)).collect();
-    println!("{{\"bench\":\"driver_scale\",\"heartbeat_interval_ms\":{},\"hold_s\":{},\"results\":[{}]}}",
-        INTERVAL.as_millis(), hold.as_secs(), results.join(","));
+    println!("{{\"bench\":\"driver_scale\",\"elastic\":{},\"heartbeat_interval_ms\":{},\"hold_s\":{},\"results\":[{}]}}",
+        elastic(), INTERVAL.as_millis(), hold.as_secs(), results.join(","));
+}
+
+/// Whether the job is elastic (`KOLO_DRIVER_BENCH_ELASTIC=1`).
+fn elastic() -> bool {
+    std::env::var("KOLO_DRIVER_BENCH_ELASTIC").is_ok_and(|v| v == "1")
 }
 
 /// The driver child: reads the secret from stdin, starts the driver, prints its address, then
@@ -77,6 +85,7 @@ fn serve_driver(n: usize) {
         secret: JobSecret::from_hex(secret.trim(), "secret").expect("a hex secret"),
         start_timeout: TIMEOUT,
         heartbeat_timeout: TIMEOUT,
+        elastic: elastic().then(|| ElasticConfig::new(n, n)),
         ..DriverConfig::new(n)
     };
     let driver = DriverService::start(config).expect("the driver starts");

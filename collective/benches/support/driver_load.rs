@@ -160,10 +160,41 @@ pub async fn join_fleet(
         assignment_spread: Duration::ZERO,
     };
     let mut first_registered = Duration::MAX;
+    let mut outcomes = Vec::with_capacity(n);
     for join in joins {
-        let (client, signal, registration, connected, call, registered) = join
-            .await
-            .map_err(|err| format!("a client task failed: {err}"))??;
+        outcomes.push(
+            join.await
+                .map_err(|err| format!("a client task failed: {err}"))
+                .and_then(|outcome| outcome),
+        );
+    }
+    // Every task's own error, not only the first index's (which is often a timeout waiting for
+    // the task that really failed).
+    let errors: Vec<&String> = outcomes.iter().filter_map(|o| o.as_ref().err()).collect();
+    if !errors.is_empty() {
+        let waiting = "waiting for every task to register";
+        let mut own: Vec<&String> = errors
+            .iter()
+            .copied()
+            .filter(|e| !e.contains(waiting))
+            .collect();
+        own.truncate(5);
+        return Err(format!(
+            "{} of {n} clients failed; {}",
+            errors.len(),
+            if own.is_empty() {
+                errors[0].clone()
+            } else {
+                own.iter()
+                    .map(|e| e.as_str())
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            }
+        ));
+    }
+    for outcome in outcomes {
+        let (client, signal, registration, connected, call, registered) =
+            outcome.expect("errors returned above");
         fleet.all_connected = fleet.all_connected.max(connected);
         fleet.all_registered = fleet.all_registered.max(registered);
         first_registered = first_registered.min(registered);
