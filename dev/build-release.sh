@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds kolo's release artifacts into dist/ (KOLO_DIST overrides):
-#   kolo-<v>-cp39-abi3-manylinux_2_17_<arch>.manylinux2014_<arch>.whl  for x86_64 and aarch64,
+#   kolo-<v>-cp39-abi3-manylinux2014_<arch>.manylinux_2_17_<arch>.whl  for x86_64 and aarch64,
 #   linked with maturin's zig linker against glibc 2.17 (RHEL 7+, Ubuntu 14.04+, Debian 8+),
 #   the debug info of each wheel's native module split out beside it (dev/split_debuginfo.py),
 #   `auditwheel show` of each wheel in <wheel>.auditwheel.txt, and the sdist kolo-<v>.tar.gz

@@ -47,6 +47,7 @@ def _floor(requirement: Requirement) -> Version:
 
 
 def requirements(extras: list[str]) -> list[Requirement]:
+    """kolo's own requirements and those of ``extras`` (``kolo[all]`` expanded)."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     declared = project["optional-dependencies"]
     found = [Requirement(r) for r in project["dependencies"]]
@@ -63,6 +64,7 @@ def requirements(extras: list[str]) -> list[Requirement]:
 
 
 def main() -> None:
+    """Prints the constraints for the extras on the command line."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lent", action="append", default=[], metavar="NAME==VERSION")
     parser.add_argument("extras", nargs="*")
