@@ -6,11 +6,12 @@
 #          file, `kolorun --check-build`, a 2-rank kolo.torch job and
 #          examples/spark_torch_estimator.py;
 #   ray:   kolo[ray,torch] at the floors (with pyarrow's and pandas' from kolo[spark]):
-#          examples/ray_executor.py (RayExecutor, 2 workers) from outside the clone.
+#          examples/ray_executor.py (RayExecutor, 2 workers) from outside the clone;
+#   lightning: kolo[lightning] at the floors: `kolorun -np 2` examples/lightning_digits.py.
 # Not part of CI (it downloads the floor versions: PySpark 3.5's ~320 MB sdist and its build the
 # first time); run it by hand after changing a floor. docs/install.md lists the results.
 #
-# Usage: dev/test-floors.sh WHEEL [spark] [ray]   (default: both)
+# Usage: dev/test-floors.sh WHEEL [spark] [ray] [lightning]   (default: all three)
 #
 # torch: the floor (2.1) with its CUDA wheels is ~3 GB. If KOLO_FLOORS_TORCH_PYTHON (default:
 # the Horovod bench environment's python, ~/.cache/kolo-bench/horovod-venv, which
@@ -21,11 +22,11 @@
 # the first release that has one (numpy 1.22 -> 1.23.2 on 3.11; floor_constraints.py says which).
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-[ $# -ge 1 ] && [ -f "$1" ] || { echo "usage: dev/test-floors.sh WHEEL [spark] [ray]" >&2; exit 2; }
+[ $# -ge 1 ] && [ -f "$1" ] || { echo "usage: dev/test-floors.sh WHEEL [spark] [ray] [lightning]" >&2; exit 2; }
 wheel=$(realpath "$1")
 shift
 parts=("$@")
-[ ${#parts[@]} -gt 0 ] || parts=(spark ray)
+[ ${#parts[@]} -gt 0 ] || parts=(spark ray lightning)
 MAIN_PY="$REPO/.venv/bin/python"
 [ -x "$MAIN_PY" ] || { echo "dev/test-floors.sh: run dev/setup.sh first" >&2; exit 2; }
 FLOORS=("$MAIN_PY" "$REPO/dev/installed_wheel/floor_constraints.py")
@@ -54,13 +55,13 @@ spark_part() {
   "$REPO/dev/test-installed-wheel.sh" --constraints "$scratch/spark.txt" "${lend[@]}" "$wheel"
 }
 
-ray_part() {
-  # With the spark extra's floors as well: ray[data] pulls pyarrow and pandas, and today's
-  # pyarrow refuses numpy 1.x at import without declaring it (pip would pair it with numpy's floor).
-  "${FLOORS[@]}" ray torch spark | grep -v '^pyspark==' >"$scratch/ray.txt"
-  echo "== floors (ray): the constraints"
-  cat "$scratch/ray.txt"
-  local base venv="$scratch/ray-venv"
+# A fresh virtualenv $scratch/$1-venv with WHEEL[$2] (and $3..., pip requirements of the job's
+# own) installed under the constraints in $scratch/$1.txt; torch lent when there is one.
+floors_venv() {
+  local name=$1 extras=$2 base venv="$scratch/$1-venv"
+  shift 2
+  echo "== floors ($name): the constraints"
+  cat "$scratch/$name.txt"
   base=$("$MAIN_PY" -c 'import sys; print(sys._base_executable)')
   "$base" -m venv "$venv"
   local pip=("$venv/bin/python" -m pip --disable-pip-version-check --quiet) extra=()
@@ -71,23 +72,49 @@ ray_part() {
     echo "$scratch/lent" >"$site/kolo_lent_torch.pth"
     extra=(-r "$scratch/torch-req.txt")
   fi
-  echo "== floors (ray): installing $(basename "$wheel")[ray,torch]"
-  "${pip[@]}" install -c "$scratch/ray.txt" "$wheel[ray,torch]" "${extra[@]}"
+  echo "== floors ($name): installing $(basename "$wheel")[$extras]"
+  "${pip[@]}" install -c "$scratch/$name.txt" "$wheel[$extras]" "${extra[@]}" "$@"
   "${pip[@]}" check
+}
+
+# Runs "$@" in $scratch with the part's virtualenv first on PATH and no PYTHONPATH.
+in_venv() {
+  local name=$1
+  shift
+  (cd "$scratch" && env -u PYTHONPATH PATH="$scratch/$name-venv/bin:$PATH" PYTHONUNBUFFERED=1 "$@" 2>&1)
+}
+
+ray_part() {
+  # With the spark extra's floors as well: ray[data] pulls pyarrow and pandas, and today's
+  # pyarrow refuses numpy 1.x at import without declaring it (pip would pair it with numpy's floor).
+  "${FLOORS[@]}" ray torch spark | grep -v '^pyspark==' >"$scratch/ray.txt"
+  floors_venv ray ray,torch
   cp "$REPO/examples/ray_executor.py" "$scratch/"
   echo "== floors (ray): examples/ray_executor.py from outside the clone"
-  (cd "$scratch" && env -u PYTHONPATH PATH="$venv/bin:$PATH" PYTHONUNBUFFERED=1 \
-    "$venv/bin/python" ray_executor.py 2>&1) | tee "$scratch/ray-out.txt"
+  in_venv ray python ray_executor.py | tee "$scratch/ray-out.txt"
   grep -q '^simple_fn ranks: \[0, 1\]' "$scratch/ray-out.txt" &&
     grep -q '^weights after 3 steps, by rank:' "$scratch/ray-out.txt" ||
     { echo "floors (ray): examples/ray_executor.py did not finish" >&2; return 1; }
   echo "== floors (ray): passed"
 }
 
+lightning_part() {
+  "${FLOORS[@]}" lightning >"$scratch/lightning.txt"
+  # scikit-learn: the example's own dependency (its digits data set), not kolo's.
+  floors_venv lightning lightning scikit-learn
+  cp "$REPO/examples/lightning_digits.py" "$scratch/"
+  echo "== floors (lightning): kolorun -np 2 python examples/lightning_digits.py"
+  in_venv lightning kolorun -np 2 python lightning_digits.py | tee "$scratch/lightning-out.txt"
+  grep -q 'test accuracy: ' "$scratch/lightning-out.txt" ||
+    { echo "floors (lightning): examples/lightning_digits.py printed no test accuracy" >&2; return 1; }
+  echo "== floors (lightning): passed"
+}
+
 for part in "${parts[@]}"; do
   case "$part" in
     spark) spark_part ;;
     ray) ray_part ;;
-    *) echo "dev/test-floors.sh: unknown part $part (spark or ray)" >&2; exit 2 ;;
+    lightning) lightning_part ;;
+    *) echo "dev/test-floors.sh: unknown part $part (spark, ray or lightning)" >&2; exit 2 ;;
   esac
 done

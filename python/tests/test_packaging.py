@@ -20,6 +20,13 @@ FRAMEWORKS = ["torch", "spark", "ray", "keras", "lightning", "tensorflow"]
 VARIANTS = ["tensorflow-cpu"]
 # Upper pins allowed only with the known break they avoid (docs/install.md lists them); none now.
 DOCUMENTED_UPPER_PINS: dict[str, str] = {}
+# Extras' floors raised above the code's own version check, with the break found at the check's
+# version by dev/test-floors.sh (docs/install.md says the same).
+RAISED_FLOORS = {
+    # lightning 2.0.x imports lightning.app, which fails with today's lightning-cloud; 2.1 lacks
+    # lightning.pytorch.plugins.precision.Precision, which kolo.lightning imports.
+    "lightning": "2.2",
+}
 
 
 def extras() -> dict[str, list[Requirement]]:
@@ -77,7 +84,10 @@ def test_floors_match_the_code_own_version_checks() -> None:
     from kolo.spark.lightning._version import MIN_PL_VERSION
 
     by_name = {r.name: r for extra in FRAMEWORKS for r in extras()[extra]}
-    assert floor(by_name["lightning"]) == Version(MIN_PL_VERSION)
+    # The extra's floor may sit above the estimator's check, never below it; above only for
+    # the documented reason (a fresh install of Lightning 2.0.x fails at `import lightning`).
+    assert floor(by_name["lightning"]) >= Version(MIN_PL_VERSION)
+    assert floor(by_name["lightning"]) == Version(RAISED_FLOORS.get("lightning", MIN_PL_VERSION))
     # kolo.spark.run's message when PySpark is missing names the oldest PySpark it runs on.
     runner = (REPO / "python" / "kolo" / "spark" / "_session.py").read_text()
     oldest = re.search(r"pip install pyspark \((\d+\.\d+) or", runner)
