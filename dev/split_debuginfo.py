@@ -72,6 +72,10 @@ def split_wheel(wheel: str) -> None:
             if not _has_debug_info(so_path):
                 print(f"{wheel}: {module} has no debug info or symbols left; unchanged")
                 return
+            if _build_id(so_path) == "none":
+                # Without it a crash report cannot be matched to its debug file (zig's linker
+                # adds none unless asked: dev/build-release.sh passes -Wl,--build-id).
+                raise SystemExit(f"{wheel}: {module} has no GNU build-id; link it with --build-id")
             debug_dir = wheel[: -len(".whl")] + ".debug"
             os.makedirs(debug_dir, exist_ok=True)
             debug_name = os.path.basename(module) + ".debug"

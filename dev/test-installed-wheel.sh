@@ -8,20 +8,46 @@
 # (examples/spark_torch_estimator.py: TorchEstimator on local[2] Spark). dev/test.sh runs it on
 # the wheel dev/build-wheel.sh made. Needs dev/setup.sh's .venv (its Python and its torch).
 #
-# Usage: dev/test-installed-wheel.sh WHEEL
+# Usage: dev/test-installed-wheel.sh [--constraints FILE] [--torch-from PYTHON | --no-lend] WHEEL
+#
+# WHEEL may be the sdist (kolo-<v>.tar.gz) instead: its first `pip install` then builds kolo from
+# source (cargo and a Rust toolchain needed; CARGO_TARGET_DIR, if set, reaches cargo) and the
+# same checks run on the result.
 #
 # pip resolves kolo's own dependencies and the spark extra from the wheel's metadata (PyPI),
-# constrained to dev/requirements.txt's versions.
+# constrained to dev/requirements.txt's versions (--constraints FILE: to FILE's instead;
+# dev/test-floors.sh passes the extras' floors).
 # Only torch and its CUDA wheels (~3 GB) are lent from .venv (dev/installed_wheel/
-# borrow_torch.py), so pip still checks kolo[torch]'s floor against it. With
+# borrow_torch.py; --torch-from PYTHON: from that interpreter's environment instead; --no-lend:
+# none, pip downloads torch), so pip still checks kolo[torch]'s floor against it. With
 # KOLO_WHEEL_CHECK_PIP_CACHE set (.ci/run sets it), pip caches downloads and the PySpark wheel it
 # builds there; without it pip follows the environment (PIP_NO_CACHE_DIR and so on).
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-[ $# -eq 1 ] && [ -f "$1" ] || { echo "usage: dev/test-installed-wheel.sh WHEEL" >&2; exit 2; }
+usage() {
+  echo "usage: dev/test-installed-wheel.sh [--constraints FILE] [--torch-from PYTHON | --no-lend] WHEEL" >&2
+  exit 2
+}
+constraints="" torch_py="" lend=1
+while [ $# -gt 1 ]; do
+  case "$1" in
+    --constraints) constraints=$(realpath "$2"); shift 2 ;;
+    --torch-from) torch_py=$2; shift 2 ;;
+    --no-lend) lend=0; shift ;;
+    *) usage ;;
+  esac
+done
+[ $# -eq 1 ] && [ -f "$1" ] || usage
 wheel=$(realpath "$1")
+case "$wheel" in
+  *.whl) requested="$wheel[spark,torch]" ;;
+  # An sdist: install the kolo that the first install built, with the extras (no second build).
+  *.tar.gz) requested="kolo[spark,torch]==$(basename "$wheel" .tar.gz | sed 's/^kolo-//')" ;;
+  *) usage ;;
+esac
 MAIN_PY="$REPO/.venv/bin/python"
 [ -x "$MAIN_PY" ] || { echo "dev/test-installed-wheel.sh: run dev/setup.sh first" >&2; exit 2; }
+torch_py=${torch_py:-$MAIN_PY}
 start=$(date +%s)
 step() { echo "== installed wheel [$(( $(date +%s) - start )) s]: $*"; }
 
@@ -36,12 +62,17 @@ step "fresh virtualenv in $work with $(basename "$wheel")[spark,torch]"
 "$("$MAIN_PY" -c 'import sys; print(sys._base_executable)')" -m venv "$work/venv"
 PY="$work/venv/bin/python"
 SITE=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-"$MAIN_PY" "$REPO/dev/installed_wheel/borrow_torch.py" "$work/lent" >"$work/torch-requirements.txt"
-echo "$work/lent" >"$SITE/kolo_lent_torch.pth"
+if [ "$lend" = 1 ]; then
+  "$torch_py" "$REPO/dev/installed_wheel/borrow_torch.py" "$work/lent" >"$work/torch-requirements.txt"
+  echo "$work/lent" >"$SITE/kolo_lent_torch.pth"
+else
+  : >"$work/torch-requirements.txt"
+fi
 PIP=("$PY" -m pip --disable-pip-version-check --quiet)
 cp "$REPO/dev/installed_wheel/check_package_data.py" "$REPO/dev/installed_wheel/torch_job.py" \
   "$REPO/examples/spark_torch_estimator.py" "$work/"
 # The package files first (the wheel alone, seconds): a missing one fails before the downloads.
+case "$wheel" in *.tar.gz) step "building $(basename "$wheel") from source (pip install)" ;; esac
 "${PIP[@]}" install --no-deps "$wheel"
 step "package files"
 (cd "$work" && env -u PYTHONPATH "$PY" check_package_data.py "$REPO")
@@ -49,9 +80,13 @@ step "package files"
 step "kolo's dependencies and the spark and torch extras"
 # The suite's pins as constraints (extras dropped: pip refuses them there): pip still installs
 # only what the wheel's metadata asks for, at the versions the rest of the suite tests.
-sed -e 's/#.*//' -e 's/\[[^]]*\]//' "$REPO/dev/requirements.txt" >"$work/constraints.txt"
+if [ -n "$constraints" ]; then
+  cp "$constraints" "$work/constraints.txt"
+else
+  sed -e 's/#.*//' -e 's/\[[^]]*\]//' "$REPO/dev/requirements.txt" >"$work/constraints.txt"
+fi
 # scikit-learn: the example's own dependency (its digits data set), not kolo's.
-"${PIP[@]}" install -c "$work/constraints.txt" "$wheel[spark,torch]" \
+"${PIP[@]}" install -c "$work/constraints.txt" "$requested" \
   -r "$work/torch-requirements.txt" scikit-learn
 "${PIP[@]}" check
 
