@@ -111,7 +111,7 @@ impl Coordinator {
             .enumerate()
             .map(|(r, m)| Senders {
                 msg: m.clone(),
-                ranks: vec![r..r + 1],
+                ranks: std::iter::once(r..r + 1).collect(),
             })
             .collect();
         self.decide_grouped(&groups, now)
@@ -468,7 +468,7 @@ mod tests {
         let d = c.decide_grouped(
             &[Senders {
                 msg: step.clone(),
-                ranks: vec![0..1024],
+                ranks: std::iter::once(0..1024).collect(),
             }],
             now,
         );
@@ -497,7 +497,7 @@ mod tests {
                 },
                 Senders {
                     msg: third,
-                    ranks: vec![1..2],
+                    ranks: std::iter::once(1..2).collect(),
                 },
             ],
             now,
