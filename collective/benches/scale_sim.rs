@@ -8,7 +8,8 @@
 //! on the last line.
 //!
 //! `KOLO_SIM_SIZES=2,8,64` picks the sizes (default 2, 8, 64, 256, 1,024: all 1,024 ranks in
-//! one process peak at ~0.9 GB resident with the tree, ~0.7 GB with all-to-all, ~20 s in all);
+//! one process peak at ~0.9 GB resident with the tree, ~0.7 GB with all-to-all; the whole
+//! default run ~1.1 GB and ~20 s);
 //! `KOLO_SIM_PROTOCOLS=tree` picks the protocols (default `all_to_all,tree`).
 //! `KOLO_SIM_LATENCY_US` and `KOLO_SIM_GBPS` (bytes: gigabytes per second) change the link.
 
