@@ -474,8 +474,30 @@ pub(crate) fn check_agreement(descs: &[OpDescriptor], me: usize) -> Result<()> {
 /// same error everywhere, before any allocation or data transfer (the communicator stays
 /// usable).
 pub(crate) fn check_sizes(descs: &[OpDescriptor]) -> Option<String> {
-    let size = descs.len();
-    let first = descs.first()?;
+    check_sizes_of(descs.len(), |j| &descs[j], false)
+}
+
+/// [`check_sizes`] of `size` members that all announced `desc`, with the same answer (and
+/// message) as on `size` copies of it, at a cost that does not grow with `size` (except an
+/// alltoall's per-receiver sums, one per rank).
+pub(crate) fn check_sizes_uniform(desc: &OpDescriptor, size: usize) -> Option<String> {
+    if size == 0 {
+        return None;
+    }
+    check_sizes_of(size, |_| desc, true)
+}
+
+/// [`check_sizes`] over the members' descriptors `member(0..size)`; `uniform`: they are all
+/// the same one, so each member's own checks run once and the sums over members are products.
+fn check_sizes_of<'a>(
+    size: usize,
+    member: impl Fn(usize) -> &'a OpDescriptor,
+    uniform: bool,
+) -> Option<String> {
+    if size == 0 {
+        return None;
+    }
+    let first = member(0);
     let fail = |j: usize, m: String| {
         Some(format!(
             "{}: rank {j} announced {m}; no rank ran it (a broken or hostile peer, or a bug)",
@@ -483,7 +505,9 @@ pub(crate) fn check_sizes(descs: &[OpDescriptor]) -> Option<String> {
         ))
     };
     let mut gathered = 0usize;
-    for (j, d) in descs.iter().enumerate() {
+    let checked = if uniform { 1 } else { size };
+    for j in 0..checked {
+        let d = member(j);
         if !d.prescale.is_finite() || !d.postscale.is_finite() {
             return fail(
                 j,
@@ -512,6 +536,22 @@ pub(crate) fn check_sizes(descs: &[OpDescriptor]) -> Option<String> {
         match d.kind {
             OpKind::Allgather | OpKind::Alltoall | OpKind::Reducescatter if d.shape.is_empty() => {
                 return fail(j, "a scalar for a collective that splits rows".into());
+            }
+            OpKind::Allgather if uniform => {
+                // Member j's running total is (j + 1) · bytes: the first one past the limit.
+                if let Some(j) = (bytes > 0)
+                    .then(|| MAX_TENSOR_BYTES / bytes)
+                    .filter(|&j| j < size)
+                {
+                    return fail(
+                        j,
+                        format!(
+                            "shape {:?}, which makes the gathered result more than the limit of \
+                             {MAX_TENSOR_BYTES} bytes",
+                            d.shape
+                        ),
+                    );
+                }
             }
             OpKind::Allgather => match gathered.checked_add(bytes) {
                 Some(total) if total <= MAX_TENSOR_BYTES => gathered = total,
@@ -550,16 +590,22 @@ pub(crate) fn check_sizes(descs: &[OpDescriptor]) -> Option<String> {
     if first.kind == OpKind::Alltoall {
         let row = row_bytes(&first.shape, first.dtype).unwrap_or(usize::MAX);
         for receiver in 0..size {
-            let received = descs.iter().try_fold(0usize, |acc, d| {
-                let rows = usize::try_from(*d.splits.get(receiver)?).ok()?;
-                acc.checked_add(rows.checked_mul(row)?)
-            });
+            let received = if uniform {
+                (first.splits.get(receiver))
+                    .and_then(|&rows| usize::try_from(rows).ok())
+                    .and_then(|rows| rows.checked_mul(row)?.checked_mul(size))
+            } else {
+                (0..size).try_fold(0usize, |acc, j| {
+                    let rows = usize::try_from(*member(j).splits.get(receiver)?).ok()?;
+                    acc.checked_add(rows.checked_mul(row)?)
+                })
+            };
             if received.is_none_or(|bytes| bytes > MAX_TENSOR_BYTES) {
                 return Some(format!(
                     "{}: the splits {:?} make rank {receiver} receive more than the limit of \
                      {MAX_TENSOR_BYTES} bytes; no rank ran it (a broken or hostile peer, or a bug)",
                     label(first.kind, &first.name),
-                    descs.iter().map(|d| &d.splits).collect::<Vec<_>>()
+                    (0..size).map(|j| &member(j).splits).collect::<Vec<_>>()
                 ));
             }
         }
@@ -841,6 +887,47 @@ mod tests {
             op: Some(ReduceOp::Sum),
             ..OpDescriptor::new(kind, name)
         }
+    }
+
+    #[test]
+    fn the_uniform_size_check_answers_as_on_every_members_copy() {
+        let huge_rows = (MAX_TENSOR_BYTES / 4 / 3) as i64;
+        let mut cases = vec![
+            desc(OpKind::Allreduce, "a", DType::F32, &[4, 5]),
+            desc(OpKind::Allreduce, "neg", DType::F32, &[-1]),
+            desc(OpKind::Allgather, "g", DType::F32, &[3, 2]),
+            desc(OpKind::Allgather, "big", DType::F32, &[huge_rows]),
+            desc(OpKind::Allgather, "empty", DType::F32, &[0, 2]),
+            desc(OpKind::Allgather, "scalar", DType::F32, &[]),
+            desc(OpKind::Broadcast, "b", DType::F32, &[2]),
+            desc(OpKind::Barrier, "x", DType::F32, &[]),
+        ];
+        let mut nan = desc(OpKind::Allreduce, "nan", DType::F32, &[1]);
+        nan.prescale = f64::NAN;
+        cases.push(nan);
+        let mut root = desc(OpKind::Broadcast, "root", DType::F32, &[2]);
+        root.root = 3;
+        cases.push(root);
+        for splits in [vec![1u64, 1, 1], vec![2, 0, 1], vec![1, 1], vec![1, 1, 2]] {
+            let mut a2a = desc(OpKind::Alltoall, "t", DType::F32, &[3, 2]);
+            a2a.splits = splits;
+            cases.push(a2a);
+        }
+        let mut wide = desc(OpKind::Alltoall, "wide", DType::U8, &[huge_rows, 1]);
+        wide.splits = vec![huge_rows as u64, 0, 0];
+        cases.push(wide);
+        let mut members = desc(OpKind::AddProcessSet, "ps", DType::U8, &[]);
+        members.splits = vec![0, 2];
+        cases.push(members);
+        let mut found = 0;
+        for d in &cases {
+            for size in [1, 2, 3, 4, 5] {
+                let expected = check_sizes(&vec![d.clone(); size]);
+                found += usize::from(expected.is_some());
+                assert_eq!(check_sizes_uniform(d, size), expected, "{d:?} x {size}");
+            }
+        }
+        assert!(found > 20, "the cases include refusals ({found})");
     }
 
     fn mismatch(descs: &[OpDescriptor]) -> String {

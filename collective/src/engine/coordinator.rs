@@ -5,19 +5,22 @@
 //! Rank 0's copy also feeds the stall inspector.
 
 use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::cache::ResponseCache;
 use super::message::{CycleMessage, FLAG_JOINED, FLAG_SHUTDOWN, FLAG_STALL_ABORT};
-use crate::collectives::{check_sizes, difference, label};
+use crate::collectives::{check_sizes, check_sizes_uniform, difference, label};
 use crate::wire::{OpDescriptor, OpKind};
 
 /// What one agreed entry does.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Response {
     /// Run the collective: every member's descriptor (joined members get one that contributes
-    /// nothing), or a single descriptor that is every member's (a tensor agreed through the
-    /// cache). `cached`: agreed through the cache bits alone.
+    /// nothing), or a single descriptor that is every member's (whenever all members' are
+    /// equal, e.g. a tensor agreed through the cache). `cached`: agreed through the cache bits
+    /// alone.
     Run {
         descs: Vec<OpDescriptor>,
         cached: bool,
@@ -38,17 +41,40 @@ pub(crate) struct Decision {
     pub shutdown_by: Option<usize>,
 }
 
-/// Members (group ranks, ascending) that sent the same message.
+/// Members that sent the same message.
 #[derive(Debug, Clone)]
 pub(crate) struct Senders {
     pub msg: CycleMessage,
-    pub ranks: Vec<usize>,
+    /// Disjoint ranges of group ranks, ascending (a digest's ranges, never expanded rank by
+    /// rank: a cached cycle costs the same whatever the set's size).
+    pub ranks: Vec<Range<usize>>,
+}
+
+impl Senders {
+    fn members(&self) -> impl Iterator<Item = usize> + '_ {
+        self.ranks.iter().flat_map(|r| r.clone())
+    }
+
+    fn count(&self) -> usize {
+        self.ranks.iter().map(|r| r.len()).sum()
+    }
+
+    fn first(&self) -> Option<usize> {
+        self.ranks.iter().map(|r| r.start).min()
+    }
+
+    fn contains(&self, rank: usize) -> bool {
+        self.ranks.iter().any(|r| r.contains(&rank))
+    }
 }
 
 #[derive(Debug)]
 struct Pending {
     seq: u64,
-    descs: Vec<Option<OpDescriptor>>,
+    /// Each member's descriptor, shared: the members of one message group (and every member
+    /// that announced the same cache bit) point at the same one, so an entry costs a pointer
+    /// per member and comparing them is a pointer check.
+    descs: Vec<Option<Arc<OpDescriptor>>>,
     since: Instant,
     /// Every rank so far sent only its cache bit (no full descriptor).
     from_bits: bool,
@@ -85,7 +111,7 @@ impl Coordinator {
             .enumerate()
             .map(|(r, m)| Senders {
                 msg: m.clone(),
-                ranks: vec![r],
+                ranks: std::iter::once(r..r + 1).collect(),
             })
             .collect();
         self.decide_grouped(&groups, now)
@@ -100,14 +126,14 @@ impl Coordinator {
             shutdown_by: groups
                 .iter()
                 .filter(|g| g.msg.has(FLAG_SHUTDOWN))
-                .filter_map(|g| g.ranks.iter().copied().min())
+                .filter_map(Senders::first)
                 .min(),
             ..Decision::default()
         };
         let mut newly: Vec<usize> = groups
             .iter()
             .filter(|g| g.msg.has(FLAG_JOINED))
-            .flat_map(|g| g.ranks.iter().copied())
+            .flat_map(Senders::members)
             .filter(|&r| r < self.size && !self.joined[r])
             .collect();
         newly.sort_unstable();
@@ -124,9 +150,9 @@ impl Coordinator {
         let mut counts: HashMap<usize, usize> = HashMap::new();
         for g in groups {
             let senders = if any_joined {
-                g.ranks.iter().filter(|&&r| !self.joined[r]).count()
+                g.members().filter(|&r| !self.joined[r]).count()
             } else {
-                g.ranks.len()
+                g.count()
             };
             if senders == 0 {
                 continue;
@@ -158,13 +184,25 @@ impl Coordinator {
                         .bit_indices()
                         .any(|bit| everywhere.binary_search(&bit).is_err())
             })
-            .flat_map(|(i, g)| g.ranks.iter().map(move |&r| (r, i)))
+            .flat_map(|(i, g)| g.members().map(move |r| (r, i)))
             .collect();
         order.sort_unstable();
+        // One shared descriptor per cache bit and per group's request, however many members
+        // sent it.
+        let mut from_cache: HashMap<usize, Arc<OpDescriptor>> = HashMap::new();
+        let mut requests: HashMap<usize, Vec<Arc<OpDescriptor>>> = HashMap::new();
         for &(r, i) in &order {
             for bit in groups[i].msg.bit_indices() {
                 if everywhere.binary_search(&bit).is_err() {
-                    if let Some(desc) = self.cache.get(bit).cloned() {
+                    let desc = match from_cache.get(&bit) {
+                        Some(desc) => Some(Arc::clone(desc)),
+                        None => self.cache.get(bit).cloned().map(|d| {
+                            let d = Arc::new(d);
+                            from_cache.insert(bit, Arc::clone(&d));
+                            d
+                        }),
+                    };
+                    if let Some(desc) = desc {
                         self.insert(r, desc, now, true);
                     }
                 }
@@ -185,8 +223,18 @@ impl Coordinator {
         }
 
         for &(r, i) in &order {
-            for desc in &groups[i].msg.requests {
-                self.insert(r, desc.clone(), now, false);
+            let shared = requests.entry(i).or_insert_with(|| {
+                groups[i]
+                    .msg
+                    .requests
+                    .iter()
+                    .cloned()
+                    .map(Arc::new)
+                    .collect()
+            });
+            for desc in shared.iter() {
+                let desc = Arc::clone(desc);
+                self.insert(r, desc, now, false);
             }
         }
         let mut ready: Vec<(u64, String)> = self
@@ -214,7 +262,7 @@ impl Coordinator {
             }
         }
 
-        let first = groups.iter().find(|g| g.ranks.contains(&0));
+        let first = groups.iter().find(|g| g.contains(0));
         if first.is_some_and(|g| g.msg.has(FLAG_STALL_ABORT)) {
             let report = self.stall_report(now, Duration::ZERO);
             for (name, missing) in report {
@@ -237,29 +285,32 @@ impl Coordinator {
         decision
     }
 
-    fn insert(&mut self, rank: usize, desc: OpDescriptor, now: Instant, from_bit: bool) {
-        let size = self.size;
-        let seq = &mut self.next_seq;
-        let pending = self.table.entry(desc.name.clone()).or_insert_with(|| {
-            *seq += 1;
-            Pending {
-                seq: *seq,
-                descs: vec![None; size],
-                since: now,
-                from_bits: true,
-            }
-        });
-        pending.from_bits &= from_bit;
-        pending.descs[rank] = Some(desc);
+    fn insert(&mut self, rank: usize, desc: Arc<OpDescriptor>, now: Instant, from_bit: bool) {
+        if !self.table.contains_key(&desc.name) {
+            self.next_seq += 1;
+            self.table.insert(
+                desc.name.clone(),
+                Pending {
+                    seq: self.next_seq,
+                    descs: vec![None; self.size],
+                    since: now,
+                    from_bits: true,
+                },
+            );
+        }
+        if let Some(pending) = self.table.get_mut(&desc.name) {
+            pending.from_bits &= from_bit;
+            pending.descs[rank] = Some(desc);
+        }
     }
 
     /// Turns the descriptors of an entry that every active member submitted into its
     /// response, and records it in the cache.
-    fn finish(&mut self, descs: Vec<Option<OpDescriptor>>) -> Response {
+    fn finish(&mut self, descs: Vec<Option<Arc<OpDescriptor>>>) -> Response {
         let Some((first, reference)) = descs
             .iter()
             .enumerate()
-            .find_map(|(r, d)| d.clone().map(|d| (r, d)))
+            .find_map(|(r, d)| d.as_ref().map(|d| (r, Arc::clone(d))))
         else {
             return Response::Fail {
                 name: String::new(),
@@ -268,8 +319,14 @@ impl Coordinator {
         };
         let name = reference.name.clone();
         let what = || label(reference.kind, &reference.name);
+        // Every member's descriptor equals the reference (then one stands for all).
+        let mut uniform = true;
         for (j, d) in descs.iter().enumerate() {
             let Some(d) = d else { continue };
+            if Arc::ptr_eq(d, &reference) {
+                continue;
+            }
+            uniform &= **d == *reference;
             let mut message = difference(&reference, first, d, j);
             let member_list = matches!(
                 reference.kind,
@@ -309,17 +366,25 @@ impl Coordinator {
                 ),
             };
         }
-        let all: Vec<OpDescriptor> = descs
-            .into_iter()
-            .map(|d| d.unwrap_or_else(|| reference.clone()))
-            .collect();
         // Sizes a peer announced are checked here, alike on every rank, before any rank
         // computes or allocates with them (a bad one fails the op everywhere, like a mismatch).
+        // Joined members stand in with the reference, so they keep the set uniform.
+        if uniform {
+            if let Some(message) = check_sizes_uniform(&reference, self.size) {
+                return Response::Fail { name, message };
+            }
+            self.cache.put(&reference);
+            return Response::Run {
+                descs: vec![Arc::unwrap_or_clone(reference)],
+                cached: false,
+            };
+        }
+        let all: Vec<OpDescriptor> = descs
+            .iter()
+            .map(|d| OpDescriptor::clone(d.as_ref().unwrap_or(&reference)))
+            .collect();
         if let Some(message) = check_sizes(&all) {
             return Response::Fail { name, message };
-        }
-        if all.iter().all(|d| *d == all[0]) {
-            self.cache.put(&all[0]);
         }
         Response::Run {
             descs: all,
@@ -393,6 +458,74 @@ mod tests {
         assert_eq!(names(&d), ["b"]);
         let d = c.decide(&[full(&[]), full(&[desc("a", 1)])], now);
         assert_eq!(names(&d), ["a"]);
+    }
+
+    #[test]
+    fn equal_descriptors_agree_as_one_that_stands_for_every_member() {
+        let mut c = Coordinator::new(1024, 8);
+        let now = Instant::now();
+        let step = full(&[desc("a", 3), desc("b", 5)]);
+        let d = c.decide_grouped(
+            &[Senders {
+                msg: step.clone(),
+                ranks: std::iter::once(0..1024).collect(),
+            }],
+            now,
+        );
+        match &d.responses[..] {
+            [Response::Run {
+                descs: a,
+                cached: false,
+            }, Response::Run {
+                descs: b,
+                cached: false,
+            }] => {
+                assert_eq!(a, &vec![desc("a", 3)]);
+                assert_eq!(b, &vec![desc("b", 5)]);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(c.cache.lookup(&desc("a", 3)).is_some(), "cached");
+        // Equal descriptors from different message groups still make one.
+        let other = full(&[desc("c", 1), desc("x", 1)]);
+        let third = full(&[desc("c", 1)]);
+        let d = c.decide_grouped(
+            &[
+                Senders {
+                    msg: other,
+                    ranks: vec![0..1, 2..1024],
+                },
+                Senders {
+                    msg: third,
+                    ranks: std::iter::once(1..2).collect(),
+                },
+            ],
+            now,
+        );
+        assert!(matches!(&d.responses[..], [Response::Run { descs, .. }] if descs.len() == 1));
+        assert_eq!(
+            c.stall_report(now, Duration::ZERO),
+            vec![("x".to_owned(), vec![1])]
+        );
+    }
+
+    #[test]
+    fn allgather_with_different_first_dims_keeps_every_members_shape() {
+        let mut c = Coordinator::new(3, 8);
+        let now = Instant::now();
+        let g = |rows| OpDescriptor {
+            shape: vec![rows, 2],
+            ..OpDescriptor::new(OpKind::Allgather, "g")
+        };
+        let d = c.decide(&[full(&[g(1)]), full(&[g(1)]), full(&[g(4)])], now);
+        match &d.responses[..] {
+            [Response::Run { descs, .. }] => assert_eq!(descs, &vec![g(1), g(1), g(4)]),
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            c.cache.lookup(&g(1)).is_none(),
+            "not cached: the shapes differ"
+        );
     }
 
     #[test]

@@ -997,12 +997,12 @@ impl Shared {
                     })?;
                 groups.push(Senders {
                     msg: decoded,
-                    ranks: entry.ranks.into_iter().flatten().collect(),
+                    ranks: entry.ranks,
                 });
             }
             let (first_params, first_news) = groups
                 .iter()
-                .find(|g| g.ranks.first() == Some(&0))
+                .find(|g| g.ranks.first().is_some_and(|r| r.start == 0))
                 .map(|g| (g.msg.params, g.msg.news))
                 .unwrap_or_default();
             // Global rank 0's autotune setting takes effect here, at this same cycle on every

@@ -343,7 +343,7 @@ fn run_rank(config: &SimConfig, links: &mut SimLinks) -> Result<Vec<RankCycle>> 
                 .map_err(|e| Error::Internal(format!("an unreadable simulated message: {e}")))?;
             groups.push(Senders {
                 msg: decoded,
-                ranks: entry.ranks.into_iter().flatten().collect(),
+                ranks: entry.ranks,
             });
         }
         let decision = coordinator.decide_grouped(&groups, Instant::now());
