@@ -15,7 +15,9 @@ The cargo profile stays the one the whole project builds with (``[profile.releas
 tables for kolo's crates): stripping after the build, rather than in a second profile, means the
 wheel is made from the very artifacts ``maturin develop`` and ``cargo test`` already compiled.
 A wheel whose module has no debug info left is skipped (running this twice is harmless).
-Needs binutils' ``objcopy`` and ``readelf``.
+Needs binutils' ``objcopy`` and ``readelf``; a module built for another architecture (the
+cross-compiled aarch64 wheel) needs that architecture's objcopy
+(``apt-get install binutils-aarch64-linux-gnu``) or ``llvm-objcopy``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,28 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+
+
+#: ELF ``e_machine`` values of the architectures kolo ships wheels for.
+ELF_MACHINES = {0x3E: "x86_64", 0xB7: "aarch64"}
+
+
+def _objcopy_for(so_path: str) -> str:
+    """An objcopy that understands ``so_path``'s architecture: the host's own ``objcopy`` for a
+    module of the host's architecture, else ``<arch>-linux-gnu-objcopy`` or ``llvm-objcopy``."""
+    with open(so_path, "rb") as f:
+        header = f.read(20)
+    machine = ELF_MACHINES.get(int.from_bytes(header[18:20], "little"))
+    if machine is None or machine == os.uname().machine:
+        return "objcopy"
+    for candidate in (f"{machine}-linux-gnu-objcopy", "llvm-objcopy"):
+        found = shutil.which(candidate)
+        if found:
+            return found
+    raise SystemExit(
+        f"{so_path} is a {machine} module: install binutils-{machine}-linux-gnu (its "
+        f"{machine}-linux-gnu-objcopy) or llvm-objcopy to split its debug info"
+    )
 
 
 def _has_debug_info(path: str) -> bool:
@@ -80,11 +104,12 @@ def split_wheel(wheel: str) -> None:
             os.makedirs(debug_dir, exist_ok=True)
             debug_name = os.path.basename(module) + ".debug"
             debug_path = os.path.join(tmp, debug_name)
-            subprocess.run(["objcopy", "--only-keep-debug", so_path, debug_path], check=True)
+            objcopy = _objcopy_for(so_path)
+            subprocess.run([objcopy, "--only-keep-debug", so_path, debug_path], check=True)
             # --strip-all keeps the dynamic symbol table (PyInit__native and the imports); the
             # debuglink records the debug file's name and CRC for gdb and Rust's backtraces.
             subprocess.run(
-                ["objcopy", "--strip-all", f"--add-gnu-debuglink={debug_path}", so_path],
+                [objcopy, "--strip-all", f"--add-gnu-debuglink={debug_path}", so_path],
                 check=True,
             )
             with open(so_path, "rb") as f:
