@@ -12,7 +12,8 @@
 # compiles the whole dependency tree (~20-40 min per architecture on 2 idle cores, over an hour
 # on a loaded machine); later ones only what changed (kolo's own crates: minutes). Too slow for
 # CI, which builds and tests the dev wheel instead (dev/build-wheel.sh, dev/test-installed-
-# wheel.sh). The aarch64 wheel is cross-compiled; it cannot be run on an x86_64 machine.
+# wheel.sh). The aarch64 wheel is cross-compiled; it cannot be run on an x86_64 machine;
+# splitting its debug info needs binutils-aarch64-linux-gnu (or llvm-objcopy).
 # Each wheel must come out manylinux_2_17 per `auditwheel show` (checked) and its native module
 # must carry a GNU build-id (dev/split_debuginfo.py checks).
 #

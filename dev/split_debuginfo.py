@@ -31,7 +31,6 @@ import sys
 import tempfile
 import zipfile
 
-
 #: ELF ``e_machine`` values of the architectures kolo ships wheels for.
 ELF_MACHINES = {0x3E: "x86_64", 0xB7: "aarch64"}
 
