@@ -1247,11 +1247,13 @@ impl JobState {
                 description: description.clone(),
             })),
         };
-        if let Err(err) = self.events.post(task_index, vec![exited]).await {
-            log::warn!("job driver: cannot record the loss of task {task_index}: {err}");
-        }
+        // An elastic job drops the task before its exit is recorded: whoever sees the exit
+        // sees the task gone from the live ones.
         if self.elastic.is_some() {
             self.remove_member(task_index, format!("its rank process {description}"));
+        }
+        if let Err(err) = self.events.post(task_index, vec![exited]).await {
+            log::warn!("job driver: cannot record the loss of task {task_index}: {err}");
         }
     }
 

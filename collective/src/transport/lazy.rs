@@ -305,7 +305,7 @@ mod tests {
 
     use super::*;
     use crate::abort::AbortSignal;
-    use crate::collectives::{self, allreduce::Reduction, Session};
+    use crate::collectives::{self, allreduce::Reduction, Algorithm, AlgorithmChoices, Session};
     use crate::control::JobSecret;
     use crate::dtype::{DType, ReduceOp};
     use crate::transport::handshake::data_key;
@@ -352,6 +352,11 @@ mod tests {
                                 Mesh::connect_lazily(listener, config, AbortSignal::new()).unwrap();
                             assert_eq!(mesh.connections(), ConnectionCounts::default());
                             let mut session = Session::new(Some(mesh), rank, n);
+                            // A 256-byte allreduce would take recursive doubling by default.
+                            session.set_algorithms(AlgorithmChoices {
+                                allreduce: Some(Algorithm::Ring),
+                                ..AlgorithmChoices::default()
+                            });
                             let reduction = Reduction {
                                 op: ReduceOp::Sum,
                                 prescale: 1.0,

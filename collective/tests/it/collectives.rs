@@ -45,9 +45,9 @@ pub(crate) fn info(rank: usize, size: usize) -> RankInfo {
     }
 }
 
-struct Options {
-    op_timeout: Duration,
-    connect_timeout: Duration,
+pub(crate) struct Options {
+    pub(crate) op_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
 }
 
 impl Default for Options {
@@ -67,12 +67,29 @@ fn with_ranks_custom<T: Send>(
     before: impl FnOnce(&[SocketAddr]),
     f: impl Fn(usize, Communicator) -> T + Sync,
 ) -> Vec<T> {
+    with_meshes(n, true, options, &[], |peers, _| before(peers), f)
+        .into_iter()
+        .map(|r| r.expect("every rank is present"))
+        .collect()
+}
+
+/// Runs `f(rank, comm)` on `n` ranks (threads) over meshes formed at once (`eager`, today's
+/// design) or connecting on demand; `before` runs after the listeners are bound. Ranks listed
+/// in `absent` bind a listener but never form a mesh (their entry is `None`).
+pub(crate) fn with_meshes<T: Send>(
+    n: usize,
+    eager: bool,
+    options: Options,
+    absent: &[usize],
+    before: impl FnOnce(&[SocketAddr], JobId),
+    f: impl Fn(usize, Communicator) -> T + Sync,
+) -> Vec<Option<T>> {
     let listeners: Vec<DataListener> = (0..n)
         .map(|_| DataListener::bind(LOCALHOST).unwrap())
         .collect();
     let peers: Vec<SocketAddr> = listeners.iter().map(DataListener::local_addr).collect();
-    before(&peers);
     let job_id = job_id();
+    before(&peers, job_id);
     thread::scope(|s| {
         let handles: Vec<_> = listeners
             .into_iter()
@@ -87,11 +104,22 @@ fn with_ranks_custom<T: Send>(
                     op_timeout: options.op_timeout,
                 };
                 let f = &f;
+                let absent = absent.contains(&rank);
                 s.spawn(move || {
+                    if absent {
+                        // Bound and registered, but the process never gets to its mesh.
+                        thread::sleep(options.connect_timeout * 3);
+                        drop(listener);
+                        return None;
+                    }
                     let abort = AbortSignal::new();
-                    let mesh =
-                        Mesh::establish(listener, config, abort.clone()).expect("mesh forms");
-                    f(rank, Communicator::new(info(rank, n), mesh, abort))
+                    let mesh = if eager {
+                        Mesh::establish(listener, config, abort.clone())
+                    } else {
+                        Mesh::connect_lazily(listener, config, abort.clone())
+                    }
+                    .expect("mesh forms");
+                    Some(f(rank, Communicator::new(info(rank, n), mesh, abort)))
                 })
             })
             .collect();

@@ -4,7 +4,7 @@
 //! delaying the others, and names a peer that never shows up within the connect timeout. The
 //! eager mesh (today's design) still opens n − 1 connections per rank at start-up.
 
-use std::net::{SocketAddr, TcpStream};
+use std::net::TcpStream;
 use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -13,84 +13,11 @@ use kolo_collective::communicator::Communicator;
 use kolo_collective::control::JobSecret;
 use kolo_collective::engine::{Engine, EngineConfig, RawTensor, Submission};
 use kolo_collective::transport::handshake::{self, data_key, Dial};
-use kolo_collective::transport::{ConnectionCounts, DataListener, Mesh, MeshConfig};
-use kolo_collective::wire::{JobId, OpKind};
-use kolo_collective::{AbortSignal, DType, Error, ReduceOp};
+use kolo_collective::transport::ConnectionCounts;
+use kolo_collective::wire::OpKind;
+use kolo_collective::{DType, Error, ReduceOp};
 
-use super::collectives::{info, job_id, key};
-
-const LOCALHOST: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
-
-struct Timeouts {
-    connect: Duration,
-    op: Duration,
-}
-
-impl Default for Timeouts {
-    fn default() -> Self {
-        Timeouts {
-            connect: Duration::from_secs(10),
-            op: Duration::from_secs(20),
-        }
-    }
-}
-
-/// Runs `f(rank, comm)` on `n` ranks (threads) over lazy meshes (`eager`: meshes formed at
-/// once, today's design); `before` runs after the listeners are bound. Ranks listed in
-/// `absent` bind a listener but never form a mesh.
-fn with_meshes<T: Send>(
-    n: usize,
-    eager: bool,
-    timeouts: Timeouts,
-    absent: &[usize],
-    before: impl FnOnce(&[SocketAddr], JobId),
-    f: impl Fn(usize, Communicator) -> T + Sync,
-) -> Vec<Option<T>> {
-    let listeners: Vec<DataListener> = (0..n)
-        .map(|_| DataListener::bind(LOCALHOST).unwrap())
-        .collect();
-    let peers: Vec<SocketAddr> = listeners.iter().map(DataListener::local_addr).collect();
-    let job_id = job_id();
-    before(&peers, job_id);
-    thread::scope(|s| {
-        let handles: Vec<_> = listeners
-            .into_iter()
-            .enumerate()
-            .map(|(rank, listener)| {
-                let config = MeshConfig {
-                    job_id,
-                    key: key(),
-                    rank,
-                    peers: peers.clone(),
-                    connect_timeout: timeouts.connect,
-                    op_timeout: timeouts.op,
-                };
-                let f = &f;
-                let absent = absent.contains(&rank);
-                s.spawn(move || {
-                    if absent {
-                        // Bound and registered, but the process never gets to its mesh.
-                        thread::sleep(timeouts.connect * 3);
-                        drop(listener);
-                        return None;
-                    }
-                    let abort = AbortSignal::new();
-                    let mesh = if eager {
-                        Mesh::establish(listener, config, abort.clone())
-                    } else {
-                        Mesh::connect_lazily(listener, config, abort.clone())
-                    }
-                    .expect("mesh forms");
-                    Some(f(rank, Communicator::new(info(rank, n), mesh, abort)))
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("rank thread panicked"))
-            .collect()
-    })
-}
+use super::collectives::{with_meshes, Options};
 
 fn f32_bytes(values: &[f32]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()
@@ -133,7 +60,7 @@ fn a_lazy_mesh_connects_nothing_at_start_and_each_pair_once_when_all_dial_at_onc
     let seen = with_meshes(
         N,
         false,
-        Timeouts::default(),
+        Options::default(),
         &[],
         |_, _| {},
         |rank, comm| {
@@ -165,7 +92,7 @@ fn an_eager_mesh_opens_every_connection_at_start() {
     let seen = with_meshes(
         N,
         true,
-        Timeouts::default(),
+        Options::default(),
         &[],
         |_, _| {},
         |rank, comm| {
@@ -195,7 +122,7 @@ fn peers_without_the_key_are_refused_and_do_not_delay_the_job() {
     let took = with_meshes(
         N,
         false,
-        Timeouts::default(),
+        Options::default(),
         &[],
         |peers, job| {
             for &addr in peers {
@@ -261,9 +188,9 @@ fn peers_without_the_key_are_refused_and_do_not_delay_the_job() {
 fn a_peer_that_never_shows_up_is_named_within_the_connect_timeout() {
     const N: usize = 4;
     // Waiting for a higher rank to dial is bounded by the longer of the two.
-    let timeouts = Timeouts {
-        connect: Duration::from_millis(300),
-        op: Duration::from_millis(600),
+    let timeouts = Options {
+        connect_timeout: Duration::from_millis(300),
+        op_timeout: Duration::from_millis(600),
     };
     let errors = with_meshes(
         N,
@@ -305,7 +232,7 @@ fn the_engine_runs_over_a_lazy_mesh_and_reports_its_connections() {
     let opened = with_meshes(
         N,
         false,
-        Timeouts::default(),
+        Options::default(),
         &[],
         |_, _| {},
         |rank, comm| {
