@@ -8,10 +8,11 @@
 #   ray:   kolo[ray,torch] at the floors (with pyarrow's and pandas' from kolo[spark]):
 #          examples/ray_executor.py (RayExecutor, 2 workers) from outside the clone;
 #   lightning: kolo[lightning] at the floors: `kolorun -np 2` examples/lightning_digits.py.
+#   keras: kolo[keras,tensorflow] at the floors: `kolorun -np 2` examples/keras_digits.py.
 # Not part of CI (it downloads the floor versions: PySpark 3.5's ~320 MB sdist and its build the
 # first time); run it by hand after changing a floor. docs/install.md lists the results.
 #
-# Usage: dev/test-floors.sh WHEEL [spark] [ray] [lightning]   (default: all three)
+# Usage: dev/test-floors.sh WHEEL [spark] [ray] [lightning] [keras]   (default: all four)
 #
 # torch: the floor (2.1) with its CUDA wheels is ~3 GB. If KOLO_FLOORS_TORCH_PYTHON (default:
 # the Horovod bench environment's python, ~/.cache/kolo-bench/horovod-venv, which
@@ -22,11 +23,11 @@
 # the first release that has one (numpy 1.22 -> 1.23.2 on 3.11; floor_constraints.py says which).
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-[ $# -ge 1 ] && [ -f "$1" ] || { echo "usage: dev/test-floors.sh WHEEL [spark] [ray] [lightning]" >&2; exit 2; }
+[ $# -ge 1 ] && [ -f "$1" ] || { echo "usage: dev/test-floors.sh WHEEL [spark] [ray] [lightning] [keras]" >&2; exit 2; }
 wheel=$(realpath "$1")
 shift
 parts=("$@")
-[ ${#parts[@]} -gt 0 ] || parts=(spark ray lightning)
+[ ${#parts[@]} -gt 0 ] || parts=(spark ray lightning keras)
 MAIN_PY="$REPO/.venv/bin/python"
 [ -x "$MAIN_PY" ] || { echo "dev/test-floors.sh: run dev/setup.sh first" >&2; exit 2; }
 FLOORS=("$MAIN_PY" "$REPO/dev/installed_wheel/floor_constraints.py")
@@ -110,11 +111,28 @@ lightning_part() {
   echo "== floors (lightning): passed"
 }
 
+keras_part() {
+  # kolo[keras,tensorflow]: Keras 3 on its TensorFlow backend, both at their floors.
+  # numpy at TensorFlow 2.16.1's own floor on Python 3.11 (1.23.5), above kolo's.
+  "${FLOORS[@]}" keras tensorflow | sed 's/^numpy==.*/numpy==1.23.5/' >"$scratch/keras.txt"
+  # scikit-learn: the example's own dependency (its digits data set), not kolo's; pinned to
+  # releases with wheels for that numpy (newer SciPy needs a newer numpy and builds from source).
+  floors_venv keras keras,tensorflow scikit-learn==1.3.2 scipy==1.11.4
+  cp "$REPO/examples/keras_digits.py" "$scratch/"
+  echo "== floors (keras): kolorun -np 2 python examples/keras_digits.py"
+  in_venv keras env KERAS_BACKEND=tensorflow kolorun -np 2 python keras_digits.py |
+    tee "$scratch/keras-out.txt"
+  grep -q 'test accuracy' "$scratch/keras-out.txt" ||
+    { echo "floors (keras): examples/keras_digits.py printed no test accuracy" >&2; return 1; }
+  echo "== floors (keras): passed"
+}
+
 for part in "${parts[@]}"; do
   case "$part" in
     spark) spark_part ;;
     ray) ray_part ;;
     lightning) lightning_part ;;
-    *) echo "dev/test-floors.sh: unknown part $part (spark, ray or lightning)" >&2; exit 2 ;;
+    keras) keras_part ;;
+    *) echo "dev/test-floors.sh: unknown part $part (spark, ray, lightning or keras)" >&2; exit 2 ;;
   esac
 done
