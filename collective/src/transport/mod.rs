@@ -302,27 +302,42 @@ impl Mesh {
             Arc::clone(&watched),
             notify,
         )?;
-        let size = config.peers.len();
-        Ok(Mesh {
+        let links = (0..config.peers.len()).map(|_| None).collect();
+        let lazy = Lazy {
+            config: config.clone(),
+            acceptor,
+            arrivals,
+        };
+        Ok(Mesh::assemble(&config, abort, links, watched, Some(lazy)))
+    }
+
+    /// A mesh of `config`'s ranks over `links` (the connections open so far, also in
+    /// `watched`), connecting the rest on demand when `lazy` is given.
+    fn assemble(
+        config: &MeshConfig,
+        abort: AbortSignal,
+        links: Vec<Option<Link>>,
+        watched: Arc<Mutex<Vec<TcpStream>>>,
+        lazy: Option<Lazy>,
+    ) -> Mesh {
+        let stats = Arc::new(ConnectionStats::default());
+        stats.add(watched.lock().unwrap_or_else(PoisonError::into_inner).len() as u64);
+        Mesh {
             rank: config.rank,
-            size,
+            size: config.peers.len(),
             check: wire::job_check(&config.job_id),
             op_timeout: config.op_timeout,
             abort,
-            links: (0..size).map(|_| None).collect(),
+            links,
             hosts: Vec::new(),
             closing: Arc::new(AtomicBool::new(false)),
             broken: None,
             shm: None,
             silence: None,
-            lazy: Some(Lazy {
-                config,
-                acceptor,
-                arrivals,
-            }),
-            stats: Arc::new(ConnectionStats::default()),
+            lazy,
+            stats,
             watched,
-        })
+        }
     }
 
     /// The connection counters, shared (they stay readable after the mesh moved).

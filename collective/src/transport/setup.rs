@@ -18,7 +18,7 @@ use super::handshake::{
     HELLO_FRAME_LEN, PROOF_FRAME_LEN,
 };
 use super::poll::{self, Interest};
-use super::{ConnectionStats, DataListener, Link, Mesh, MeshConfig, TICK};
+use super::{DataListener, Link, Mesh, MeshConfig, TICK};
 use crate::abort::AbortSignal;
 use crate::control::mac::nonce;
 use crate::error::{Error, Result};
@@ -109,26 +109,13 @@ pub(super) fn establish(
         "rank {}: data-plane mesh of {size} ranks established",
         config.rank
     );
-    Ok(Mesh {
-        rank: config.rank,
-        size,
-        check: wire::job_check(&config.job_id),
-        op_timeout: config.op_timeout,
+    Ok(Mesh::assemble(
+        &config,
         abort,
         links,
-        hosts: Vec::new(),
-        closing: Arc::new(AtomicBool::new(false)),
-        broken: None,
-        shm: None,
-        silence: None,
-        lazy: None,
-        stats: {
-            let stats = Arc::new(ConnectionStats::default());
-            stats.add(watched.len() as u64);
-            stats
-        },
-        watched: Arc::new(Mutex::new(watched)),
-    })
+        Arc::new(Mutex::new(watched)),
+        None,
+    ))
 }
 
 /// Socket options of an established data connection. The kernel's buffer autotuning is kept:
