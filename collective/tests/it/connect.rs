@@ -18,6 +18,7 @@ use kolo_collective::wire::OpKind;
 use kolo_collective::{DType, Error, ReduceOp};
 
 use super::collectives::{with_meshes, Options};
+use super::engine_cycles::stat;
 
 fn f32_bytes(values: &[f32]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()
@@ -237,14 +238,7 @@ fn the_engine_runs_over_a_lazy_mesh_and_reports_its_connections() {
         |_, _| {},
         |rank, comm| {
             let engine = Engine::start(Arc::new(comm), EngineConfig::default()).unwrap();
-            let stat = |name: &str| {
-                engine
-                    .stats()
-                    .into_iter()
-                    .find(|(key, _)| *key == name)
-                    .map(|(_, value)| value)
-                    .unwrap_or_else(|| panic!("no counter {name}"))
-            };
+            let stat = |name: &str| stat(&engine, name);
             assert_eq!(stat("connections_opened"), 0);
             // The last rank submits late: the others' engines learn of it when it connects.
             if rank == N - 1 {

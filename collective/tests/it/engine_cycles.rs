@@ -14,7 +14,8 @@ use super::collectives::with_ranks;
 
 const WAIT: Duration = Duration::from_secs(30);
 
-fn stat(engine: &Engine, name: &str) -> u64 {
+/// The engine's counter `name` (panics naming it when there is none).
+pub(crate) fn stat(engine: &Engine, name: &str) -> u64 {
     engine
         .stats()
         .into_iter()
