@@ -143,3 +143,21 @@ def test_the_sdist_holds_every_file_the_build_needs_and_nothing_else(tmp_path: P
     assert not needed - shipped, f"missing from {sdist.name}: {sorted(needed - shipped)}"
     extra = shipped - needed - {"PKG-INFO"}
     assert not extra, f"{sdist.name} ships files the build does not need: {sorted(extra)}"
+
+
+def test_horovods_extra_names_install_the_same_frameworks() -> None:
+    """``pip install horovod[pytorch]`` → ``kolo[pytorch]`` must work unchanged (Horovod's
+    setup.py extras; MXNet aside, which kolo does not support)."""
+    aliases = {
+        "pytorch": {"kolo[torch]"},
+        "pytorch-spark": {"kolo[spark,torch]"},
+        "tensorflow-gpu": {"kolo[tensorflow]"},
+        "all-frameworks": {"kolo[keras,tensorflow,torch]"},
+    }
+    found = extras()
+    for name, wanted in aliases.items():
+        assert name in found, f"Horovod's extra {name!r} is missing"
+        got = {f"{r.name}[{','.join(sorted(r.extras))}]" for r in found[name]}
+        assert got == wanted, f"{name}: {got} != {wanted}"
+    for name in ("tensorflow", "tensorflow-cpu", "keras", "spark", "ray", "test"):
+        assert name in found, f"Horovod's extra {name!r} is missing"
