@@ -25,6 +25,7 @@
 pub(crate) mod acquisition;
 pub(crate) mod gp;
 pub(crate) mod log;
+pub(crate) mod recheck;
 pub(crate) mod runtime;
 pub mod settings;
 pub(crate) mod steps;
