@@ -72,7 +72,7 @@ impl Recheck {
     /// Which candidate the running sample measures: forward in even rounds, backward in odd
     /// ones, so no candidate always runs right after another.
     fn running(&self) -> usize {
-        if self.round % 2 == 0 {
+        if self.round.is_multiple_of(2) {
             self.turn
         } else {
             self.candidates.len() - 1 - self.turn

@@ -656,7 +656,7 @@ mod tests {
         let first_sample_steps = config.steps_per_sample * WINDOWS_PER_SAMPLE + 1;
         let cost = |p: &TunedParams| shallow_bowl(p, 128.0, 1.0, 0.1);
         assert!(cost(&lucky) > 20.0 * 1.25, "{}", cost(&lucky));
-        for seed in 1..=8 {
+        for seed in 1..=8u64 {
             let mut tuner = Tuner::new(
                 config.clone(),
                 TunedParams {
@@ -669,7 +669,7 @@ mod tests {
                 Vec::new(),
                 None,
             );
-            let mut state = seed * 0x9e37_79b9_7f4a_7c15 | 1;
+            let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
             let (mut steps, mut lucky_steps) = (0, 0);
             while !tuner.done() {
                 steps += 1;
