@@ -1,4 +1,5 @@
-"""Pieces every bench script shares: the results folder, the gloo peer, the small CNN."""
+"""Pieces every bench script shares: the results folder, the gloo peer, the small CNN, and
+the comparison of kolo's autotuner with an exhaustive grid of its knobs."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import json
 import os
 import platform
 import socket
+import statistics
+import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import torch
 import torch.distributed as dist
@@ -110,3 +113,222 @@ def load_calibration() -> dict[str, Any]:
         "source": "quick calibration run now",
         "memcpy": calibrate.measure_memcpy([1 << 20, 16 << 20, 64 << 20], budget_s=0.05),
     }
+
+
+# --- Autotune against an exhaustive grid (bench/fusion.py and bench/training.py --autotune) ---
+
+# KOLO_CYCLE_TIME must be more than 0: a requested 0 runs with this (10 us).
+MIN_CYCLE_MS = 0.01
+
+# Horovod 0.28.1's autotune at its defaults needs at least this many steps: (3 warm-up + 21
+# Bayesian samples) x 5 scores x 10 steps per score, before trying its categorical switches.
+HOROVOD_DEFAULT_AUTOTUNE_STEPS = (3 + 21) * 5 * 10
+
+# Rounds of the interleaved re-timing of the tuned setting, the grid's best and the default.
+RETIME_ROUNDS = 5
+
+# The most steps the autotune mode runs before giving up on convergence.
+MAX_AUTOTUNE_STEPS = 3000
+
+# What `kolorun --autotune ...` (or the user) set for the autotuner: the grid runs without it,
+# the autotune run with it (see `take_autotune_environment`).
+_AUTOTUNE_VARIABLES = (
+    "AUTOTUNE",
+    "AUTOTUNE_LOG",
+    "AUTOTUNE_WARMUP_SAMPLES",
+    "AUTOTUNE_STEPS_PER_SAMPLE",
+    "AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
+    "AUTOTUNE_GAUSSIAN_PROCESS_NOISE",
+)
+# The knobs a grid point sets and the autotune run leaves to the tuner.
+_TUNED_KNOBS = ("FUSION_THRESHOLD", "CYCLE_TIME", "CACHE_CAPACITY")
+
+
+class Setting(NamedTuple):
+    """One point of the grid: fusion threshold (bytes), cycle time (ms), response cache on."""
+
+    threshold_bytes: int
+    cycle_ms: float
+    cache: bool = True
+
+    def describe(self) -> str:
+        return (
+            f"fusion {human(self.threshold_bytes)} cycle {self.cycle_ms:g} ms "
+            f"cache {int(self.cache)}"
+        )
+
+
+# kolo's (and Horovod's) configured setting: 128 MiB (Horovod: 64), 1 ms, cache on.
+DEFAULT_SETTING = Setting(128 << 20, 1.0, True)
+
+
+def grid_settings(
+    thresholds_mib: list[float], cycle_times_ms: list[float], caches: list[float]
+) -> list[Setting]:
+    """Every combination, threshold-major (the order the grid runs in)."""
+    return [
+        Setting(int(t * (1 << 20)), c, bool(cache))
+        for t in thresholds_mib
+        for c in cycle_times_ms
+        for cache in caches
+    ]
+
+
+def take_autotune_environment() -> dict[str, str]:
+    """Removes the autotuner's variables (``KOLO_``/``HOROVOD_AUTOTUNE*``, as ``kolorun
+    --autotune ...`` sets them) from this process's environment and returns them: the grid's
+    points run untuned, `reinit_autotuned` hands them back to the autotune run."""
+    taken = {}
+    for prefix in ("KOLO_", "HOROVOD_"):
+        for suffix in _AUTOTUNE_VARIABLES:
+            value = os.environ.pop(prefix + suffix, None)
+            if value is not None:
+                taken[prefix + suffix] = value
+    return taken
+
+
+def _clear_knobs() -> None:
+    for prefix in ("KOLO_", "HOROVOD_"):
+        for name in (*_TUNED_KNOBS, *_AUTOTUNE_VARIABLES):
+            os.environ.pop(prefix + name, None)
+
+
+def reinit(setting: Setting) -> None:
+    """(Re-)initializes kolo with `setting`'s knobs (they are read at ``hvd.init()``)."""
+    if hvd.is_initialized():
+        hvd.shutdown()
+    _clear_knobs()
+    os.environ["KOLO_FUSION_THRESHOLD"] = str(setting.threshold_bytes)
+    os.environ["KOLO_CYCLE_TIME"] = f"{max(setting.cycle_ms, MIN_CYCLE_MS):g}"
+    if not setting.cache:
+        os.environ["KOLO_CACHE_CAPACITY"] = "0"
+    hvd.init()
+
+
+def reinit_autotuned(autotune_env: dict[str, str], log: Path) -> Path:
+    """Re-initializes kolo with the autotuner on, the tuned knobs left free, `autotune_env`
+    (what kolorun's autotune flags set) applied, and the CSV log at `log` unless those name
+    one; returns the log's path."""
+    hvd.shutdown()
+    _clear_knobs()
+    os.environ.update(autotune_env)
+    os.environ["KOLO_AUTOTUNE"] = "1"
+    named = autotune_env.get("KOLO_AUTOTUNE_LOG") or autotune_env.get("HOROVOD_AUTOTUNE_LOG")
+    if named is None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        os.environ["KOLO_AUTOTUNE_LOG"] = str(log)
+    hvd.init()
+    return Path(named) if named else log
+
+
+def slowest(seconds: float) -> float:
+    """The largest `seconds` over all ranks."""
+    return float(hvd.allreduce(torch.tensor([seconds]), op=hvd.Max, name="bench.elapsed").item())
+
+
+def seconds_per_step(step: Callable[[], None], steps: int) -> float:
+    """The slowest rank's time per step over `steps` steps, after a barrier."""
+    hvd.barrier()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return slowest(time.perf_counter() - start) / steps
+
+
+def autotune_until_kept(step: Callable[[], None]) -> int:
+    """Runs `step` until every rank's engine keeps a setting; returns the steps taken."""
+    for n in range(1, MAX_AUTOTUNE_STEPS + 1):
+        step()
+        active = kolo.engine_stats()["autotune_active"]
+        if hvd.allreduce(torch.tensor([active]), op=hvd.Max, name="bench.active").item() == 0:
+            return n
+    return MAX_AUTOTUNE_STEPS
+
+
+def autotune_against_grid(
+    stem: str,
+    grid: dict[Setting, float],
+    make_step: Callable[[], Callable[[], None]],
+    steps: int,
+    autotune_env: dict[str, str],
+) -> dict[str, Any]:
+    """Runs kolo's autotuner from the configured setting until it keeps one, then compares
+    the kept setting with the best point of `grid` (setting -> seconds per step, measured by
+    the caller): in-search (the kept setting timed right after the search against the grid's
+    minimum) and re-timed (the kept setting, the grid's best and the default, interleaved for
+    `RETIME_ROUNDS` rounds in rotating order, by their medians: the grid's minimum over many
+    noisy points is biased low). `make_step` builds a step after each re-initialization;
+    each timing is `steps` steps. Rank 0 prints two lines; returns the figures."""
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    log = reinit_autotuned(autotune_env, RESULTS / f"{stem}-autotune-{stamp}.csv")
+    step = make_step()
+    tune_start = time.perf_counter()
+    steps_used = autotune_until_kept(step)
+    tune_s = time.perf_counter() - tune_start
+    stats = kolo.engine_stats()
+    tuned = Setting(
+        int(stats["fusion_threshold"]), stats["cycle_time_us"] / 1e3, bool(stats["cache_enabled"])
+    )
+    tuned_s = seconds_per_step(step, steps)
+    grid_best, grid_best_s = min(grid.items(), key=lambda item: item[1])
+    default_s = grid.get(DEFAULT_SETTING)
+    contenders = {"tuned": tuned, "grid_best": grid_best, "default": DEFAULT_SETTING}
+    retimed: dict[str, list[float]] = {k: [] for k in contenders}
+    order = list(contenders)
+    for _ in range(RETIME_ROUNDS):
+        for key in order:
+            reinit(contenders[key])
+            retime_step = make_step()
+            retime_step()  # warm-up: fills the response cache
+            retimed[key].append(seconds_per_step(retime_step, steps))
+        order = order[1:] + order[:1]
+    medians = {k: statistics.median(v) for k, v in retimed.items()}
+    figures = {
+        "steps": steps_used,
+        "seconds": tune_s,
+        "horovod_default_steps_at_least": HOROVOD_DEFAULT_AUTOTUNE_STEPS,
+        "trials": stats["autotune_trials"],
+        "log": str(log),
+        "threshold_bytes": tuned.threshold_bytes,
+        "cycle_time_ms": tuned.cycle_ms,
+        "cache_enabled": tuned.cache,
+        "step_s": tuned_s,
+        "grid_points": len(grid),
+        "grid_best": grid_best._asdict(),
+        "grid_best_step_s": grid_best_s,
+        "ratio_time_over_grid_best": tuned_s / grid_best_s,
+        "ratio_time_over_default": tuned_s / default_s if default_s else None,
+        "retimed_step_s": retimed,
+        "retimed_median_step_s": medians,
+        "retimed_ratio_tuned_over_grid_best": medians["tuned"] / medians["grid_best"],
+        "retimed_ratio_tuned_over_default": medians["tuned"] / medians["default"],
+        "load_average": os.getloadavg(),
+    }
+    if hvd.rank() == 0:
+        vs_default = (
+            f" | tuned/default {figures['ratio_time_over_default']:.3f}x" if default_s else ""
+        )
+        print(
+            f"autotune: kept {tuned.describe()} after {steps_used} steps "
+            f"({figures['trials']} trials, {tune_s:.1f} s; Horovod's defaults take >= "
+            f"{HOROVOD_DEFAULT_AUTOTUNE_STEPS} steps): {tuned_s * 1e3:.2f} ms/step | grid best "
+            f"({len(grid)} points) {grid_best.describe()} {grid_best_s * 1e3:.2f} ms/step | "
+            f"tuned/grid-best {figures['ratio_time_over_grid_best']:.3f}x (target <= 1.05x)"
+            f"{vs_default} | log {log}",
+            flush=True,
+        )
+        print(
+            f"autotune re-timed interleaved ({RETIME_ROUNDS} rounds, medians): tuned "
+            f"{medians['tuned'] * 1e3:.2f} ms | grid best {medians['grid_best'] * 1e3:.2f} ms "
+            f"| default {medians['default'] * 1e3:.2f} ms | tuned/grid-best "
+            f"{figures['retimed_ratio_tuned_over_grid_best']:.3f}x (target <= 1.05x) | "
+            f"tuned/default {figures['retimed_ratio_tuned_over_default']:.3f}x | load average "
+            + " ".join(f"{x:.1f}" for x in figures["load_average"]),
+            flush=True,
+        )
+    return figures
+
+
+def csv_floats(text: str) -> list[float]:
+    """``"0,1,4"`` as ``[0.0, 1.0, 4.0]`` (an argparse type)."""
+    return [float(x) for x in text.split(",") if x.strip()]

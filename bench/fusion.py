@@ -1,7 +1,7 @@
 """Tensor fusion on ResNet-50's gradients: sweep KOLO_FUSION_THRESHOLD and KOLO_CYCLE_TIME.
 
     kolorun -np 2 python bench/fusion.py [--quick] [--thresholds-mib 0,1,4,25,64,128]
-        [--cycle-times-ms 0,1,5] [--steps 5] [--scale 1] [--json PATH]
+        [--cycle-times-ms 0,1,5] [--caches 1] [--steps 5] [--scale 1] [--autotune] [--json PATH]
 
 A "step" submits an allreduce (Average) of each of ResNet-50's 161 gradient tensors (their
 shapes are built below, in backward order: fc first, conv1 last; 25.6 M float32 parameters,
@@ -19,26 +19,39 @@ every tensor's element count by k (for smoke tests). ``KOLO_CYCLE_TIME`` must be
 0, so cycle time 0 runs as 0.01 ms.
 
 ``--autotune`` then runs kolo's autotuner from the default setting (``KOLO_AUTOTUNE=1``,
-Horovod's defaults for the rest) until it keeps a setting, times that setting, and prints it
-against the grid's best point (target: within 5 %) and the steps it took against the steps
-Horovod's defaults take at the least: (3 warm-up + 21 Bayesian samples) x 5 scores x 10 steps
-= 1200 steps, before its categorical switches. The grid's minimum is biased low by noise, so the
-kept setting, the grid's best and the default are then re-timed interleaved for 5 rounds and
-compared by their medians.
+Horovod's defaults for the rest, or what ``kolorun --autotune-*`` flags set; the CSV log goes
+to ``--autotune-log-file`` or bench/results/) until it keeps a setting, times that setting, and
+prints it against the grid's best point (target: within 5 %) and the steps it took against the
+steps Horovod's defaults take at the least: (3 warm-up + 21 Bayesian samples) x 5 scores x 10
+steps = 1200 steps, before its categorical switches. The grid's minimum is biased low by
+noise, so the kept setting, the grid's best and the default are then re-timed interleaved for
+5 rounds and compared by their medians (``common.autotune_against_grid``, shared with
+bench/training.py). ``--caches 0,1`` adds the response cache (the switch the tuner tries on one
+host) to the grid.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import statistics
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from common import human, init_gloo, pin_one_core_per_rank, write_results
+from common import (
+    DEFAULT_SETTING,
+    Setting,
+    autotune_against_grid,
+    csv_floats,
+    grid_settings,
+    human,
+    init_gloo,
+    pin_one_core_per_rank,
+    reinit,
+    seconds_per_step,
+    take_autotune_environment,
+    write_results,
+)
 
 import kolo
 import kolo.torch as hvd
@@ -75,56 +88,6 @@ def resnet50_gradient_shapes() -> list[tuple[str, tuple[int, ...]]]:
     return shapes[::-1]
 
 
-# KOLO_CYCLE_TIME must be more than 0: a requested 0 runs with this (10 us).
-MIN_CYCLE_MS = 0.01
-
-
-# Horovod 0.28.1's autotune at its defaults needs at least this many steps: (3 warm-up + 21
-# Bayesian samples) x 5 scores x 10 steps per score, before trying its categorical switches.
-HOROVOD_DEFAULT_AUTOTUNE_STEPS = (3 + 21) * 5 * 10
-
-# Rounds of the interleaved re-timing of the tuned setting, the grid's best and the default.
-RETIME_ROUNDS = 5
-
-# The most steps the autotune mode runs before giving up on convergence.
-MAX_AUTOTUNE_STEPS = 3000
-
-
-def reinit(threshold_bytes: int, cycle_ms: float) -> None:
-    if hvd.is_initialized():
-        hvd.shutdown()
-    os.environ["KOLO_FUSION_THRESHOLD"] = str(threshold_bytes)
-    os.environ["KOLO_CYCLE_TIME"] = f"{max(cycle_ms, MIN_CYCLE_MS):g}"
-    hvd.init()
-
-
-def reinit_autotuned() -> None:
-    """Re-initializes kolo with the autotuner on and the tuned knobs left free."""
-    hvd.shutdown()
-    for name in ("KOLO_FUSION_THRESHOLD", "KOLO_CYCLE_TIME"):
-        os.environ.pop(name, None)
-    os.environ["KOLO_AUTOTUNE"] = "1"
-    hvd.init()
-
-
-def autotune_until_kept(step) -> int:
-    """Runs `step` until every rank's engine keeps a setting; returns the steps taken."""
-    for n in range(1, MAX_AUTOTUNE_STEPS + 1):
-        step()
-        active = kolo.engine_stats()["autotune_active"]
-        if hvd.allreduce(torch.tensor([active]), op=hvd.Max, name="bench.active").item() == 0:
-            return n
-    return MAX_AUTOTUNE_STEPS
-
-
-def slowest(seconds: float) -> float:
-    return float(hvd.allreduce(torch.tensor([seconds]), op=hvd.Max, name="bench.elapsed").item())
-
-
-def csv_floats(text: str) -> list[float]:
-    return [float(x) for x in text.split(",") if x.strip()]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -132,6 +95,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="3 steps per setting")
     parser.add_argument("--thresholds-mib", type=csv_floats, default=[0, 1, 4, 25, 64, 128])
     parser.add_argument("--cycle-times-ms", type=csv_floats, default=[0, 1, 5])
+    parser.add_argument(
+        "--caches", type=csv_floats, default=[1], help="response cache off (0) / on (1)"
+    )
     parser.add_argument("--steps", type=int, default=None, help="timed steps (5; quick 3)")
     parser.add_argument("--scale", type=int, default=1, help="divide tensor sizes by this")
     parser.add_argument("--json", type=Path, default=None)
@@ -145,7 +111,9 @@ def main() -> None:
     numels = [max(1, torch.Size(shape).numel() // args.scale) for _, shape in shapes]
     total_bytes = 4 * sum(numels)
 
-    reinit(int(args.thresholds_mib[0] * (1 << 20)), args.cycle_times_ms[0])
+    autotune_env = take_autotune_environment()
+    settings = grid_settings(args.thresholds_mib, args.cycle_times_ms, args.caches)
+    reinit(settings[0])
     rank, size = hvd.rank(), hvd.size()
     pin_one_core_per_rank()
     init_gloo()
@@ -167,43 +135,45 @@ def main() -> None:
         copy_dst.copy_(copy_src)
 
     def timed(step) -> float:
-        hvd.barrier()
-        start = time.perf_counter()
-        for _ in range(steps):
-            step()
-        return slowest(time.perf_counter() - start) / steps
+        return seconds_per_step(step, steps)
 
     results: list[dict[str, Any]] = []
-    for threshold_mib in args.thresholds_mib:
-        for cycle_ms in args.cycle_times_ms:
-            reinit(int(threshold_mib * (1 << 20)), cycle_ms)
-            kolo_step()  # warm-up: fills the response cache
-            before = kolo.engine_stats()
-            kolo_s = timed(kolo_step)
-            after = kolo.engine_stats()
-            gloo_s = timed(gloo_step)
-            memcpy_s = timed(memcpy_step)
-            results.append(
-                {
-                    "threshold_bytes": int(threshold_mib * (1 << 20)),
-                    "cycle_time_ms": cycle_ms,
-                    "kolo_step_s": kolo_s,
-                    "gloo_flat_step_s": gloo_s,
-                    "memcpy2_step_s": memcpy_s,
-                    "collectives_per_step": (after["collectives"] - before["collectives"]) / steps,
-                    "cycles_per_step": (after["cycles"] - before["cycles"]) / steps,
-                }
-            )
+    for setting in settings:
+        reinit(setting)
+        kolo_step()  # warm-up: fills the response cache
+        before = kolo.engine_stats()
+        kolo_s = timed(kolo_step)
+        after = kolo.engine_stats()
+        gloo_s = timed(gloo_step)
+        memcpy_s = timed(memcpy_step)
+        results.append(
+            {
+                "threshold_bytes": setting.threshold_bytes,
+                "cycle_time_ms": setting.cycle_ms,
+                "cache_enabled": setting.cache,
+                "kolo_step_s": kolo_s,
+                "gloo_flat_step_s": gloo_s,
+                "memcpy2_step_s": memcpy_s,
+                "collectives_per_step": (after["collectives"] - before["collectives"]) / steps,
+                "cycles_per_step": (after["cycles"] - before["cycles"]) / steps,
+            }
+        )
 
-    def find(threshold: float, cycle: float) -> dict[str, Any] | None:
+    def find(threshold: float, cycle: float, cache: bool = True) -> dict[str, Any] | None:
         for r in results:
-            if r["threshold_bytes"] == int(threshold * (1 << 20)) and r["cycle_time_ms"] == cycle:
+            if (r["threshold_bytes"], r["cycle_time_ms"], r["cache_enabled"]) == (
+                int(threshold * (1 << 20)),
+                cycle,
+                cache,
+            ):
                 return r
         return None
 
-    default = find(128, 1) or results[-1]
+    default = (
+        find(DEFAULT_SETTING.threshold_bytes / (1 << 20), DEFAULT_SETTING.cycle_ms) or results[-1]
+    )
     for r in results:
-        no_fusion = find(0, r["cycle_time_ms"])
+        no_fusion = find(0, r["cycle_time_ms"], r["cache_enabled"])
         r["ratio_time_over_default"] = r["kolo_step_s"] / default["kolo_step_s"]
         r["ratio_time_over_no_fusion"] = (
             r["kolo_step_s"] / no_fusion["kolo_step_s"] if no_fusion else None
@@ -216,8 +186,9 @@ def main() -> None:
                 if no_fusion
                 else "no-fusion n/a"
             )
+            cache = "" if r["cache_enabled"] else " cache off"
             print(
-                f"fusion {human(r['threshold_bytes']):>9} cycle {r['cycle_time_ms']:g} ms: "
+                f"fusion {human(r['threshold_bytes']):>9} cycle {r['cycle_time_ms']:g} ms{cache}: "
                 f"kolo {r['kolo_step_s'] * 1e3:8.2f} ms/step "
                 f"({r['collectives_per_step']:5.1f} collectives) | "
                 f"{r['ratio_time_over_default']:5.2f}x default | {no_fusion_text} | "
@@ -239,68 +210,11 @@ def main() -> None:
         )
     autotune: dict[str, Any] | None = None
     if args.autotune:
-        reinit_autotuned()
-        tune_start = time.perf_counter()
-        steps_used = autotune_until_kept(kolo_step)
-        tune_s = time.perf_counter() - tune_start
-        stats = kolo.engine_stats()
-        tuned_s = timed(kolo_step)
-        grid_best = min(results, key=lambda r: r["kolo_step_s"])
-        # The grid's minimum over many noisy settings is biased low (on a loaded machine one
-        # setting's step time varies by 2x between windows): re-time the kept setting, the grid's
-        # best and the default interleaved, several rounds, and compare their medians.
-        tuned_threshold, tuned_cycle = stats["fusion_threshold"], stats["cycle_time_us"] / 1e3
-        os.environ.pop("KOLO_AUTOTUNE", None)
-        contenders = {
-            "tuned": (tuned_threshold, tuned_cycle),
-            "grid_best": (grid_best["threshold_bytes"], grid_best["cycle_time_ms"]),
-            "default": (128 << 20, 1.0),
+        grid = {
+            Setting(r["threshold_bytes"], r["cycle_time_ms"], r["cache_enabled"]): r["kolo_step_s"]
+            for r in results
         }
-        retimed: dict[str, list[float]] = {k: [] for k in contenders}
-        for _ in range(RETIME_ROUNDS):
-            for key, (threshold, cycle) in contenders.items():
-                reinit(threshold, cycle)
-                kolo_step()
-                retimed[key].append(timed(kolo_step))
-        medians = {k: statistics.median(v) for k, v in retimed.items()}
-        autotune = {
-            "retimed_step_s": retimed,
-            "retimed_median_step_s": medians,
-            "retimed_ratio_tuned_over_grid_best": medians["tuned"] / medians["grid_best"],
-            "retimed_ratio_tuned_over_default": medians["tuned"] / medians["default"],
-            "steps": steps_used,
-            "seconds": tune_s,
-            "horovod_default_steps_at_least": HOROVOD_DEFAULT_AUTOTUNE_STEPS,
-            "threshold_bytes": stats["fusion_threshold"],
-            "cycle_time_ms": stats["cycle_time_us"] / 1e3,
-            "cache_enabled": bool(stats["cache_enabled"]),
-            "trials": stats["autotune_trials"],
-            "kolo_step_s": tuned_s,
-            "grid_best": grid_best,
-            "ratio_time_over_grid_best": tuned_s / grid_best["kolo_step_s"],
-            "ratio_time_over_default": tuned_s / default["kolo_step_s"],
-        }
-        if rank == 0:
-            print(
-                f"autotune: kept fusion {human(autotune['threshold_bytes'])} cycle "
-                f"{autotune['cycle_time_ms']:g} ms cache {int(autotune['cache_enabled'])} after "
-                f"{steps_used} steps ({autotune['trials']} trials, {tune_s:.1f} s; Horovod's "
-                f"defaults take >= {HOROVOD_DEFAULT_AUTOTUNE_STEPS} steps): "
-                f"{tuned_s * 1e3:.2f} ms/step | grid best fusion "
-                f"{human(grid_best['threshold_bytes'])} cycle {grid_best['cycle_time_ms']:g} ms "
-                f"{grid_best['kolo_step_s'] * 1e3:.2f} ms/step | tuned/grid-best "
-                f"{autotune['ratio_time_over_grid_best']:.3f}x (target <= 1.05x) | "
-                f"tuned/default {autotune['ratio_time_over_default']:.3f}x",
-                flush=True,
-            )
-            print(
-                f"autotune re-timed interleaved ({RETIME_ROUNDS} rounds, medians): tuned "
-                f"{medians['tuned'] * 1e3:.2f} ms | grid best {medians['grid_best'] * 1e3:.2f} ms "
-                f"| default {medians['default'] * 1e3:.2f} ms | tuned/grid-best "
-                f"{autotune['retimed_ratio_tuned_over_grid_best']:.3f}x (target <= 1.05x) | "
-                f"tuned/default {autotune['retimed_ratio_tuned_over_default']:.3f}x",
-                flush=True,
-            )
+        autotune = autotune_against_grid("fusion", grid, lambda: kolo_step, steps, autotune_env)
     if rank == 0:
         write_results(
             "fusion",

@@ -3,7 +3,8 @@ interleaved in one run.
 
     kolorun -np 2 python bench/training.py [--batch-size 64] [--steps 5] [--rounds 20]
         [--quick] [--horovod auto|yes|no] [--horovod-blocks 4] [--json PATH]
-        [--single-rank-json PATH]
+        [--single-rank-json PATH] [--autotune [--thresholds-mib 0,0.25,1,4,128]
+        [--cycle-times-ms 0,0.1,1,5] [--caches 0,1]]
 
 Both trainers run in the same processes on the same small CNN (3x32x32 synthetic images, 10
 classes, same initial weights): kolo as ``hvd.DistributedOptimizer`` around SGD, the peer as
@@ -27,6 +28,16 @@ second line: Horovod's samples/s, kolo / Horovod (target >= 1.25x) and the share
 no-communication ceiling each reaches (kolo's target >= 97%). For the same torch on both sides,
 start the job with the peer venv's python (``kolorun -np 2 <venv>/bin/python ...``); the line
 says when the two differ.
+
+``--autotune`` then times kolo's trainer on every point of an exhaustive grid of the knobs
+Horovod's autotune tunes (fusion threshold x cycle time x response cache; hierarchical
+allreduce/allgather do not apply on one host): ``--warmup-steps``, then ``--steps`` timed steps
+per point. It then runs kolo's autotuner (``KOLO_AUTOTUNE=1``; ``kolorun --autotune-*`` flags
+steer it, ``--autotune-log-file`` names its CSV log, else bench/results/) from the default
+setting until it keeps one, and prints the kept setting against the grid's best, in the search
+and re-timed interleaved with the grid's best and the default over 5 rounds (medians), and the
+steps the search took against Horovod's defaults (>= 1200 steps); ``common.autotune_against_grid``
+(shared with bench/fusion.py).
 """
 
 from __future__ import annotations
@@ -43,7 +54,17 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from common import SmallCNN, init_gloo, write_results
+from common import (
+    SmallCNN,
+    autotune_against_grid,
+    csv_floats,
+    grid_settings,
+    init_gloo,
+    reinit,
+    seconds_per_step,
+    take_autotune_environment,
+    write_results,
+)
 from peers import _horovod_beside as horovod_peer
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -80,6 +101,21 @@ def parse_args() -> argparse.Namespace:
         default=4,
         help="with Horovod: the rounds run in this many blocks (at most --rounds), a Horovod "
         "run after each",
+    )
+    parser.add_argument(
+        "--autotune",
+        action="store_true",
+        help="then time an exhaustive grid of the tuned knobs and run kolo's autotuner against it",
+    )
+    parser.add_argument(
+        "--thresholds-mib",
+        type=csv_floats,
+        default=[0, 0.25, 1, 4, 128],
+        help="the grid's fusion thresholds (the model's gradients are 2.1 MiB)",
+    )
+    parser.add_argument("--cycle-times-ms", type=csv_floats, default=[0, 0.1, 1, 5])
+    parser.add_argument(
+        "--caches", type=csv_floats, default=[0, 1], help="the grid's response cache off/on"
     )
     horovod_peer.add_arguments(parser)
     args = parser.parse_args()
@@ -169,6 +205,8 @@ def main() -> None:
     if args.horovod_peer:
         horovod_main(args)
         return
+    # The comparison (and Horovod's run) is untuned; only --autotune's run gets these.
+    autotune_env = take_autotune_environment()
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     peer_python = horovod_peer.peer_python(args.horovod, "training", announce=rank == 0)
@@ -211,6 +249,7 @@ def main() -> None:
 
     row = {name: statistics.median(values) for name, values in samples.items() if values}
     ratio = row["kolo"] / row["ddp"]
+    record: dict[str, Any] = {}
     if rank == 0:
         print(
             f"training smallcnn batch {args.batch_size}x{size}: "
@@ -234,31 +273,63 @@ def main() -> None:
                 f"{scaling['kolo'] / scaling['ddp']:.2f}x",
                 flush=True,
             )
-        write_results(
-            "training",
-            {
-                "ranks": size,
-                "model": "smallcnn",
-                "batch_size_per_rank": args.batch_size,
-                "steps_per_round": args.steps,
-                "samples_per_sec": samples,
-                "median_samples_per_sec": row,
-                "ratio_kolo_over_ddp": ratio,
-                "kolo_share_of_no_comm": row["kolo"] / row["no_comm"],
-                "horovod": horovod_figures,
-                "single_rank_median_samples_per_sec": (
-                    json.loads(args.single_rank_json.read_text())["median_samples_per_sec"]
-                    if args.single_rank_json
-                    else None
-                ),
-                "scaling_efficiency": scaling,
-            },
-            args.json,
-        )
+        record = {
+            "ranks": size,
+            "model": "smallcnn",
+            "batch_size_per_rank": args.batch_size,
+            "steps_per_round": args.steps,
+            "samples_per_sec": samples,
+            "median_samples_per_sec": row,
+            "ratio_kolo_over_ddp": ratio,
+            "kolo_share_of_no_comm": row["kolo"] / row["no_comm"],
+            "horovod": horovod_figures,
+            "single_rank_median_samples_per_sec": (
+                json.loads(args.single_rank_json.read_text())["median_samples_per_sec"]
+                if args.single_rank_json
+                else None
+            ),
+            "scaling_efficiency": scaling,
+        }
     if horovod is not None:
         horovod.close()
+    if args.autotune:
+        record["grid"], record["autotune"] = autotune_training(
+            args, base, data, target, autotune_env
+        )
+    if rank == 0:
+        write_results("training", record, args.json)
     dist.destroy_process_group()
     hvd.shutdown()
+
+
+def autotune_training(
+    args: argparse.Namespace,
+    base: nn.Module,
+    data: torch.Tensor,
+    target: torch.Tensor,
+    autotune_env: dict[str, str],
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Times kolo's trainer on every grid point (rank 0 prints a line each), then runs the
+    autotuner against that grid; returns the grid's rows and the autotune figures."""
+    grid = {}
+    rows = []
+    for setting in grid_settings(args.thresholds_mib, args.cycle_times_ms, args.caches):
+        reinit(setting)
+        step = distributed_optimizer_step(base, data, target)
+        for _ in range(args.warmup_steps):
+            step()
+        grid[setting] = seconds_per_step(step, args.steps)
+        rows.append({**setting._asdict(), "step_s": grid[setting]})
+        if hvd.rank() == 0:
+            print(f"grid {setting.describe()}: {grid[setting] * 1e3:.2f} ms/step", flush=True)
+    figures = autotune_against_grid(
+        "training",
+        grid,
+        lambda: distributed_optimizer_step(base, data, target),
+        args.steps,
+        autotune_env,
+    )
+    return rows, figures
 
 
 def horovod_args(args: argparse.Namespace, rounds: int) -> list[str]:

@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO, output_tail, run_kolorun, worker_env
 
 
@@ -294,6 +296,47 @@ def test_training_benchmark_reports_scaling_efficiency(tmp_path) -> None:
     assert figures["kolo_share_of_no_comm"] > 0
     assert set(figures["scaling_efficiency"]) == {"kolo", "ddp", "no_comm"}
     assert json.loads(one.read_text())["ranks"] == 1
+
+
+def test_training_benchmark_autotunes_against_the_grid(tmp_path) -> None:
+    out, log = tmp_path / "training.json", tmp_path / "autotune.csv"
+    # kolorun's autotune flags steer only the bench's autotune run: the comparison and the
+    # grid run untuned.
+    flags = "--autotune --autotune-warmup-samples 0 --autotune-steps-per-sample 1 "
+    flags += f"--autotune-bayes-opt-max-samples 3 --autotune-log-file {log}"
+    args = "--batch-size 4 --steps 1 --warmup-steps 1 --rounds 1 --horovod no --autotune "
+    args += f"--thresholds-mib 0,1 --cycle-times-ms 1 --caches 1 --json {out}"
+    script = str(REPO / "bench" / "training.py")
+    result = run_kolorun(["-np", "2", *flags.split(), "python", script, *args.split()], timeout=120)
+    assert result.returncode == 0, output_tail(result)
+    lines = rank0_lines(result.stdout)
+    grid = [x for x in lines if x.startswith("grid fusion ")]
+    assert grid == [
+        x for x in grid if re.fullmatch(r"grid fusion .* cycle 1 ms cache 1: [\d.]+ ms/step", x)
+    ]
+    assert len(grid) == 2, lines
+    kept = next(x for x in lines if x.startswith("autotune: kept "))
+    steps = int(re.search(r" after (\d+) steps", kept).group(1))
+    assert re.search(r"tuned/grid-best [\d.]+x \(target <= 1.05x\)", kept), kept
+    assert any(
+        re.match(r"autotune re-timed interleaved \(5 rounds, medians\): tuned ", x) for x in lines
+    )
+    figures = json.loads(out.read_text())
+    tuned = figures["autotune"]
+    assert tuned["steps"] == steps < tuned["horovod_default_steps_at_least"] == 1200
+    assert len(figures["grid"]) == 2 and tuned["grid_points"] == 2
+    assert all(len(v) == 5 for v in tuned["retimed_step_s"].values()), tuned
+    # The log kolorun named, in Horovod's format, ending with the kept setting.
+    assert tuned["log"] == str(log)
+    rows = log.read_text().splitlines()
+    assert rows[0] == (
+        "hierarchical_allreduce,hierarchical_allgather,torus_allreduce,cache_enabled,"
+        "cycle_time_ms,tensor_fusion_threshold,score"
+    )
+    assert len(rows) > 3 and all(len(row.split(",")) == 7 for row in rows), rows
+    last = rows[-1].split(",")
+    assert int(last[3]) == tuned["cache_enabled"]
+    assert float(last[5]) * (1 << 20) == pytest.approx(tuned["threshold_bytes"], rel=1e-4)
 
 
 def test_run_all_knows_its_modes() -> None:

@@ -1,12 +1,15 @@
 //! The coordinator's parameter manager (Horovod's `ParameterManager`): warm-up, samples of
 //! steps scored by their median, Bayesian optimisation of fusion threshold × cycle time until
-//! it converges, then one sample per categorical switch, then the best setting for good.
+//! it converges, a paired re-check of its top points against the configured setting
+//! ([`recheck`](super::recheck)), then a paired re-check of each categorical switch, then the
+//! kept setting for good.
 
 use std::time::Duration;
 
 use super::acquisition::propose;
 use super::gp::GaussianProcess;
 use super::log::CsvLog;
+use super::recheck::{Recheck, Verdict, RECHECK_WINDOWS};
 use super::settings::AutotuneConfig;
 use super::steps::median;
 use super::TunedParams;
@@ -39,9 +42,9 @@ pub(crate) const MIN_PROPOSALS: usize = 6;
 /// (about ±7 % at 30 % step noise) to tell settings 5 % apart, two halve the variance.
 pub(crate) const WINDOWS_PER_SAMPLE: usize = 2;
 
-/// A change away from the configured setting must score at least this much better to be kept
-/// (a noisy sample does not move a job off a good default).
-pub(crate) const KEEP_MARGIN: f64 = 0.03;
+/// The joint search's best points (by the model's mean) re-checked against the configured
+/// setting before one is kept.
+pub(crate) const TOP_CANDIDATES: usize = 2;
 
 /// A parameter of the joint (Bayesian) search.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -124,15 +127,18 @@ impl Switch {
     }
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 enum Phase {
     Warmup {
         left: usize,
     },
     Joint,
-    /// `next`: the switch the running sample tries; `None` while the baseline runs.
-    Categorical {
-        next: Option<usize>,
+    /// The configured setting against the joint search's top points.
+    JointRecheck(Recheck),
+    /// The setting kept so far against it with `switches[switch]` flipped.
+    SwitchRecheck {
+        switch: usize,
+        recheck: Recheck,
     },
     Done,
 }
@@ -144,6 +150,8 @@ pub(crate) struct Tuner {
     dims: Vec<Dim>,
     switches: Vec<Switch>,
     phase: Phase,
+    /// The setting the user configured (the incumbent of the first re-check).
+    configured: TunedParams,
     /// The setting the running sample measures.
     current: TunedParams,
     best: TunedParams,
@@ -200,6 +208,7 @@ impl Tuner {
             dims,
             switches,
             phase,
+            configured: start,
             current: start,
             best: start,
             best_score: 0.0,
@@ -214,8 +223,8 @@ impl Tuner {
             log,
             samples: 0,
         };
-        if tuner.phase == Phase::Joint && tuner.dims.is_empty() {
-            tuner.start_categorical();
+        if matches!(tuner.phase, Phase::Joint) && tuner.dims.is_empty() {
+            tuner.start_switch(0);
         }
         tuner
     }
@@ -227,7 +236,7 @@ impl Tuner {
 
     /// Whether the search is over (the best setting is applied).
     pub(crate) fn done(&self) -> bool {
-        self.phase == Phase::Done
+        matches!(self.phase, Phase::Done)
     }
 
     /// Scored samples so far (warm-up excluded).
@@ -239,7 +248,7 @@ impl Tuner {
     /// Takes the score of one finished step; returns the next setting when the sample ended
     /// (possibly the same values: every sample is a new trial every rank records).
     pub(crate) fn observe_step(&mut self, score: f64) -> Option<TunedParams> {
-        if self.phase == Phase::Done {
+        if self.done() {
             return None;
         }
         if self.settling {
@@ -247,7 +256,11 @@ impl Tuner {
             return None;
         }
         self.step_scores.push(score);
-        if self.step_scores.len() < self.config.steps_per_sample * WINDOWS_PER_SAMPLE {
+        let windows = match self.phase {
+            Phase::JointRecheck(_) | Phase::SwitchRecheck { .. } => RECHECK_WINDOWS,
+            _ => WINDOWS_PER_SAMPLE,
+        };
+        if self.step_scores.len() < self.config.steps_per_sample * windows {
             return None;
         }
         let sample = median(&self.step_scores).unwrap_or(0.0);
@@ -264,7 +277,7 @@ impl Tuner {
                 if left > 1 {
                     self.phase = Phase::Warmup { left: left - 1 };
                 } else if self.dims.is_empty() {
-                    self.start_categorical();
+                    self.start_switch(0);
                 } else {
                     self.phase = Phase::Joint;
                 }
@@ -276,42 +289,121 @@ impl Tuner {
                 match self.next_joint_point() {
                     Some(point) => self.set_point(&point),
                     None => {
-                        let best = self.kept_joint_sample();
-                        let point = self.xs[best].clone();
-                        self.set_point(&point);
-                        self.best = self.current;
-                        self.best_score = self.log_ys[best].exp();
                         ::log::info!(
                             "autotune: fusion threshold × cycle time converged after {} samples",
                             self.xs.len()
                         );
-                        self.start_categorical();
+                        self.start_joint_recheck();
                     }
                 }
             }
-            Phase::Categorical { next } => {
+            Phase::JointRecheck(mut recheck) => {
                 self.record(score);
-                match next {
-                    None => self.best_score = score,
-                    Some(_) if score > self.best_score * (1.0 + KEEP_MARGIN) => {
-                        self.best = self.current;
-                        self.best_score = score;
+                match recheck.record(score) {
+                    Some(verdict) => {
+                        self.keep(recheck.candidates(), verdict, "the joint search's best");
+                        self.start_switch(0);
                     }
-                    Some(_) => {}
+                    None => {
+                        self.current = recheck.current();
+                        self.phase = Phase::JointRecheck(recheck);
+                    }
                 }
-                let following = next.map_or(0, |i| i + 1);
-                if following < self.switches.len() {
-                    self.current = self.best;
-                    self.switches[following].flip(&mut self.current);
-                    self.phase = Phase::Categorical {
-                        next: Some(following),
-                    };
-                } else {
-                    self.finish();
+            }
+            Phase::SwitchRecheck {
+                switch,
+                mut recheck,
+            } => {
+                self.record(score);
+                match recheck.record(score) {
+                    Some(verdict) => {
+                        let what = format!("{:?} flipped", self.switches[switch]);
+                        self.keep(recheck.candidates(), verdict, &what);
+                        self.start_switch(switch + 1);
+                    }
+                    None => {
+                        self.current = recheck.current();
+                        self.phase = Phase::SwitchRecheck { switch, recheck };
+                    }
                 }
             }
             Phase::Done => {}
         }
+    }
+
+    /// Keeps the candidate `verdict` chose (`candidates[0]`, the incumbent, unless another
+    /// beat it by more than the margin and the measured noise).
+    fn keep(&mut self, candidates: &[TunedParams], verdict: Verdict, challenger: &str) {
+        self.best = candidates[verdict.kept];
+        self.best_score = verdict.score;
+        ::log::info!(
+            "autotune: re-check of {challenger}: median paired gain {:+.1} % against the bar \
+             {:.1} %: {}",
+            verdict.gain.exp_m1() * 100.0,
+            verdict.bar.exp_m1() * 100.0,
+            if verdict.kept == 0 {
+                "the incumbent stays"
+            } else {
+                "changed"
+            }
+        );
+    }
+
+    /// Starts the paired re-check of the configured setting (sample 0) against the joint
+    /// search's [`TOP_CANDIDATES`] best points by the model's mean (by their own scores if
+    /// the model cannot be fitted); without any other point, goes on to the switches.
+    fn start_joint_recheck(&mut self) {
+        let configured = self.configured_params();
+        let gp = GaussianProcess::fit(&self.xs, &self.log_ys, self.config.gaussian_process_noise);
+        let predicted = |i: usize| {
+            gp.as_ref()
+                .map_or(self.log_ys[i], |gp| gp.mean_at(&self.xs[i]))
+        };
+        let mut ranked: Vec<usize> = (0..self.xs.len()).collect();
+        ranked.sort_by(|&a, &b| predicted(b).total_cmp(&predicted(a)));
+        let mut candidates = vec![configured];
+        for i in ranked {
+            let mut p = configured;
+            for (dim, &unit) in self.dims.iter().zip(&self.xs[i]) {
+                dim.set(&mut p, unit);
+            }
+            if candidates.len() <= TOP_CANDIDATES && !candidates.contains(&p) {
+                candidates.push(p);
+            }
+        }
+        self.best = configured;
+        if candidates.len() < 2 {
+            self.start_switch(0);
+            return;
+        }
+        let recheck = Recheck::new(candidates);
+        self.current = recheck.current();
+        self.phase = Phase::JointRecheck(recheck);
+    }
+
+    /// The configured setting, as the joint search's first sample measured it.
+    fn configured_params(&self) -> TunedParams {
+        let mut p = self.configured;
+        if let Some(first) = self.xs.first() {
+            for (dim, &unit) in self.dims.iter().zip(first) {
+                dim.set(&mut p, unit);
+            }
+        }
+        p
+    }
+
+    /// Starts the paired re-check of the setting kept so far against it with
+    /// `switches[switch]` flipped; past the last switch, finishes.
+    fn start_switch(&mut self, switch: usize) {
+        if switch >= self.switches.len() {
+            self.finish();
+            return;
+        }
+        let mut flipped = self.best;
+        self.switches[switch].flip(&mut flipped);
+        let recheck = Recheck::new(vec![self.best, flipped]);
+        self.current = recheck.current();
+        self.phase = Phase::SwitchRecheck { switch, recheck };
     }
 
     fn record(&mut self, score: f64) {
@@ -366,23 +458,6 @@ impl Tuner {
         (!converged).then_some(proposal.point)
     }
 
-    /// The sample kept from the joint search: the best predicted one, unless it is predicted
-    /// less than [`KEEP_MARGIN`] better than the configured setting (sample 0).
-    fn kept_joint_sample(&self) -> usize {
-        let best = self.incumbent.unwrap_or(0);
-        let Some(gp) =
-            GaussianProcess::fit(&self.xs, &self.log_ys, self.config.gaussian_process_noise)
-        else {
-            return best;
-        };
-        let configured = gp.mean_at(&self.xs[0]);
-        if gp.mean_at(&self.xs[best]) > configured + KEEP_MARGIN.ln_1p() {
-            best
-        } else {
-            0
-        }
-    }
-
     fn point(&self) -> Vec<f64> {
         self.dims.iter().map(|d| d.unit(&self.current)).collect()
     }
@@ -390,20 +465,6 @@ impl Tuner {
     fn set_point(&mut self, point: &[f64]) {
         for (dim, &unit) in self.dims.iter().zip(point) {
             dim.set(&mut self.current, unit);
-        }
-    }
-
-    /// Moves on to the switches, from the joint search's kept setting (or, without a joint
-    /// search, the configured one).
-    fn start_categorical(&mut self) {
-        if self.xs.is_empty() {
-            self.best = self.current;
-        }
-        self.current = self.best;
-        if self.switches.is_empty() {
-            self.finish();
-        } else {
-            self.phase = Phase::Categorical { next: None };
         }
     }
 
@@ -572,6 +633,72 @@ mod tests {
         assert_tunes_within_5_percent(128.0, 1.0, 0.3);
     }
 
+    /// A bowl of `curvature` (1.0 is [`log_bowl`]'s) with its minimum of 20 ms at `(fusion_mib,
+    /// cycle_ms)`.
+    fn shallow_bowl(p: &TunedParams, fusion_mib: f64, cycle_ms: f64, curvature: f64) -> f64 {
+        20.0 + curvature * (log_bowl(p, fusion_mib, cycle_ms, 20.0) - 20.0)
+    }
+
+    #[test]
+    fn a_bad_point_whose_first_sample_was_lucky_is_not_kept() {
+        // The configured setting (128 MiB, 1 ms) is the optimum. The first point of the spread
+        // design (about 3 MiB, 0.16 ms) costs about 30 % more, but the machine was quiet while
+        // its first sample ran: every step of it took 40 % less (one quiet spell, as a shared
+        // machine gives). Scored once, it looks the best point of the search; re-checked
+        // against the configured setting it is not.
+        let mut lucky = start();
+        Dim::Fusion.set(&mut lucky, TEST_POINTS[0].0);
+        Dim::Cycle.set(&mut lucky, TEST_POINTS[0].1);
+        let config = AutotuneConfig {
+            enabled: true,
+            ..AutotuneConfig::default()
+        };
+        let first_sample_steps = config.steps_per_sample * WINDOWS_PER_SAMPLE + 1;
+        let cost = |p: &TunedParams| shallow_bowl(p, 128.0, 1.0, 0.1);
+        assert!(cost(&lucky) > 20.0 * 1.25, "{}", cost(&lucky));
+        for seed in 1..=8u64 {
+            let mut tuner = Tuner::new(
+                config.clone(),
+                TunedParams {
+                    cache_enabled: false,
+                    hierarchical_allreduce: false,
+                    hierarchical_allgather: false,
+                    ..start()
+                },
+                vec![Dim::Fusion, Dim::Cycle],
+                Vec::new(),
+                None,
+            );
+            let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+            let (mut steps, mut lucky_steps) = (0, 0);
+            while !tuner.done() {
+                steps += 1;
+                assert!(steps < 100_000, "the tuner never finished");
+                let p = tuner.current();
+                let mut ms = cost(&p) * (1.0 + 0.05 * noise(&mut state));
+                if (p.fusion_threshold, p.cycle_time) == (lucky.fusion_threshold, lucky.cycle_time)
+                {
+                    lucky_steps += 1;
+                    if lucky_steps <= first_sample_steps {
+                        ms *= 0.6;
+                    }
+                }
+                tuner.observe_step(1e6 / ms);
+            }
+            assert!(
+                lucky_steps >= first_sample_steps,
+                "seed {seed}: never tried"
+            );
+            let kept = cost(&tuner.current());
+            assert!(
+                kept <= 20.0 * 1.05,
+                "seed {seed}: kept {:?} costing {kept:.2} ms (optimum 20 ms)",
+                tuner.current()
+            );
+            assert!(steps < HOROVOD_DEFAULT_STEPS, "seed {seed}: {steps} steps");
+        }
+    }
+
     /// A smooth synthetic score with its optimum at 4 MiB and 3 ms.
     fn bowl(p: &TunedParams) -> f64 {
         1000.0 / log_bowl(p, 4.0, 3.0, 1.0)
@@ -610,8 +737,8 @@ mod tests {
             !best.cache_enabled && best.hierarchical_allreduce,
             "{best:?}"
         );
-        // Baseline plus one sample per switch.
-        assert_eq!(samples, 3);
+        // Each switch: the kept setting and the flipped one, once per re-check round.
+        assert_eq!(samples, 2 * 2 * super::super::recheck::RECHECK_ROUNDS);
         // Fixed dimensions keep the configured values.
         assert_eq!(best.fusion_threshold, 128 << 20);
         assert_eq!(best.cycle_time, Duration::from_millis(1));
