@@ -42,6 +42,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -53,8 +54,14 @@ from common import write_results  # noqa: E402
 from support.spark import local_session_builder  # noqa: E402
 
 import kolo.spark  # noqa: E402
-from kolo.spark._warm_server import info_path, process_start_ticks  # noqa: E402
-from kolo.spark._warm_start import WARM_START_VAR, slot_for  # noqa: E402
+from kolo.exceptions import TimeoutError as KoloTimeoutError  # noqa: E402
+from kolo.spark._warm_start import (  # noqa: E402
+    DIR_VAR,
+    WARM_START_VAR,
+    serving,
+    stop_server,
+    wait_for_server,
+)
 
 #: The function's own phases, after the launch report's: (phase, the time that ends it).
 FN_PHASES = (
@@ -245,16 +252,14 @@ def spark_floor(session: Any) -> dict[str, Any]:
     return {"total_s": time.time() - called, "tasks_started_s": max(started) - called}
 
 
-def wait_for_warm_server(session: Any, timeout: float = 120.0) -> Optional[dict]:
-    """The warm rank server of this application's executor once it listens (None: none)."""
-    jvm = session.sparkContext._gateway.proc.pid
-    slot = slot_for(sys.executable, (jvm, process_start_ticks(jvm)))
-    deadline = time.monotonic() + timeout
-    while slot is not None and time.monotonic() < deadline:
-        if slot.listening() and os.path.exists(info_path(slot.directory, slot.key)):
-            return json.loads(Path(info_path(slot.directory, slot.key)).read_text())
-        time.sleep(0.2)
-    return None
+def wait_for_warm_server(directory: str, timeout: float = 120.0) -> Optional[dict]:
+    """The warm rank server of this application's executor (in this bench's own
+    ``KOLO_SPARK_WARM_DIR``) once it serves (None: none came up; the error is printed)."""
+    try:
+        return wait_for_server(directory, timeout)[1]
+    except KoloTimeoutError as error:
+        print(error, flush=True)
+        return None
 
 
 def distributor_launch() -> dict[str, Any]:
@@ -285,6 +290,14 @@ def main(argv: Optional[list[str]] = None) -> None:
         return child_main(args)
     if args.compare_with is not None:
         return compare_main(args)
+    # The servers of this run live in a directory of their own (stopped at the end).
+    warm_dir = tempfile.mkdtemp(prefix="kolo-bench-warm-")
+    os.environ[DIR_VAR] = warm_dir
+    load_before = os.getloadavg()
+    # The servers of this run live in a directory of their own (stopped at the end).
+    warm_dir = tempfile.mkdtemp(prefix="kolo-bench-warm-")
+    os.environ[DIR_VAR] = warm_dir
+    load_before = os.getloadavg()
     session = local_session_builder().appName("kolo-bench-spark-launch").getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     first = kolo_launch(session)
@@ -293,7 +306,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         "workers and the warm rank server)",
         first["phases_s"],
     )
-    server = wait_for_warm_server(session)
+    server = wait_for_warm_server(warm_dir)
     if server is None:
         print("no warm rank server came up: the kolo warm rounds run fresh ranks", flush=True)
     else:
@@ -360,7 +373,14 @@ def main(argv: Optional[list[str]] = None) -> None:
         "target_s": 1.5,
         "ratio_warm_over_fresh": warm_s / fresh_s,
         "spark_floor_tasks_started_median_s": floor_started,
+        "loadavg_before": load_before,
+        "loadavg_after": os.getloadavg(),
     }
+    print(
+        f"load average (1, 5, 15 min) before {load_before}, after {payload['loadavg_after']} "
+        f"on {os.cpu_count()} CPUs",
+        flush=True,
+    )
     if "TorchDistributor" in medians:
         td = medians["TorchDistributor"]
         payload["ratio_warm_over_distributor"] = warm_s / td
@@ -371,6 +391,8 @@ def main(argv: Optional[list[str]] = None) -> None:
             flush=True,
         )
     write_results("spark_launch", payload, args.json)
+    for slot, _ in serving(warm_dir):
+        stop_server(slot, 10.0)
     session.stop()
 
 

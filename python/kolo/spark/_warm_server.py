@@ -21,8 +21,9 @@ or a thread was started since the imports. The only threads tolerated are unname
 threads the imports themselves started (OpenBLAS's pool, which quiesces itself around
 ``fork``); a server whose imports started named threads (a runtime such as tokio, gRPC or
 TensorFlow's) or loaded ``FORK_UNSAFE`` modules does not serve at all. A
-refusal for a stale environment or stale files also retires the server (its socket goes at
-once; it exits when the ranks it forked ended), so a later task starts a matching one.
+refusal for a stale environment or stale files also retires the server: its socket, secret,
+description and lock go at once (so a later task starts a matching server of the same key
+while this one still waits for the ranks it forked) and it exits when those ranks ended.
 
 The forked rank process takes over the client's stdin/stdout/stderr, environment, working
 directory, umask, resource limits and ignored signals, leads its own session (the client
@@ -30,8 +31,9 @@ forwards signals to it), dies with the server (``PR_SET_PDEATHSIG``), reseeds ``
 NumPy's global generator, and runs :func:`kolo._rank_process.rank_main` as a fresh rank
 process would. The server reports its exit status to the client, kills what the rank left in
 its process group, and kills the rank if the client's connection closes first (the task
-killed the client). It exits after ``idle_s`` without a rank or a request, and when the
-executor process it watches is gone (killing its ranks).
+killed the client). It exits after ``idle_s`` without a rank or a request, on SIGTERM, and
+when a process it watches is gone (the executor's JVM, or the PySpark daemon of the Spark
+application whose tasks started it: the application or session ended), killing its ranks.
 
 Example::
 
@@ -56,7 +58,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, TextIO
+from typing import Optional, TextIO
 
 from kolo.spark._warm_client import (
     MAC_BYTES,
@@ -77,7 +79,57 @@ AUTH_TIMEOUT_S = 2.0
 TICK_S = 1.0
 #: Launch variables a request may leave out of the environment comparison start with these.
 LAUNCH_PREFIXES = ("KOLO_", "HOROVOD_")
+#: Variables that name a process, a session or a shell's state rather than configure what the
+#: server imported; they differ between launches of one application (``SparkBackend`` copies
+#: the driver's ``os.environ``, pytest sets ``PYTEST_CURRENT_TEST`` per test) and are left out
+#: of the environment comparison. A forked rank still gets the request's values of them.
+PER_PROCESS_VARIABLES = frozenset(
+    {
+        # shells
+        "_",
+        "OLDPWD",
+        "PWD",
+        "SHLVL",
+        "COLUMNS",
+        "LINES",
+        # test runners
+        "PYTEST_CURRENT_TEST",
+        "PYTEST_XDIST_WORKER",
+        # Spark's Python workers: the worker factory's connection and secret, the session's
+        # identity and its scratch directories (one daemon per factory: see _warm_start)
+        "PYTHON_WORKER_FACTORY_SECRET",
+        "PYTHON_WORKER_FACTORY_PORT",
+        "PYTHON_WORKER_FACTORY_SOCK_DIR",
+        "PYTHON_WORKER_FACTORY_SOCK_PATH",
+        "SPARK_JOB_ARTIFACT_UUID",
+        "PYSPARK_SPARK_SESSION_UUID",
+        "SPARK_LOCAL_DIRS",
+        # the PySpark driver's gateway to its JVM (in a driver's copied environment)
+        "PYSPARK_GATEWAY_PORT",
+        "PYSPARK_GATEWAY_SECRET",
+    }
+)
 _PR_SET_PDEATHSIG = 1
+
+
+def environment_differences(
+    ours: dict[str, str], theirs: dict[str, str], launch_names: list[str]
+) -> list[str]:
+    """The variables whose values differ between the server's environment and a request's
+    (sorted), leaving out :data:`PER_PROCESS_VARIABLES` and the launch's own variables
+    (``launch_names`` that start with ``KOLO_``/``HOROVOD_``). Everything else counts,
+    whatever its name: ``PATH``, ``PYTHONPATH``, ``LD_LIBRARY_PATH``, ``CUDA_VISIBLE_DEVICES``,
+    a user's ``KOLO_*`` knob, ``OMP_NUM_THREADS`` may all change what an import did.
+
+    Example::
+
+        environment_differences({"PATH": "/a", "_": "x"}, {"PATH": "/a", "_": "y"}, [])  # []
+    """
+    skip = PER_PROCESS_VARIABLES | {
+        name for name in launch_names if isinstance(name, str) and name.startswith(LAUNCH_PREFIXES)
+    }
+    names = (set(ours) | set(theirs)) - skip
+    return sorted(name for name in names if ours.get(name) != theirs.get(name))
 
 
 def lock_path(directory: str, key: str) -> str:
@@ -93,6 +145,11 @@ def info_path(directory: str, key: str) -> str:
 def log_path(directory: str, key: str) -> str:
     """The server's log (why it refused a request)."""
     return os.path.join(directory, key + ".log")
+
+
+def own_files(directory: str, key: str) -> list[str]:
+    """The files a serving server publishes (and removes when it retires or exits)."""
+    return [socket_path(directory, key), secret_path(directory, key), info_path(directory, key)]
 
 
 def key_files(directory: str, key: str) -> list[str]:
@@ -118,8 +175,8 @@ class ServerConfig:
     key: str
     idle_s: float
     modules: list[str]
-    #: The executor process (pid, start time in clock ticks) whose end ends the server.
-    watch: Optional[tuple[int, int]] = None
+    #: The processes (pid, start time in clock ticks) any of whose end ends the server.
+    watch: tuple[tuple[int, int], ...] = ()
 
     def to_json(self) -> str:
         return json.dumps(
@@ -128,28 +185,29 @@ class ServerConfig:
                 "key": self.key,
                 "idle_s": self.idle_s,
                 "modules": self.modules,
-                "watch": list(self.watch) if self.watch else None,
+                "watch": [list(process) for process in self.watch],
             }
         )
 
     @classmethod
     def from_json(cls, text: str) -> ServerConfig:
         raw = json.loads(text)
-        watch = raw.get("watch")
         return cls(
             directory=str(raw["dir"]),
             key=str(raw["key"]),
             idle_s=float(raw["idle_s"]),
             modules=[str(name) for name in raw.get("modules", [])],
-            watch=(int(watch[0]), int(watch[1])) if watch else None,
+            watch=tuple((int(pid), int(ticks)) for pid, ticks in raw.get("watch") or ()),
         )
 
 
 def process_start_ticks(pid: int) -> Optional[int]:
-    """When process ``pid`` started (clock ticks since boot); None when it does not exist."""
+    """When process ``pid`` started (clock ticks since boot); None when it does not exist or
+    has exited (a zombie its parent has not reaped yet)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
-            return int(stat.read().rsplit(b")", 1)[1].split()[19])
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        return None if fields[0] in (b"Z", b"X") else int(fields[19])
     except (OSError, ValueError, IndexError):
         return None
 
@@ -182,8 +240,10 @@ class _Server:
     last_active: float = field(default_factory=time.monotonic)
     #: Stale (a refusal that ends the server): no new requests; exit once the ranks ended.
     retiring: bool = False
-    #: The executor ended: this key is never used again, so its files all go.
+    #: A watched process ended: this key is never used again, so its files all go.
     executor_gone: bool = False
+    #: SIGTERM arrived: exit (killing the ranks) at the next turn of the loop.
+    stopping: bool = False
 
     def note(self, text: str) -> None:
         self.log.write(f"{time.strftime('%H:%M:%S')} [{os.getpid()}] {text}\n")
@@ -216,14 +276,14 @@ class _Server:
                 if conn is not None:
                     self.last_active = time.monotonic()
                     outcome = self.handle(conn)
-                    if isinstance(outcome, dict):
+                    if outcome is not None:
                         return outcome
-                    if outcome == "exit":
-                        self.retire()
-            if self.config.watch is not None:
-                pid, ticks = self.config.watch
+            if self.stopping:
+                self.note("stopped (SIGTERM): exiting")
+                return None
+            for pid, ticks in self.config.watch:
                 if process_start_ticks(pid) != ticks:
-                    self.note(f"the executor process {pid} is gone: exiting")
+                    self.note(f"the watched process {pid} is gone: exiting")
                     self.executor_gone = True
                     return None
             if self.ranks:
@@ -233,18 +293,21 @@ class _Server:
                 return None
 
     def retire(self) -> None:
-        """Stops taking requests (the socket and secret go at once, so no task finds this
-        server again); the ranks it forked run to their end."""
+        """Stops taking requests: the socket, secret and description go and the lock is
+        released at once, so no task finds this server again and a replacement of the same key
+        can start (and publish its own files, which this server then leaves alone) while the
+        ranks this one forked run to their end."""
+        if self.retiring:
+            return
         self.retiring = True
-        for path in (
-            socket_path(self.config.directory, self.config.key),
-            secret_path(self.config.directory, self.config.key),
-        ):
+        for path in own_files(self.config.directory, self.config.key):
             try:
                 os.unlink(path)
             except OSError:
                 pass
         self.listener.close()
+        os.close(self.lock)
+        self.lock = -1
         if self.ranks:
             self.note(f"retiring: waiting for {len(self.ranks)} rank process(es) to end")
 
@@ -265,9 +328,10 @@ class _Server:
                     pass
                 rank.conn.close()
 
-    def handle(self, conn: socket.socket) -> Any:
-        """Authenticates and checks one request; forks for it. Returns the request in the
-        forked rank process, ``"exit"`` when the server must end, else None."""
+    def handle(self, conn: socket.socket) -> Optional[dict]:
+        """Authenticates and checks one request; forks for it (or refuses it, retiring when
+        the refusal says this server is stale). Returns the request in the forked rank
+        process, else None."""
         fds: list[int] = []
         try:
             conn.settimeout(AUTH_TIMEOUT_S)
@@ -307,12 +371,15 @@ class _Server:
         if reason is not None:
             self.note(f"refused a request: {reason}")
             _close_all(fds)
+            if fatal:
+                # Before the answer: whoever hears it finds no stale server left to ask.
+                self.retire()
             try:
                 send_message(conn, {"ok": False, "reason": reason})
             except OSError:
                 pass
             conn.close()
-            return "exit" if fatal else None
+            return None
         forked = time.time()
         pid = os.fork()
         if pid == 0:
@@ -339,12 +406,9 @@ class _Server:
         env, names = request.get("env"), request.get("launch_names")
         if not isinstance(env, dict) or not isinstance(names, list):
             return "the request has no environment", False
-        launch = {n for n in names if isinstance(n, str) and n.startswith(LAUNCH_PREFIXES)}
-        ours = {k: v for k, v in self.env.items() if k not in launch}
-        theirs = {k: v for k, v in env.items() if k not in launch}
-        if ours != theirs:
-            changed = sorted(set(ours.items()) ^ set(theirs.items()))
-            return f"the environment changed ({', '.join(sorted({k for k, _ in changed}))})", True
+        changed = environment_differences(self.env, env, names)
+        if changed:
+            return f"the environment changed ({', '.join(changed)})", True
         for path, stamp in self.stamps.items():
             try:
                 now = os.stat(path)
@@ -379,7 +443,8 @@ class _Server:
             os.close(self.wake[0])
             os.close(self.wake[1])
             self.listener.close()
-            os.close(self.lock)  # the server's lock must end with the server
+            if self.lock >= 0:
+                os.close(self.lock)  # the server's lock must end with the server
             for rank in self.ranks.values():
                 rank.conn.close()
             self.log.close()
@@ -600,8 +665,14 @@ def main() -> None:
         stamps=_stamps(),
         threads=os_thread_count(),
     )
+
+    def stop(_signum: int, _frame: object) -> None:
+        server.stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
     info = {
         "pid": os.getpid(),
+        "ticks": process_start_ticks(os.getpid()),
         "modules": modules,
         "import_seconds": round(time.time() - started, 3),
         "threads": server.threads,
@@ -614,15 +685,16 @@ def main() -> None:
         request = server.serve()
     finally:
         if os.getpid() == me:
-            for path in (sock, secret_path(directory, key), info_path(directory, key)):
-                try:
-                    os.unlink(path)
-                except OSError:
-                    pass
+            if not server.retiring:  # a retired server's files may be its replacement's now
+                for path in own_files(directory, key):
+                    try:
+                        os.unlink(path)
+                    except OSError:
+                        pass
             for rank in server.ranks.values():
                 _kill_group(rank.pid, signal.SIGKILL)
             log.close()
-            if server.executor_gone:
+            if server.executor_gone and not server.retiring:
                 remove_key_files(directory, key)
     if request is None:
         return

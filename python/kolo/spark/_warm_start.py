@@ -2,8 +2,11 @@
 barrier task does with them.
 
 A barrier task looks for this executor's warm rank server (:mod:`kolo.spark._warm_server`):
-one per (user, interpreter, kolo version and location, executor process), found in the 0700
-directory ``$XDG_RUNTIME_DIR/kolo-warm-<uid>`` (else ``<tmp>/kolo-warm-<uid>``). When its
+one per (user, interpreter, kolo version and location, executor JVM, PySpark daemon), found
+in the 0700 directory ``$XDG_RUNTIME_DIR/kolo-warm-<uid>`` (else ``<tmp>/kolo-warm-<uid>``).
+The PySpark daemon (the parent of the task's Python worker) belongs to one Spark application
+(or Spark Connect session) and ends with it, so a server never outlives its application by
+more than a second and a later application never finds an earlier one's server. When its
 socket is there, the task starts the client (:mod:`kolo.spark._warm_client`) instead of a
 fresh rank process; the client falls back to a fresh rank process by itself when the server
 refuses. A task whose rank succeeded starts a server when none runs, importing the installed
@@ -16,6 +19,9 @@ Knobs (read on the driver, like ``verbose``):
   and starts no server.
 - ``KOLO_SPARK_WARM_IDLE_SECONDS``: a server exits after this long with no rank and no
   request (default 300).
+- ``KOLO_SPARK_WARM_DIR``: the directory of the servers' sockets and secrets instead of the
+  default above (an absolute path; the executors create it, 0700, and refuse one that is not
+  theirs with mode 0700). Tests give each module its own.
 
 Example::
 
@@ -30,6 +36,7 @@ import hashlib
 import json
 import logging
 import os
+import signal
 import stat
 import subprocess
 import tempfile
@@ -39,10 +46,12 @@ from pathlib import Path
 from typing import Mapping, Optional
 
 from kolo.exceptions import ConfigError
+from kolo.exceptions import TimeoutError as KoloTimeoutError
 from kolo.spark import _warm_client
 from kolo.spark._warm_server import (
     FORK_UNSAFE,
     ServerConfig,
+    info_path,
     lock_path,
     process_start_ticks,
     remove_key_files,
@@ -55,6 +64,10 @@ WARM_START_VAR = "KOLO_SPARK_WARM_START"
 #: Seconds a warm rank server waits idle before it exits.
 IDLE_VAR = "KOLO_SPARK_WARM_IDLE_SECONDS"
 DEFAULT_IDLE_S = 300.0
+#: The directory of the servers' sockets and secrets (default: see the module docs).
+DIR_VAR = "KOLO_SPARK_WARM_DIR"
+#: How often :func:`wait_for_server` looks.
+_POLL_S = 0.05
 #: How the task starts a server: it detaches at once (the task does not wait for its imports).
 SERVER_CODE = (
     "import os\n"
@@ -78,11 +91,13 @@ class WarmStart:
 
     enabled: bool
     idle_s: float
+    #: ``KOLO_SPARK_WARM_DIR`` (None: the default directory).
+    directory: Optional[str] = None
 
 
 def warm_start_options(environ: Optional[Mapping[str, str]] = None) -> WarmStart:
-    """The warm-start settings from ``KOLO_SPARK_WARM_START`` and
-    ``KOLO_SPARK_WARM_IDLE_SECONDS``; ConfigError names a bad value.
+    """The warm-start settings from ``KOLO_SPARK_WARM_START``, ``KOLO_SPARK_WARM_IDLE_SECONDS``
+    and ``KOLO_SPARK_WARM_DIR``; ConfigError names a bad value.
 
     Example::
 
@@ -103,7 +118,13 @@ def warm_start_options(environ: Optional[Mapping[str, str]] = None) -> WarmStart
         idle_s = -1.0
     if not 0 < idle_s < 1e7:
         raise ConfigError(f"{IDLE_VAR}={idle_text!r} must be a positive number of seconds")
-    return WarmStart(enabled=enabled, idle_s=idle_s)
+    directory = environ.get(DIR_VAR, "").strip() or None
+    if directory is not None and not os.path.isabs(directory):
+        raise ConfigError(
+            f"{DIR_VAR}={directory!r} must be an absolute path (a directory the executors' "
+            "user owns with mode 0700, or that they may create)"
+        )
+    return WarmStart(enabled=enabled, idle_s=idle_s, directory=directory)
 
 
 def mentions_fork_unsafe(payload: bytes) -> Optional[str]:
@@ -138,8 +159,9 @@ class WarmSlot:
 
     directory: str
     key: str
-    #: The executor process (pid, start ticks) the server outlives no longer than.
-    watch: Optional[tuple[int, int]]
+    #: The processes (pid, start ticks) the server outlives no longer than: the PySpark
+    #: daemon of the task's application and the executor's JVM.
+    watch: tuple[tuple[int, int], ...]
 
     @property
     def modules_path(self) -> str:
@@ -166,13 +188,15 @@ class WarmSlot:
         return False
 
 
-def private_directory() -> Optional[str]:
-    """This user's 0700 directory for warm rank servers; None (warm start off, logged) when it
-    cannot be made or is not safe (not a directory of this user with mode 0700)."""
-    base = os.environ.get("XDG_RUNTIME_DIR") or ""
-    if not os.path.isdir(base):
-        base = tempfile.gettempdir()
-    path = os.path.join(base, f"kolo-warm-{os.getuid()}")
+def private_directory(path: Optional[str] = None) -> Optional[str]:
+    """This user's 0700 directory for warm rank servers (``path``, else the default one);
+    None (warm start off, logged) when it cannot be made or is not safe (not a directory of
+    this user with mode 0700)."""
+    if path is None:
+        base = os.environ.get("XDG_RUNTIME_DIR") or ""
+        if not os.path.isdir(base):
+            base = tempfile.gettempdir()
+        path = os.path.join(base, f"kolo-warm-{os.getuid()}")
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
@@ -194,10 +218,17 @@ def private_directory() -> Optional[str]:
     return path
 
 
-def executor_process() -> Optional[tuple[int, int]]:
-    """The executor's JVM (pid, start ticks): the nearest ``java`` ancestor of this process,
-    else this process's parent."""
-    pid = os.getpid()
+def watched_processes() -> tuple[tuple[int, int], ...]:
+    """What a server started by this task must not outlive, as (pid, start ticks): this
+    process's parent (the PySpark daemon that forked this Python worker: one per Spark
+    application or Spark Connect session, stopped with it; the JVM itself when Spark runs no
+    daemon) and the executor's JVM (the nearest ``java`` ancestor)."""
+    watched = []
+    parent = os.getppid()
+    ticks = process_start_ticks(parent)
+    if ticks is not None:
+        watched.append((parent, ticks))
+    pid = parent
     for _ in range(_MAX_ANCESTORS):
         try:
             with open(f"/proc/{pid}/stat", "rb") as file:
@@ -205,32 +236,36 @@ def executor_process() -> Optional[tuple[int, int]]:
         except OSError:
             break
         comm = text[text.find(b"(") + 1 : text.rfind(b")")]
-        if comm == b"java" and pid != os.getpid():
+        if comm == b"java":
             ticks = process_start_ticks(pid)
-            return (pid, ticks) if ticks is not None else None
+            if ticks is not None and (pid, ticks) not in watched:
+                watched.append((pid, ticks))
+            break
         pid = int(text.rsplit(b")", 1)[1].split()[1])
         if pid <= 1:
             break
-    parent = os.getppid()
-    ticks = process_start_ticks(parent)
-    return (parent, ticks) if ticks is not None else None
+    return tuple(watched)
 
 
-def warm_slot(program: str) -> Optional[WarmSlot]:
-    """This executor's slot for rank processes of ``program``; None when warm start cannot run
-    here."""
-    return slot_for(program, executor_process())
+def warm_slot(program: str, directory: Optional[str] = None) -> Optional[WarmSlot]:
+    """This executor's slot for rank processes of ``program`` (in ``directory``, else the
+    default one); None when warm start cannot run here."""
+    return slot_for(program, watched_processes(), directory)
 
 
-def slot_for(program: str, watch: Optional[tuple[int, int]]) -> Optional[WarmSlot]:
-    """The slot for rank processes of ``program`` on the executor process ``watch`` (pid,
-    start ticks); None when this user has no safe directory for it.
+def slot_for(
+    program: str, watch: tuple[tuple[int, int], ...], directory: Optional[str] = None
+) -> Optional[WarmSlot]:
+    """The slot for rank processes of ``program`` whose server watches the processes
+    ``watch`` ((pid, start ticks), see :func:`watched_processes`), in ``directory`` (else the
+    default one); None when this user has no safe directory for it. Other watched processes
+    (another application's daemon) give another key.
 
     Example::
 
-        slot = slot_for(sys.executable, (jvm_pid, process_start_ticks(jvm_pid)))
+        slot = slot_for(sys.executable, ((daemon, daemon_ticks), (jvm, jvm_ticks)))
     """
-    directory = private_directory()
+    directory = private_directory(directory)
     if directory is None:
         return None
     import kolo
@@ -241,7 +276,7 @@ def slot_for(program: str, watch: Optional[tuple[int, int]]) -> Optional[WarmSlo
             kolo.__version__,
             os.path.dirname(os.path.realpath(kolo.__file__)),
             str(os.getuid()),
-            f"{watch[0]}:{watch[1]}" if watch else "",
+            ",".join(f"{pid}:{ticks}" for pid, ticks in watch),
         ]
     )
     key = hashlib.sha256(identity.encode()).hexdigest()[:24]
@@ -259,7 +294,9 @@ def rank_args(
 
         args, slot = rank_args(WarmStart(True, 300.0), sys.executable, code, ["KOLO_RANK"])
     """
-    slot = warm_slot(program) if options is not None and options.enabled else None
+    slot = None
+    if options is not None and options.enabled:
+        slot = warm_slot(program, options.directory)
     if slot is None:
         return ["-c", fresh_code], None
     fresh = ["-c", fresh_code, slot.modules_path]
@@ -285,7 +322,7 @@ def sweep_stale_keys(directory: str, now: Optional[float] = None) -> None:
         if not name.endswith(".lock"):
             continue
         key = name[: -len(".lock")]
-        slot = WarmSlot(directory=directory, key=key, watch=None)
+        slot = WarmSlot(directory=directory, key=key, watch=())
         try:
             newest = max(
                 os.stat(os.path.join(directory, key + suffix)).st_mtime
@@ -348,3 +385,102 @@ def start_server(
         process.wait(timeout=30)
     except Exception as error:
         log.warning("kolo.spark.run: could not start a warm rank server: %s", error)
+
+
+def server_info(slot: WarmSlot) -> Optional[dict]:
+    """The description of the server that serves ``slot`` now (its pid, start ticks,
+    modules), or None when none does: its socket, secret and description are all there and
+    the process they name still runs (a server that exited or retired removed them; one
+    killed outright left them behind for a process that is gone)."""
+    if not slot.listening():
+        return None
+    try:
+        with open(info_path(slot.directory, slot.key), "rb") as file:
+            info = json.loads(file.read(MAX_MODULES_BYTES))
+        pid, ticks = int(info["pid"]), int(info["ticks"])
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    if process_start_ticks(pid) != ticks or not slot.listening():
+        return None
+    return info
+
+
+def serving(directory: str) -> list[tuple[WarmSlot, dict]]:
+    """Every server that serves in ``directory`` now, with its description (see
+    :func:`server_info`), by key."""
+    found = []
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return []
+    for name in names:
+        if name.endswith(".sock"):
+            slot = WarmSlot(directory=directory, key=name[: -len(".sock")], watch=())
+            info = server_info(slot)
+            if info is not None:
+                found.append((slot, info))
+    return found
+
+
+def wait_for_server(directory: str, timeout_s: float) -> tuple[WarmSlot, dict]:
+    """Waits until exactly one server serves in ``directory`` (a directory of its own, e.g.
+    ``KOLO_SPARK_WARM_DIR`` of a test or bench on one executor) and returns its slot and
+    description. A server replaced meanwhile (one retired, another of the same key started)
+    is no obstacle: the answer is whichever serves when the wait ends. Raises
+    :class:`kolo.exceptions.TimeoutError` after ``timeout_s``, with the servers' logs.
+
+    Example::
+
+        slot, info = wait_for_server(directory, 60.0)
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = serving(directory)
+        if len(found) == 1:
+            return found[0]
+        if time.monotonic() >= deadline:
+            logs = sorted(Path(directory).glob("*.log")) if os.path.isdir(directory) else []
+            text = "; ".join(f"{log.name}: {_log_tail(str(log))}" for log in logs) or "no log"
+            raise KoloTimeoutError(
+                f"{len(found)} warm rank servers serve in {directory} after {timeout_s:g} s "
+                f"(waited for exactly one); {text}"
+            )
+        time.sleep(_POLL_S)
+
+
+def stop_server(slot: WarmSlot, timeout_s: float) -> bool:
+    """Stops the server that serves ``slot`` (SIGTERM: it kills the ranks it forked and
+    removes its files) and waits for it to exit; True when one was stopped. Raises
+    :class:`kolo.exceptions.TimeoutError` when it still runs after ``timeout_s``.
+
+    Example::
+
+        for slot, _ in serving(directory):
+            stop_server(slot, 10.0)
+    """
+    info = server_info(slot)
+    if info is None:
+        return False
+    pid, ticks = int(info["pid"]), int(info["ticks"])
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return True
+    deadline = time.monotonic() + timeout_s
+    while process_start_ticks(pid) == ticks:
+        if time.monotonic() >= deadline:
+            raise KoloTimeoutError(
+                f"the warm rank server {pid} still runs {timeout_s:g} s after SIGTERM"
+            )
+        time.sleep(_POLL_S)
+    return True
+
+
+def _log_tail(path: str, size: int = 2048) -> str:
+    try:
+        with open(path, "rb") as file:
+            file.seek(0, os.SEEK_END)
+            file.seek(max(0, file.tell() - size))
+            return file.read().decode(errors="replace").strip() or "(empty)"
+    except OSError:
+        return "(unreadable)"
