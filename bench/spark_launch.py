@@ -1,6 +1,13 @@
 """Launch to first step: ``kolo.spark.run`` vs PySpark's ``TorchDistributor``, interleaved in
 one ``local[2]`` Spark session, with kolo's launch broken down.
 
+kolo runs two ways in each round: ``kolo warm`` (the default: the executor's warm rank server,
+started by the application's first launch, forks the ranks; python/kolo/spark/_warm_server.py)
+and ``kolo fresh`` (``KOLO_SPARK_WARM_START=0``: a new interpreter per rank, which imports
+torch). Each round also times an empty barrier stage of 2 tasks (``spark_floor``: submit to
+collect, what Spark's scheduling of the stage costs before kolo does anything), the floor
+under any launch; the report gives kolo's share above it.
+
 Each side runs, on 2 ranks, a function that imports torch, initialises its collectives (kolo:
 ``import kolo.torch as hvd; hvd.init()``; the peer: ``torch.distributed`` gloo, which
 ``TorchDistributor`` sets up with ``torchrun``) and runs one allreduce of 4 floats: its first
@@ -35,6 +42,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -46,6 +54,14 @@ from common import write_results  # noqa: E402
 from support.spark import local_session_builder  # noqa: E402
 
 import kolo.spark  # noqa: E402
+from kolo.exceptions import TimeoutError as KoloTimeoutError  # noqa: E402
+from kolo.spark._warm_start import (  # noqa: E402
+    DIR_VAR,
+    WARM_START_VAR,
+    serving,
+    stop_server,
+    wait_for_server,
+)
 
 #: The function's own phases, after the launch report's: (phase, the time that ends it).
 FN_PHASES = (
@@ -205,7 +221,45 @@ def kolo_launch(session: Any) -> dict[str, Any]:
         "total_s": points[-1][1] - called,
         "phases_s": phases,
         "complete": report.complete(),
+        "warm_ranks": len(report.warm_ranks()) if hasattr(report, "warm_ranks") else 0,
     }
+
+
+def kolo_fresh_launch(session: Any) -> dict[str, Any]:
+    """One ``kolo.spark.run`` with warm start off (every rank a new interpreter)."""
+    old = os.environ.get(WARM_START_VAR)
+    os.environ[WARM_START_VAR] = "0"
+    try:
+        return kolo_launch(session)
+    finally:
+        if old is None:
+            del os.environ[WARM_START_VAR]
+        else:
+            os.environ[WARM_START_VAR] = old
+
+
+def barrier_stage_tasks_started() -> list[float]:
+    import time
+
+    return [time.time()]
+
+
+def spark_floor(session: Any) -> dict[str, Any]:
+    """An empty barrier stage of 2 tasks: submit to collect (the Spark floor of a launch)."""
+    called = time.time()
+    rdd = session.sparkContext.parallelize(range(2), 2).barrier()
+    started = rdd.mapPartitions(lambda _: barrier_stage_tasks_started()).collect()
+    return {"total_s": time.time() - called, "tasks_started_s": max(started) - called}
+
+
+def wait_for_warm_server(directory: str, timeout: float = 120.0) -> Optional[dict]:
+    """The warm rank server of this application's executor (in this bench's own
+    ``KOLO_SPARK_WARM_DIR``) once it serves (None: none came up; the error is printed)."""
+    try:
+        return wait_for_server(directory, timeout)[1]
+    except KoloTimeoutError as error:
+        print(error, flush=True)
+        return None
 
 
 def distributor_launch() -> dict[str, Any]:
@@ -236,47 +290,109 @@ def main(argv: Optional[list[str]] = None) -> None:
         return child_main(args)
     if args.compare_with is not None:
         return compare_main(args)
+    # The servers of this run live in a directory of their own (stopped at the end).
+    warm_dir = tempfile.mkdtemp(prefix="kolo-bench-warm-")
+    os.environ[DIR_VAR] = warm_dir
+    load_before = os.getloadavg()
+    # The servers of this run live in a directory of their own (stopped at the end).
+    warm_dir = tempfile.mkdtemp(prefix="kolo-bench-warm-")
+    os.environ[DIR_VAR] = warm_dir
+    load_before = os.getloadavg()
     session = local_session_builder().appName("kolo-bench-spark-launch").getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
-    sides = {"kolo": lambda: kolo_launch(session)}
+    first = kolo_launch(session)
+    print_breakdown(
+        "kolo's first launch in this application to first step (fresh ranks, starts the Python "
+        "workers and the warm rank server)",
+        first["phases_s"],
+    )
+    server = wait_for_warm_server(warm_dir)
+    if server is None:
+        print("no warm rank server came up: the kolo warm rounds run fresh ranks", flush=True)
+    else:
+        print(
+            f"warm rank server {server['pid']}: pre-imported {sorted(server['modules'])} in "
+            f"{server['import_seconds']} s",
+            flush=True,
+        )
+    sides = {
+        "kolo warm": lambda: kolo_launch(session),
+        "kolo fresh": lambda: kolo_fresh_launch(session),
+        "spark_floor": lambda: spark_floor(session),
+    }
     if not args.no_distributor:
         sides["TorchDistributor"] = distributor_launch
-    warm = {name: launch() for name, launch in sides.items()}
-    print_breakdown(
-        "kolo warm-up launch to first step (first in this application)", warm["kolo"]["phases_s"]
-    )
+        sides["TorchDistributor"]()  # its own warm-up (not counted)
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in sides}
     for round_ in range(args.rounds):
         names = list(sides) if round_ % 2 == 0 else list(sides)[::-1]
         for name in names:
             runs[name].append(sides[name]())
         print(
-            f"round {round_}: " + ", ".join(f"{n} {runs[n][-1]['total_s']:.2f} s" for n in sides),
+            f"round {round_}: "
+            + ", ".join(f"{n} {runs[n][-1]['total_s']:.2f} s" for n in sides)
+            + f" (warm ranks: {runs['kolo warm'][-1]['warm_ranks']})",
             flush=True,
         )
     medians = {
         name: statistics.median(r["total_s"] for r in rounds) for name, rounds in runs.items()
     }
-    phase_medians = {
-        name: statistics.median(r["phases_s"][name] for r in runs["kolo"])
-        for name in runs["kolo"][0]["phases_s"]
-    }
-    print_breakdown(f"kolo launch to first step, median phases of {args.rounds}", phase_medians)
-    line = f"launch to first step (2 ranks), median of {args.rounds}: kolo {medians['kolo']:.2f} s"
+    phase_medians = {}
+    for side in ("kolo warm", "kolo fresh"):
+        names = list(dict.fromkeys(n for r in runs[side] for n in r["phases_s"]))
+        phase_medians[side] = {
+            name: statistics.median(r["phases_s"].get(name, 0.0) for r in runs[side])
+            for name in names
+        }
+        print_breakdown(
+            f"{side} launch to first step, median phases of {args.rounds}", phase_medians[side]
+        )
+    warm_s, fresh_s, floor_s = medians["kolo warm"], medians["kolo fresh"], medians["spark_floor"]
+    floor_started = statistics.median(r["tasks_started_s"] for r in runs["spark_floor"])
+    print(
+        f"empty barrier stage: every task started {floor_started:.3f} s after submission "
+        f"(kolo warm's spark_scheduling: {phase_medians['kolo warm']['spark_scheduling']:.3f} s), "
+        f"rows back at {floor_s:.3f} s",
+        flush=True,
+    )
+    print(
+        f"launch to first step (2 ranks), median of {args.rounds}: kolo warm {warm_s:.2f} s, "
+        f"kolo fresh {fresh_s:.2f} s, first launch {first['total_s']:.2f} s; empty barrier "
+        f"stage {floor_s:.2f} s (kolo warm above it: {warm_s - floor_s:.2f} s, "
+        f"{(warm_s - floor_s) / warm_s:.0%} of its launch) (target <= 1.5 s: "
+        f"{'met' if warm_s <= 1.5 else 'not met'})",
+        flush=True,
+    )
     payload: dict[str, Any] = {
         "rounds": args.rounds,
         "median_s": medians,
         "kolo_phase_medians_s": phase_medians,
-        "kolo_warmup": warm["kolo"],
+        "kolo_first_launch": first,
+        "warm_server": server,
         "runs": runs,
         "target_s": 1.5,
+        "ratio_warm_over_fresh": warm_s / fresh_s,
+        "spark_floor_tasks_started_median_s": floor_started,
+        "loadavg_before": load_before,
+        "loadavg_after": os.getloadavg(),
     }
+    print(
+        f"load average (1, 5, 15 min) before {load_before}, after {payload['loadavg_after']} "
+        f"on {os.cpu_count()} CPUs",
+        flush=True,
+    )
     if "TorchDistributor" in medians:
-        ratio = medians["kolo"] / medians["TorchDistributor"]
-        payload["ratio_kolo_over_distributor"] = ratio
-        line += f", TorchDistributor {medians['TorchDistributor']:.2f} s -> ratio {ratio:.2f}"
-    print(f"{line} (target <= 1.5 s)", flush=True)
+        td = medians["TorchDistributor"]
+        payload["ratio_warm_over_distributor"] = warm_s / td
+        payload["ratio_fresh_over_distributor"] = fresh_s / td
+        print(
+            f"TorchDistributor {td:.2f} s -> ratios kolo warm/TD {warm_s / td:.2f}, kolo fresh/TD "
+            f"{fresh_s / td:.2f}, kolo warm/fresh {warm_s / fresh_s:.2f}",
+            flush=True,
+        )
     write_results("spark_launch", payload, args.json)
+    for slot, _ in serving(warm_dir):
+        stop_server(slot, 10.0)
     session.stop()
 
 

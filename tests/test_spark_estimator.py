@@ -119,7 +119,9 @@ def test_fit_timings_break_the_launch_down(fitted):
     timings = fitted[2].getTimings()
     phases = timings["launch_phases"]
     trainer = ["imports", "init", "build", "loaders", "resume", "tensorboard", "first_step"]
-    assert list(phases) == [name for name, _ in PHASES] + [f"trainer_{s}" for s in trainer]
+    expected = [name for name, _ in PHASES] + [f"trainer_{s}" for s in trainer]
+    # ``warm_fork`` only when a warm rank server forked the ranks (kolo.spark._warm_server).
+    assert list(phases) in (expected, [name for name in expected if name != "warm_fork"])
     assert all(seconds >= 0 for seconds in phases.values()), phases
     # From run()'s call to rank 0's first step: within the launch part, which starts earlier.
     assert 0 < sum(phases.values()) <= timings["parts"]["launch"]

@@ -42,11 +42,17 @@ def chatty_fn():
     return int(os.environ["KOLO_RANK"])
 
 
-def test_launch_report_covers_every_phase_and_sums_to_its_total(spark):
+#: The phases of a launch whose ranks all started fresh (no warm rank server).
+FRESH_PHASES = [name for name, _ in PHASES if name != "warm_fork"]
+
+
+def test_launch_report_covers_every_phase_and_sums_to_its_total(spark, monkeypatch):
     """A launch hands its report to ``_on_launch_report``: every phase recorded (one host: all
     ranks report every step), none negative, in order, adding up to the time from the call to
     every rank's function starting, inside the call's own wall time; the ranks' launch-times
-    messages never reach the user's ``_on_message``, which still gets its own messages."""
+    messages never reach the user's ``_on_message``, which still gets its own messages. (Fresh
+    rank processes; test_spark_warm_start.py covers the warm ones.)"""
+    monkeypatch.setenv("KOLO_SPARK_WARM_START", "0")
     reports: list[LaunchReport] = []
     messages: list[tuple[int, object]] = []
     err = io.StringIO()
@@ -67,7 +73,7 @@ def test_launch_report_covers_every_phase_and_sums_to_its_total(spark):
     assert sorted(report.tasks) == [0, 1] and sorted(report.ranks) == [0, 1]
     assert all(set(times) == set(RANK_STEPS) for times in report.ranks.values()), report.ranks
     phases = report.phases()
-    assert [name for name, _ in phases] == [name for name, _ in PHASES]
+    assert [name for name, _ in phases] == FRESH_PHASES
     assert all(seconds >= 0 for _, seconds in phases), phases
     assert sum(seconds for _, seconds in phases) == pytest.approx(report.total(), abs=1e-6)
     points = report.milestones()
@@ -159,9 +165,10 @@ def test_a_rank_clock_behind_the_driver_gives_no_negative_phase():
     assert not report.complete() and "did not report" in report.describe()
 
 
-def test_launch_report_on_spark_connect(connect_spark):
+def test_launch_report_on_spark_connect(connect_spark, monkeypatch):
     """On a Spark Connect session the tasks' start times come back through ``mapInArrow``'s
     rows (a double column): the report is as complete as on a classic session."""
+    monkeypatch.setenv("KOLO_SPARK_WARM_START", "0")
     reports: list[LaunchReport] = []
     assert kolo.spark.run(
         chatty_fn, num_proc=2, spark=connect_spark, _on_launch_report=reports.append
@@ -169,5 +176,5 @@ def test_launch_report_on_spark_connect(connect_spark):
     (report,) = reports
     assert report.complete(), report
     phases = report.phases()
-    assert [name for name, _ in phases] == [name for name, _ in PHASES]
+    assert [name for name, _ in phases] == FRESH_PHASES
     assert sum(seconds for _, seconds in phases) == pytest.approx(report.total(), abs=1e-6)

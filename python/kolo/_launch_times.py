@@ -27,6 +27,11 @@ from typing import Optional
 PREFIX = b"\x00kolo-launch-times\x00"
 #: The steps a rank reports, in the order it passes them.
 RANK_STEPS = ("process", "interpreter", "kolo_imported", "joined", "payload_loaded")
+#: Steps only some ranks pass: ``forked``, when a warm rank server forked the rank process
+#: (after its client's interpreter started; a rank that reports it came from a warm server).
+OPTIONAL_STEPS = ("forked",)
+#: Every step a message may carry.
+ALL_STEPS = (*RANK_STEPS, *OPTIONAL_STEPS)
 #: The largest launch-times message the driver reads (a peer cannot make it parse more).
 MAX_BYTES = 1024
 
@@ -56,7 +61,7 @@ def encode_rank_times(times: dict[str, Optional[float]]) -> bytes:
 
         _native.session_send(encode_rank_times({"joined": time.time()}))
     """
-    known = {step: float(times[step]) for step in RANK_STEPS if times.get(step) is not None}
+    known = {step: float(times[step]) for step in ALL_STEPS if times.get(step) is not None}
     return PREFIX + json.dumps(known).encode()
 
 
@@ -87,7 +92,7 @@ def decode_rank_times(data: bytes) -> dict[str, float]:
     if not isinstance(raw, dict):
         return {}
     times = {}
-    for step in RANK_STEPS:
+    for step in ALL_STEPS:
         value = raw.get(step)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             if math.isfinite(value):

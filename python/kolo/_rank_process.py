@@ -21,10 +21,13 @@ from kolo._launch_times import encode_rank_times, process_started_unix
 PAYLOAD_TIMEOUT_S = 120.0
 
 
-def rank_code(launcher: str, report_times: bool = False) -> str:
+def rank_code(launcher: str, report_times: bool = False, record_modules: bool = False) -> str:
     """The ``python -c`` program of a rank process of ``launcher`` (named in its messages);
     with ``report_times`` the rank sends the driver when it passed each step of its start
-    (:mod:`kolo._launch_times`), its first line being the interpreter's start.
+    (:mod:`kolo._launch_times`), its first line being the interpreter's start; with
+    ``record_modules`` the program takes one argument, a path where the rank writes the
+    installed modules it imported (:func:`write_third_party_modules`) after its function
+    succeeded (``sys.argv`` is ``["-c"]`` again before the function runs).
 
     Example::
 
@@ -32,10 +35,14 @@ def rank_code(launcher: str, report_times: bool = False) -> str:
     """
     if not report_times:
         return f"from kolo._rank_process import rank_main; rank_main({launcher!r})"
+    modules = ", modules_out=sys.argv.pop(1) if len(sys.argv) > 1 else None"
     return (
         "import time; _kolo_started = time.time(); "
-        "from kolo._rank_process import rank_main; "
-        f"rank_main({launcher!r}, interpreter_unix=_kolo_started)"
+        + ("import sys; " if record_modules else "")
+        + "from kolo._rank_process import rank_main; "
+        f"rank_main({launcher!r}, interpreter_unix=_kolo_started"
+        + (modules if record_modules else "")
+        + ")"
     )
 
 
@@ -43,17 +50,23 @@ def rank_main(
     launcher: str,
     join: Optional[Callable[[], list[tuple[str, str]]]] = None,
     interpreter_unix: Optional[float] = None,
+    start_times: Optional[dict[str, Optional[float]]] = None,
+    modules_out: Optional[str] = None,
 ) -> None:
     """A rank process: join the job (the rank variables go into ``os.environ`` before the
     function is unpickled), run the function, return its result or report its failure (its
     traceback on stderr and to the driver, exit status 1). ``join`` replaces
     ``kolo._native.session_join`` (``kolo.spark.run_elastic`` waits there to be admitted).
     With ``interpreter_unix`` (when the interpreter started the program), the rank sends the
-    driver its start steps' times just before the function runs."""
+    driver its start steps' times just before the function runs; ``start_times`` replaces
+    the measured ones (a rank forked by a warm rank server passes when its client process
+    started and when it was forked). With ``modules_out``, the installed modules the rank
+    imported are written there once its function succeeded (a failure to write is logged)."""
     times: dict[str, Optional[float]] = {"interpreter": interpreter_unix}
     if interpreter_unix is not None:
         times["kolo_imported"] = time.time()
         times["process"] = process_started_unix()
+        times.update(start_times or {})
     from kolo import _native
 
     try:
@@ -81,6 +94,8 @@ def rank_main(
         finally:
             sys.stdout.flush()
             sys.exit(1)
+    if modules_out is not None:
+        write_third_party_modules(modules_out)
     _native.session_put_result(data)
     _native.session_finish()
     sys.stdout.flush()
@@ -93,3 +108,56 @@ def _send_times(native: object, times: dict[str, Optional[float]]) -> None:
         native.session_send(encode_rank_times(times))  # type: ignore[attr-defined]
     except Exception as err:
         logging.getLogger("kolo").debug("could not send the launch times: %s", err)
+
+
+def third_party_modules() -> list[str]:
+    """The modules this process imported that a warm rank server may import ahead of a later
+    rank, in the order they were imported: the top-level modules imported from an installed
+    location (a site-packages or dist-packages directory of this interpreter), never from the
+    working directory or anywhere else on ``sys.path`` (the user's own code, which may be
+    edited between runs); and kolo's own modules.
+
+    Example::
+
+        third_party_modules()   # ['cloudpickle', 'numpy', 'torch', 'kolo.torch']
+    """
+    import site
+    import sysconfig
+
+    roots = set()
+    for root in [*site.getsitepackages(), site.getusersitepackages()]:
+        roots.add(os.path.realpath(root))
+    for name in ("purelib", "platlib"):
+        roots.add(os.path.realpath(sysconfig.get_paths()[name]))
+    roots = {root for root in roots if os.path.basename(root) in ("site-packages", "dist-packages")}
+    cwd = os.path.realpath(os.getcwd())
+    names = []
+    for name, module in list(sys.modules.items()):
+        if name.startswith("kolo."):
+            names.append(name)
+            continue
+        if "." in name or name in ("__main__", "kolo"):
+            continue
+        path = getattr(module, "__file__", None)
+        if not isinstance(path, str):
+            continue
+        path = os.path.realpath(path)
+        if path.startswith(cwd + os.sep):
+            continue
+        if any(path.startswith(root + os.sep) for root in roots):
+            names.append(name)
+    return names
+
+
+def write_third_party_modules(path: str) -> None:
+    """Writes :func:`third_party_modules` to ``path`` as JSON (atomically, 0600)."""
+    try:
+        import json
+
+        temp = f"{path}.{os.getpid()}.tmp"
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as file:
+            json.dump(third_party_modules(), file)
+        os.replace(temp, path)
+    except (OSError, ValueError) as err:
+        logging.getLogger("kolo").debug("could not record the imported modules: %s", err)

@@ -12,6 +12,8 @@ call to the moment every rank's function started:
 job driver service started, the payload published), ``spark_scheduling`` (stage submitted until
 every task ran: scheduling, Python workers, task deserialisation), ``process_spawn`` (until
 every rank process was created), ``python_start`` (until every interpreter ran),
+``warm_fork`` (only when ranks came from a warm rank server, :mod:`kolo.spark._warm_server`:
+until every such rank was forked; their ``python_start`` is their client's),
 ``kolo_import``, ``rendezvous`` (until every rank joined: registration and rank assignment),
 ``payload`` (fetching and unpickling the function, with the modules it imports).
 
@@ -42,6 +44,7 @@ PHASES = (
     ("spark_scheduling", "task_started"),
     ("process_spawn", "process"),
     ("python_start", "interpreter"),
+    ("warm_fork", "forked"),
     ("kolo_import", "kolo_imported"),
     ("rendezvous", "joined"),
     ("payload", "payload_loaded"),
@@ -109,6 +112,10 @@ class LaunchReport:
         points = self.milestones()
         return points[-1][1] - points[0][1] if points else 0.0
 
+    def warm_ranks(self) -> list[int]:
+        """The tasks whose rank process a warm rank server forked."""
+        return sorted(task for task, times in self.ranks.items() if "forked" in times)
+
     def describe(self) -> str:
         """One line: the total and each phase, in seconds.
 
@@ -118,4 +125,6 @@ class LaunchReport:
         """
         parts = ", ".join(f"{name} {seconds:.3f}" for name, seconds in self.phases())
         missing = "" if self.complete() else " (some ranks did not report their times)"
-        return f"launch {self.total():.3f} s to every rank's function{missing}: {parts}"
+        warm = len(self.warm_ranks())
+        how = f"; {warm} of {self.num_proc} rank(s) forked by a warm rank server" if warm else ""
+        return f"launch {self.total():.3f} s to every rank's function{missing}: {parts}{how}"

@@ -32,6 +32,7 @@ from kolo.spark._python_probe import (
     remember_executor_python,
 )
 from kolo.spark._session import spark_target
+from kolo.spark._warm_start import WarmStart, mentions_fork_unsafe, warm_start_options
 
 __all__ = ["run", "run_elastic", "task_slots"]
 
@@ -150,7 +151,12 @@ def run(
         raise InvalidArgumentError("env must be a dict of str to str (environment variables)")
     if executable is not None and not isinstance(executable, str):
         raise InvalidArgumentError("executable must be the path of a Python interpreter (a str)")
+    warm = warm_start_options()
     payload = _pickle_payload(fn, tuple(args), kwargs)
+    unsafe = mentions_fork_unsafe(payload) if warm.enabled else None
+    if unsafe is not None:
+        log.debug("kolo.spark.run: fresh rank processes (the function uses %s)", unsafe)
+        warm = WarmStart(enabled=False, idle_s=warm.idle_s)
     _check_slots(target, num_proc)
     report.num_proc = num_proc
     out = stdout if stdout is not None else sys.stdout
@@ -171,6 +177,7 @@ def run(
             prefix_output_with_timestamp,
             _on_message,
             report,
+            warm,
         )
     except Exception as error:
         if not checked:
@@ -199,6 +206,7 @@ def _launch(
     timestamps: bool,
     on_message: Optional[Callable[[int, Any], None]],
     report: LaunchReport,
+    warm: WarmStart,
 ) -> list[Any]:
     """The launch proper: the job driver service, the barrier stage, the driver loop; fills
     in ``report`` and returns the results by rank."""
@@ -214,7 +222,9 @@ def _launch(
         driver.put_payload(payload)
         job_env = dict(driver.worker_env(0))
         job_env.pop("KOLO_TASK_INDEX", None)
-        task_fn = functools.partial(_task_entry(), job_env, user_env, executable, TERM_GRACE_S)
+        task_fn = functools.partial(
+            _task_entry(), job_env, user_env, executable, TERM_GRACE_S, warm
+        )
         if verbose >= 2:
             print(
                 f"kolo.spark.run: starting {num_proc} rank(s); job driver at {driver.addr}",

@@ -33,11 +33,12 @@ from typing import Any, Iterable, Iterator, Optional
 from kolo._env import ELASTIC_JOINING_ENV
 from kolo._rank_gpu import GPU_ADDRESSES_VAR, assigned_gpus
 from kolo._rank_process import rank_code
+from kolo.spark._warm_start import WarmStart, rank_args, start_server
 
 __all__ = ["get_available_devices", "send_to_driver"]
 
-#: How the task runner starts the rank process (``executable -c CHILD_CODE``).
-CHILD_CODE = rank_code("kolo.spark.run", report_times=True)
+#: How the task runner starts a fresh rank process (``executable -c CHILD_CODE [MODULES]``).
+CHILD_CODE = rank_code("kolo.spark.run", report_times=True, record_modules=True)
 
 
 def get_available_devices() -> list[str]:
@@ -102,10 +103,13 @@ def _run_barrier_task(
     user_env: dict[str, str],
     executable: Optional[str],
     term_grace: float,
+    warm: Optional[WarmStart],
     partition: Iterable[Any],
 ) -> Iterator[tuple[int, bool, str, float]]:
     """One barrier task: start the rank process for this partition and wait for it. Its row
-    ends with when it started (unix seconds; the launch report's end of Spark's scheduling)."""
+    ends with when it started (unix seconds; the launch report's end of Spark's scheduling).
+    With ``warm`` on, this executor's warm rank server forks the rank process when it runs
+    (:mod:`kolo.spark._warm_start`), and a task whose rank succeeded starts one."""
     started = time.time()
     from pyspark import BarrierTaskContext
 
@@ -125,9 +129,13 @@ def _run_barrier_task(
     ]
     hostname = _task_hostname(user_env)
     program = executable or sys.executable
+    launch_names = sorted({*job_env, "KOLO_TASK_INDEX", GPU_ADDRESSES_VAR})
+    args, slot = rank_args(warm, program, CHILD_CODE, launch_names)
     success, description = _native.spark_run_task(
-        envs, program, ["-c", CHILD_CODE], attempt, hostname, term_grace
+        envs, program, args, attempt, hostname, term_grace
     )
+    if success and slot is not None and warm is not None:
+        start_server(slot, warm, program, {**os.environ, **dict(envs)}, launch_names)
     yield (index, bool(success), str(description), started)
 
 
