@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 import pytest
 
-from conftest import REPO, run_kolorun, worker, worker_env
+from conftest import REPO, output_tail, run_kolorun, worker, worker_env
 
 WORKER = worker("engine_worker.py")
 LINE = re.compile(r"^\[(\d+)\]<(stdout|stderr)>:(.*)$")
@@ -280,6 +280,21 @@ def test_a_waiting_caller_runs_the_cycle_without_waiting_for_the_engine(transpor
     elapsed = [float(v) for v in re.findall(r"ELAPSED ([0-9.]+)", result.stdout)]
     assert len(elapsed) == 2, result.stdout
     assert max(elapsed) < 4.0, elapsed
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_an_idle_job_runs_no_engine_cycles(transport: str) -> None:
+    # With nothing submitted anywhere for half a second, no engine starts a cycle. (Before the
+    # fix, the highest rank took its finished acceptor's closed wake-up pipe for a peer
+    # starting a cycle: both ranks then ran one every millisecond or two, and on a machine
+    # with a core per rank the CPU they took came out of the other rank's training step.)
+    env = {"KOLO_TRANSPORT": transport}
+    result = run_kolorun(["-np", "2", "python", worker("idle_engine_worker.py")], 120, env)
+    assert result.returncode == 0, output_tail(result)
+    found = re.findall(r"IDLE cycles=(\d+) engine_cpu_ms=([0-9.]+)", result.stdout)
+    assert len(found) == 2, output_tail(result)
+    for cycles, cpu_ms in found:
+        assert int(cycles) <= 1, f"{cycles} cycles while idle ({cpu_ms} ms engine CPU): {found}"
 
 
 def test_main_job_exits_cleanly(main_job: Job) -> None:

@@ -280,12 +280,37 @@ fn accept_loop(
     accepting.finish(rank);
 }
 
+/// What [`drain`] found in the arrivals pipe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Drained {
+    /// The acceptor announced at least one connection.
+    pub(super) arrived: bool,
+    /// The acceptor's end is still open. Once its thread ended (every awaited peer connected,
+    /// at once on the highest rank) the pipe reads end-of-stream, and so polls readable,
+    /// forever: it must no longer be watched.
+    pub(super) open: bool,
+}
+
 /// Empties the arrivals pipe (non-blocking) after it woke a wait.
-pub(super) fn drain(mut arrivals: &UnixStream) {
+pub(super) fn drain(mut arrivals: &UnixStream) -> Drained {
     let mut sink = [0u8; 64];
-    while let Ok(n) = arrivals.read(&mut sink) {
-        if n == 0 {
-            break;
+    let mut arrived = false;
+    loop {
+        match arrivals.read(&mut sink) {
+            Ok(0) => {
+                return Drained {
+                    arrived,
+                    open: false,
+                }
+            }
+            Ok(_) => arrived = true,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => {
+                return Drained {
+                    arrived,
+                    open: true,
+                }
+            }
         }
     }
 }

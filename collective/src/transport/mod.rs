@@ -174,6 +174,8 @@ impl std::fmt::Debug for SilenceProbe {
 pub(crate) struct Watch {
     streams: Arc<Mutex<Vec<TcpStream>>>,
     arrivals: Option<UnixStream>,
+    /// False once `arrivals` read end-of-stream (see [`lazy::Drained::open`]).
+    arrivals_open: AtomicBool,
     node: Option<Arc<ShmNode>>,
 }
 
@@ -204,21 +206,34 @@ impl Watch {
         timeout: Duration,
     ) -> io::Result<bool> {
         let mut fds = vec![wake.fd];
+        // The acceptor's pipe, while it is open (at index 1 of `fds`).
+        let arrivals = self
+            .arrivals
+            .as_ref()
+            .filter(|_| peers && self.arrivals_open.load(Ordering::Relaxed));
         if peers {
-            if let Some(arrivals) = &self.arrivals {
+            if let Some(arrivals) = arrivals {
                 fds.push(arrivals.as_raw_fd());
             }
             let streams = self.streams.lock().unwrap_or_else(PoisonError::into_inner);
             fds.extend(streams.iter().map(AsRawFd::as_raw_fd));
         }
-        // A peer that connected started something: report it once.
+        // A peer that connected started something: report it once. The pipe's end-of-stream
+        // (its acceptor finished) is no such news.
         let from_peer = |ready: &[bool]| {
-            if self.arrivals.is_some() && ready.get(1).copied().unwrap_or(false) {
-                if let Some(arrivals) = &self.arrivals {
-                    lazy::drain(arrivals);
+            let mut sockets = &ready[1..];
+            let mut arrived = false;
+            if let Some(arrivals) = arrivals {
+                if sockets.first().copied().unwrap_or(false) {
+                    let drained = lazy::drain(arrivals);
+                    arrived = drained.arrived;
+                    if !drained.open {
+                        self.arrivals_open.store(false, Ordering::Relaxed);
+                    }
                 }
+                sockets = sockets.get(1..).unwrap_or_default();
             }
-            ready[1..].iter().any(|&r| r)
+            arrived || sockets.iter().any(|&r| r)
         };
         let node = match &self.node {
             Some(node) if peers => node,
@@ -738,6 +753,7 @@ impl Mesh {
         Ok(Watch {
             streams: Arc::clone(&self.watched),
             arrivals,
+            arrivals_open: AtomicBool::new(true),
             node,
         })
     }
