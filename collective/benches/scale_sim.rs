@@ -11,7 +11,8 @@
 //! one process peak at ~0.9 GB resident with the tree, ~0.7 GB with all-to-all; the whole
 //! default run ~1.1 GB and ~20 s);
 //! `KOLO_SIM_PROTOCOLS=tree` picks the protocols (default `all_to_all,tree`).
-//! `KOLO_SIM_LATENCY_US` and `KOLO_SIM_GBPS` (bytes: gigabytes per second) change the link.
+//! `KOLO_SIM_LATENCY_US` and `KOLO_SIM_GBPS` (bytes: gigabytes per second) change the link;
+//! `KOLO_SIM_DEBUG=1` prints percentiles over the ranks of each phase's CPU and of agreement.
 
 use std::time::Duration;
 
@@ -39,6 +40,8 @@ struct Row {
     peers_max: usize,
     peers_root: usize,
     identical: bool,
+    /// Mean CPU per rank by phase: build, negotiate, decode, decide (µs).
+    phases_us: [f64; 4],
 }
 
 fn us(d: Duration) -> f64 {
@@ -83,6 +86,25 @@ fn main() {
             eprintln!("n={n} {protocol}: simulated in {:.1?}", started.elapsed());
             for (step, label) in [(0, "first"), (1, "cached")] {
                 let cycles = &report.cycles[step];
+                if std::env::var("KOLO_SIM_DEBUG").is_ok() {
+                    let pct = |f: &dyn Fn(&RankCycle) -> f64| {
+                        let mut v: Vec<f64> = cycles.iter().map(f).collect();
+                        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+                        format!(
+                            "p50 {:.1} p90 {:.1} p99 {:.1} max {:.1}",
+                            v[v.len() / 2],
+                            v[v.len() * 9 / 10],
+                            v[v.len() * 99 / 100],
+                            v[v.len() - 1]
+                        )
+                    };
+                    eprintln!("{label} cpu {}", pct(&|c| us(c.cpu)));
+                    eprintln!("{label} build {}", pct(&|c| us(c.phases.build)));
+                    eprintln!("{label} negotiate {}", pct(&|c| us(c.phases.negotiate)));
+                    eprintln!("{label} decode {}", pct(&|c| us(c.phases.decode)));
+                    eprintln!("{label} decide {}", pct(&|c| us(c.phases.decide)));
+                    eprintln!("{label} agreed {}", pct(&|c| us(c.agreed_at)));
+                }
                 let non_root = &cycles[1.min(cycles.len() - 1)..];
                 let others = non_root.len().max(1) as f64;
                 rows.push(Row {
@@ -102,18 +124,24 @@ fn main() {
                     peers_root: report.peers[0],
                     identical: cycles.iter().all(|c| c.decision == cycles[0].decision)
                         && cycles[0].decision.len() == 161,
+                    phases_us: [
+                        cycles.iter().map(|c| us(c.phases.build)).sum::<f64>() / n as f64,
+                        cycles.iter().map(|c| us(c.phases.negotiate)).sum::<f64>() / n as f64,
+                        cycles.iter().map(|c| us(c.phases.decode)).sum::<f64>() / n as f64,
+                        cycles.iter().map(|c| us(c.phases.decide)).sum::<f64>() / n as f64,
+                    ],
                 });
             }
         }
     }
     println!(
-        "{:>5} {:>10} {:>6} | {:>9} {:>11} | {:>8} {:>8} {:>11} | {:>9} {:>9} | {:>11} | {:>5} {:>5} | agree",
+        "{:>5} {:>10} {:>6} | {:>9} {:>11} | {:>8} {:>8} {:>11} | {:>9} {:>9} | {:>11} | {:>5} {:>5} | agree | cpu µs: build negotiate decode decide",
         "n", "protocol", "step", "root msgs", "root bytes", "nr msg mx", "nr msg", "nr bytes", "cpu µs", "cpu mx µs",
         "agreement µs", "peers", "root"
     );
     for r in &rows {
         println!(
-            "{:>5} {:>10} {:>6} | {:>9} {:>11} | {:>8} {:>8.1} {:>11.0} | {:>9.1} {:>9.1} | {:>11.1} | {:>5} {:>5} | {}",
+            "{:>5} {:>10} {:>6} | {:>9} {:>11} | {:>8} {:>8.1} {:>11.0} | {:>9.1} {:>9.1} | {:>11.1} | {:>5} {:>5} | {:>5} | {:>12.1} {:>9.1} {:>6.1} {:>6.1}",
             r.n,
             r.protocol,
             r.step,
@@ -127,7 +155,11 @@ fn main() {
             r.agreement_us,
             r.peers_max,
             r.peers_root,
-            if r.identical { "yes" } else { "NO" }
+            if r.identical { "yes" } else { "NO" },
+            r.phases_us[0],
+            r.phases_us[1],
+            r.phases_us[2],
+            r.phases_us[3]
         );
     }
     let json: Vec<String> = rows
@@ -137,7 +169,8 @@ fn main() {
                 "{{\"n\":{},\"protocol\":\"{}\",\"step\":\"{}\",\"root_messages\":{},\"root_bytes\":{},\
                  \"non_root_messages_max\":{},\"non_root_messages_mean\":{:.2},\"non_root_bytes_mean\":{:.0},\
                  \"cpu_mean_us\":{:.1},\"cpu_max_us\":{:.1},\"agreement_us\":{:.1},\"peers_max\":{},\
-                 \"peers_root\":{},\"identical_decisions\":{}}}",
+                 \"peers_root\":{},\"identical_decisions\":{},\"cpu_phases_us\":{{\"build\":{:.1},\
+                 \"negotiate\":{:.1},\"decode\":{:.1},\"decide\":{:.1}}}}}",
                 r.n,
                 r.protocol,
                 r.step,
@@ -151,7 +184,11 @@ fn main() {
                 r.agreement_us,
                 r.peers_max,
                 r.peers_root,
-                r.identical
+                r.identical,
+                r.phases_us[0],
+                r.phases_us[1],
+                r.phases_us[2],
+                r.phases_us[3]
             )
         })
         .collect();

@@ -110,7 +110,7 @@ pub(crate) fn allreduce_tensors(
         })
         .err()
         .map(|m| invalid(kind, name, m));
-    let (_, tag) = session.negotiate(desc)?;
+    let tag = session.negotiate_tag(desc)?;
     let factor = reduction.result_factor(size);
     let what = label(kind, name);
     reduce::scale(dtype, buf, reduction.prescale).map_err(|e| session.abandon(&what, e))?;
@@ -193,7 +193,7 @@ pub(crate) fn allreduce_scattered(
         })
         .err()
         .map(|m| invalid(kind, name, m));
-    let (_, tag) = session.negotiate(desc)?;
+    let tag = session.negotiate_tag(desc)?;
     let factor = reduction.result_factor(session.size);
     let what = label(kind, name);
     for part in buf.parts_mut() {

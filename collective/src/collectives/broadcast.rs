@@ -39,7 +39,7 @@ pub(crate) fn broadcast(
         .and_then(|()| check_tensor(name, buf.len(), shape, dtype, "tensor"))
         .err()
         .map(|m| invalid(kind, name, m));
-    let (_, tag) = session.negotiate(desc)?;
+    let tag = session.negotiate_tag(desc)?;
     if size == 1 {
         return Ok(());
     }

@@ -276,8 +276,8 @@ impl Session {
         Ok(())
     }
 
-    /// Makes the next collective skip its descriptor exchange: `descs` (one per member) were
-    /// agreed by the engine.
+    /// Makes the next collective skip its descriptor exchange: `descs` (one per member, or one
+    /// that stands for every member) were agreed by the engine.
     pub(crate) fn set_agreed(&mut self, descs: Vec<OpDescriptor>) {
         self.agreed = Some(descs);
     }
@@ -371,6 +371,25 @@ impl Session {
     /// Runs the negotiation for `desc`: on success every rank's descriptor, indexed by rank,
     /// and the tag of this collective's data frames.
     fn negotiate(&mut self, desc: OpDescriptor) -> Result<(Vec<OpDescriptor>, u32)> {
+        let size = self.size;
+        let (descs, tag) = self.negotiate_shared(desc)?;
+        let descs = match <[OpDescriptor; 1]>::try_from(descs) {
+            Ok([one]) => vec![one; size],
+            Err(descs) => descs,
+        };
+        Ok((descs, tag))
+    }
+
+    /// [`Session::negotiate`] for a collective that needs only the tag (every member's
+    /// descriptor was checked alike during the negotiation): an agreed descriptor standing
+    /// for every member is not copied per member.
+    fn negotiate_tag(&mut self, desc: OpDescriptor) -> Result<u32> {
+        self.negotiate_shared(desc).map(|(_, tag)| tag)
+    }
+
+    /// The negotiation: every rank's descriptor indexed by rank, or one that is every rank's
+    /// (what the engine agreed through its coordinator), and the tag.
+    fn negotiate_shared(&mut self, desc: OpDescriptor) -> Result<(Vec<OpDescriptor>, u32)> {
         if let Some(descs) = self.agreed.take() {
             if let Some(message) = desc.invalid {
                 return Err(Error::Internal(format!(

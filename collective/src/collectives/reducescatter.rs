@@ -36,7 +36,7 @@ pub(crate) fn reducescatter(
         .and_then(|()| check_output(output.len(), shape, dtype, rank, size))
         .err()
         .map(|m| invalid(kind, name, m));
-    let (_, tag) = session.negotiate(desc)?;
+    let tag = session.negotiate_tag(desc)?;
     let what = label(kind, name);
     let factor = reduction.result_factor(size);
     if size == 1 {

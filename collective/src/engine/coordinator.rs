@@ -68,16 +68,127 @@ impl Senders {
     }
 }
 
+/// Members that submitted one shared descriptor of an entry.
+#[derive(Debug)]
+struct Part {
+    desc: Arc<OpDescriptor>,
+    /// Disjoint, ascending ranges of group ranks.
+    ranks: Vec<Range<usize>>,
+}
+
+impl Part {
+    fn first(&self) -> Option<usize> {
+        self.ranks.first().map(|r| r.start)
+    }
+}
+
 #[derive(Debug)]
 struct Pending {
     seq: u64,
-    /// Each member's descriptor, shared: the members of one message group (and every member
-    /// that announced the same cache bit) point at the same one, so an entry costs a pointer
-    /// per member and comparing them is a pointer check.
-    descs: Vec<Option<Arc<OpDescriptor>>>,
+    /// Who submitted which descriptor: one shared descriptor per message group (or cache
+    /// bit) with the ranges of members that sent it, so a step's entries cost O(distinct
+    /// messages) whatever the set's size, and comparing members is a pointer check.
+    parts: Vec<Part>,
+    /// Members with a descriptor so far (each counted once).
+    submitted: usize,
     since: Instant,
     /// Every rank so far sent only its cache bit (no full descriptor).
     from_bits: bool,
+}
+
+impl Pending {
+    /// Records that the members `ranks` submitted `desc` (replacing what they submitted
+    /// before, as a member's later descriptor of a name replaces its earlier one).
+    fn add(&mut self, desc: Arc<OpDescriptor>, ranks: &[Range<usize>]) {
+        for part in &mut self.parts {
+            self.submitted -= subtract(&mut part.ranks, ranks);
+        }
+        self.parts.retain(|p| !p.ranks.is_empty());
+        if ranks.is_empty() {
+            return;
+        }
+        self.submitted += ranks.iter().map(|r| r.len()).sum::<usize>();
+        match self.parts.iter_mut().find(|p| Arc::ptr_eq(&p.desc, &desc)) {
+            Some(part) => {
+                part.ranks.extend(ranks.iter().cloned());
+                normalize(&mut part.ranks);
+            }
+            None => self.parts.push(Part {
+                desc,
+                ranks: ranks.to_vec(),
+            }),
+        }
+    }
+
+    /// Each member's descriptor (`None`: not submitted), indexed by group rank.
+    fn by_member(&self, size: usize) -> Vec<Option<&Arc<OpDescriptor>>> {
+        by_member(&self.parts, size)
+    }
+
+    /// The members that have neither submitted nor joined.
+    fn missing(&self, joined: &[bool]) -> Vec<usize> {
+        self.by_member(joined.len())
+            .iter()
+            .zip(joined)
+            .enumerate()
+            .filter(|(_, (d, &j))| d.is_none() && !j)
+            .map(|(r, _)| r)
+            .collect()
+    }
+
+    /// Every member submitted or joined (`any_joined`: some member has joined).
+    fn is_ready(&self, joined: &[bool], any_joined: bool) -> bool {
+        self.submitted == joined.len() || (any_joined && self.missing(joined).is_empty())
+    }
+}
+
+/// Each member's descriptor in `parts` (`None`: not submitted), indexed by group rank.
+fn by_member(parts: &[Part], size: usize) -> Vec<Option<&Arc<OpDescriptor>>> {
+    let mut out = vec![None; size];
+    for part in parts {
+        for r in part.ranks.iter().flat_map(|r| r.clone()) {
+            if let Some(slot) = out.get_mut(r) {
+                *slot = Some(&part.desc);
+            }
+        }
+    }
+    out
+}
+
+/// Removes `cut` from `ranges` (both disjoint and ascending); returns how many ranks it removed.
+fn subtract(ranges: &mut Vec<Range<usize>>, cut: &[Range<usize>]) -> usize {
+    let overlaps = |r: &Range<usize>| cut.iter().any(|c| c.start < r.end && r.start < c.end);
+    if !ranges.iter().any(overlaps) {
+        return 0;
+    }
+    let before: usize = ranges.iter().map(|r| r.len()).sum();
+    let mut out = Vec::with_capacity(ranges.len() + cut.len());
+    for r in ranges.drain(..) {
+        let mut pieces = vec![r];
+        for c in cut {
+            pieces = pieces
+                .into_iter()
+                .flat_map(|p| [p.start..p.end.min(c.start), p.start.max(c.end)..p.end])
+                .filter(|p| !p.is_empty())
+                .collect();
+        }
+        out.extend(pieces);
+    }
+    *ranges = out;
+    before - ranges.iter().map(|r| r.len()).sum::<usize>()
+}
+
+/// Sorts `ranges` and joins adjacent ones.
+fn normalize(ranges: &mut Vec<Range<usize>>) {
+    ranges.sort_by_key(|r| r.start);
+    let mut out: Vec<Range<usize>> = Vec::with_capacity(ranges.len());
+    for r in ranges.drain(..) {
+        match out.last_mut() {
+            Some(last) if last.end == r.start => last.end = r.end,
+            _ => out.push(r),
+        }
+    }
+    *ranges = out;
 }
 
 /// One process set's agreement state (the same on every member).
@@ -147,7 +258,9 @@ impl Coordinator {
         // Cache bits: those every active member sent run at once; the rest wait in the table.
         let any_joined = self.joined.iter().any(|&j| j);
         let active = self.joined.iter().filter(|&&j| !j).count();
-        let mut counts: HashMap<usize, usize> = HashMap::new();
+        // How many active members sent each bit, indexed by bit (bits are below the cache's
+        // capacity, checked when the message was decoded).
+        let mut counts: Vec<usize> = Vec::new();
         for g in groups {
             let senders = if any_joined {
                 g.members().filter(|&r| !self.joined[r]).count()
@@ -158,40 +271,41 @@ impl Coordinator {
                 continue;
             }
             for bit in g.msg.bit_indices() {
-                *counts.entry(bit).or_default() += senders;
+                if bit >= counts.len() {
+                    counts.resize(bit + 1, 0);
+                }
+                counts[bit] += senders;
             }
         }
-        let mut everywhere: Vec<usize> = counts
+        let everywhere: Vec<usize> = counts
             .iter()
-            .filter(|&(&bit, &n)| {
+            .enumerate()
+            .filter(|&(bit, &n)| {
                 n == active
                     && self
                         .cache
                         .get(bit)
-                        .is_some_and(|d| !self.table.contains_key(&d.name))
+                        .is_some_and(|d| self.table.is_empty() || !self.table.contains_key(&d.name))
             })
-            .map(|(&bit, _)| bit)
+            .map(|(bit, _)| bit)
             .collect();
-        everywhere.sort_unstable();
-        // Members whose message needs per-member work (bits that wait, descriptors), in rank
-        // order: the table's entries are numbered in the order of the first sender.
-        let mut order: Vec<(usize, usize)> = groups
-            .iter()
-            .enumerate()
-            .filter(|(_, g)| {
+        // Groups whose message needs more than the bits every member sent (bits that wait,
+        // descriptors), in the order of their first member: the table's entries are numbered
+        // in the order of the first sender.
+        let mut order: Vec<usize> = (0..groups.len())
+            .filter(|&i| {
+                let g = &groups[i];
                 !g.msg.requests.is_empty()
                     || g.msg
                         .bit_indices()
                         .any(|bit| everywhere.binary_search(&bit).is_err())
             })
-            .flat_map(|(i, g)| g.members().map(move |r| (r, i)))
             .collect();
-        order.sort_unstable();
+        order.sort_by_key(|&i| groups[i].first());
         // One shared descriptor per cache bit and per group's request, however many members
-        // sent it.
+        // sent it, recorded once per group with the group's ranges.
         let mut from_cache: HashMap<usize, Arc<OpDescriptor>> = HashMap::new();
-        let mut requests: HashMap<usize, Vec<Arc<OpDescriptor>>> = HashMap::new();
-        for &(r, i) in &order {
+        for &i in &order {
             for bit in groups[i].msg.bit_indices() {
                 if everywhere.binary_search(&bit).is_err() {
                     let desc = match from_cache.get(&bit) {
@@ -203,7 +317,7 @@ impl Coordinator {
                         }),
                     };
                     if let Some(desc) = desc {
-                        self.insert(r, desc, now, true);
+                        self.insert(&groups[i].ranks, desc, now, true);
                     }
                 }
             }
@@ -222,36 +336,21 @@ impl Coordinator {
             }
         }
 
-        for &(r, i) in &order {
-            let shared = requests.entry(i).or_insert_with(|| {
-                groups[i]
-                    .msg
-                    .requests
-                    .iter()
-                    .cloned()
-                    .map(Arc::new)
-                    .collect()
-            });
-            for desc in shared.iter() {
-                let desc = Arc::clone(desc);
-                self.insert(r, desc, now, false);
+        for &i in &order {
+            for desc in &groups[i].msg.requests {
+                self.insert(&groups[i].ranks, Arc::new(desc.clone()), now, false);
             }
         }
         let mut ready: Vec<(u64, String)> = self
             .table
             .iter()
-            .filter(|(_, p)| {
-                p.descs
-                    .iter()
-                    .zip(&self.joined)
-                    .all(|(d, &joined)| d.is_some() || joined)
-            })
+            .filter(|(_, p)| p.is_ready(&self.joined, any_joined))
             .map(|(name, p)| (p.seq, name.clone()))
             .collect();
         ready.sort_unstable();
         for (_, name) in ready {
             if let Some(pending) = self.table.remove(&name) {
-                let response = self.finish(pending.descs);
+                let response = self.finish(pending.parts);
                 decision.responses.push(match response {
                     Response::Run { descs, .. } => Response::Run {
                         descs,
@@ -285,32 +384,44 @@ impl Coordinator {
         decision
     }
 
-    fn insert(&mut self, rank: usize, desc: Arc<OpDescriptor>, now: Instant, from_bit: bool) {
-        if !self.table.contains_key(&desc.name) {
-            self.next_seq += 1;
-            self.table.insert(
-                desc.name.clone(),
-                Pending {
+    /// Records that the members `ranks` submitted `desc`.
+    fn insert(
+        &mut self,
+        ranks: &[Range<usize>],
+        desc: Arc<OpDescriptor>,
+        now: Instant,
+        from_bit: bool,
+    ) {
+        let pending = match self.table.get_mut(&desc.name) {
+            Some(pending) => pending,
+            None => {
+                self.next_seq += 1;
+                self.table.entry(desc.name.clone()).or_insert(Pending {
                     seq: self.next_seq,
-                    descs: vec![None; self.size],
+                    parts: Vec::new(),
+                    submitted: 0,
                     since: now,
                     from_bits: true,
-                },
-            );
-        }
-        if let Some(pending) = self.table.get_mut(&desc.name) {
-            pending.from_bits &= from_bit;
-            pending.descs[rank] = Some(desc);
-        }
+                })
+            }
+        };
+        pending.from_bits &= from_bit;
+        let size = self.size;
+        let inside: Vec<Range<usize>> = ranks
+            .iter()
+            .map(|r| r.start.min(size)..r.end.min(size))
+            .filter(|r| !r.is_empty())
+            .collect();
+        pending.add(desc, &inside);
     }
 
     /// Turns the descriptors of an entry that every active member submitted into its
     /// response, and records it in the cache.
-    fn finish(&mut self, descs: Vec<Option<Arc<OpDescriptor>>>) -> Response {
-        let Some((first, reference)) = descs
+    fn finish(&mut self, parts: Vec<Part>) -> Response {
+        let Some((first, reference)) = parts
             .iter()
-            .enumerate()
-            .find_map(|(r, d)| d.as_ref().map(|d| (r, Arc::clone(d))))
+            .filter_map(|p| p.first().map(|f| (f, Arc::clone(&p.desc))))
+            .min_by_key(|&(f, _)| f)
         else {
             return Response::Fail {
                 name: String::new(),
@@ -319,10 +430,14 @@ impl Coordinator {
         };
         let name = reference.name.clone();
         let what = || label(reference.kind, &reference.name);
-        // Every member's descriptor equals the reference (then one stands for all).
+        // Every member's descriptor equals the reference (then one stands for all). Members
+        // of one part share a descriptor, so a part is compared once, at its first member:
+        // the failure reported is the one of the lowest-ranked member that differs.
         let mut uniform = true;
-        for (j, d) in descs.iter().enumerate() {
-            let Some(d) = d else { continue };
+        let mut failure: Option<(usize, String)> = None;
+        for part in &parts {
+            let Some(j) = part.first() else { continue };
+            let d = &part.desc;
             if Arc::ptr_eq(d, &reference) {
                 continue;
             }
@@ -341,12 +456,26 @@ impl Coordinator {
                 ));
             }
             if let Some(message) = message {
-                return Response::Fail { name, message };
+                if failure.as_ref().is_none_or(|(at, _)| j < *at) {
+                    failure = Some((j, message));
+                }
             }
         }
-        let joined: Vec<usize> = (0..self.size)
-            .filter(|&r| descs[r].is_none() && self.joined[r])
-            .collect();
+        if let Some((_, message)) = failure {
+            return Response::Fail { name, message };
+        }
+        let submitted: usize = parts
+            .iter()
+            .flat_map(|p| p.ranks.iter().map(|r| r.len()))
+            .sum();
+        let joined: Vec<usize> = if submitted < self.size {
+            let by_member = by_member(&parts, self.size);
+            (0..self.size)
+                .filter(|&r| by_member[r].is_none() && self.joined[r])
+                .collect()
+        } else {
+            Vec::new()
+        };
         // As in Horovod 0.28.1 (`Controller::ConstructResponse`): only allreduce (joined ranks
         // stand in with zeros) and barrier run while some ranks have joined; anything else
         // fails on the ranks that called it, which then join too.
@@ -379,9 +508,9 @@ impl Coordinator {
                 cached: false,
             };
         }
-        let all: Vec<OpDescriptor> = descs
-            .iter()
-            .map(|d| OpDescriptor::clone(d.as_ref().unwrap_or(&reference)))
+        let all: Vec<OpDescriptor> = by_member(&parts, self.size)
+            .into_iter()
+            .map(|d| OpDescriptor::clone(d.unwrap_or(&reference)))
             .collect();
         if let Some(message) = check_sizes(&all) {
             return Response::Fail { name, message };
@@ -404,9 +533,7 @@ impl Coordinator {
             .iter()
             .filter(|(_, p)| now.saturating_duration_since(p.since) >= older_than)
             .map(|(name, p)| {
-                let missing = (0..self.size)
-                    .filter(|&r| p.descs[r].is_none() && !self.joined[r])
-                    .collect();
+                let missing = p.missing(&self.joined);
                 (p.seq, name.clone(), missing)
             })
             .collect();

@@ -298,8 +298,18 @@ impl Executor<'_> {
         local: Option<Local>,
     ) -> Result<Option<SetAction>> {
         let me = session.rank;
-        let descs = every_members(descs, session.size);
-        let desc = descs[me].clone();
+        // One descriptor may stand for every member (see `Response::Run`): it is handed to the
+        // collective as it is, not copied per member.
+        let desc = match &descs[..] {
+            [one] => one.clone(),
+            each => each.get(me).cloned().ok_or_else(|| {
+                Error::Internal(format!(
+                    "{} agreed descriptors for a set of {}",
+                    each.len(),
+                    session.size
+                ))
+            })?,
+        };
         let kind = desc.kind;
         let name = desc.name.clone();
         let on = self.timeline.is_on() && local.is_some();
@@ -315,7 +325,7 @@ impl Executor<'_> {
             OpKind::Barrier | OpKind::AddProcessSet | OpKind::RemoveProcessSet
         );
         if moves_data && session.size > 1 {
-            session.set_agreed(descs.clone());
+            session.set_agreed(descs);
         }
         let mut action = None;
         let result = match kind {
@@ -707,15 +717,6 @@ fn reduction_of(desc: &OpDescriptor) -> Reduction {
         op: desc.op.unwrap_or(crate::dtype::ReduceOp::Sum),
         prescale: desc.prescale,
         postscale: desc.postscale,
-    }
-}
-
-/// Every member's descriptor of an agreed collective: a single descriptor stands for all
-/// `size` members (see `Response::Run`).
-fn every_members(descs: Vec<OpDescriptor>, size: usize) -> Vec<OpDescriptor> {
-    match <[OpDescriptor; 1]>::try_from(descs) {
-        Ok([one]) => vec![one; size],
-        Err(descs) => descs,
     }
 }
 

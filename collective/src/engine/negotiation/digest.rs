@@ -65,15 +65,27 @@ impl Digest {
 
     /// Adds `other`'s senders (which must not overlap this digest's).
     pub(crate) fn merge(&mut self, other: Digest) {
-        let mut index: HashMap<&[u8], usize> = HashMap::new();
-        for (i, e) in self.entries.iter().enumerate() {
-            index.insert(&e.payload, i);
-        }
-        let mut added: Vec<(Option<usize>, Entry)> = Vec::with_capacity(other.entries.len());
-        for entry in other.entries {
-            added.push((index.get(entry.payload.as_slice()).copied(), entry));
-        }
-        drop(index);
+        // Few entries (the common cycle: one each) are compared directly; many through an index.
+        let added: Vec<(Option<usize>, Entry)> = if self.entries.len() * other.entries.len() <= 64 {
+            other
+                .entries
+                .into_iter()
+                .map(|entry| {
+                    let at = self.entries.iter().position(|e| e.payload == entry.payload);
+                    (at, entry)
+                })
+                .collect()
+        } else {
+            let mut index: HashMap<&[u8], usize> = HashMap::new();
+            for (i, e) in self.entries.iter().enumerate() {
+                index.insert(&e.payload, i);
+            }
+            other
+                .entries
+                .into_iter()
+                .map(|entry| (index.get(entry.payload.as_slice()).copied(), entry))
+                .collect()
+        };
         for (at, entry) in added {
             match at {
                 Some(i) => {

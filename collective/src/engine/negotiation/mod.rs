@@ -157,7 +157,7 @@ fn tree_round<L: Links>(links: &mut L, payload: Vec<u8>, max_len: usize) -> Resu
             .map_err(|why| bad_peer(links, child, why))?;
         digest.merge(part);
     }
-    let down = match node.parent {
+    let all = match node.parent {
         Some(parent) => {
             links.send(parent, &digest.encode())?;
             let poke = links.recv(parent, 0)?;
@@ -169,17 +169,25 @@ fn tree_round<L: Links>(links: &mut L, payload: Vec<u8>, max_len: usize) -> Resu
                 ));
             }
             let bytes = links.recv(parent, limit)?;
-            digest = Digest::decode(&bytes, size, max_len)
+            // Forwarded before it is decoded, so decoding is off the path down the tree: each
+            // child checks the bytes itself (and a bad digest fails this rank and its subtree
+            // alike).
+            for &(child, _) in &node.children {
+                links.send(child, &bytes)?;
+            }
+            Digest::decode(&bytes, size, max_len)
                 .and_then(|d| d.check_covers(0, size).map(|()| d))
-                .map_err(|why| bad_peer(links, parent, why))?;
-            bytes
+                .map_err(|why| bad_peer(links, parent, why))?
         }
-        None => digest.encode(),
+        None => {
+            let down = digest.encode();
+            for &(child, _) in &node.children {
+                links.send(child, &down)?;
+            }
+            digest
+        }
     };
-    for &(child, _) in &node.children {
-        links.send(child, &down)?;
-    }
-    Ok(digest)
+    Ok(all)
 }
 
 fn bad_peer<L: Links>(links: &L, peer: usize, why: String) -> Error {

@@ -59,6 +59,9 @@ pub struct SimConfig {
     pub mismatch_rank: Option<usize>,
     /// Response cache entries (as `KOLO_CACHE_CAPACITY`).
     pub cache_capacity: usize,
+    /// A per-thread counter (e.g. bytes allocated by this thread) read when a rank starts a
+    /// step and when it has the step's decision; the difference is [`RankCycle::probed`].
+    pub probe: Option<fn() -> u64>,
 }
 
 impl SimConfig {
@@ -72,6 +75,7 @@ impl SimConfig {
             steps: 2,
             mismatch_rank: None,
             cache_capacity: 1024,
+            probe: None,
         }
     }
 }
@@ -89,6 +93,23 @@ pub struct RankCycle {
     pub agreed_at: Duration,
     /// The decision, one line per response (`run name`, `cached name`, `fail name`, ...).
     pub decision: Vec<String>,
+    /// Where [`RankCycle::cpu`] went.
+    pub phases: Phases,
+    /// How much [`SimConfig::probe`] grew during the step (0 without a probe).
+    pub probed: u64,
+}
+
+/// One rank's CPU time in one cycle, by phase.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Phases {
+    /// Looking the step's tensors up in the response cache and encoding the cycle message.
+    pub build: Duration,
+    /// The protocol's own work: merging, encoding and decoding digests, forwarding.
+    pub negotiate: Duration,
+    /// Decoding the distinct cycle messages of the complete digest.
+    pub decode: Duration,
+    /// The coordinator's decision.
+    pub decide: Duration,
 }
 
 /// What one simulation found.
@@ -159,6 +180,12 @@ impl SimLinks {
         self.cpu_mark = now;
         self.cpu += spent;
         self.clock += spent.as_secs_f64();
+    }
+
+    /// The CPU time of this cycle so far (taking in what was spent since the last call).
+    fn spent(&mut self) -> Duration {
+        self.account();
+        self.cpu
     }
 
     fn start_cycle(&mut self) {
@@ -326,17 +353,29 @@ fn run_rank(config: &SimConfig, links: &mut SimLinks) -> Result<Vec<RankCycle>> 
     let mut coordinator = Coordinator::new(config.ranks, config.cache_capacity);
     let mut cycles = Vec::with_capacity(config.steps);
     for step in 0..config.steps {
+        // What the framework submits: made before the cycle starts, as the engine gets it.
+        let submitted: Vec<OpDescriptor> = (0..config.tensors)
+            .map(|i| {
+                tensor(
+                    i,
+                    step == 0 && i == 0 && config.mismatch_rank == Some(links.rank),
+                )
+            })
+            .collect();
+        let probed = config.probe.map(|p| p());
         links.start_cycle();
+        let mut phases = Phases::default();
         let mut msg = CycleMessage::default();
-        for i in 0..config.tensors {
-            let bigger = step == 0 && i == 0 && config.mismatch_rank == Some(links.rank);
-            let desc = tensor(i, bigger);
+        for desc in submitted {
             match coordinator.cache.lookup(&desc) {
                 Some(bit) => msg.set_bit(bit),
                 None => msg.requests.push(desc),
             }
         }
-        let digest = negotiate(links, protocol, msg.encode(), MAX_MESSAGE_LEN)?;
+        let payload = msg.encode();
+        phases.build = links.spent();
+        let digest = negotiate(links, protocol, payload, MAX_MESSAGE_LEN)?;
+        phases.negotiate = links.spent() - phases.build;
         let mut groups = Vec::with_capacity(digest.entries.len());
         for entry in digest.entries {
             let decoded = CycleMessage::decode(&entry.payload, config.ranks, config.cache_capacity)
@@ -346,14 +385,24 @@ fn run_rank(config: &SimConfig, links: &mut SimLinks) -> Result<Vec<RankCycle>> 
                 ranks: entry.ranks,
             });
         }
+        phases.decode = links.spent() - phases.build - phases.negotiate;
         let decision = coordinator.decide_grouped(&groups, Instant::now());
-        links.account();
+        drop(groups);
+        let cpu = links.spent();
+        phases.decide = cpu - phases.build - phases.negotiate - phases.decode;
+        let agreed_at = Duration::from_secs_f64(links.clock);
+        let probed = match (config.probe, probed) {
+            (Some(p), Some(before)) => p().saturating_sub(before),
+            _ => 0,
+        };
         cycles.push(RankCycle {
             messages: links.messages,
             bytes: links.bytes,
-            cpu: links.cpu,
-            agreed_at: Duration::from_secs_f64(links.clock),
+            cpu,
+            agreed_at,
             decision: decision.responses.iter().map(describe).collect(),
+            phases,
+            probed,
         });
     }
     Ok(cycles)
@@ -426,4 +475,78 @@ pub fn run(config: &SimConfig) -> Result<SimReport> {
         cycles,
         peers,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::cell::Cell;
+
+    /// The system allocator, counting the bytes each thread allocates (for the test below; a
+    /// thread-local count, so tests running alongside do not disturb it).
+    struct Counting;
+
+    thread_local! {
+        static ALLOCATED: Cell<u64> = const { Cell::new(0) };
+    }
+
+    // SAFETY: every call is forwarded to the system allocator unchanged.
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            let _ = ALLOCATED.try_with(|c| c.set(c.get() + layout.size() as u64));
+            // SAFETY: the caller's contract is passed on.
+            unsafe { System.alloc(layout) }
+        }
+
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            // SAFETY: the caller's contract is passed on.
+            unsafe { System.dealloc(ptr, layout) }
+        }
+
+        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+            let grown = new_size.saturating_sub(layout.size()) as u64;
+            let _ = ALLOCATED.try_with(|c| c.set(c.get() + grown));
+            // SAFETY: the caller's contract is passed on.
+            unsafe { System.realloc(ptr, layout, new_size) }
+        }
+    }
+
+    #[global_allocator]
+    static COUNTING: Counting = Counting;
+
+    fn allocated() -> u64 {
+        ALLOCATED.with(Cell::get)
+    }
+
+    /// The most bytes any rank allocated in each step of a tree negotiation of `ranks` ranks.
+    fn bytes_per_step(ranks: usize) -> Vec<u64> {
+        let mut config = SimConfig::new(ranks, Negotiation::Tree);
+        config.probe = Some(allocated);
+        let report = run(&config).unwrap();
+        report
+            .cycles
+            .iter()
+            .map(|step| {
+                assert!(step.iter().all(|c| c.decision == step[0].decision));
+                step.iter().map(|c| c.probed).max().unwrap_or(0)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_ranks_work_per_step_does_not_grow_with_the_number_of_ranks() {
+        // The memory a rank allocates while it agrees on a 161-tensor step (building, the
+        // tree's digests, decoding, the decision) is the same at 64 and 512 ranks, for the
+        // first step (descriptors) and the cached one (bits): the coordinator keeps one shared
+        // descriptor and a range of ranks per tensor, not one entry per member.
+        let small = bytes_per_step(64);
+        let large = bytes_per_step(512);
+        for (step, (&s, &l)) in small.iter().zip(&large).enumerate() {
+            assert!(
+                l <= s + s / 10 + 4096,
+                "step {step}: a rank allocated {s} bytes at 64 ranks and {l} at 512"
+            );
+        }
+    }
 }
