@@ -359,6 +359,8 @@ mod tests {
                 .map(|_| DataListener::bind(IpAddr::V4(Ipv4Addr::LOCALHOST)).unwrap())
                 .collect();
             let peers: Vec<SocketAddr> = listeners.iter().map(DataListener::local_addr).collect();
+            // No rank dials before every rank has checked that it starts with no connections.
+            let all_checked = &std::sync::Barrier::new(n);
             let connected: Vec<Vec<usize>> = thread::scope(|s| {
                 let handles: Vec<_> = listeners
                     .into_iter()
@@ -376,6 +378,7 @@ mod tests {
                             let mesh =
                                 Mesh::connect_lazily(listener, config, AbortSignal::new()).unwrap();
                             assert_eq!(mesh.connections(), ConnectionCounts::default());
+                            all_checked.wait();
                             let mut session = Session::new(Some(mesh), rank, n);
                             // A 256-byte allreduce would take recursive doubling by default.
                             session.set_algorithms(AlgorithmChoices {
