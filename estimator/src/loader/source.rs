@@ -81,6 +81,16 @@ impl FileReader {
         self.opens.load(Ordering::Relaxed)
     }
 
+    /// Whether `values` lie in this (local) file's mapping: bytes the loader reads where
+    /// they are, rather than ones it decoded or fetched.
+    pub fn is_mapped(&self, values: &[u8]) -> bool {
+        self.mapped.get().is_some_and(|file| {
+            let range = file.as_ptr_range();
+            let inside = values.as_ptr_range();
+            !values.is_empty() && range.start <= inside.start && inside.end <= range.end
+        })
+    }
+
     /// The file.
     pub fn file(&self) -> &DataFile {
         &self.file

@@ -781,3 +781,51 @@ fn stack_without_a_scalar_column_is_a_typed_error() {
         other => panic!("expected InvalidArgument, got {other:?}"),
     }
 }
+
+/// Issue 24, item 5: bytes the loader writes per epoch. Plain, uncompressed pages of a local
+/// file are gathered straight from the mapped file into the shuffle windows, and batches
+/// inside a window are views of it: one pass, the logical bytes of the rank's rows exactly. A regression
+/// into an extra copy (pages decoded or copied before the gather, batches copied out of the
+/// window) shows here as 2x. Dictionary pages (decoded by the Arrow reader, then gathered)
+/// and a row-major `stack` group (gathered, then transposed) are counted too: 2 passes.
+#[test]
+fn plain_uncompressed_files_are_copied_once_per_epoch() {
+    let columns = ["id", "x", "v"];
+    let row_bytes = 8 + 4 + 3 * 4;
+    for (dictionary, stack, passes_over_id, passes_over_rest) in [
+        (false, false, 1, 1),
+        (true, false, 2, 2),
+        (false, true, 2, 1),
+    ] {
+        let dir = dataset_dir_with(dictionary);
+        let dataset = open(dir.path());
+        for (batch, window) in [(10, 40), (16, 64), (300, 300)] {
+            let mut options = options(&columns, batch, 0, 1, true);
+            options.shuffle_buffer_size = Some(window);
+            options.num_epochs = Some(3);
+            options.stack = stack;
+            let mut loader = Loader::open(&dataset, options).unwrap();
+            let mut rows = 0u64;
+            loop {
+                match next(&mut loader) {
+                    Next::Batch(batch) => rows += batch.rows as u64,
+                    Next::EndOfEpoch(_) => {}
+                    Next::Finished => break,
+                    Next::Pending => unreachable!("next() waits"),
+                }
+            }
+            assert_eq!(rows, 3 * loader.rows_per_epoch());
+            // The rows of the windows the epoch's batches come from: with 300 of the 301 rows
+            // handed out (drop_last), all 301 when the 301st shares a window with handed-out
+            // rows (it is dropped after the shuffle), else 300.
+            let windows = loader.rows_per_epoch().div_ceil(window);
+            let gathered = 3 * (windows * window).min(ROWS as u64);
+            assert_eq!(
+                loader.bytes_copied(),
+                gathered * (passes_over_id * 8 + passes_over_rest * (row_bytes - 8)),
+                "bytes written over 3 epochs: dictionary {dictionary}, stack {stack}, \
+                 batch {batch}, window {window}"
+            );
+        }
+    }
+}
