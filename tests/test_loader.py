@@ -344,6 +344,26 @@ def test_plain_pages_load_the_rows_of_the_table(tmp_path: Path, compression: str
     assert len(seen) == 2 * 288 and len(set(seen[:288])) == 288
 
 
+@pytest.mark.parametrize("compression, passes", [("none", 1), ("snappy", 2)])
+def test_plain_uncompressed_pages_are_copied_once_per_epoch(
+    tmp_path: Path, compression: str, passes: int
+) -> None:
+    # Issue 24 item 5: the bytes the loader writes. Uncompressed PLAIN pages are gathered
+    # straight from the mapped file into the shuffle windows, whose batches are views: one
+    # pass over each row's 24 bytes per epoch. Snappy pages are decompressed first: two.
+    table = pq.read_table(write_dataset(tmp_path / "source"))
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    pq.write_table(table, plain / "part-0.parquet", use_dictionary=False, compression=compression)
+    loader = ParquetLoader(
+        plain, ["x", "id", "vec"], 20, shuffle_buffer_size=60, num_epochs=2, to="torch"
+    )
+    assert loader.bytes_copied == 0
+    rows = sum(len(batch["id"]) for batch in loader)
+    assert rows == 2 * ROWS
+    assert loader.bytes_copied == passes * rows * (4 + 8 + 12)
+
+
 def test_batches_inside_a_shuffle_window_are_views_of_it(tmp_path: Path) -> None:
     table = pq.read_table(write_dataset(tmp_path / "source"))
     plain = tmp_path / "plain"

@@ -187,6 +187,14 @@ impl ParquetLoaderCore {
         self.loader.batches_per_epoch()
     }
 
+    /// Bytes the loader has written since it was opened (decoded, decompressed or fetched
+    /// values, shuffle windows gathered, batches copied across two windows): one pass per
+    /// gathered row for plain, uncompressed local files.
+    #[getter]
+    fn bytes_copied(&self) -> u64 {
+        self.loader.bytes_copied()
+    }
+
     /// Rows this rank hands out per full epoch.
     #[getter]
     fn rows_per_epoch(&self) -> u64 {

@@ -293,6 +293,8 @@ pub struct Segment {
 pub struct Window {
     buffers: Vec<Arc<BatchBuffer>>,
     rows: usize,
+    /// Bytes written to fill it (its buffers, and the scratch of row-major groups).
+    written: usize,
 }
 
 impl Window {
@@ -327,6 +329,7 @@ impl Window {
         let gather = Gather::new(&segment_of, &row_of, &ranges);
         let mut buffers = allocate(groups, rows, pool);
         let bytes: usize = buffers.iter().map(BatchBuffer::byte_len).sum();
+        let mut written = bytes;
         // Row-major stacked scalars are gathered column by column (the kernels' fast order)
         // into a scratch `[columns, rows]` buffer, then transposed into the window, here on a
         // gather thread rather than once per batch on the assembler's.
@@ -395,6 +398,7 @@ impl Window {
             let Some(scratch) = scratch else {
                 continue;
             };
+            written += scratch.byte_len();
             let (columns, out) = (group.columns.len(), &mut buffer.storage);
             match group.dtype.width() {
                 1 => transpose::<u8>(scratch.values(), columns, rows, out.values_mut()),
@@ -405,7 +409,17 @@ impl Window {
             pool.give(scratch);
         }
         let buffers = buffers.into_iter().map(BatchBuffer::into_shared).collect();
-        Self { buffers, rows }
+        Self {
+            buffers,
+            rows,
+            written,
+        }
+    }
+
+    /// Bytes written to fill the window: one pass over its rows (two for a row-major
+    /// group: gathered by column, then transposed).
+    pub fn bytes_written(&self) -> usize {
+        self.written
     }
 
     /// Window positions `[from, from + n)` as views, one per group of `groups`.
@@ -420,7 +434,7 @@ impl Window {
     }
 
     /// Copies window positions `[from, from + n)` into rows `[at, at + n)` of `out` (one
-    /// buffer per group of `groups`).
+    /// buffer per group of `groups`); returns the bytes copied.
     pub fn copy_out(
         &self,
         groups: &[Group],
@@ -428,7 +442,8 @@ impl Window {
         from: usize,
         n: usize,
         at: usize,
-    ) {
+    ) -> usize {
+        let mut copied = 0;
         for ((group, window), buffer) in groups.iter().zip(&self.buffers).zip(out.iter_mut()) {
             let layout = Copy {
                 columns: group.columns.len(),
@@ -446,7 +461,9 @@ impl Window {
                 4 => layout.run::<u32>(src.values(), dst.values_mut()),
                 _ => layout.run::<u64>(src.values(), dst.values_mut()),
             }
+            copied += n * group.row_len().unwrap_or(group.columns.len()) * group.dtype.width();
         }
+        copied
     }
 }
 

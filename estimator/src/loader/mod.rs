@@ -226,6 +226,7 @@ impl Loader {
             piece_rows: (PIECE_BYTES / row_bytes.max(1)).clamp(8192, 1 << 20),
             assemble_threads,
             windows_gathered_inline: AtomicU64::new(0),
+            bytes_copied: AtomicU64::new(0),
         };
         Ok(Loader {
             context: Arc::new(context),
@@ -258,6 +259,17 @@ impl Loader {
     /// on the gather threads while the caller takes the batches before it.
     pub fn windows_gathered_inline(&self) -> u64 {
         self.context.windows_gathered_inline.load(Ordering::Relaxed)
+    }
+
+    /// Bytes the loader has written since it was opened: values decoded, decompressed or
+    /// fetched into memory (values of plain, uncompressed pages of a local file are used
+    /// where they lie in the mapped file, and are not counted), shuffle windows gathered
+    /// (twice the rows' bytes for a row-major `stack` group: gathered, then transposed), and
+    /// batches copied together from two windows. The passes over each byte the loader
+    /// makes: for plain, uncompressed local files whose batches divide the shuffle window,
+    /// one pass, `rows * row bytes` per epoch.
+    pub fn bytes_copied(&self) -> u64 {
+        self.context.bytes_copied.load(Ordering::Relaxed)
     }
 
     /// The output buffers of every batch, in order.

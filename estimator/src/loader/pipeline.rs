@@ -63,6 +63,8 @@ pub struct Context {
     /// Shuffle windows the assembler gathered itself while batches waited for them (see
     /// [`crate::loader::Loader::windows_gathered_inline`]).
     pub windows_gathered_inline: AtomicU64,
+    /// Bytes the loader has written (see [`crate::loader::Loader::bytes_copied`]).
+    pub bytes_copied: AtomicU64,
 }
 
 impl Context {
@@ -94,8 +96,27 @@ impl Context {
         Ok(self.roots[file].get_or_init(|| roots))
     }
 
-    /// Decodes one piece into chunks.
+    /// Counts `bytes` written.
+    pub fn copied(&self, bytes: usize) {
+        self.bytes_copied.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
+    /// Decodes one piece into chunks, counting the bytes that do not lie in the mapped file
+    /// (decoded, decompressed or fetched) as written.
     fn decode(&self, piece: &Piece) -> Result<Vec<Arc<Chunk>>> {
+        let reader = &self.readers[piece.file];
+        let chunks = self.decode_chunks(piece)?;
+        let written: usize = chunks
+            .iter()
+            .flat_map(|chunk| &chunk.columns)
+            .filter(|values| !reader.is_mapped(values.as_slice()))
+            .map(|values| values.len())
+            .sum();
+        self.copied(written);
+        Ok(chunks)
+    }
+
+    fn decode_chunks(&self, piece: &Piece) -> Result<Vec<Arc<Chunk>>> {
         let reader = &self.readers[piece.file];
         let roots = self.roots(piece.file)?;
         let want = piece.rows.len();
@@ -407,7 +428,8 @@ impl Assembler {
                     let bounds = plan.window_bounds(index);
                     let from = (position - bounds.start) as usize;
                     let n = (rows - filled).min((bounds.end - position) as usize);
-                    current.copy_out(groups, &mut buffers, from, n, filled);
+                    let copied = current.copy_out(groups, &mut buffers, from, n, filled);
+                    self.context.copied(copied);
                     filled += n;
                     position += n as u64;
                 }
@@ -450,7 +472,9 @@ impl Assembler {
             let (context, pool) = (Arc::clone(&self.context), Arc::clone(&self.pool));
             let pending = self.workers.submit(move || {
                 let permutation = plan.window_permutation(key.1);
-                Window::new(&segments, &permutation, &context.groups, &pool, 1)
+                let window = Window::new(&segments, &permutation, &context.groups, &pool, 1);
+                context.copied(window.bytes_written());
+                window
             })?;
             self.ahead.push_back((key, pending));
         }
@@ -527,16 +551,15 @@ impl Assembler {
         context
             .windows_gathered_inline
             .fetch_add(1, Ordering::Relaxed);
-        *window = Some((
-            index,
-            Window::new(
-                &segments,
-                &permutation,
-                &context.groups,
-                &self.pool,
-                context.assemble_threads,
-            ),
-        ));
+        let gathered = Window::new(
+            &segments,
+            &permutation,
+            &context.groups,
+            &self.pool,
+            context.assemble_threads,
+        );
+        context.copied(gathered.bytes_written());
+        *window = Some((index, gathered));
         Ok(())
     }
 

@@ -62,9 +62,6 @@ pub fn column_runs(
         }
         let reader = SerializedPageReader::new(Arc::new(file.clone()), chunk, group_rows, None)?;
         let runs = column_pages(reader, &levels, spec.row_bytes(), rows)?;
-        for run in runs.iter().flatten() {
-            populate(file, run.values.as_slice());
-        }
         columns.push(runs);
     }
     Ok(columns)
@@ -73,8 +70,9 @@ pub fn column_runs(
 /// Maps in the pages of `values` (the rows a piece reads, when they lie in the mapped `file`)
 /// in one call, here on a decode thread, rather than one fault per 4 KiB page when the gather
 /// first touches them. Only the piece's own rows: a row group is read in several pieces.
+/// [`crate::loader::source::FileReader::read_plain`] calls it on a row range's first read.
 /// Only a hint: errors (old kernels, memory that is not a mapping) are ignored.
-fn populate(file: &Bytes, values: &[u8]) {
+pub fn map_in(file: &Bytes, values: &[u8]) {
     #[cfg(target_os = "linux")]
     {
         let (begin, len) = (values.as_ptr() as usize, values.len());

@@ -5,6 +5,7 @@
 //! `ParquetObjectReader`, driven by the process-wide runtime from the calling (non-runtime)
 //! thread.
 
+use std::collections::HashMap;
 use std::ops::Range;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -54,6 +55,10 @@ pub struct FileReader {
     loading: Mutex<()>,
     footer_reads: AtomicUsize,
     opens: AtomicUsize,
+    /// Per row group, the row ranges whose pages were mapped in (merged, in order): their
+    /// page tables stay filled while the file is mapped, so later epochs skip the call.
+    populated: Mutex<HashMap<usize, Vec<Range<usize>>>>,
+    populates: AtomicUsize,
 }
 
 impl FileReader {
@@ -67,6 +72,8 @@ impl FileReader {
             loading: Mutex::new(()),
             footer_reads: AtomicUsize::new(0),
             opens: AtomicUsize::new(0),
+            populated: Mutex::new(HashMap::new()),
+            populates: AtomicUsize::new(0),
         }
     }
 
@@ -79,6 +86,47 @@ impl FileReader {
     /// How many times this reader has opened and mapped the (local) file.
     pub fn opens(&self) -> usize {
         self.opens.load(Ordering::Relaxed)
+    }
+
+    /// Whether `values` lie in this (local) file's mapping: bytes the loader reads where
+    /// they are, rather than ones it decoded or fetched.
+    pub fn is_mapped(&self, values: &[u8]) -> bool {
+        self.mapped.get().is_some_and(|file| {
+            let range = file.as_ptr_range();
+            let inside = values.as_ptr_range();
+            !values.is_empty() && range.start <= inside.start && inside.end <= range.end
+        })
+    }
+
+    /// How many plain reads mapped their pages in ahead of the gather (the first read of
+    /// each row range; see [`FileReader::read_plain`]).
+    pub fn populates(&self) -> usize {
+        self.populates.load(Ordering::Relaxed)
+    }
+
+    /// Whether rows `rows` of `row_group` are read plain for the first time (then recorded):
+    /// only then are their pages mapped in ahead of the gather.
+    fn first_read(&self, row_group: usize, rows: &Range<usize>) -> bool {
+        let mut populated = self.populated.lock().unwrap_or_else(|e| e.into_inner());
+        let ranges = populated.entry(row_group).or_default();
+        if ranges
+            .iter()
+            .any(|r| r.start <= rows.start && rows.end <= r.end)
+        {
+            return false;
+        }
+        ranges.push(rows.clone());
+        ranges.sort_unstable_by_key(|r| r.start);
+        let mut merged: Vec<Range<usize>> = Vec::with_capacity(ranges.len());
+        for range in ranges.drain(..) {
+            match merged.last_mut() {
+                Some(last) if range.start <= last.end => last.end = last.end.max(range.end),
+                _ => merged.push(range),
+            }
+        }
+        *ranges = merged;
+        self.populates.fetch_add(1, Ordering::Relaxed);
+        true
     }
 
     /// The file.
@@ -170,6 +218,11 @@ impl FileReader {
             rows,
         )
         .map_err(|e| self.parquet_error(e))?;
+        if runs.iter().any(Option::is_some) && self.first_read(row_group, rows) {
+            for run in runs.iter().flatten().flatten() {
+                plain::map_in(&bytes, run.values.as_slice());
+            }
+        }
         let decode: Vec<usize> = (0..specs.len()).filter(|&k| runs[k].is_none()).collect();
         if decode.len() == specs.len() {
             return Ok(None);

@@ -164,6 +164,21 @@ class ParquetLoader(BaseDataLoader):
         return int(self._core.rows_per_epoch)
 
     @property
+    def bytes_copied(self) -> int:
+        """Bytes the loader has written since it was built: values decoded, decompressed or
+        fetched, shuffle windows gathered (a ``stack`` tensor twice: gathered, then
+        transposed) and batches copied across two windows. Plain, uncompressed local files
+        are read where they lie in the mapped file, so an epoch costs one pass over the
+        bytes of the rows it gathers::
+
+            loader = ParquetLoader(path, ["features", "label"], batch_size=4096)
+            for batch in loader:
+                pass
+            print(loader.bytes_copied / loader.rows_per_epoch)  # bytes per row
+        """
+        return int(self._core.bytes_copied)
+
+    @property
     def epoch(self) -> int:
         """The epoch the next batch belongs to."""
         return int(self._core.epoch)
