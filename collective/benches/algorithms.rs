@@ -206,6 +206,7 @@ fn child(spec: &str) {
         job_id,
         key: data_key(&secret),
         rank,
+        round: 0,
         peers,
         connect_timeout: Duration::from_secs(60),
         op_timeout: Duration::from_secs(120),

@@ -90,6 +90,7 @@ fn main() {
         from: 1,
         to: 0,
         size: 4,
+        round: 0,
         nonce: [7; 32],
     };
     let frames: Vec<(&str, Vec<u8>)> = vec![

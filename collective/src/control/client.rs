@@ -252,6 +252,13 @@ impl DriverClient {
     /// registered for round `task.generation`; returns this worker's assignment. Errors are
     /// `Rendezvous` with the driver's explanation (wrong secret, start timeout naming the
     /// missing tasks, duplicate index, a round the job is not in).
+    ///
+    /// A call that the network loses (its connection reset or closed, the reconnection's
+    /// handshake timed out: a driver under heavy load) is sent again after a bounded, jittered
+    /// exponential pause ([`RegisterRetry`]) until the same overall deadline; every attempt
+    /// carries the same registration id, so the driver counts the task once (see
+    /// [`crate::control::proto::RegisterRequest::registration_id`]). What the driver itself
+    /// answers (a refusal, its start timeout) is not retried.
     pub async fn register(&self, task: &TaskInfo, start_timeout: Duration) -> Result<Registration> {
         let request = RegisterRequest {
             task_index: task.task_index,
@@ -260,15 +267,44 @@ impl DriverClient {
             data_addr: task.data_addr.to_string(),
             pid: task.pid,
             generation: task.generation,
+            registration_id: rand::random::<u64>().max(1),
         };
         let bound = start_timeout + CALL_SLACK;
-        let reply = self
-            .call(
-                bound,
-                "registering",
-                self.raw.clone().register(timed(request, bound)),
-            )
-            .await?;
+        let deadline = Instant::now() + bound;
+        let mut retry = RegisterRetry::default();
+        let reply = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let attempt = self
+                .call_raw(
+                    left,
+                    self.raw.clone().register(timed(request.clone(), left)),
+                )
+                .await;
+            match attempt {
+                Ok(reply) => break reply,
+                Err(CallError::Status(status)) if is_lost_in_transit(&status) => {
+                    let pause = retry.next_pause();
+                    if Instant::now() + pause >= deadline {
+                        return Err(self.map_call_error(
+                            CallError::Status(status),
+                            "registering",
+                            bound,
+                        ));
+                    }
+                    log::info!(
+                        "task {}: registration attempt {} with the job driver at {} was lost \
+                         ({}: {}); retrying in {pause:?}",
+                        task.task_index,
+                        retry.attempts,
+                        self.addr,
+                        status.code(),
+                        status.message()
+                    );
+                    tokio::time::sleep(pause).await;
+                }
+                Err(err) => return Err(self.map_call_error(err, "registering", bound)),
+            }
+        };
         let registration = Registration::from_reply(reply, &self.addr)?;
         *lock(&self.joined) = Some((task.task_index, registration.generation));
         Ok(registration)
@@ -568,6 +604,44 @@ impl DriverClient {
     }
 }
 
+/// The pauses between attempts of a registration lost in transit: exponential from
+/// [`RegisterRetry::FIRST`] up to [`RegisterRetry::LONGEST`], each drawn uniformly from its
+/// upper half so that a thousand workers that lost their calls at once do not all come back
+/// at the same instant.
+#[derive(Debug, Default)]
+pub struct RegisterRetry {
+    /// Attempts that failed so far.
+    pub attempts: u32,
+}
+
+impl RegisterRetry {
+    /// The first pause's upper bound.
+    pub const FIRST: Duration = Duration::from_millis(100);
+    /// The longest pause.
+    pub const LONGEST: Duration = Duration::from_secs(2);
+
+    /// The pause before the next attempt (counts the failed one).
+    pub fn next_pause(&mut self) -> Duration {
+        let ceiling = Self::FIRST
+            .saturating_mul(1 << self.attempts.min(16))
+            .min(Self::LONGEST);
+        self.attempts += 1;
+        let ceiling_us = u64::try_from(ceiling.as_micros()).unwrap_or(u64::MAX);
+        Duration::from_micros(rand::random_range(ceiling_us / 2..=ceiling_us))
+    }
+}
+
+/// True when `status` is the client's own report that a call was lost on the way (the
+/// connection broke, or could not be re-established in time) rather than an answer from the
+/// driver: tonic makes those from a transport error, which it keeps as the status's source;
+/// a status the driver sent has none.
+fn is_lost_in_transit(status: &Status) -> bool {
+    matches!(
+        status.code(),
+        Code::Unavailable | Code::Cancelled | Code::Unknown
+    ) && std::error::Error::source(status).is_some()
+}
+
 enum CallError {
     Status(Status),
     NoAnswer,
@@ -820,5 +894,27 @@ async fn abort_watcher(
             _ = tokio::time::sleep(RETRY_PAUSE) => {}
             _ = stop.wait_for(|stopped| *stopped) => return,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The pauses grow from 50–100 ms to at most 2 s and are jittered (a thousand workers that
+    /// lost their calls together must not come back together).
+    #[test]
+    fn register_retry_pauses_are_bounded_exponential_and_jittered() {
+        let mut retry = RegisterRetry::default();
+        let pauses: Vec<Duration> = (0..10).map(|_| retry.next_pause()).collect();
+        assert!(pauses[0] >= Duration::from_millis(50) && pauses[0] <= Duration::from_millis(100));
+        assert!(pauses[3] >= Duration::from_millis(400) && pauses[3] <= Duration::from_millis(800));
+        assert!(pauses.iter().all(|p| *p <= RegisterRetry::LONGEST));
+        assert!(pauses[9] >= RegisterRetry::LONGEST / 2);
+        assert_eq!(retry.attempts, 10);
+        let firsts: std::collections::HashSet<Duration> = (0..32)
+            .map(|_| RegisterRetry::default().next_pause())
+            .collect();
+        assert!(firsts.len() > 8, "no jitter: {firsts:?}");
     }
 }

@@ -61,12 +61,15 @@ const LISTED_MISSING: usize = 16;
 /// How many ranks a `SilentRanks` reply lists, at most (the reply also says how many in all).
 pub(crate) const LISTED_SILENT: usize = 16;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 struct Registered {
     host_hash: String,
     hostname: String,
     data_addr: SocketAddr,
     pid: u32,
+    /// The client's id for this registration call (the same on each of its retries; 0 from a
+    /// client that sends none).
+    registration_id: u64,
 }
 
 /// Where the current round's registration stands.
@@ -277,7 +280,7 @@ impl JobState {
             )));
         }
         if let Some(existing) = inner.tasks.get(&index) {
-            if *existing == entry {
+            if existing.is_same_worker(&entry) {
                 return Ok(generation); // A retried call: registration is idempotent.
             }
             return Err(Status::invalid_argument(format!(
@@ -348,9 +351,22 @@ impl JobState {
             Phase::TimedOut(message) => return Err(Status::deadline_exceeded(message)),
             Phase::Waiting => current,
             Phase::Complete => {
-                // Always a new round: the client never retries a registration, and a worker
-                // that joins again may get its old data port back, so an equal entry is no
-                // sign of a retry.
+                // A retry of the call that completed this round (its answer was lost with its
+                // connection) gets this round's assignment. Anything else opens the next round:
+                // a worker that joins again may get its old data port back, so only the
+                // registration id (fresh for each call, the same on its retries) tells a
+                // retry from a new join.
+                if inner
+                    .tasks
+                    .get(&index)
+                    .is_some_and(|existing| existing.is_retry_of(&entry))
+                {
+                    log::debug!(
+                        "task {index} retried its registration for the completed elastic round \
+                         {current}"
+                    );
+                    return Ok(current);
+                }
                 let next = current.wrapping_add(1);
                 self.check_reset_limit(next)?;
                 inner.tasks.clear();
@@ -368,7 +384,7 @@ impl JobState {
             }
         };
         if let Some(existing) = inner.tasks.get(&index) {
-            if *existing == entry {
+            if existing.is_same_worker(&entry) {
                 return Ok(generation);
             }
             return Err(Status::invalid_argument(format!(
@@ -1325,7 +1341,25 @@ impl Registered {
             hostname: request.hostname.clone(),
             data_addr: parse_data_addr(&request.data_addr)?,
             pid: request.pid,
+            registration_id: request.registration_id,
         })
+    }
+
+    /// The same worker process at the same data address (a repeated registration of it is
+    /// idempotent while its round waits; another process under its task index is refused).
+    fn is_same_worker(&self, other: &Registered) -> bool {
+        self.host_hash == other.host_hash
+            && self.hostname == other.hostname
+            && self.data_addr == other.data_addr
+            && self.pid == other.pid
+    }
+
+    /// `other` is a retry of this very registration call: the same worker and the same
+    /// (non-zero) registration id.
+    fn is_retry_of(&self, other: &Registered) -> bool {
+        self.registration_id != 0
+            && self.registration_id == other.registration_id
+            && self.is_same_worker(other)
     }
 }
 
@@ -1376,6 +1410,7 @@ mod tests {
             data_addr: format!("10.0.{}.{}:4000", task_index / 250, task_index % 250 + 1),
             pid: 1_000 + task_index,
             generation: 0,
+            registration_id: 7_000 + u64::from(task_index),
         }
     }
 
@@ -1462,6 +1497,7 @@ mod tests {
             state
                 .register(&RegisterRequest {
                     generation: 1,
+                    registration_id: 9_000 + u64::from(task), // a new call, not a retry
                     ..request(task)
                 })
                 .unwrap();
@@ -1508,5 +1544,44 @@ mod tests {
             "{} heartbeats took {took:?}",
             16 * TASKS
         );
+    }
+
+    /// A registration call retried after its round completed (the reply was lost with its
+    /// connection) gets that round's assignment: it neither opens a new round (a reset every
+    /// surviving rank would pay for) nor is refused. The same worker registering anew (a fresh
+    /// id: init() after shutdown()) still opens the next round, its retries there are
+    /// idempotent, and another process under its task index is still refused.
+    #[test]
+    fn an_elastic_registration_retried_after_its_round_completed_is_not_a_new_join() {
+        let state = elastic_job(4);
+        assert_eq!(
+            state.register(&request(2)).unwrap(),
+            0,
+            "the completed round"
+        );
+        let (generation, _, waiting) = state.round_deadline();
+        assert_eq!((generation, waiting), (0, false), "no new round opened");
+        let rejoin = RegisterRequest {
+            registration_id: 99,
+            ..request(2)
+        };
+        assert_eq!(state.register(&rejoin).unwrap(), 1, "a new call joins anew");
+        assert_eq!(
+            state.register(&rejoin).unwrap(),
+            1,
+            "its retry is idempotent"
+        );
+        let impostor = RegisterRequest {
+            pid: 4242,
+            ..rejoin
+        };
+        let err = state.register(&impostor).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+        assert!(
+            err.message().contains("task index 2 is already registered"),
+            "{err:?}"
+        );
+        let (generation, _, waiting) = state.round_deadline();
+        assert_eq!((generation, waiting), (1, true));
     }
 }

@@ -3,9 +3,12 @@
 //! The connecting rank `c` sends `Hello{c → a, nonce_c}`; the accepting rank `a` answers with
 //! `Hello{a → c, nonce_a}` and `Proof(tag("accept", …))`; `c` checks that proof, then sends
 //! `Proof(tag("connect", …))`, which `a` checks before it takes the connection as rank `c`'s.
-//! Both tags cover the job id, both ranks, the job size and both nonces, under a key derived
-//! from the job secret for the data plane only ([`data_key`]). Someone who knows the job id
-//! (it appears in frame headers) but not the secret can claim no rank; a recorded handshake
+//! Both tags cover the job id, both ranks, the job size, the registration round and both
+//! nonces, under a key derived from the job secret for the data plane only ([`data_key`]).
+//! The round (an elastic job starts one at every reset, renumbering its ranks) keeps a rank of
+//! one round from connecting into another: an acceptor answers a `Hello` of another round
+//! with its own `Hello` and no proof, and the dialer stops with [`DialError::OtherRound`].
+//! Someone who knows the job id (it appears in frame headers) but not the secret can claim no rank; a recorded handshake
 //! cannot be replayed (the other side's nonce is fresh); and a tag made by one side can never
 //! be reflected as the other's (the role is part of it).
 
@@ -55,6 +58,7 @@ pub(crate) fn proof(
         &connect.from.to_le_bytes(),
         &connect.to.to_le_bytes(),
         &connect.size.to_le_bytes(),
+        &connect.round.to_le_bytes(),
         &connect.nonce,
         accept_nonce,
     ])
@@ -99,6 +103,8 @@ pub struct Dial<'a> {
     pub to: u32,
     /// The job size.
     pub size: u32,
+    /// The registration round of this rank's membership ([`super::MeshConfig::round`]).
+    pub round: u32,
 }
 
 /// Why a connecting handshake failed.
@@ -111,6 +117,14 @@ pub enum DialError {
     Rejected(String),
     /// Stopped by `check` (abort, or the other half of setup failed).
     Stopped(Error),
+    /// The other side is a rank of this job, but of another registration round (an elastic
+    /// reset happened in between): not worth retrying.
+    OtherRound {
+        /// This (connecting) rank's round.
+        ours: u32,
+        /// The round the other side answered with.
+        theirs: u32,
+    },
 }
 
 /// Runs the connecting side of the handshake on `stream` until `deadline`; `check` is called
@@ -126,6 +140,7 @@ pub fn dial(
         from: dial.from,
         to: dial.to,
         size: dial.size,
+        round: dial.round,
         nonce: nonce(),
     };
     let tick = Some(super::TICK);
@@ -153,6 +168,12 @@ pub fn dial(
         check,
     )?;
     let answer = Hello::decode_frame(&reply[..HELLO_FRAME_LEN], dial.job_id).map_err(junk)?;
+    if answer.round != dial.round {
+        return Err(DialError::OtherRound {
+            ours: dial.round,
+            theirs: answer.round,
+        });
+    }
     if (answer.from, answer.to, answer.size) != (dial.to, dial.from, dial.size) {
         return Err(DialError::Rejected(format!(
             "it claims to be rank {} of {} (talking to rank {}), but rank {} of {} was expected; the ranks \
@@ -247,7 +268,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn proofs_bind_role_ranks_nonces_and_key() {
+    fn proofs_bind_role_ranks_round_nonces_and_key() {
         let secret = JobSecret::generate();
         let key = data_key(&secret);
         let job = [1u8; 16];
@@ -256,6 +277,7 @@ mod tests {
             from: 2,
             to: 0,
             size: 3,
+            round: 4,
             nonce: [5; 32],
         };
         let tag = proof(&key, Role::Accept, &job, &hello, &[6; 32]);
@@ -264,6 +286,8 @@ mod tests {
         assert_ne!(tag, proof(&key, Role::Accept, &job, &hello, &[7; 32]));
         let other_rank = Hello { from: 1, ..hello };
         assert_ne!(tag, proof(&key, Role::Accept, &job, &other_rank, &[6; 32]));
+        let other_round = Hello { round: 5, ..hello };
+        assert_ne!(tag, proof(&key, Role::Accept, &job, &other_round, &[6; 32]));
         let control = MacKey::derive(&secret, "control plane");
         assert_ne!(tag, proof(&control, Role::Accept, &job, &hello, &[6; 32]));
         assert_eq!(decode_proof(&proof_frame(&job, &tag), &job), Ok(tag));

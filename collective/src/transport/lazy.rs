@@ -370,6 +370,7 @@ mod tests {
                             job_id: [n as u8; 16],
                             key: key.clone(),
                             rank,
+                            round: 0,
                             peers: peers.clone(),
                             connect_timeout: Duration::from_secs(10),
                             op_timeout: Duration::from_secs(10),

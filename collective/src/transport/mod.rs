@@ -92,6 +92,10 @@ pub struct MeshConfig {
     pub key: MacKey,
     /// This rank.
     pub rank: usize,
+    /// The registration round this mesh belongs to (the driver's generation: 0, then one more
+    /// at every elastic reset or `init()` after `shutdown()`). Every handshake carries and
+    /// proves it, so a connection from a rank of another round is refused.
+    pub round: u32,
     /// The data address of every rank, indexed by rank (this rank's own included).
     pub peers: Vec<SocketAddr>,
     /// How long to keep connecting and accepting until every peer is connected (eager), or

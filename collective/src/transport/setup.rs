@@ -196,6 +196,7 @@ pub(super) fn dial_peer(
                 from: rank as u32,
                 to: peer as u32,
                 size: config.peers.len() as u32,
+                round: config.round,
             };
             handshake::dial(&mut stream, dial, deadline, check).map(|()| stream)
         });
@@ -216,6 +217,14 @@ pub(super) fn dial_peer(
                 )))
             }
             Err(DialError::Stopped(e)) => return Err(e),
+            Err(DialError::OtherRound { ours, theirs }) => {
+                return Err(Error::Rendezvous(format!(
+                    "rank {rank}: rank {peer} at {addr} belongs to registration round {theirs} of \
+                     this job, but this rank to round {ours}: an elastic reset happened between \
+                     their registrations, and a connection never crosses rounds (this rank will \
+                     reset too)"
+                )))
+            }
         }
     }
 }
@@ -542,6 +551,25 @@ fn advance(
         return Ok(Step::Wait);
     }
     let hello = Hello::decode_frame(&p.buf, &config.job_id).map_err(invalid)?;
+    if hello.round != config.round {
+        // Our Hello (our round, no proof) tells the dialer why, so it stops instead of retrying.
+        let reply = Hello {
+            from: config.rank as u32,
+            to: hello.from,
+            round: config.round,
+            nonce: [0; wire::NONCE_LEN],
+            ..hello
+        };
+        let _ = p.stream.write(&reply.encode_frame());
+        return Err(Step::Drop(
+            format!(
+                "it claims to be rank {} of registration round {}, but this mesh is round {}: a \
+                 rank of another round is never accepted",
+                hello.from, hello.round, config.round
+            ),
+            true,
+        ));
+    }
     let size = config.peers.len();
     if hello.to as usize != config.rank || hello.size as usize != size {
         return Err(Step::Drop(
@@ -579,7 +607,7 @@ fn advance(
     let tag = proof(&config.key, Role::Accept, &config.job_id, &hello, &ours);
     let mut answer = reply.encode_frame();
     answer.extend_from_slice(&proof_frame(&config.job_id, &tag));
-    // The answer (148 bytes) fits any fresh socket's send buffer: a non-blocking write
+    // The answer (152 bytes) fits any fresh socket's send buffer: a non-blocking write
     // completes at once or the connection is useless.
     match p.stream.write(&answer) {
         Ok(n) if n == answer.len() => {}

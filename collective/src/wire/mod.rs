@@ -43,7 +43,7 @@ pub const VERSION: u8 = 1;
 /// Bytes in a frame header.
 pub const HEADER_LEN: usize = 28;
 /// Bytes in a `Hello` payload.
-pub const HELLO_LEN: usize = 28 + NONCE_LEN;
+pub const HELLO_LEN: usize = 32 + NONCE_LEN;
 /// Bytes of the nonce in a `Hello`.
 pub const NONCE_LEN: usize = crate::control::mac::TAG_LEN;
 /// Bytes in a `Proof` payload (an HMAC-SHA256 tag).
@@ -350,6 +350,9 @@ pub struct Hello {
     pub to: u32,
     /// The number of ranks in the job.
     pub size: u32,
+    /// The sender's registration round (elastic jobs: the membership it belongs to; a round
+    /// starts at every reset), so a rank of one round never connects into another.
+    pub round: u32,
     /// The sender's fresh random challenge for this connection.
     pub nonce: [u8; NONCE_LEN],
 }
@@ -362,7 +365,8 @@ impl Hello {
         out[16..20].copy_from_slice(&self.from.to_le_bytes());
         out[20..24].copy_from_slice(&self.to.to_le_bytes());
         out[24..28].copy_from_slice(&self.size.to_le_bytes());
-        out[28..].copy_from_slice(&self.nonce);
+        out[28..32].copy_from_slice(&self.round.to_le_bytes());
+        out[32..].copy_from_slice(&self.nonce);
         out
     }
 
@@ -396,12 +400,13 @@ impl Hello {
             ])
         };
         let mut nonce = [0u8; NONCE_LEN];
-        nonce.copy_from_slice(&payload[28..]);
+        nonce.copy_from_slice(&payload[32..]);
         Ok(Hello {
             job_id,
             from: word(16),
             to: word(20),
             size: word(24),
+            round: word(28),
             nonce,
         })
     }
@@ -530,6 +535,7 @@ mod tests {
             from: 3,
             to: 1,
             size: 4,
+            round: 2,
             nonce: [9; NONCE_LEN],
         };
         assert_eq!(Hello::decode_frame(&hello.encode_frame(), &JOB), Ok(hello));
@@ -569,8 +575,8 @@ mod tests {
 
         #[test]
         fn hello_round_trips(job in any::<[u8; 16]>(), from in any::<u32>(), to in any::<u32>(), size in any::<u32>(),
-                             nonce in any::<[u8; 32]>()) {
-            let hello = Hello { job_id: job, from, to, size, nonce };
+                             round in any::<u32>(), nonce in any::<[u8; 32]>()) {
+            let hello = Hello { job_id: job, from, to, size, round, nonce };
             prop_assert_eq!(Hello::decode_frame(&hello.encode_frame(), &job), Ok(hello));
         }
 

@@ -198,6 +198,7 @@ impl Worker {
             job_id: registration.job_id.0,
             key: crate::transport::handshake::data_key(&env.secret),
             rank: rank as usize,
+            round: registration.generation,
             peers: registration
                 .peers
                 .iter()

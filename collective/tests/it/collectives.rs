@@ -99,6 +99,7 @@ pub(crate) fn with_meshes<T: Send>(
                     job_id,
                     key: key(),
                     rank,
+                    round: 0,
                     peers: peers.clone(),
                     connect_timeout: options.connect_timeout,
                     op_timeout: options.op_timeout,
@@ -999,6 +1000,7 @@ fn junk_connections_during_mesh_setup_are_dropped() {
                             from: 2,
                             to: 0,
                             size: 3,
+                            round: 0,
                             nonce: [0; 32],
                         }
                         .encode_frame(),
@@ -1044,6 +1046,7 @@ fn mesh_setup_fails_clearly() {
         job_id: job_id(),
         key: key(),
         rank: 0,
+        round: 0,
         peers: peers.clone(),
         connect_timeout: Duration::from_millis(300),
         op_timeout: Duration::from_secs(1),
@@ -1070,6 +1073,7 @@ fn mesh_setup_fails_clearly() {
         job_id: job_id(),
         key: key(),
         rank: 1,
+        round: 0,
         peers: vec![impostor_addr, peers[1]],
         connect_timeout: Duration::from_secs(2),
         op_timeout: Duration::from_secs(1),
@@ -1087,6 +1091,7 @@ fn mesh_setup_fails_clearly() {
         job_id: job_id(),
         key: key(),
         rank: 3,
+        round: 0,
         peers: vec![listener.local_addr()],
         connect_timeout: Duration::from_secs(1),
         op_timeout: Duration::from_secs(1),
@@ -1104,6 +1109,7 @@ fn communicator_rejects_rank_info_that_does_not_match_its_mesh() {
         job_id: job_id(),
         key: key(),
         rank: 0,
+        round: 0,
         peers: vec![listener.local_addr()],
         connect_timeout: Duration::from_secs(1),
         op_timeout: Duration::from_secs(1),
@@ -1129,6 +1135,7 @@ fn against_fake_peer(fake: impl FnOnce(&mut TcpStream, JobId) + Send) -> Error {
                 from: 1,
                 to: 0,
                 size: 2,
+                round: 0,
             };
             let deadline = Instant::now() + Duration::from_secs(5);
             handshake::dial(&mut stream, dial, deadline, &|| Ok(())).unwrap();
@@ -1140,6 +1147,7 @@ fn against_fake_peer(fake: impl FnOnce(&mut TcpStream, JobId) + Send) -> Error {
             job_id: job,
             key: key(),
             rank: 0,
+            round: 0,
             peers: vec![addr, addr],
             connect_timeout: Duration::from_secs(5),
             op_timeout: Duration::from_secs(5),

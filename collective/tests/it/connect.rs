@@ -149,6 +149,7 @@ fn peers_without_the_key_are_refused_and_do_not_delay_the_job() {
                             from: (N - 1) as u32,
                             to: to as u32,
                             size: N as u32,
+                            round: 0,
                         };
                         let deadline = Instant::now() + Duration::from_secs(3);
                         if handshake::dial(&mut stream, dial, deadline, &|| Ok(())).is_ok() {

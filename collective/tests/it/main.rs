@@ -15,3 +15,4 @@ mod hostile;
 mod launcher;
 mod mesh_auth;
 mod negotiation;
+mod register_retry;

@@ -36,6 +36,7 @@ fn config(key: &MacKey, rank: usize, peers: &[SocketAddr]) -> MeshConfig {
         job_id: JOB,
         key: key.clone(),
         rank,
+        round: 0,
         peers: peers.to_vec(),
         connect_timeout: Duration::from_secs(10),
         op_timeout: Duration::from_secs(10),
@@ -94,6 +95,7 @@ fn rank_one_to_zero(key: &MacKey) -> Dial<'_> {
         from: 1,
         to: 0,
         size: 2,
+        round: 0,
     }
 }
 
@@ -177,6 +179,7 @@ fn impostor_knowing_the_job_id_cannot_claim_a_rank() {
                 from: 2,
                 to: target,
                 size: 3,
+                round: 0,
                 nonce: nonce(),
             };
             stream.write_all(&hello.encode_frame()).unwrap();
@@ -196,6 +199,7 @@ fn impostor_knowing_the_job_id_cannot_claim_a_rank() {
             from: 2,
             to: 0,
             size: 3,
+            round: 0,
         };
         let deadline = Instant::now() + Duration::from_secs(5);
         let refused = handshake::dial(&mut probe, dial, deadline, &|| Ok(()));
@@ -337,4 +341,55 @@ fn a_rank_connects_from_its_registered_address_on_a_host_with_several() {
     ];
     let took = form_and_check(&key, listeners, |_| {});
     assert!(took < Duration::from_secs(5), "mesh took {took:?}");
+}
+
+/// A rank of another registration round (an elastic reset happened between the two ranks'
+/// registrations), with the right key and job id, is refused: the dialer gets a typed error
+/// naming both rounds at once (no retrying until the connect timeout), and the mesh of the
+/// current round still forms with the current round's rank.
+#[test]
+fn a_rank_of_another_round_is_refused_naming_both_rounds() {
+    let (key, mut listeners, peers) = job(2);
+    let stale_listener = listeners.pop().unwrap();
+    let zero = listeners.pop().unwrap();
+    let round = |rank: usize, round: u32| MeshConfig {
+        round,
+        ..config(&key, rank, &peers)
+    };
+    thread::scope(|s| {
+        let current = round(0, 1);
+        let acceptor = s.spawn(move || Mesh::establish(zero, current, AbortSignal::new()));
+        // By hand: rank 1 of round 0 proves the key, but for the old round.
+        let mut stream = TcpStream::connect(peers[0]).unwrap();
+        let old = Dial {
+            round: 0,
+            ..rank_one_to_zero(&key)
+        };
+        let started = Instant::now();
+        let err = handshake::dial(&mut stream, old, started + Duration::from_secs(10), &|| {
+            Ok(())
+        })
+        .unwrap_err();
+        assert!(
+            matches!(err, DialError::OtherRound { ours: 0, theirs: 1 }),
+            "{err:?}"
+        );
+        // A whole mesh of the old round: a typed error naming both rounds, at once.
+        let err = Mesh::establish(stale_listener, round(1, 0), AbortSignal::new()).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("round 1") && text.contains("round 0"),
+            "{text}"
+        );
+        assert!(
+            matches!(err, kolo_collective::Error::Rendezvous(_)),
+            "{err:?}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(5), "not at once");
+        // The current round's rank 1 gets in.
+        let fresh = DataListener::bind(LOCALHOST).unwrap();
+        let mine = Mesh::establish(fresh, round(1, 1), AbortSignal::new());
+        assert!(mine.is_ok(), "{:?}", mine.err());
+        assert!(acceptor.join().unwrap().is_ok());
+    });
 }
