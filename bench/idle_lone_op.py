@@ -22,7 +22,6 @@ import statistics
 import subprocess
 import sys
 import time
-import types
 from pathlib import Path
 from typing import Any, Optional
 
@@ -40,14 +39,10 @@ def rank_main(iterations: int, idle_ms: float) -> int:
     from kolo import _core, _lifecycle
 
     # kolo's numpy layer without the packages' __init__ (which load Keras/TensorFlow).
-    root = Path(kolo.__file__).parent
-    for package in ("keras", "tensorflow"):
-        name = f"kolo.{package}"
-        if name not in sys.modules:
-            bare = types.ModuleType(name)
-            bare.__path__ = [str(root / package)]
-            sys.modules[name] = bare
-    from kolo.keras import _arrays
+    sys.path.insert(0, str(REPO / "tests" / "workers"))
+    from scale_rank_worker import numpy_layer
+
+    _arrays, _ = numpy_layer()
 
     _lifecycle.init()
     world = kolo.global_process_set

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use super::cache::ResponseCache;
 use super::message::{CycleMessage, FLAG_JOINED, FLAG_SHUTDOWN, FLAG_STALL_ABORT};
+use super::negotiation::normalize_ranges;
 use crate::collectives::{check_sizes, check_sizes_uniform, difference, label};
 use crate::wire::{OpDescriptor, OpKind};
 
@@ -111,7 +112,7 @@ impl Pending {
         match self.parts.iter_mut().find(|p| Arc::ptr_eq(&p.desc, &desc)) {
             Some(part) => {
                 part.ranks.extend(ranks.iter().cloned());
-                normalize(&mut part.ranks);
+                normalize_ranges(&mut part.ranks);
             }
             None => self.parts.push(Part {
                 desc,
@@ -176,19 +177,6 @@ fn subtract(ranges: &mut Vec<Range<usize>>, cut: &[Range<usize>]) -> usize {
     }
     *ranges = out;
     before - ranges.iter().map(|r| r.len()).sum::<usize>()
-}
-
-/// Sorts `ranges` and joins adjacent ones.
-fn normalize(ranges: &mut Vec<Range<usize>>) {
-    ranges.sort_by_key(|r| r.start);
-    let mut out: Vec<Range<usize>> = Vec::with_capacity(ranges.len());
-    for r in ranges.drain(..) {
-        match out.last_mut() {
-            Some(last) if last.end == r.start => last.end = r.end,
-            _ => out.push(r),
-        }
-    }
-    *ranges = out;
 }
 
 /// One process set's agreement state (the same on every member).

@@ -215,7 +215,7 @@ fn put(out: &mut Vec<u8>, n: usize) {
 }
 
 /// Sorts `ranges` and joins adjacent ones.
-fn normalize(ranges: &mut Vec<Range<usize>>) {
+pub(crate) fn normalize(ranges: &mut Vec<Range<usize>>) {
     ranges.sort_by_key(|r| r.start);
     let mut out: Vec<Range<usize>> = Vec::with_capacity(ranges.len());
     for r in ranges.drain(..) {

@@ -23,7 +23,7 @@ mod tree;
 
 use std::io;
 
-pub(crate) use digest::Digest;
+pub(crate) use digest::{normalize as normalize_ranges, Digest};
 pub(crate) use session_links::SessionLinks;
 use tree::Node;
 
