@@ -65,6 +65,13 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 USER_MODULE = "kolo_warm_user_module"
 
 
+def with_path(directory: Path) -> str:
+    """``directory`` in front of this process's PYTHONPATH (which CI leaves unset: kolo is an
+    editable install there), without an empty entry (which would put the working directory on
+    the ranks' ``sys.path``)."""
+    return os.pathsep.join(p for p in [str(directory), os.environ.get("PYTHONPATH", "")] if p)
+
+
 @pytest.fixture(scope="module")
 def user_dir(tmp_path_factory) -> Path:
     """A directory of the user's own code (on the ranks' PYTHONPATH, not site-packages)."""
@@ -112,7 +119,7 @@ def processes_naming(directory: Path) -> list[int]:
 def warm(warm_dir, user_dir) -> tuple[Path, dict[str, str]]:
     """This application's warm rank server for this interpreter, started by a first launch
     (its directory, and the ``env=`` every launch here passes)."""
-    env = {"PYTHONPATH": os.pathsep.join([str(user_dir), os.environ.get("PYTHONPATH", "")])}
+    env = {"PYTHONPATH": with_path(user_dir)}
     assert kolo.spark.run(numpy_and_user_fn, num_proc=2, env=env)[0][2] == 1
     assert os.stat(warm_dir).st_mode & 0o777 == 0o700
     current_server(warm_dir)
@@ -649,7 +656,7 @@ def test_only_installed_modules_and_kolo_are_recorded_for_the_server(tmp_path):
         "import kolo.spark.task; from kolo._rank_process import third_party_modules; "
         "print(json.dumps(third_party_modules()))"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(elsewhere), os.environ["PYTHONPATH"]])}
+    env = {**os.environ, "PYTHONPATH": with_path(elsewhere)}
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True
     )
@@ -657,6 +664,27 @@ def test_only_installed_modules_and_kolo_are_recorded_for_the_server(tmp_path):
     assert "numpy" in names and "kolo.spark.task" in names
     assert names.index("numpy") < names.index("kolo.spark.task")
     assert not {"cwd_module", "path_module", "__main__", "kolo"} & set(names), names
+
+
+def test_installed_modules_count_when_the_virtualenv_is_inside_the_working_directory():
+    """A virtualenv inside the project (``project/.venv``, run from ``project/``, as CI does) is
+    still an installed location: numpy from its site-packages is recorded although its path is
+    under the working directory (before, every such module was taken for the user's code and the
+    server pre-imported nothing but kolo)."""
+    project = Path(sys.prefix).resolve().parent
+    import numpy
+
+    numpy_file = Path(numpy.__file__).resolve()
+    assert numpy_file.is_relative_to(project), "numpy must be installed under sys.prefix"
+    code = (
+        "import json, numpy, kolo.spark.task; from kolo._rank_process import third_party_modules; "
+        "print(json.dumps(third_party_modules()))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=project, capture_output=True, text=True, check=True
+    )
+    names = json.loads(out.stdout.splitlines()[-1])
+    assert "numpy" in names and "kolo.spark.task" in names, names
 
 
 def test_stale_keys_are_swept_but_not_a_running_servers(tmp_path):

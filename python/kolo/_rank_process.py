@@ -113,9 +113,10 @@ def _send_times(native: object, times: dict[str, Optional[float]]) -> None:
 def third_party_modules() -> list[str]:
     """The modules this process imported that a warm rank server may import ahead of a later
     rank, in the order they were imported: the top-level modules imported from an installed
-    location (a site-packages or dist-packages directory of this interpreter), never from the
-    working directory or anywhere else on ``sys.path`` (the user's own code, which may be
-    edited between runs); and kolo's own modules.
+    location (a site-packages or dist-packages directory of this interpreter, even one inside
+    the working directory, as in ``project/.venv``), never the user's own code from the working
+    directory or anywhere else on ``sys.path`` (it may be edited between runs); and kolo's own
+    modules.
 
     Example::
 
@@ -131,6 +132,9 @@ def third_party_modules() -> list[str]:
         roots.add(os.path.realpath(sysconfig.get_paths()[name]))
     roots = {root for root in roots if os.path.basename(root) in ("site-packages", "dist-packages")}
     cwd = os.path.realpath(os.getcwd())
+    # Code in the working directory is the user's, unless the working directory is itself inside
+    # an installed location (a virtualenv inside the project is common: its packages still count).
+    cwd_is_installed = any(cwd == root or cwd.startswith(root + os.sep) for root in roots)
     names = []
     for name, module in list(sys.modules.items()):
         if name.startswith("kolo."):
@@ -142,10 +146,11 @@ def third_party_modules() -> list[str]:
         if not isinstance(path, str):
             continue
         path = os.path.realpath(path)
-        if path.startswith(cwd + os.sep):
+        if not any(path.startswith(root + os.sep) for root in roots):
             continue
-        if any(path.startswith(root + os.sep) for root in roots):
-            names.append(name)
+        if cwd_is_installed and path.startswith(cwd + os.sep):
+            continue
+        names.append(name)
     return names
 
 
