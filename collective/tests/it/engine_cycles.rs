@@ -78,9 +78,11 @@ fn an_idle_engine_over_a_lazy_mesh_runs_no_cycles() {
     // Once a rank's acceptor has every connection it waits for (at once on the highest rank),
     // its thread ends and the engine's wake-up pipe from it reads end-of-stream: that is not
     // a peer starting a cycle (taken for one, it made both ranks cycle every millisecond,
-    // each cycle costing the CPU time a training step's other rank needs).
+    // each cycle costing the CPU time a training step's other rank needs: 30-50 cycles in these
+    // 100 ms). The warm-up op's last cycle and the acceptor's last arrival may each still end
+    // inside the window on a loaded machine.
     for (rank, idle) in idle_cycles(false).into_iter().enumerate() {
-        assert!(idle <= 1, "rank {rank} ran {idle} cycles while idle");
+        assert!(idle <= 3, "rank {rank} ran {idle} cycles while idle");
     }
 }
 
