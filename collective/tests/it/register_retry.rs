@@ -8,7 +8,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kolo_collective::control::{DriverClient, DriverConfig, DriverService, ElasticConfig};
+use kolo_collective::control::{
+    DriverClient, DriverConfig, DriverService, ElasticConfig, Registration,
+};
 use kolo_runtime::block_on;
 
 use crate::driver::{config, connect, fast, task};
@@ -115,12 +117,11 @@ fn through(relay: &Relay, secret: &kolo_collective::control::JobSecret) -> Drive
     .unwrap()
 }
 
-/// Task 0's registration call is under way (the driver recorded it) when its connection is
-/// reset: the client registers again on a new connection and gets its assignment, and the
-/// driver counted it once (it was not refused as a duplicate of itself).
-#[test]
-fn a_registration_whose_connection_is_reset_is_retried_and_counted_once() {
-    let config = config(2);
+/// A driver for `config` with task 0's registration under way through a relay (the driver has
+/// recorded it); the handle gives task 0's registration.
+fn task_zero_registering_through_a_relay(
+    config: DriverConfig,
+) -> (DriverService, Relay, std::thread::JoinHandle<Registration>) {
     let secret = config.secret.clone();
     let driver = DriverService::start(config).unwrap();
     let relay = Relay::start(driver.addr());
@@ -131,6 +132,17 @@ fn a_registration_whose_connection_is_reset_is_retried_and_counted_once() {
             .unwrap()
     });
     wait_until("task 0 registered", || driver.registered_tasks() == [0]);
+    (driver, relay, first)
+}
+
+/// Task 0's registration call is under way (the driver recorded it) when its connection is
+/// reset: the client registers again on a new connection and gets its assignment, and the
+/// driver counted it once (it was not refused as a duplicate of itself).
+#[test]
+fn a_registration_whose_connection_is_reset_is_retried_and_counted_once() {
+    let config = config(2);
+    let secret = config.secret.clone();
+    let (driver, relay, first) = task_zero_registering_through_a_relay(config);
     relay.cut_first.store(true, Ordering::SeqCst);
     // Let the reset reach the client before the round can complete.
     std::thread::sleep(Duration::from_millis(300));
@@ -162,15 +174,7 @@ fn an_elastic_registration_whose_reply_is_lost_gets_its_round_not_a_new_one() {
         ..DriverConfig::new(2)
     };
     let secret = config.secret.clone();
-    let driver = DriverService::start(config).unwrap();
-    let relay = Relay::start(driver.addr());
-    let client = through(&relay, &secret);
-    let first = std::thread::spawn(move || {
-        block_on(client.register(&task(0, "a"), Duration::from_secs(20)))
-            .unwrap()
-            .unwrap()
-    });
-    wait_until("task 0 registered", || driver.registered_tasks() == [0]);
+    let (driver, relay, first) = task_zero_registering_through_a_relay(config);
     relay.mute_first.store(true, Ordering::SeqCst);
     let other = connect(&driver, &secret);
     let second = block_on(other.register(&task(1, "b"), Duration::from_secs(20)))
