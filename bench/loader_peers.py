@@ -98,10 +98,17 @@ def tree_pss_bytes(root: int) -> int:
     return total
 
 
+PROCESS = "(process)"
+ENDED = "(ended threads)"
+
+
 def thread_cpu_seconds() -> dict[str, float]:
     """User + system CPU seconds of this process's live threads, summed by thread name with
-    its trailing number dropped (``kolo-decode-1`` -> ``kolo-decode``)."""
-    out: dict[str, float] = {}
+    its trailing number dropped (``kolo-decode-1`` -> ``kolo-decode``), and of the whole
+    process under ``PROCESS``."""
+    with open("/proc/self/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    out: dict[str, float] = {PROCESS: (int(fields[11]) + int(fields[12])) / CLOCK_TICKS}
     for tid in os.listdir("/proc/self/task"):
         try:
             with open(f"/proc/self/task/{tid}/stat") as stat:
@@ -115,8 +122,11 @@ def thread_cpu_seconds() -> dict[str, float]:
 
 
 def cpu_by_thread(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    """CPU seconds each thread name used between two :func:`thread_cpu_seconds`."""
-    return {name: after[name] - before.get(name, 0.0) for name in after}
+    """CPU seconds each thread name used between two :func:`thread_cpu_seconds`; what threads
+    that ended meanwhile used (a loader's, once its last epoch is out) under ``ENDED``."""
+    used = {n: after[n] - before.get(n, 0.0) for n in after if n != PROCESS}
+    used[ENDED] = max(after[PROCESS] - before[PROCESS] - sum(used.values()), 0.0)
+    return used
 
 
 def self_status_bytes(field: str) -> int:
