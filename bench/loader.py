@@ -23,7 +23,13 @@ every epoch of a training job but the first does) of the loaders that got past t
 epoch within ``--seconds``. GB/s counts the logical bytes of the selected columns (408 B per
 row). kolo's GB/s at the largest batch on uncompressed data is also given as a share of a
 single-threaded memcpy, for the first epoch and the later ones (the memcpy is timed on buffers
-written once before, without first-touch page faults, as in the later epochs).
+written once before, without first-touch page faults, as in the later epochs), and as a share of
+the machine's ceiling for such a loader (``Floor``): every byte copied once (a shuffle must) at
+the one-thread memcpy rate per core and at most the all-cores memcpy rate, plus the caller's
+hand-off of each batch to per-column tensors (``from_numpy`` + ``unbind``, timed here), on the
+cores available; with kolo's CPU seconds per GB beside the floor's (steadier than GB/s on a
+loaded machine), the bytes it wrote per byte delivered, and its CPU seconds per GB by thread
+(``kolo-gather``, ``kolo-decode``, ``kolo-assemble``, ``python`` = the caller's thread).
 JSON goes to bench/results/loader-<time>.json (or ``--json``).
 """
 
@@ -37,6 +43,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -44,6 +51,7 @@ from loader_data import (
     VARIANTS,
     DatasetSpec,
     ensure_dataset,
+    handoff_seconds_per_batch,
     memcpy_bound_gbps,
     parquet_files,
     warm_page_cache,
@@ -101,6 +109,71 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     if args.epochs < 1:
         parser.error("--epochs must be at least 1")
     return args
+
+
+@dataclass(frozen=True)
+class Floor:
+    """The machine's ceiling for a loader that shuffles rows (so copies each byte at least
+    once) and hands out one torch tensor per column: the copy runs at the one-thread memcpy
+    rate per core, at most at the all-cores memcpy rate together, and the caller's thread
+    turns each batch into tensors (``handoff_s``, at least). With ``cores`` cores shared by
+    both, the loader can deliver at most ``min(parallel, cores / (1 / memcpy + hand-off per
+    GB), 1 / hand-off per GB)`` GB/s."""
+
+    memcpy_GBps: float
+    parallel_GBps: float
+    handoff_s: float
+    cores: int
+
+    @classmethod
+    def measure(cls, memcpy: float, nbytes: int, columns: int, batch_size: int) -> Floor:
+        from calibrate import concurrent_copy_seconds
+
+        cores = len(os.sched_getaffinity(0))
+        each = max(nbytes // cores, 1 << 20)
+        parallel = cores * each / concurrent_copy_seconds(each, cores, 1.0) / 1e9
+        return cls(memcpy, parallel, handoff_seconds_per_batch(columns, batch_size), cores)
+
+    def gbps(self, batch_bytes: int) -> dict[str, float]:
+        handoff_per_gb = self.handoff_s / (batch_bytes / 1e9)
+        bounds = {
+            "memory_GBps": self.parallel_GBps,
+            "cpu_GBps": self.cores / (1 / self.memcpy_GBps + handoff_per_gb),
+            "handoff_GBps": 1 / handoff_per_gb,
+        }
+        return {"GBps": min(bounds.values()), **bounds}
+
+    def describe(self, kolo: dict[str, Any], batch_size: int, row_bytes: int) -> dict[str, Any]:
+        out: dict[str, Any] = self.gbps(batch_size * row_bytes)
+        text = (
+            f"{out['GBps']:.2f} GB/s = min({self.cores}-thread memcpy "
+            f"{out['memory_GBps']:.2f}, {self.cores} cores / (one copy at {self.memcpy_GBps:.2f} "
+            f"GB/s + hand-off {self.handoff_s * 1e6:.0f} us/batch) {out['cpu_GBps']:.2f}, "
+            f"hand-off alone {out['handoff_GBps']:.2f})"
+        )
+        shares = [("first", "GBps", "first epoch"), ("later", "later_GBps", "later epochs")]
+        parts = []
+        for key, field, label in shares:
+            if field in kolo:
+                out[f"kolo_{key}_share"] = kolo[field] / out["GBps"]
+                parts.append(f"{out[f'kolo_{key}_share']:.0%} ({label})")
+        if parts:
+            text += "; kolo " + ", ".join(parts) + " of it"
+        # CPU seconds per GB change less with the machine's load than GB/s do.
+        floor_cpu = 1 / self.memcpy_GBps + self.handoff_s / (batch_size * row_bytes / 1e9)
+        out["floor_cpu_s_per_GB"] = floor_cpu
+        cpu = [f"{kolo[k]:.3f}" for k in ("cpu_s_per_GB", "later_cpu_s_per_GB") if k in kolo]
+        text += f"; CPU-s/GB: floor {floor_cpu:.3f}, kolo {' / '.join(cpu)}"
+        if kolo.get("bytes_copied") and kolo.get("rows_total"):
+            out["kolo_bytes_written_per_byte"] = kolo["bytes_copied"] / (
+                kolo["rows_total"] * row_bytes
+            )
+            text += (
+                f"; kolo wrote {out['kolo_bytes_written_per_byte']:.2f} B per B delivered "
+                "(prefetched batches included)"
+            )
+        out["text"] = text
+        return out
 
 
 def interpreter(loader: str, args: argparse.Namespace) -> str:
@@ -192,8 +265,14 @@ def figures(run: dict[str, Any], row_bytes: int) -> dict[str, Any]:
         "cpu_s_per_GB": run["steady_cpu_s"] / steady_gb if steady_gb else run["cpu_s"] / gb,
         "cpu_s_per_GB_with_startup": run["cpu_s"] / gb,
     }
+    by_thread = run.get("steady_cpu_s_by_thread", {})
+    if steady_gb:
+        out["cpu_s_per_GB_by_thread"] = {k: v / steady_gb for k, v in by_thread.items() if v}
     if run.get("later_rows"):
         later_gb = run["later_rows"] * row_bytes / 1e9
+        out["later_cpu_s_per_GB_by_thread"] = {
+            k: v / later_gb for k, v in run.get("later_cpu_s_by_thread", {}).items() if v
+        }
         out["later_rows_per_s"] = run["later_rows"] / max(run["later_seconds"], 1e-9)
         out["later_GBps"] = out["later_rows_per_s"] * row_bytes / 1e9
         out["later_cpu_s_per_GB"] = run["later_cpu_s"] / later_gb
@@ -211,7 +290,12 @@ def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     later = sorted(
         (r for r in good if "later_rows_per_s" in r), key=lambda r: r["later_rows_per_s"]
     )
-    for key in ("later_rows_per_s", "later_GBps", "later_cpu_s_per_GB"):
+    for key in (
+        "later_rows_per_s",
+        "later_GBps",
+        "later_cpu_s_per_GB",
+        "later_cpu_s_per_GB_by_thread",
+    ):
         chosen.pop(key, None)
         if later:
             chosen[key] = later[(len(later) - 1) // 2][key]
@@ -241,6 +325,15 @@ def describe_later(result: dict[str, Any]) -> Optional[str]:
         f"{result['loader']} {result['later_rows_per_s'] / 1e6:.3f}M rows/s "
         f"({result['later_GBps']:.2f} GB/s, {result['later_cpu_s_per_GB']:.2f} CPU-s/GB)"
     )
+
+
+def thread_text(result: dict[str, Any]) -> str:
+    """A run's CPU seconds per GB by thread name, first epoch | later epochs."""
+    first = result.get("cpu_s_per_GB_by_thread", {})
+    later = result.get("later_cpu_s_per_GB_by_thread", {})
+    names = sorted(set(first) | set(later), key=lambda n: -first.get(n, later.get(n, 0.0)))
+    cell = lambda table, name: f"{table[name]:.3f}" if name in table else "-"  # noqa: E731
+    return ", ".join(f"{name} {cell(first, name)} | {cell(later, name)}" for name in names)
 
 
 def ratios(row: dict[str, dict[str, Any]], key: str = "rows_per_s") -> dict[str, float]:
@@ -285,6 +378,13 @@ def main(argv: Optional[list[str]] = None) -> None:
         )
     memcpy = memcpy_bound_gbps(args.memcpy_bytes)
     print(f"memcpy bound: {memcpy:.2f} GB/s (np.copyto of {args.memcpy_bytes >> 20} MiB, 1 thread)")
+    floor = Floor.measure(memcpy, args.memcpy_bytes, args.columns, max(args.batch_sizes))
+    print(
+        f"{floor.cores} cores: memcpy {floor.parallel_GBps:.2f} GB/s on {floor.cores} threads at "
+        f"once; tensor hand-off {floor.handoff_s * 1e6:.0f} us per batch of "
+        f"{max(args.batch_sizes)} (from_numpy + unbind of {args.columns} columns + label)",
+        flush=True,
+    )
 
     load_before = os.getloadavg()
     results = []
@@ -349,6 +449,13 @@ def main(argv: Optional[list[str]] = None) -> None:
                     f"({memcpy:.2f} GB/s)",
                     flush=True,
                 )
+                entry["ceiling"] = floor.describe(kolo, batch_size, spec.row_bytes)
+                print(f"ceiling {variant} b={batch_size}: {entry['ceiling']['text']}", flush=True)
+                print(
+                    f"kolo CPU-s/GB by thread {variant} b={batch_size} (first epoch | later "
+                    f"epochs; a memcpy costs {1 / memcpy:.3f}): {thread_text(kolo)}",
+                    flush=True,
+                )
             results.append(entry)
 
     from common import write_results
@@ -380,6 +487,11 @@ def main(argv: Optional[list[str]] = None) -> None:
                 "interpreters": pythons,
             },
             "memcpy_GBps": memcpy,
+            "floor": {
+                "cores": floor.cores,
+                "parallel_memcpy_GBps": floor.parallel_GBps,
+                "handoff_s_per_batch": floor.handoff_s,
+            },
             "unavailable": {k: v for k, v in unavailable.items() if v},
             "results": results,
         },

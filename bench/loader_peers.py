@@ -7,9 +7,11 @@ epochs (or until ``seconds`` after the first batch, or ``max_batches``) and prin
 included) and peak memory (VmHWM, which counts mapped file pages too, plus the sampled peak of
 anonymous RSS; for Ray, whose work runs in other processes, the peak of the tree's summed PSS
 sampled every 0.1 s). Rows, timings and CPU are the first epoch's (it ends once ``epoch_rows``
-rows are out); ``later_*`` are those of the whole epochs after it, which find the loader's
-threads, memory and file mappings already set up, as every epoch of a training job but the
-first does.
+rows are out); ``later_*`` are those of the whole epochs after it (``*_cpu_s_by_thread``:
+this process's CPU seconds by thread name, from the first batch to the first epoch's end and
+over the later epochs; kolo's also ``bytes_copied``, the loader's written bytes), which find
+the loader's threads, memory and file mappings already set up, as every epoch of a training
+job but the first does.
 It imports only the standard library at module level, so the Petastorm run can use another
 interpreter (a venv with the older pyarrow Petastorm needs).
 
@@ -96,6 +98,37 @@ def tree_pss_bytes(root: int) -> int:
     return total
 
 
+PROCESS = "(process)"
+ENDED = "(ended threads)"
+
+
+def thread_cpu_seconds() -> dict[str, float]:
+    """User + system CPU seconds of this process's live threads, summed by thread name with
+    its trailing number dropped (``kolo-decode-1`` -> ``kolo-decode``), and of the whole
+    process under ``PROCESS``."""
+    with open("/proc/self/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    out: dict[str, float] = {PROCESS: (int(fields[11]) + int(fields[12])) / CLOCK_TICKS}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as stat:
+                text = stat.read()
+        except OSError:
+            continue
+        name = text[text.index("(") + 1 : text.rindex(")")].rstrip("0123456789").rstrip("-")
+        fields = text.rsplit(")", 1)[1].split()
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return out
+
+
+def cpu_by_thread(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """CPU seconds each thread name used between two :func:`thread_cpu_seconds`; what threads
+    that ended meanwhile used (a loader's, once its last epoch is out) under ``ENDED``."""
+    used = {n: after[n] - before.get(n, 0.0) for n in after if n != PROCESS}
+    used[ENDED] = max(after[PROCESS] - before[PROCESS] - sum(used.values()), 0.0)
+    return used
+
+
 def self_status_bytes(field: str) -> int:
     """A size field of /proc/self/status (VmHWM = peak RSS, RssAnon, RssFile, ...)."""
     with open("/proc/self/status") as status:
@@ -147,7 +180,14 @@ def kolo_batches(spec: dict[str, Any]) -> Iterator[dict]:
         to="torch",
         shuffle_buffer_size=spec["shuffle_buffer"],
     )
-    return iter(loader)
+
+    def batches() -> Iterator[dict]:
+        try:
+            yield from loader
+        finally:
+            spec["bytes_copied"] = loader.bytes_copied
+
+    return batches()
 
 
 def _column_array(column: Any) -> Any:
@@ -278,17 +318,20 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     first = None
     complete = True
     short = False
-    # (rows, time, CPU) when each epoch's rows were out
+    # (rows, time, CPU) when each epoch's rows were out, and the CPU by thread then
     marks: list[tuple[int, float, float]] = []
+    threads: list[dict[str, float]] = []
     cpu_start = cpu_first = tree_cpu_seconds(os.getpid())
     start = time.perf_counter()
     deadline = float("inf")
-    for batch in LOADERS[name](spec):
+    batches = LOADERS[name](spec)
+    for batch in batches:
         now = time.perf_counter()
         if first is None:
             first = now
             deadline = now + spec["seconds"]
             cpu_first = tree_cpu_seconds(os.getpid())
+            threads.append(thread_cpu_seconds())
             report["shapes"] = {c: list(batch[c].shape) for c in spec["columns"]}
             report["dtypes"] = {c: str(batch[c].dtype).replace("torch.", "") for c in batch}
             report["all_tensors"] = all(isinstance(t, torch.Tensor) for t in batch.values())
@@ -302,10 +345,17 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         count += 1
         if rows >= epoch_rows * (len(marks) + 1):
             marks.append((rows, time.perf_counter(), tree_cpu_seconds(os.getpid())))
+            threads.append(thread_cpu_seconds())
         if count >= spec["max_batches"] or now >= deadline:
             complete = False
             break
     end = time.perf_counter()
+    close = getattr(batches, "close", None)
+    if close is not None:
+        close()  # kolo's generator records the loader's bytes_copied
+    if "bytes_copied" in spec:
+        report["bytes_copied"] = spec["bytes_copied"]
+        report["rows_total"] = rows
     if not rows:
         raise RuntimeError(f"{name} gave no batch")
     cpu_end = tree_cpu_seconds(os.getpid())
@@ -328,6 +378,11 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         complete_epoch=bool(marks) or (complete and epoch_rows == float("inf")),
         epochs_done=len(marks),
     )
+    if len(threads) >= 2:
+        # This process's threads only (the loader's own, for kolo and pyarrow).
+        report["steady_cpu_s_by_thread"] = cpu_by_thread(threads[0], threads[1])
+    if len(threads) >= 3:
+        report["later_cpu_s_by_thread"] = cpu_by_thread(threads[1], threads[-1])
     if len(marks) >= 2:
         # Whole later epochs only: a run cut short in one (by the time cap) may have spent its
         # last seconds starting it (Ray re-plans and re-reads before its first batch).
