@@ -3,6 +3,7 @@ the comparison of kolo's autotuner with an exhaustive grid of its knobs."""
 
 from __future__ import annotations
 
+import copy
 import datetime
 import json
 import os
@@ -72,6 +73,77 @@ class SmallCNN(nn.Module):
         x = F.max_pool2d(F.relu(self.conv1(x)), 2)
         x = F.max_pool2d(F.relu(self.conv2(x)), 2)
         return self.fc2(F.relu(self.fc1(torch.flatten(x, 1))))
+
+
+def train_step(
+    model: nn.Module, optimizer: torch.optim.Optimizer, data: torch.Tensor, target: torch.Tensor
+) -> Callable[[], None]:
+    """One training step of `model` on the fixed batch (`data`, `target`): cross-entropy,
+    backward, `optimizer`'s step."""
+
+    def step() -> None:
+        optimizer.zero_grad()
+        F.cross_entropy(model(data), target).backward()
+        optimizer.step()
+
+    return step
+
+
+def no_communication_step(
+    model: nn.Module, data: torch.Tensor, target: torch.Tensor, lr: float
+) -> Callable[[], None]:
+    """The no-communication ceiling's step: a copy of `model` trained alone on the same batch
+    with SGD (`lr`, momentum 0.9, as the benches' distributed trainers) and no allreduce. A
+    data-parallel trainer on the same work can at best match it."""
+    alone = copy.deepcopy(model)
+    return train_step(alone, torch.optim.SGD(alone.parameters(), lr=lr, momentum=0.9), data, target)
+
+
+# A trainer should reach this share of the no-communication ceiling (issue 24).
+CEILING_SHARE_TARGET = 0.97
+# kolo / Horovod on the synthetic benchmark should reach this (issue 24).
+HOROVOD_RATIO_TARGET = 1.25
+
+
+def ceiling_figures(kolo: float, ceiling: float, horovod: Optional[float]) -> dict[str, Any]:
+    """kolo's (and Horovod's) share of the no-communication `ceiling` (all three in the same
+    unit: samples/s), and with Horovod the bound that implies: kolo / Horovod can be at most
+    ceiling / Horovod."""
+    figures: dict[str, Any] = {"ceiling": ceiling, "kolo_share_of_ceiling": kolo / ceiling}
+    if horovod is not None:
+        figures.update(
+            horovod_share_of_ceiling=horovod / ceiling,
+            ratio_kolo_over_horovod=kolo / horovod,
+            ratio_bound_ceiling_over_horovod=ceiling / horovod,
+            ratio_target_reachable=ceiling / horovod >= HOROVOD_RATIO_TARGET,
+        )
+    return figures
+
+
+def ceiling_lines(figures: dict[str, Any], unit: str) -> list[str]:
+    """What a bench prints about `ceiling_figures`: the ceiling and each trainer's share of
+    it, the bound on kolo / Horovod, and one line saying so when the bound is below the
+    target (Horovod above 80 % of the ceiling): the target cannot be met on that workload."""
+    line = (
+        f"no-communication ceiling {figures['ceiling']:.1f} {unit}: kolo reaches "
+        f"{figures['kolo_share_of_ceiling']:.1%} of it (target >= {CEILING_SHARE_TARGET:.0%})"
+    )
+    if "horovod_share_of_ceiling" not in figures:
+        return [line]
+    bound = figures["ratio_bound_ceiling_over_horovod"]
+    line += (
+        f", horovod {figures['horovod_share_of_ceiling']:.1%} | kolo/horovod "
+        f"{figures['ratio_kolo_over_horovod']:.2f}x, at most ceiling/horovod {bound:.2f}x"
+    )
+    if figures["ratio_target_reachable"]:
+        return [line]
+    return [
+        line,
+        f"kolo/horovod >= {HOROVOD_RATIO_TARGET:.2f}x is physically unreachable on this workload: "
+        f"Horovod already reaches {figures['horovod_share_of_ceiling']:.1%} of the "
+        f"no-communication ceiling (above {1 / HOROVOD_RATIO_TARGET:.0%}), so even a trainer "
+        f"that communicates for free is at most {bound:.2f}x Horovod",
+    ]
 
 
 def human(nbytes: float) -> str:

@@ -24,19 +24,34 @@ with the same arguments on ``horovod.torch`` (its warm-up, then that block's ite
 prints Horovod's iterations (``horovod Iter #k: ...``), then its ``Total img/sec`` and kolo /
 Horovod (target >= 1.25x) after kolo's. For the same torch on both sides, start the job with
 the peer venv's python (``kolorun -np 2 <venv>/bin/python ...``).
+
+The no-communication ceiling: kolo's run also trains a copy of the model with the same
+optimizer on the same batch with no allreduce (every rank alone), one iteration of it beside
+each of kolo's (alternately first, each after a barrier), as bench/training.py does
+(``common.no_communication_step``). Rank 0 prints the ceiling's img/sec per CPU, the share of
+it kolo (target >= 97%) and Horovod reach, and the bound that implies: kolo / Horovod is at
+most ceiling / Horovod; when that is below 1.25x (Horovod above 80% of the ceiling) one more
+line says the target is physically unreachable on this workload (``common.ceiling_lines``).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
-import torch.nn.functional as F
-from common import SmallCNN, write_results
+from common import (
+    SmallCNN,
+    ceiling_figures,
+    ceiling_lines,
+    no_communication_step,
+    train_step,
+    write_results,
+)
 from peers import _horovod_beside as horovod_peer
 from torch import nn
 
@@ -147,9 +162,14 @@ def main() -> None:
         )
 
     model = build_model(args.model, args.num_classes, args.image_size)
+    data = torch.randn(args.batch_size, 3, args.image_size, args.image_size)
+    target = torch.randint(0, args.num_classes, (args.batch_size,))
     # Horovod scales the learning rate by the number of ranks (not with Adasum).
-    lr_scaler = 1 if args.use_adasum else size
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * lr_scaler, momentum=0.9)
+    lr = 0.01 * (1 if args.use_adasum else size)
+    # The no-communication ceiling (kolo's run): the same model, optimizer and batch, every
+    # rank training alone, timed interleaved with kolo's iterations.
+    ceiling_batch = None if args.horovod_peer else no_communication_step(model, data, target, lr)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
     optimizer = hvd.DistributedOptimizer(
         optimizer,
@@ -159,14 +179,14 @@ def main() -> None:
     )
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    train_batch = train_step(model, optimizer, data, target)
 
-    data = torch.randn(args.batch_size, 3, args.image_size, args.image_size)
-    target = torch.randint(0, args.num_classes, (args.batch_size,))
-
-    def train_batch() -> None:
-        optimizer.zero_grad()
-        F.cross_entropy(model(data), target).backward()
-        optimizer.step()
+    def iteration(batch: Callable[[], None]) -> float:
+        """Images/sec of this rank over ``--num-batches-per-iter`` batches."""
+        start = time.perf_counter()
+        for _ in range(args.num_batches_per_iter):
+            batch()
+        return args.batch_size * args.num_batches_per_iter / (time.perf_counter() - start)
 
     def log(text: str) -> None:
         if rank == 0:
@@ -178,24 +198,34 @@ def main() -> None:
     log("Running warmup...")
     for _ in range(args.num_warmup_batches):
         train_batch()
+        if ceiling_batch is not None:
+            ceiling_batch()
     horovod: Optional[horovod_peer.HorovodBeside] = None
     if peer_python is not None:
         horovod = horovod_peer.HorovodBeside(hvd, peer_python, Path(__file__).resolve())
     log("Running benchmark...")
     img_secs: list[float] = []
+    ceiling_secs: list[float] = []
+    kolo_first = True
     horovod_runs: list[dict[str, Any]] = []
     horovod_iters = 0
     blocks = args.horovod_blocks if horovod is not None else 1
     for block in range(blocks):
         iters = args.num_iters // blocks + (block < args.num_iters % blocks)
         for _ in range(iters):
-            start = time.perf_counter()
-            for _ in range(args.num_batches_per_iter):
-                train_batch()
-            elapsed = time.perf_counter() - start
-            img_sec = args.batch_size * args.num_batches_per_iter / elapsed
-            log(f"Iter #{len(img_secs)}: {img_sec:.1f} img/sec per CPU")
-            img_secs.append(img_sec)
+            if ceiling_batch is None:
+                img_secs.append(iteration(train_batch))
+            else:
+                # Alternately first, so neither always follows the other; each after a
+                # barrier, so neither counts the wait for the other rank's end of the other.
+                for kolo in (kolo_first, not kolo_first):
+                    hvd.barrier()
+                    if kolo:
+                        img_secs.append(iteration(train_batch))
+                    else:
+                        ceiling_secs.append(iteration(ceiling_batch))
+                kolo_first = not kolo_first
+            log(f"Iter #{len(img_secs) - 1}: {img_secs[-1]:.1f} img/sec per CPU")
         if horovod is not None:
             theirs = horovod.run(horovod_args(args, iters), timeout=1800)
             horovod_runs.append(theirs)
@@ -210,6 +240,12 @@ def main() -> None:
     horovod_figures = None
     if horovod is not None and rank == 0:
         horovod_figures = horovod_summary(horovod_runs, mean, size)
+    ceiling = None
+    if ceiling_batch is not None:
+        theirs = (horovod_figures or {}).get("img_sec_per_rank_mean")
+        ceiling = ceiling_figures(mean, statistics.mean(ceiling_secs), theirs)
+        for line in ceiling_lines(ceiling, "img/sec per CPU"):
+            log(line)
 
     if args.horovod_peer:
         if rank == 0:
@@ -229,6 +265,9 @@ def main() -> None:
                 "img_sec_per_rank_conf95": conf,
                 "img_sec_total": size * mean,
                 "horovod": horovod_figures,
+                "no_communication_img_sec_per_rank": ceiling_secs,
+                "no_communication": ceiling,
+                "load_average": os.getloadavg(),
             },
             args.json,
         )

@@ -24,10 +24,12 @@ in ``--horovod-blocks`` blocks, each followed by this script under ``horovodrun 
 many ranks (``--horovod-peer``, bench/peers/_horovod_beside.py) training the same model from
 the same weights on the same data with ``horovod.torch``'s ``DistributedOptimizer``: its
 warm-up steps, then that block's rounds of ``--steps`` steps, timed the same way. It prints a
-second line: Horovod's samples/s, kolo / Horovod (target >= 1.25x) and the share of the
-no-communication ceiling each reaches (kolo's target >= 97%). For the same torch on both sides,
-start the job with the peer venv's python (``kolorun -np 2 <venv>/bin/python ...``); the line
-says when the two differ.
+second line: Horovod's samples/s and kolo / Horovod (target >= 1.25x), then the share of the
+no-communication ceiling each reaches (kolo's target >= 97%) and the bound it implies, kolo /
+Horovod <= ceiling / Horovod, with one more line when that bound is below the 1.25x target
+(``common.ceiling_lines``, shared with bench/synthetic_benchmark.py). For the same torch on
+both sides, start the job with the peer venv's python (``kolorun -np 2 <venv>/bin/python
+...``); the line says when the two differ.
 
 ``--autotune`` then times kolo's trainer on every point of an exhaustive grid of the knobs
 Horovod's autotune tunes (fusion threshold x cycle time x response cache; hierarchical
@@ -53,16 +55,19 @@ from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from common import (
     SmallCNN,
     autotune_against_grid,
+    ceiling_figures,
+    ceiling_lines,
     csv_floats,
     grid_settings,
     init_gloo,
+    no_communication_step,
     reinit,
     seconds_per_step,
     take_autotune_environment,
+    train_step,
     write_results,
 )
 from peers import _horovod_beside as horovod_peer
@@ -144,17 +149,6 @@ def setup(args: argparse.Namespace) -> tuple[nn.Module, torch.Tensor, torch.Tens
     return base, data, target
 
 
-def optimizer_step(
-    model: nn.Module, optimizer: torch.optim.Optimizer, data: torch.Tensor, target: torch.Tensor
-) -> Callable[[], None]:
-    def step() -> None:
-        optimizer.zero_grad()
-        F.cross_entropy(model(data), target).backward()
-        optimizer.step()
-
-    return step
-
-
 def distributed_optimizer_step(
     base: nn.Module, data: torch.Tensor, target: torch.Tensor
 ) -> Callable[[], None]:
@@ -167,7 +161,7 @@ def distributed_optimizer_step(
     )
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-    return optimizer_step(model, optimizer, data, target)
+    return train_step(model, optimizer, data, target)
 
 
 def timed(step: Callable[[], None], steps: int, batch_size: int) -> float:
@@ -215,17 +209,11 @@ def main() -> None:
     base, data, target = setup(args)
     kolo_step = distributed_optimizer_step(base, data, target)
     ddp_model = DistributedDataParallel(copy.deepcopy(base))  # broadcasts rank 0's weights
-    ddp_step = optimizer_step(
+    ddp_step = train_step(
         ddp_model, torch.optim.SGD(ddp_model.parameters(), lr=0.01, momentum=0.9), data, target
     )
     # The ceiling: the same steps with no communication at all (every rank trains alone).
-    local_model = copy.deepcopy(base)
-    local_step = optimizer_step(
-        local_model,
-        torch.optim.SGD(local_model.parameters(), lr=0.01, momentum=0.9),
-        data,
-        target,
-    )
+    local_step = no_communication_step(base, data, target, lr=0.01)
 
     trainers = {"kolo": kolo_step, "ddp": ddp_step, "no_comm": local_step}
     for step in trainers.values():
@@ -357,10 +345,10 @@ def horovod_summary(
     same = torches == {torch.__version__}
     figures.update(
         median_samples_per_sec=theirs,
-        ratio_kolo_over_horovod=row["kolo"] / theirs,
         horovod_share_of_no_comm=theirs / row["no_comm"],
         torch=sorted(torches),
         same_torch=same,
+        **ceiling_figures(row["kolo"], row["no_comm"], theirs),
     )
     note = (
         ""
@@ -372,12 +360,12 @@ def horovod_summary(
     )
     print(
         f"training smallcnn batch {batch_size}x{size}: horovod 0.28.1 {theirs:8.1f} samples/s | "
-        f"kolo/horovod {row['kolo'] / theirs:.2f}x (target >= 1.25x) | of the no-communication "
-        f"ceiling: kolo {row['kolo'] / row['no_comm']:.1%} (target >= 97%), horovod "
-        f"{theirs / row['no_comm']:.1%}{note}"
+        f"kolo/horovod {row['kolo'] / theirs:.2f}x (target >= 1.25x){note}"
         + (f" ({len(failed)} runs failed)" if failed else ""),
         flush=True,
     )
+    for line in ceiling_lines(figures, "samples/s"):
+        print(line, flush=True)
     return figures
 
 

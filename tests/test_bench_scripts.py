@@ -52,9 +52,43 @@ def test_synthetic_benchmark_prints_horovod_style_figures(tmp_path) -> None:
     assert not any(
         "img/sec" in line for line in result.stdout.splitlines() if line.startswith("[1]")
     )
+    # The no-communication ceiling, timed interleaved with kolo's iterations.
+    assert any(
+        re.fullmatch(
+            r"no-communication ceiling [\d.]+ img/sec per CPU: kolo reaches [\d.]+% of it "
+            r"\(target >= 97%\)",
+            x,
+        )
+        for x in rank0
+    ), rank0
     figures = json.loads(out.read_text())
     assert figures["ranks"] == 2 and len(figures["img_sec_per_rank"]) == 2
     assert figures["horovod"] is None
+    assert len(figures["no_communication_img_sec_per_rank"]) == 2
+    assert figures["no_communication"]["kolo_share_of_ceiling"] > 0
+
+
+def test_ceiling_lines_bound_kolo_over_horovod(monkeypatch) -> None:
+    # bench/common.py: kolo / Horovod is at most ceiling / Horovod; below the 1.25x target
+    # (Horovod above 80 % of the ceiling) the bench says the target is unreachable.
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    from common import ceiling_figures, ceiling_lines
+
+    reachable = ceiling_figures(kolo=97.0, ceiling=100.0, horovod=75.0)
+    assert reachable["ratio_bound_ceiling_over_horovod"] == pytest.approx(100 / 75)
+    [line] = ceiling_lines(reachable, "img/s")
+    assert line == (
+        "no-communication ceiling 100.0 img/s: kolo reaches 97.0% of it (target >= 97%), "
+        "horovod 75.0% | kolo/horovod 1.29x, at most ceiling/horovod 1.33x"
+    )
+    unreachable = ceiling_figures(kolo=96.0, ceiling=100.0, horovod=85.0)
+    assert not unreachable["ratio_target_reachable"]
+    first, verdict = ceiling_lines(unreachable, "img/s")
+    assert first.endswith("at most ceiling/horovod 1.18x")
+    assert verdict.startswith("kolo/horovod >= 1.25x is physically unreachable on this workload")
+    assert ceiling_lines(ceiling_figures(96.0, 100.0, None), "img/s") == [
+        "no-communication ceiling 100.0 img/s: kolo reaches 96.0% of it (target >= 97%)"
+    ]
 
 
 def test_synthetic_benchmark_trains_with_adasum() -> None:

@@ -280,7 +280,8 @@ impl Communicator {
     }
 
     /// Waits up to `timeout` until `wake` is readable or, with `peers`, another rank sent
-    /// something; returns whether another rank did. Fails like an operation would when the
+    /// something; returns whether another rank did. Sleeping on the shared-memory counters,
+    /// it looks at the peers' sockets every `socket_check`. Fails like an operation would when the
     /// communicator is closed, broken or the job aborted (the engine waits here between
     /// cycles, so it notices those while idle).
     pub(crate) fn wait_readable(
@@ -288,12 +289,13 @@ impl Communicator {
         wake: &WakeSignal<'_>,
         peers: bool,
         timeout: std::time::Duration,
+        socket_check: std::time::Duration,
     ) -> Result<bool> {
         // Fails like an operation would; the wait itself does not hold the lock, so a caller
         // may run a cycle meanwhile (`Engine::wait`).
         self.run(|_| Ok(()))?;
         let ready = match &self.watch {
-            Some(watch) => watch.wait_readable(wake, peers, timeout)?,
+            Some(watch) => watch.wait_readable(wake, peers, timeout, socket_check)?,
             None => {
                 crate::transport::wait_readable(&[wake.fd], timeout)?;
                 false

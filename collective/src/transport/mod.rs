@@ -202,12 +202,13 @@ impl Watch {
     /// With the flat shared-memory plane a peer starts a cycle by publishing a phase, not by
     /// sending, so the wait sleeps on the peers' phase counters and the wake word together
     /// (`futex_waitv`), and looks at the sockets (a dead peer, a subset's TCP cycle) at least
-    /// every millisecond.
+    /// every `socket_check`.
     pub(crate) fn wait_readable(
         &self,
         wake: &WakeSignal<'_>,
         peers: bool,
         timeout: Duration,
+        socket_check: Duration,
     ) -> io::Result<bool> {
         let mut fds = vec![wake.fd];
         // The acceptor's pipe, while it is open (at index 1 of `fds`).
@@ -259,7 +260,7 @@ impl Watch {
             if now >= deadline {
                 return Ok(false);
             }
-            let slice = (deadline - now).min(Duration::from_millis(1));
+            let slice = (deadline - now).min(socket_check);
             if !node.sleep_until_peer_ahead(wake.word, wake.seen, slice) {
                 // No futex_waitv (Linux < 5.16): poll the sockets for the slice instead.
                 let ready = poll::wait_readable(&fds, slice)?;

@@ -131,3 +131,56 @@ fn a_burst_after_a_long_compute_goes_into_one_cycle() {
         );
     }
 }
+
+#[test]
+fn ops_waiting_for_a_late_rank_run_no_timed_cycles() {
+    // Rank 0's gradients are ready 100 ms before rank 1's (as when one rank computes faster).
+    // The cycle of rank 0's submission negotiates them; more cycles before rank 1 submits
+    // would decide nothing (the coordinator keeps what rank 0 sent, and rank 1's submission
+    // starts the cycle that runs them). Timed every cycle time, as before, they made both
+    // ranks cycle every millisecond or two (50-100 cycles in these 100 ms), each costing the
+    // CPU time the late rank needs for its compute.
+    const TENSORS: usize = 8;
+    let barrier = Barrier::new(2);
+    let cycles = with_ranks(2, |rank, comm| {
+        let engine = Engine::start(Arc::new(comm), EngineConfig::default()).unwrap();
+        let mut warm = [rank as f32; 4];
+        let handle = allreduce(&engine, "warm", &mut warm);
+        engine.wait(handle, WAIT).unwrap().unwrap();
+        barrier.wait();
+        let before = stat(&engine, "cycles");
+        let mut tensors = vec![[rank as f32 + 1.0; 4]; TENSORS];
+        let submit = |tensors: &mut [[f32; 4]]| -> Vec<u64> {
+            tensors
+                .iter_mut()
+                .enumerate()
+                .map(|(i, t)| allreduce(&engine, &format!("grad.{i}"), t))
+                .collect()
+        };
+        let mut handles = if rank == 0 {
+            submit(&mut tensors)
+        } else {
+            Vec::new()
+        };
+        sleep(Duration::from_millis(100));
+        let waiting = stat(&engine, "cycles") - before;
+        barrier.wait();
+        if rank == 1 {
+            handles = submit(&mut tensors);
+        }
+        for handle in handles {
+            engine.wait(handle, WAIT).unwrap().unwrap();
+        }
+        assert!(tensors.iter().all(|t| *t == [3.0; 4]), "{tensors:?}");
+        engine.shutdown();
+        waiting
+    });
+    // Rank 0's submission's cycle (rank 1 joins it after its grace), and on a loaded machine
+    // the warm-up's last cycle ending inside the window.
+    for (rank, waiting) in cycles.into_iter().enumerate() {
+        assert!(
+            waiting <= 3,
+            "rank {rank} ran {waiting} cycles while rank 0's ops waited for rank 1"
+        );
+    }
+}
