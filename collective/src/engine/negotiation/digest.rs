@@ -307,7 +307,7 @@ mod tests {
             Digest {
                 entries: vec![Entry {
                     payload: payload.to_vec(),
-                    ranks: vec![lo..hi],
+                    ranks: std::iter::once(lo..hi).collect(),
                 }],
             }
             .encode()
