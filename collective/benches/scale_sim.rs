@@ -12,12 +12,14 @@
 //! default run ~1.1 GB and ~20 s);
 //! `KOLO_SIM_PROTOCOLS=tree` picks the protocols (default `all_to_all,tree`).
 //! `KOLO_SIM_LATENCY_US` and `KOLO_SIM_GBPS` (bytes: gigabytes per second) change the link;
+//! `KOLO_SIM_FANOUT` the tree's children per node (default: the engine's `TREE_FANOUT`);
 //! `KOLO_SIM_DEBUG=1` prints percentiles over the ranks of each phase's CPU and of agreement.
+//! Agreement is reported for the median rank and the latest.
 
 use std::time::Duration;
 
 use kolo_collective::engine::negotiation::sim::{run, LinkModel, RankCycle, SimConfig};
-use kolo_collective::engine::negotiation::Negotiation;
+use kolo_collective::engine::negotiation::{Negotiation, TREE_FANOUT};
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
@@ -37,6 +39,7 @@ struct Row {
     cpu_mean_us: f64,
     cpu_max_us: f64,
     agreement_us: f64,
+    agreement_p50_us: f64,
     peers_max: usize,
     peers_root: usize,
     identical: bool,
@@ -57,8 +60,9 @@ fn main() {
         latency: Duration::from_secs_f64(env_or("KOLO_SIM_LATENCY_US", 5.0) / 1e6),
         bandwidth: env_or("KOLO_SIM_GBPS", 10.0) * 1e9,
     };
+    let fanout = env_or("KOLO_SIM_FANOUT", TREE_FANOUT);
     println!(
-        "negotiation simulator: 161 tensors, link {:.1} µs, {:.1} GB/s; virtual time + measured CPU",
+        "negotiation simulator: 161 tensors, link {:.1} µs, {:.1} GB/s, tree fan-out {fanout}; virtual time + measured CPU",
         us(link.latency),
         link.bandwidth / 1e9
     );
@@ -75,6 +79,7 @@ fn main() {
             }
             let mut config = SimConfig::new(n, knob);
             config.link = link;
+            config.fanout = fanout;
             let started = std::time::Instant::now();
             let report = match run(&config) {
                 Ok(report) => report,
@@ -120,6 +125,11 @@ fn main() {
                     cpu_mean_us: cycles.iter().map(|c| us(c.cpu)).sum::<f64>() / n as f64,
                     cpu_max_us: cycles.iter().map(|c| us(c.cpu)).fold(0.0, f64::max),
                     agreement_us: us(report.agreement(step)),
+                    agreement_p50_us: {
+                        let mut at: Vec<Duration> = cycles.iter().map(|c| c.agreed_at).collect();
+                        at.sort_unstable();
+                        us(at[at.len() / 2])
+                    },
                     peers_max: report.peers.iter().copied().max().unwrap_or(0),
                     peers_root: report.peers[0],
                     identical: cycles.iter().all(|c| c.decision == cycles[0].decision)
@@ -135,13 +145,13 @@ fn main() {
         }
     }
     println!(
-        "{:>5} {:>10} {:>6} | {:>9} {:>11} | {:>8} {:>8} {:>11} | {:>9} {:>9} | {:>11} | {:>5} {:>5} | agree | cpu µs: build negotiate decode decide",
+        "{:>5} {:>10} {:>6} | {:>9} {:>11} | {:>8} {:>8} {:>11} | {:>9} {:>9} | {:>19} | {:>5} {:>5} | agree | cpu µs: build negotiate decode decide",
         "n", "protocol", "step", "root msgs", "root bytes", "nr msg mx", "nr msg", "nr bytes", "cpu µs", "cpu mx µs",
-        "agreement µs", "peers", "root"
+        "agreement p50/max µs", "peers", "root"
     );
     for r in &rows {
         println!(
-            "{:>5} {:>10} {:>6} | {:>9} {:>11} | {:>8} {:>8.1} {:>11.0} | {:>9.1} {:>9.1} | {:>11.1} | {:>5} {:>5} | {:>5} | {:>12.1} {:>9.1} {:>6.1} {:>6.1}",
+            "{:>5} {:>10} {:>6} | {:>9} {:>11} | {:>8} {:>8.1} {:>11.0} | {:>9.1} {:>9.1} | {:>9.1} {:>9.1} | {:>5} {:>5} | {:>5} | {:>12.1} {:>9.1} {:>6.1} {:>6.1}",
             r.n,
             r.protocol,
             r.step,
@@ -152,6 +162,7 @@ fn main() {
             r.non_root_bytes_mean,
             r.cpu_mean_us,
             r.cpu_max_us,
+            r.agreement_p50_us,
             r.agreement_us,
             r.peers_max,
             r.peers_root,
@@ -168,7 +179,7 @@ fn main() {
             format!(
                 "{{\"n\":{},\"protocol\":\"{}\",\"step\":\"{}\",\"root_messages\":{},\"root_bytes\":{},\
                  \"non_root_messages_max\":{},\"non_root_messages_mean\":{:.2},\"non_root_bytes_mean\":{:.0},\
-                 \"cpu_mean_us\":{:.1},\"cpu_max_us\":{:.1},\"agreement_us\":{:.1},\"peers_max\":{},\
+                 \"cpu_mean_us\":{:.1},\"cpu_max_us\":{:.1},\"agreement_us\":{:.1},\"agreement_p50_us\":{:.1},\"peers_max\":{},\
                  \"peers_root\":{},\"identical_decisions\":{},\"cpu_phases_us\":{{\"build\":{:.1},\
                  \"negotiate\":{:.1},\"decode\":{:.1},\"decide\":{:.1}}}}}",
                 r.n,
@@ -182,6 +193,7 @@ fn main() {
                 r.cpu_mean_us,
                 r.cpu_max_us,
                 r.agreement_us,
+                r.agreement_p50_us,
                 r.peers_max,
                 r.peers_root,
                 r.identical,
@@ -193,7 +205,7 @@ fn main() {
         })
         .collect();
     println!(
-        "{{\"latency_us\":{:.2},\"bandwidth_gbps\":{:.2},\"tensors\":161,\"rows\":[{}]}}",
+        "{{\"latency_us\":{:.2},\"bandwidth_gbps\":{:.2},\"fanout\":{fanout},\"tensors\":161,\"rows\":[{}]}}",
         us(link.latency),
         link.bandwidth / 1e9,
         json.join(",")

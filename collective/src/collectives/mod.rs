@@ -492,8 +492,8 @@ pub(crate) fn check_agreement(descs: &[OpDescriptor], me: usize) -> Result<()> {
 /// on the descriptors, so every rank reaches the same one: a bad value from one peer becomes the
 /// same error everywhere, before any allocation or data transfer (the communicator stays
 /// usable).
-pub(crate) fn check_sizes(descs: &[OpDescriptor]) -> Option<String> {
-    check_sizes_of(descs.len(), |j| &descs[j], false)
+pub(crate) fn check_sizes<D: std::borrow::Borrow<OpDescriptor>>(descs: &[D]) -> Option<String> {
+    check_sizes_of(descs.len(), |j| descs[j].borrow(), false)
 }
 
 /// [`check_sizes`] of `size` members that all announced `desc`, with the same answer (and

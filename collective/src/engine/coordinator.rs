@@ -21,9 +21,9 @@ pub(crate) enum Response {
     /// Run the collective: every member's descriptor (joined members get one that contributes
     /// nothing), or a single descriptor that is every member's (whenever all members' are
     /// equal, e.g. a tensor agreed through the cache). `cached`: agreed through the cache bits
-    /// alone.
+    /// alone. Shared: a cached tensor's is the cache's own descriptor (a pointer copy).
     Run {
-        descs: Vec<OpDescriptor>,
+        descs: Vec<Arc<OpDescriptor>>,
         cached: bool,
     },
     /// The ranks disagree (or the op cannot run now): fail it everywhere.
@@ -290,33 +290,25 @@ impl Coordinator {
             })
             .collect();
         order.sort_by_key(|&i| groups[i].first());
-        // One shared descriptor per cache bit and per group's request, however many members
-        // sent it, recorded once per group with the group's ranges.
-        let mut from_cache: HashMap<usize, Arc<OpDescriptor>> = HashMap::new();
+        // One shared descriptor per cache bit (the cache's own) and per group's request, however
+        // many members sent it, recorded once per group with the group's ranges.
         for &i in &order {
             for bit in groups[i].msg.bit_indices() {
                 if everywhere.binary_search(&bit).is_err() {
-                    let desc = match from_cache.get(&bit) {
-                        Some(desc) => Some(Arc::clone(desc)),
-                        None => self.cache.get(bit).cloned().map(|d| {
-                            let d = Arc::new(d);
-                            from_cache.insert(bit, Arc::clone(&d));
-                            d
-                        }),
-                    };
-                    if let Some(desc) = desc {
+                    if let Some(desc) = self.cache.get(bit).map(Arc::clone) {
                         self.insert(&groups[i].ranks, desc, now, true);
                     }
                 }
             }
         }
         for &bit in &everywhere {
-            if let Some(desc) = self.cache.get(bit).cloned() {
+            if let Some(desc) = self.cache.get(bit).map(Arc::clone) {
                 // Every member announced the cached descriptor: it agreed everywhere and
                 // passed `check_sizes` when it was cached, so nothing is compared again.
                 self.cache.touch(bit);
-                // One descriptor stands for every member's (see `Response::Run`): copying it
-                // per member would cost O(n) per tensor per cycle on every rank.
+                // One descriptor stands for every member's (see `Response::Run`), and it is the
+                // cache's: copying it per member would cost O(n) per tensor per cycle on every
+                // rank, copying it at all one allocation per tensor per cycle.
                 decision.responses.push(Response::Run {
                     descs: vec![desc],
                     cached: true,
@@ -492,13 +484,13 @@ impl Coordinator {
             }
             self.cache.put(&reference);
             return Response::Run {
-                descs: vec![Arc::unwrap_or_clone(reference)],
+                descs: vec![reference],
                 cached: false,
             };
         }
-        let all: Vec<OpDescriptor> = by_member(&parts, self.size)
+        let all: Vec<Arc<OpDescriptor>> = by_member(&parts, self.size)
             .into_iter()
-            .map(|d| OpDescriptor::clone(d.unwrap_or(&reference)))
+            .map(|d| Arc::clone(d.unwrap_or(&reference)))
             .collect();
         if let Some(message) = check_sizes(&all) {
             return Response::Fail { name, message };
@@ -595,8 +587,8 @@ mod tests {
                 descs: b,
                 cached: false,
             }] => {
-                assert_eq!(a, &vec![desc("a", 3)]);
-                assert_eq!(b, &vec![desc("b", 5)]);
+                assert_eq!(a, &vec![Arc::new(desc("a", 3))]);
+                assert_eq!(b, &vec![Arc::new(desc("b", 5))]);
             }
             other => panic!("{other:?}"),
         }
@@ -634,7 +626,9 @@ mod tests {
         };
         let d = c.decide(&[full(&[g(1)]), full(&[g(1)]), full(&[g(4)])], now);
         match &d.responses[..] {
-            [Response::Run { descs, .. }] => assert_eq!(descs, &vec![g(1), g(1), g(4)]),
+            [Response::Run { descs, .. }] => {
+                assert_eq!(descs, &[g(1), g(1), g(4)].map(Arc::new).to_vec())
+            }
             other => panic!("{other:?}"),
         }
         assert!(
@@ -652,10 +646,16 @@ mod tests {
         let mut m = CycleMessage::default();
         m.set_bit(bit);
         let d = c.decide(&[m.clone(), m.clone()], now);
-        assert!(matches!(
-            &d.responses[..],
-            [Response::Run { cached: true, .. }]
-        ));
+        match &d.responses[..] {
+            [Response::Run {
+                descs,
+                cached: true,
+            }] => assert!(
+                descs.len() == 1 && Arc::ptr_eq(&descs[0], c.cache.get(bit).unwrap()),
+                "the cached response is the cache's descriptor, not a copy"
+            ),
+            other => panic!("{other:?}"),
+        }
         // A bit from one rank waits for the other's.
         assert!(c
             .decide(&[m.clone(), CycleMessage::default()], now)

@@ -2,7 +2,7 @@
 //! out of the fusion buffer, the collectives themselves, and completing handles.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use super::coordinator::Response;
 use super::device::{run_device_batch, DevicePart};
@@ -294,14 +294,14 @@ impl Executor<'_> {
     fn run_one(
         &mut self,
         session: &mut Session,
-        descs: Vec<OpDescriptor>,
+        descs: Vec<Arc<OpDescriptor>>,
         local: Option<Local>,
     ) -> Result<Option<SetAction>> {
         let me = session.rank;
         // One descriptor may stand for every member (see `Response::Run`): it is handed to the
         // collective as it is, not copied per member.
         let desc = match &descs[..] {
-            [one] => one.clone(),
+            [one] => Arc::clone(one),
             each => each.get(me).cloned().ok_or_else(|| {
                 Error::Internal(format!(
                     "{} agreed descriptors for a set of {}",
@@ -325,7 +325,7 @@ impl Executor<'_> {
             OpKind::Barrier | OpKind::AddProcessSet | OpKind::RemoveProcessSet
         );
         if moves_data && session.size > 1 {
-            session.set_agreed(descs);
+            session.set_agreed(descs.into_iter().map(Arc::unwrap_or_clone).collect());
         }
         let mut action = None;
         let result = match kind {
@@ -483,7 +483,7 @@ impl Executor<'_> {
         let mut parts = Vec::with_capacity(items.len());
         for item in items {
             if let Response::Run { descs, cached } = item {
-                let desc = own_descriptor(descs, session.rank);
+                let desc = Arc::unwrap_or_clone(own_descriptor(descs, session.rank));
                 let local = pending.remove(&desc.name);
                 self.count(local.is_some(), cached);
                 if local.is_some() {
@@ -509,7 +509,8 @@ impl Executor<'_> {
         items: Vec<Response>,
         pending: &mut HashMap<String, Local>,
     ) -> Result<()> {
-        let mut parts: Vec<(OpDescriptor, Option<Local>, usize)> = Vec::with_capacity(items.len());
+        let mut parts: Vec<(Arc<OpDescriptor>, Option<Local>, usize)> =
+            Vec::with_capacity(items.len());
         let mut total = 0usize;
         for item in items {
             if let Response::Run { descs, cached } = item {
@@ -616,7 +617,7 @@ impl Executor<'_> {
     fn fused_in_place(
         &mut self,
         session: &mut Session,
-        parts: Vec<(OpDescriptor, Option<Local>, usize)>,
+        parts: Vec<(Arc<OpDescriptor>, Option<Local>, usize)>,
         name: &str,
         dtype: DType,
         reduction: Reduction,
@@ -699,7 +700,7 @@ impl Executor<'_> {
         &self,
         session: &mut Session,
         name: &str,
-        parts: &[(OpDescriptor, Option<Local>, usize)],
+        parts: &[(Arc<OpDescriptor>, Option<Local>, usize)],
         error: Error,
     ) -> Error {
         let error = session.abandon_agreed(name, error);
@@ -721,7 +722,7 @@ fn reduction_of(desc: &OpDescriptor) -> Reduction {
 }
 
 /// This member's (group rank `rank`) descriptor of an agreed collective.
-fn own_descriptor(mut descs: Vec<OpDescriptor>, rank: usize) -> OpDescriptor {
+fn own_descriptor(mut descs: Vec<Arc<OpDescriptor>>, rank: usize) -> Arc<OpDescriptor> {
     if descs.len() == 1 {
         return descs.swap_remove(0);
     }
@@ -735,12 +736,12 @@ mod tests {
 
     fn run(name: &str, dtype: DType, len: i64, op: ReduceOp) -> Response {
         Response::Run {
-            descs: vec![OpDescriptor {
+            descs: vec![Arc::new(OpDescriptor {
                 dtype,
                 shape: vec![len],
                 op: Some(op),
                 ..OpDescriptor::new(OpKind::Allreduce, name)
-            }],
+            })],
             cached: false,
         }
     }
@@ -803,7 +804,7 @@ mod tests {
         // CUDA and CPU tensors of one dtype and op never fuse together.
         let mut on_device = run("gpu", DType::F32, 10, ReduceOp::Sum);
         if let Response::Run { descs, .. } = &mut on_device {
-            descs[0].device = true;
+            Arc::make_mut(&mut descs[0]).device = true;
         }
         let mixed = vec![run("cpu", DType::F32, 10, ReduceOp::Sum), on_device];
         assert_eq!(plan_batches(&mixed, |_| 1 << 20), vec![vec![0], vec![1]]);

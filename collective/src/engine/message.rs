@@ -3,6 +3,7 @@
 //! descriptors of those the cache does not know.
 
 use super::autotune::{AppliedTrial, WIRE_LEN as PARAMS_LEN};
+use super::cache::ResponseCache;
 use crate::control::host_updates::HostNews;
 use crate::wire::{FrameError, FrameKind, OpDescriptor};
 
@@ -52,6 +53,15 @@ impl CycleMessage {
             self.bits.resize(word + 1, 0);
         }
         self.bits[word] |= 1 << (bit % 64);
+    }
+
+    /// Adds a submitted tensor: only its cache bit when `cache` holds exactly `desc` (same
+    /// name, same arguments), else `desc` in full, to be negotiated.
+    pub(crate) fn announce(&mut self, desc: OpDescriptor, cache: Option<&mut ResponseCache>) {
+        match cache.and_then(|c| c.lookup(&desc)) {
+            Some(bit) => self.set_bit(bit),
+            None => self.requests.push(desc),
+        }
     }
 
     /// The set cache bits, ascending.

@@ -1011,11 +1011,10 @@ impl Shared {
                 let Some(local) = set.pending.get(&name) else {
                     continue;
                 };
-                let desc = local.sub.descriptor();
-                match set.coordinator.cache.lookup(&desc).filter(|_| use_cache) {
-                    Some(bit) => msg.set_bit(bit),
-                    None => msg.requests.push(desc),
-                }
+                msg.announce(
+                    local.sub.descriptor(),
+                    use_cache.then_some(&mut set.coordinator.cache),
+                );
             }
             let started = Instant::now();
             let capacity = set.coordinator.cache.capacity();

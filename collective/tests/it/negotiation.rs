@@ -11,7 +11,7 @@ use kolo_collective::engine::negotiation::sim::{run, SimConfig};
 use kolo_collective::engine::negotiation::Negotiation;
 use kolo_collective::engine::{Engine, EngineConfig, Output, RawTensor, Submission};
 use kolo_collective::wire::OpKind;
-use kolo_collective::{DType, Error};
+use kolo_collective::{DType, Error, ReduceOp};
 
 use super::collectives::with_ranks;
 
@@ -176,5 +176,72 @@ fn real_engines_run_every_scenario_over_the_tree() {
         assert!(last < N);
         engine.shutdown();
         last
+    });
+}
+
+fn stat(engine: &Engine, name: &str) -> u64 {
+    engine
+        .stats()
+        .into_iter()
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v)
+        .unwrap()
+}
+
+#[test]
+fn a_cached_tensor_resubmitted_with_other_arguments_is_renegotiated_not_served_stale() {
+    // "w" runs twice (the second time through its cache bit), then comes back under the same
+    // name with another shape, another dtype and another reduction, each twice: each change
+    // is a cache miss that runs with the new arguments (a stale response would run the old
+    // shape, dtype or op), and the changed tensor's next submission hits again.
+    const N: usize = 4;
+    with_ranks(N, |rank, comm| {
+        let engine = Engine::start(Arc::new(comm), tree()).unwrap();
+        let r = rank as f32;
+        let sum = |f: fn(usize) -> f32| (0..N).map(f).sum::<f32>();
+        let mut expect_hits = 0;
+        for len in [8, 8, 5, 5] {
+            let before = stat(&engine, "cache_hits");
+            let mut x = vec![r + 1.0; len];
+            run_op(&engine, f32_op(OpKind::Allreduce, "w", &mut x, None)).unwrap();
+            assert_eq!(x, vec![sum(|r| r as f32 + 1.0); len], "shape [{len}]");
+            let hit = stat(&engine, "cache_hits") - before;
+            assert_eq!(hit, expect_hits, "shape [{len}]");
+            expect_hits = 1 - expect_hits;
+        }
+        // Another dtype (same name, same element count as the cached [5] f32).
+        for round in 0..2 {
+            let before = stat(&engine, "cache_hits");
+            let mut x = vec![f64::from(r) * 0.5; 5];
+            let mut sub = Submission::new(OpKind::Allreduce, "w");
+            sub.dtype = DType::F64;
+            sub.shape = vec![5];
+            // SAFETY: the op completes before `x` is read or dropped.
+            sub.tensor = unsafe { RawTensor::new(x.as_mut_ptr().cast(), 40) };
+            run_op(&engine, sub).unwrap();
+            let want = (0..N).map(|r| r as f64 * 0.5).sum::<f64>();
+            assert_eq!(x, vec![want; 5], "f64 round {round}");
+            assert_eq!(
+                stat(&engine, "cache_hits") - before,
+                round,
+                "f64 round {round}"
+            );
+        }
+        // Another reduction (max instead of sum), back to f32 [5].
+        for round in 0..2 {
+            let before = stat(&engine, "cache_hits");
+            let mut x = vec![r; 5];
+            let mut sub = f32_op(OpKind::Allreduce, "w", &mut x, None);
+            sub.op = ReduceOp::Max;
+            run_op(&engine, sub).unwrap();
+            assert_eq!(x, vec![(N - 1) as f32; 5], "max round {round}");
+            // The first f32 [5] max misses: the cache holds "w" as f64 sum.
+            assert_eq!(
+                stat(&engine, "cache_hits") - before,
+                round,
+                "max round {round}"
+            );
+        }
+        engine.shutdown();
     });
 }

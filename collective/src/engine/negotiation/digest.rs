@@ -100,6 +100,46 @@ impl Digest {
             .sort_by_key(|e| e.ranks.first().map_or(0, |r| r.start));
     }
 
+    /// The common cycle's way to take in a subtree's digest: when `bytes` is one message sent
+    /// by exactly the ranks `lo..hi` (the subtree agreed: the same cache bits everywhere) and
+    /// this digest already holds that message, adds `lo..hi` to its senders without decoding
+    /// anything and returns true. Otherwise (any other shape, including a malformed one)
+    /// changes nothing and returns false: the caller decodes, checks and merges in full, with
+    /// the same result. `lo..hi` must lie above every rank this digest holds (a later child).
+    pub(crate) fn merge_same(&mut self, bytes: &[u8], lo: usize, hi: usize) -> bool {
+        let word = |at: usize| {
+            bytes
+                .get(at..at + 4)
+                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+        };
+        let Some(len) = word(4) else {
+            return false;
+        };
+        let tail = 8usize.saturating_add(len);
+        if word(0) != Some(1)
+            || bytes.len() != tail.saturating_add(12)
+            || word(tail) != Some(1)
+            || word(tail + 4) != Some(lo)
+            || word(tail + 8) != Some(hi.wrapping_sub(lo))
+            || lo >= hi
+        {
+            return false;
+        }
+        let payload = &bytes[8..tail];
+        let Some(entry) = self.entries.iter_mut().find(|e| e.payload == payload) else {
+            return false;
+        };
+        match entry.ranks.last_mut() {
+            Some(last) if last.end == lo => last.end = hi,
+            Some(last) if last.end < lo => entry.ranks.push(lo..hi),
+            _ => {
+                entry.ranks.push(lo..hi);
+                normalize(&mut entry.ranks);
+            }
+        }
+        true
+    }
+
     /// Checks that the senders are exactly the ranks `lo..hi`, each once.
     pub(crate) fn check_covers(&self, lo: usize, hi: usize) -> Result<(), DigestError> {
         let mut ranges: Vec<Range<usize>> = self
@@ -262,6 +302,44 @@ mod tests {
     }
 
     #[test]
+    fn merge_same_is_decode_check_and_merge_for_an_agreeing_subtree() {
+        let subtree = |payload: &[u8], lo: usize, hi: usize| {
+            Digest {
+                entries: vec![Entry {
+                    payload: payload.to_vec(),
+                    ranks: std::iter::once(lo..hi).collect(),
+                }],
+            }
+            .encode()
+        };
+        let mut fast = Digest::single(0, b"bits".to_vec());
+        assert!(fast.merge_same(&subtree(b"bits", 1, 5), 1, 5));
+        assert!(fast.merge_same(&subtree(b"bits", 5, 9), 5, 9));
+        let mut full = Digest::single(0, b"bits".to_vec());
+        full.merge(Digest::decode(&subtree(b"bits", 1, 9), 9, 16).unwrap());
+        assert_eq!(fast, full);
+        // Anything else is left to the full path, unchanged.
+        let before = fast.clone();
+        assert!(
+            !fast.merge_same(&subtree(b"other", 9, 12), 9, 12),
+            "another message"
+        );
+        assert!(
+            !fast.merge_same(&subtree(b"bits", 9, 12), 9, 13),
+            "not the whole subtree"
+        );
+        assert!(!fast.merge_same(&subtree(b"bits", 10, 12), 9, 12), "a gap");
+        let mut two = Digest::single(9, b"bits".to_vec());
+        two.merge(Digest::single(10, b"x".to_vec()));
+        assert!(!fast.merge_same(&two.encode(), 9, 11), "two messages");
+        let mut long = subtree(b"bits", 9, 12);
+        long.push(0);
+        assert!(!fast.merge_same(&long, 9, 12), "trailing bytes");
+        assert!(!fast.merge_same(&long[..10], 9, 12), "cut short");
+        assert_eq!(fast, before);
+    }
+
+    #[test]
     fn decode_bounds_every_count() {
         let d = Digest::single(3, vec![7; 10]);
         let bytes = d.encode();
@@ -287,6 +365,8 @@ mod tests {
         #[test]
         fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
             let _ = Digest::decode(&bytes, 8, 64);
+            let mut d = Digest::single(0, vec![]);
+            let _ = d.merge_same(&bytes, 1, 8);
         }
     }
 }

@@ -7,14 +7,15 @@
 //! deterministic [`super::coordinator::Coordinator`]:
 //! - [`Protocol::AllToAll`]: every member sends its message to every other (n − 1 messages per
 //!   member per cycle, one round trip; today's design, fastest at small n).
-//! - [`Protocol::Tree`]: a gather up a binary tree rooted at group rank 0 and a broadcast of the
-//!   merged digest down it. Each member first pokes its children (so an idle child joins the
-//!   cycle, as an all-to-all message wakes every idle rank), merges its children's digests with
-//!   its own message, sends the result to its parent, and forwards the complete digest it gets
-//!   back to its children: at most 1 + 2·2 sends and 2·1 + 2 receives per member per cycle, depth
-//!   ⌈log2 n⌉, and three peers per member (parent and two children). Members that send the same
-//!   bytes merge into one entry, so the common cycle (same cache bits everywhere, or a step's
-//!   identical descriptors) costs a constant-size message per hop however large the set.
+//! - [`Protocol::Tree`]: a gather up a tree of [`TREE_FANOUT`] children per node, rooted at
+//!   group rank 0, and a broadcast of the merged digest down it. Each member first pokes its
+//!   children (so an idle child joins the cycle, as an all-to-all message wakes every idle
+//!   rank), merges its children's digests with its own message, sends the result to its
+//!   parent, and forwards the complete digest it gets back to its children: with fan-out k at
+//!   most 1 + 2k sends and k + 2 receives per member per cycle, depth about log_k n, and k + 1
+//!   peers per member. Members that send the same bytes merge into one entry, so the common
+//!   cycle (same cache bits everywhere, or a step's identical descriptors) costs a
+//!   constant-size message per hop however large the set.
 
 mod digest;
 mod session_links;
@@ -49,6 +50,14 @@ pub enum Negotiation {
 /// shared-memory exchange losing under oversubscription, while across hosts all-to-all needs
 /// one message latency per cycle and the tree two: 2-member sets keep all-to-all.
 pub const AUTO_TREE_FROM: usize = 4;
+
+/// Children per node of the negotiation tree (the same on every member: a constant, not a
+/// knob). Measured in the simulator at 1,024 ranks (`KOLO_SIM_FANOUT=2|4|8`, three runs each,
+/// docs/scale.md): fan-out 4 and 8 agreed on the cached step at a lower median rank than 2
+/// (272–332 and 249–336 µs against 385–417 µs) but not reliably at the latest rank on a host
+/// at load 15–60, and they double or quadruple a rank's messages and peers; 2 stays until a
+/// quieter measurement decides.
+pub const TREE_FANOUT: usize = 2;
 
 /// The protocol one process set runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,13 +134,25 @@ pub(crate) fn negotiate<L: Links>(
     payload: Vec<u8>,
     max_len: usize,
 ) -> Result<Digest> {
+    negotiate_with(links, protocol, TREE_FANOUT, payload, max_len)
+}
+
+/// [`negotiate`] with a tree of `fanout` children per node (every member must pass the same;
+/// the simulator measures other fan-outs with it).
+pub(crate) fn negotiate_with<L: Links>(
+    links: &mut L,
+    protocol: Protocol,
+    fanout: usize,
+    payload: Vec<u8>,
+    max_len: usize,
+) -> Result<Digest> {
     let (me, size) = (links.rank(), links.size());
     if size <= 1 {
         return Ok(Digest::single(me, payload));
     }
     match protocol {
         Protocol::AllToAll => links.exchange_all(payload, max_len),
-        Protocol::Tree => tree_round(links, payload, max_len),
+        Protocol::Tree => tree_round(links, fanout, payload, max_len),
     }
 }
 
@@ -141,9 +162,14 @@ fn digest_limit(max_len: usize) -> usize {
     max_len
 }
 
-fn tree_round<L: Links>(links: &mut L, payload: Vec<u8>, max_len: usize) -> Result<Digest> {
+fn tree_round<L: Links>(
+    links: &mut L,
+    fanout: usize,
+    payload: Vec<u8>,
+    max_len: usize,
+) -> Result<Digest> {
     let (me, size) = (links.rank(), links.size());
-    let node = Node::of(me, size);
+    let node = Node::of(me, size, fanout);
     let limit = digest_limit(max_len);
     // The poke: an idle child wakes and joins the cycle (see the module docs).
     for &(child, _) in &node.children {
@@ -152,6 +178,9 @@ fn tree_round<L: Links>(links: &mut L, payload: Vec<u8>, max_len: usize) -> Resu
     let mut digest = Digest::single(me, payload);
     for &(child, end) in &node.children {
         let bytes = links.recv(child, limit)?;
+        if digest.merge_same(&bytes, child, end) {
+            continue;
+        }
         let part = Digest::decode(&bytes, size, max_len)
             .and_then(|d| d.check_covers(child, end).map(|()| d))
             .map_err(|why| bad_peer(links, child, why))?;

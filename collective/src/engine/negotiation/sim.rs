@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::digest::{just, Entry};
-use super::{negotiate, Digest, Links, Negotiation, Protocol};
+use super::{negotiate_with, Digest, Links, Negotiation, Protocol, TREE_FANOUT};
 use crate::dtype::{DType, ReduceOp};
 use crate::engine::coordinator::{Coordinator, Response, Senders};
 use crate::engine::message::{CycleMessage, MAX_MESSAGE_LEN};
@@ -49,6 +49,8 @@ pub struct SimConfig {
     pub ranks: usize,
     /// The negotiation knob every rank uses.
     pub negotiation: Negotiation,
+    /// Children per node of the tree (the engine's is [`TREE_FANOUT`]).
+    pub fanout: usize,
     /// The network.
     pub link: LinkModel,
     /// Tensors per step (each an f32 allreduce).
@@ -70,6 +72,7 @@ impl SimConfig {
         SimConfig {
             ranks,
             negotiation,
+            fanout: TREE_FANOUT,
             link: LinkModel::default(),
             tensors: 161,
             steps: 2,
@@ -367,14 +370,11 @@ fn run_rank(config: &SimConfig, links: &mut SimLinks) -> Result<Vec<RankCycle>> 
         let mut phases = Phases::default();
         let mut msg = CycleMessage::default();
         for desc in submitted {
-            match coordinator.cache.lookup(&desc) {
-                Some(bit) => msg.set_bit(bit),
-                None => msg.requests.push(desc),
-            }
+            msg.announce(desc, Some(&mut coordinator.cache));
         }
         let payload = msg.encode();
         phases.build = links.spent();
-        let digest = negotiate(links, protocol, payload, MAX_MESSAGE_LEN)?;
+        let digest = negotiate_with(links, protocol, config.fanout, payload, MAX_MESSAGE_LEN)?;
         phases.negotiate = links.spent() - phases.build;
         let mut groups = Vec::with_capacity(digest.entries.len());
         for entry in digest.entries {
