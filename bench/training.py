@@ -4,7 +4,7 @@ interleaved in one run.
     kolorun -np 2 python bench/training.py [--batch-size 64] [--steps 5] [--rounds 20]
         [--quick] [--horovod auto|yes|no] [--horovod-blocks 4] [--json PATH]
         [--single-rank-json PATH] [--autotune [--thresholds-mib 0,0.25,1,4,128]
-        [--cycle-times-ms 0,0.1,1,5] [--caches 0,1]]
+        [--cycle-times-ms 0,0.1,1,5] [--caches 0,1] [--retime-rounds 15]]
 
 Both trainers run in the same processes on the same small CNN (3x32x32 synthetic images, 10
 classes, same initial weights): kolo as ``hvd.DistributedOptimizer`` around SGD, the peer as
@@ -37,9 +37,11 @@ allreduce/allgather do not apply on one host): ``--warmup-steps``, then ``--step
 per point. It then runs kolo's autotuner (``KOLO_AUTOTUNE=1``; ``kolorun --autotune-*`` flags
 steer it, ``--autotune-log-file`` names its CSV log, else bench/results/) from the default
 setting until it keeps one, and prints the kept setting against the grid's best, in the search
-and re-timed interleaved with the grid's best and the default over 5 rounds (medians), and the
-steps the search took against Horovod's defaults (>= 1200 steps); ``common.autotune_against_grid``
-(shared with bench/fusion.py).
+and re-timed: interleaved with the grid's 3 best points and the default over ``--retime-rounds``
+rounds (15), by the median of the per-round ratios to the re-timed best with its 96 % interval
+and a verdict (met / missed / unresolved), with the load average; and the steps the search took
+against Horovod's defaults (>= 1200 steps); ``common.autotune_against_grid`` (shared with
+bench/fusion.py).
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 from common import (
+    RETIME_ROUNDS,
     SmallCNN,
     autotune_against_grid,
     ceiling_figures,
@@ -121,6 +124,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--cycle-times-ms", type=csv_floats, default=[0, 0.1, 1, 5])
     parser.add_argument(
         "--caches", type=csv_floats, default=[0, 1], help="the grid's response cache off/on"
+    )
+    parser.add_argument(
+        "--retime-rounds",
+        type=int,
+        default=RETIME_ROUNDS,
+        help="--autotune: rounds of the paired re-timing",
     )
     horovod_peer.add_arguments(parser)
     args = parser.parse_args()
@@ -316,6 +325,7 @@ def autotune_training(
         lambda: distributed_optimizer_step(base, data, target),
         args.steps,
         autotune_env,
+        args.retime_rounds,
     )
     return rows, figures
 

@@ -339,7 +339,7 @@ def test_training_benchmark_autotunes_against_the_grid(tmp_path) -> None:
     flags = "--autotune --autotune-warmup-samples 0 --autotune-steps-per-sample 1 "
     flags += f"--autotune-bayes-opt-max-samples 3 --autotune-log-file {log}"
     args = "--batch-size 4 --steps 1 --warmup-steps 1 --rounds 1 --horovod no --autotune "
-    args += f"--thresholds-mib 0,1 --cycle-times-ms 1 --caches 1 --json {out}"
+    args += f"--thresholds-mib 0,1 --cycle-times-ms 1 --caches 1 --retime-rounds 3 --json {out}"
     script = str(REPO / "bench" / "training.py")
     result = run_kolorun(["-np", "2", *flags.split(), "python", script, *args.split()], timeout=120)
     assert result.returncode == 0, output_tail(result)
@@ -352,14 +352,21 @@ def test_training_benchmark_autotunes_against_the_grid(tmp_path) -> None:
     kept = next(x for x in lines if x.startswith("autotune: kept "))
     steps = int(re.search(r" after (\d+) steps", kept).group(1))
     assert re.search(r"tuned/grid-best [\d.]+x \(target <= 1.05x\)", kept), kept
-    assert any(
-        re.match(r"autotune re-timed interleaved \(5 rounds, medians\): tuned ", x) for x in lines
-    )
+    retimed = next(x for x in lines if x.startswith("autotune re-timed interleaved (3 rounds, "))
+    assert re.search(
+        r"tuned/grid-best \(grid_[12]\) [\d.]+x \[[\d.]+, [\d.]+\] \(75 % interval; target "
+        r"<= 1.05x: (met|missed|unresolved)\) .* load average [\d. ]+ -> [\d. ]+$",
+        retimed,
+    ), retimed
     figures = json.loads(out.read_text())
     tuned = figures["autotune"]
     assert tuned["steps"] == steps < tuned["horovod_default_steps_at_least"] == 1200
     assert len(figures["grid"]) == 2 and tuned["grid_points"] == 2
-    assert all(len(v) == 5 for v in tuned["retimed_step_s"].values()), tuned
+    # The tuned setting, both grid points and the default, each timed once per round.
+    assert set(tuned["retimed_step_s"]) == {"tuned", "grid_1", "grid_2", "default"}, tuned
+    assert all(len(v) == 3 for v in tuned["retimed_step_s"].values()), tuned
+    low, high = tuned["retimed_ratio_interval"]
+    assert low <= tuned["retimed_ratio_tuned_over_grid_best"] <= high, tuned
     # The log kolorun named, in Horovod's format, ending with the kept setting.
     assert tuned["log"] == str(log)
     rows = log.read_text().splitlines()
@@ -371,6 +378,30 @@ def test_training_benchmark_autotunes_against_the_grid(tmp_path) -> None:
     last = rows[-1].split(",")
     assert int(last[3]) == tuned["cache_enabled"]
     assert float(last[5]) * (1 << 20) == pytest.approx(tuned["threshold_bytes"], rel=1e-4)
+
+
+def test_the_retimed_verdict_is_a_median_with_a_distribution_free_interval() -> None:
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        from common import median_interval, paired_verdict
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    # The order statistics of the binomial tables: (2, 9) of 10 values, (4, 12) of 15.
+    assert median_interval([float(x) for x in range(10, 0, -1)]) == (2.0, 9.0, 0.978515625)
+    low, high, coverage = median_interval([float(x) for x in range(1, 16)])
+    assert (low, high) == (4.0, 12.0) and 0.96 < coverage < 0.97
+    # Fewer than 6 values reach no 95 % pair: the range, with its true coverage.
+    assert median_interval([3.0, 1.0, 2.0]) == (1.0, 3.0, 0.75)
+    # Tuned 2 % slower in every round but one noisy one, while the machine drifts 2x: within
+    # 5 %, resolved.
+    best = [10.0, 20.0, 10.0, 15.0, 10.0, 12.0, 20.0, 11.0, 10.0, 13.0]
+    tuned = [b * (1.3 if i == 2 else 1.02) for i, b in enumerate(best)]
+    verdict = paired_verdict(tuned, best)
+    assert verdict["median"] == pytest.approx(1.02) and verdict["verdict"] == "met", verdict
+    # 10 % slower: missed; swinging +-20 % around 1.05: unresolved.
+    assert paired_verdict([1.1 * b for b in best], best)["verdict"] == "missed"
+    swing = [0.85, 1.25, 0.9, 1.2, 1.05, 1.05, 0.9, 1.2, 1.0, 1.1]
+    assert paired_verdict([b * r for b, r in zip(best, swing)], best)["verdict"] == "unresolved"
 
 
 def test_run_all_knows_its_modes() -> None:

@@ -17,9 +17,9 @@ const WAIT: Duration = Duration::from_secs(30);
 const TENSORS: usize = 4;
 const ELEMENTS: usize = 16 << 10;
 /// Enough for the search at these settings: a warm-up sample, at most 9 joint samples of
-/// 2 × 2 steps, the paired re-checks (3 settings × 6 rounds, then 2 × 6 for the cache) of 2
-/// steps, each sample plus one unscored step: about 150.
-const STEPS: usize = 240;
+/// 2 × 2 steps, the paired re-checks (3 settings × 6 rounds, then 2 × 6 for the cache, twice
+/// that when unresolved) of 2 steps, each sample plus one unscored step: 150 to 260.
+const STEPS: usize = 360;
 
 /// One training-like step: allreduce (sum) `TENSORS` gradients of `rank + 1`.
 fn step(engine: &Engine, rank: usize, buffers: &mut [Vec<u8>]) {

@@ -1,7 +1,11 @@
 //! Expected improvement (Horovod's `BayesianOptimization::ExpectedImprovement`, with its
 //! exploration margin `xi` = 0.01) and its maximisation over the unit cube. Horovod runs L-BFGS
 //! from 25 random starts; kolo scans a fixed lattice, which is deterministic (the same samples
-//! give the same proposal) and, in the two tuned dimensions, dense enough.
+//! give the same proposal) and, in the two tuned dimensions, dense enough. A lattice point
+//! already sampled is never proposed again: with noise in the model, expected improvement is
+//! often largest at the best sample itself, and Horovod samples it again and again, spending
+//! steps on one point (the paired re-check, not repeated single samples, settles which of
+//! the top points is best).
 
 use super::gp::GaussianProcess;
 
@@ -58,8 +62,18 @@ pub(crate) struct Proposal {
     pub expected_improvement: f64,
 }
 
-/// The lattice point of `[0, 1]^dims` with the largest expected improvement over the best
-/// posterior mean at the sampled points `xs` (Horovod's noise-aware incumbent).
+/// Whether `point` is the lattice point nearest to one of `xs` (a sample's coordinates come
+/// back through the engine's units, bytes and nanoseconds, so they are not exactly on the
+/// lattice).
+pub(crate) fn sampled(point: &[f64], xs: &[Vec<f64>]) -> bool {
+    let half_cell = 0.5 / (LATTICE - 1) as f64;
+    xs.iter()
+        .any(|x| x.iter().zip(point).all(|(a, b)| (a - b).abs() < half_cell))
+}
+
+/// The lattice point of `[0, 1]^dims` not yet sampled (see [`sampled`]) with the largest
+/// expected improvement over the best posterior mean at the sampled points `xs` (Horovod's
+/// noise-aware incumbent).
 pub(crate) fn propose(gp: &GaussianProcess, xs: &[Vec<f64>], dims: usize) -> Proposal {
     let best = xs
         .iter()
@@ -79,6 +93,9 @@ pub(crate) fn propose(gp: &GaussianProcess, xs: &[Vec<f64>], dims: usize) -> Pro
                 i as f64 / (LATTICE - 1) as f64
             })
             .collect();
+        if sampled(&point, xs) {
+            continue;
+        }
         let (mu, sigma) = gp.predict_normalised(&point);
         let ei = expected_improvement(mu, sigma, best, XI);
         if ei > proposal.expected_improvement {
@@ -130,5 +147,22 @@ mod tests {
         let gp = GaussianProcess::fit(&xs, &ys, 0.01).unwrap();
         let p = propose(&gp, &xs, 1);
         assert!(p.point[0] > 0.3 && p.expected_improvement > 0.0, "{p:?}");
+    }
+
+    #[test]
+    fn never_proposes_a_point_already_sampled() {
+        // A noisy model around a peak sampled at the lattice point 0.5 (as the engine's units
+        // bring it back, a hair off the lattice): expected improvement is largest there, yet
+        // the proposal is a point not sampled yet.
+        let xs: Vec<Vec<f64>> = [0.0, 0.25, 0.5 + 1e-7, 0.75, 1.0]
+            .iter()
+            .map(|&x| vec![x])
+            .collect();
+        let ys = [1.0, 3.0, 4.0, 3.0, 1.0];
+        let gp = GaussianProcess::fit(&xs, &ys, 0.8).unwrap();
+        let p = propose(&gp, &xs, 1);
+        assert!(!sampled(&p.point, &xs), "{p:?}");
+        assert!((p.point[0] - 0.5).abs() > 1e-3, "{p:?}");
+        assert!(p.expected_improvement > 0.0, "{p:?}");
     }
 }

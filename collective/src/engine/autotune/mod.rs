@@ -15,11 +15,13 @@
 //!   The model fits log scores over log-scaled knobs (cycle time 0.01–100 ms), so the region
 //!   of short cycles and few-MiB thresholds is not a sliver of the search space.
 //! - **Convergence.** The search stops once the expected improvement is negligible or the best
-//!   point has not changed for a few samples (`bayes_opt_max_samples` is only the cap).
+//!   point has not changed for a few samples (`bayes_opt_max_samples` is only the cap), and it
+//!   never samples a point twice ([`acquisition`]).
 //! - **A paired re-check before keeping** ([`recheck`]): the configured setting and the
 //!   search's top points, then each switch against the setting kept so far, are sampled again
 //!   in alternating rounds; a challenger is kept only when the median of its paired score
-//!   ratios beats both a 3 % margin and the noise measured from their spread.
+//!   ratios beats both a 3 % margin and the noise measured from their spread (with twice the
+//!   rounds when the first look cannot tell).
 //!
 //! Knobs the user set explicitly (`KOLO_`/`HOROVOD_FUSION_THRESHOLD`, `CYCLE_TIME`,
 //! `CACHE_CAPACITY`, `HIERARCHICAL_ALLREDUCE`, `HIERARCHICAL_ALLGATHER`) stay fixed, as in

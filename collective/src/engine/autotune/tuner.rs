@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use super::acquisition::propose;
+use super::acquisition::{propose, sampled};
 use super::gp::GaussianProcess;
 use super::log::CsvLog;
 use super::recheck::{Recheck, Verdict, RECHECK_WINDOWS};
@@ -193,9 +193,12 @@ impl Tuner {
             let mut p = start;
             Dim::Fusion.set(&mut p, fusion);
             Dim::Cycle.set(&mut p, cycle);
-            initial.push(dims.iter().map(|d| d.unit(&p)).collect());
+            let point: Vec<f64> = dims.iter().map(|d| d.unit(&p)).collect();
+            // With one dimension searched, the design's points coincide in pairs.
+            if !sampled(&point, &initial) {
+                initial.push(point);
+            }
         }
-        initial.dedup();
         let phase = if config.warmup_samples > 0 {
             Phase::Warmup {
                 left: config.warmup_samples,
@@ -696,6 +699,31 @@ mod tests {
                 tuner.current()
             );
             assert!(steps < HOROVOD_DEFAULT_STEPS, "seed {seed}: {steps} steps");
+        }
+    }
+
+    #[test]
+    fn a_point_already_sampled_is_not_sampled_again() {
+        // A noisy bowl: the model's expected improvement peaks at its best samples again and
+        // again; every joint sample still measures a new lattice point. Searching one
+        // dimension, the spread design's points coincide in pairs and each is sampled once.
+        for dims in [vec![Dim::Fusion, Dim::Cycle], vec![Dim::Fusion]] {
+            for seed in 1..=4u64 {
+                let mut tuner =
+                    Tuner::new(config(40, 0.8), start(), dims.clone(), Vec::new(), None);
+                let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+                while !tuner.done() {
+                    let s = bowl(&tuner.current()) * (1.0 + 0.3 * noise(&mut state));
+                    tuner.observe_step(s);
+                }
+                for (i, x) in tuner.xs.iter().enumerate() {
+                    assert!(
+                        !sampled(x, &tuner.xs[..i]),
+                        "{dims:?} seed {seed}: sample {i} at {x:?} repeats one of {:?}",
+                        &tuner.xs[..i]
+                    );
+                }
+            }
         }
     }
 
