@@ -7,6 +7,12 @@
 //! scalars use AVX-512 gathers where the CPU has them, four columns at a time: one load of the
 //! row indices serves four gathers (a tenth to a fifth more bytes per second, measured, than
 //! one column at a time).
+//!
+//! A streaming window's gather reads each column's source once per run (four runs at batch
+//! 4096 of a 16,384-row window; the later ones from L2). Taking the runs in turn on tiles of
+//! 4 KiB of each column's source (so that three runs of four read it from L1) was tried and
+//! cost 1.11x the process's CPU per GB (median of 6 interleaved pairs, 5 against it, load 8-11):
+//! each run sweeps the window's sources.
 
 use std::ops::Range;
 
@@ -341,7 +347,9 @@ pub(crate) mod avx512 {
                         // The lines that step's rows span (4 of 64 bytes for 4-byte values),
                         // not only its first: the gather's CPU per GB at batch 4096 went to
                         // 0.88-0.94x in later epochs, 0.83x in the first (medians of 7 and 5
-                        // interleaved pairs; one line before).
+                        // interleaved pairs; one line before). Re-checked at load 7-9: the
+                        // whole process's CPU per GB over 3 epochs 0.96x one line's (median
+                        // of 7 interleaved pairs, 6 favouring it).
                         for line in 0..STEP_ROWS * W / 64 {
                             _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(line * 64).cast());
                         }
