@@ -148,7 +148,11 @@ def engine_stats() -> dict[str, int]:
     ``negotiation_ns`` and ``negotiated_tensors``, and ``connections_opened`` /
     ``connections_open`` (the data-plane TCP connections this rank made since ``init`` and
     holds now: with ``KOLO_CONNECT=lazy``, the default, only those to the peers its
-    collectives used so far; with ``KOLO_CONNECT=eager``, ``size - 1`` from the start).
+    collectives used so far; with ``KOLO_CONNECT=eager``, ``size - 1`` from the start);
+    what started this rank's cycles (``cycles_by_caller``, ``cycles_submitted``,
+    ``cycles_peer_waiting``, ``cycles_peer_grace``, ``cycles_cycle_time``, ``cycles_recheck``,
+    ``cycles_at_start``), ``cycles_undecided`` (cycles that decided nothing) and
+    ``engine_wakeups`` (docs/engine.md, "Counters").
 
     Example::
 

@@ -359,6 +359,15 @@ def check_engine_stats_keys() -> None:
         "cache_misses",
         "negotiation_ns",
         "negotiated_tensors",
+        "cycles_by_caller",
+        "cycles_submitted",
+        "cycles_peer_waiting",
+        "cycles_peer_grace",
+        "cycles_cycle_time",
+        "cycles_recheck",
+        "cycles_at_start",
+        "cycles_undecided",
+        "engine_wakeups",
     }
     missing = want - set(stats)
     if missing:

@@ -62,7 +62,7 @@ use host_news::{Agreement, HostsUpdated};
 use message::{CycleMessage, FLAG_JOINED, FLAG_SHUTDOWN, FLAG_STALL_ABORT, MAX_MESSAGE_LEN};
 use negotiation::SessionLinks;
 pub use request::{Output, RawTensor, Submission};
-use stats::Stats;
+use stats::{CycleCause, Stats};
 use timeline::Timeline;
 use wake::Wake;
 
@@ -70,8 +70,13 @@ use wake::Wake;
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// The longest an engine with nothing waiting waits for its caller's submissions before it joins
-/// a cycle another rank started (see `wait_for_next_cycle`).
-const PEER_JOIN_GRACE: Duration = Duration::from_millis(1);
+/// a cycle another rank started (see `wait_for_next_cycle`). Joining with nothing ends that
+/// cycle with the peer's ops undecided, so the grace covers how far apart two ranks' steps
+/// usually are: at 1 ms, a third of `bench/training.py`'s cycles (4 of 11 per step) were such
+/// joins. The peer sleeps in the exchange meanwhile (this rank's submission joins it at once);
+/// only its stall inspector waits, and never longer than a re-check (`negotiated_recheck`, at
+/// least half of the shortest stall check, 0.1 s).
+const PEER_JOIN_GRACE: Duration = Duration::from_millis(50);
 
 /// The longest single wait of an idle engine (it then checks for an abort or shutdown).
 const IDLE_TICK: Duration = Duration::from_millis(100);
@@ -459,7 +464,7 @@ impl Engine {
             let seen = shared.handles.cycles_ended();
             match shared.cycles.try_lock() {
                 Ok(mut state) => {
-                    shared.run_cycle(&mut state);
+                    shared.run_cycle(&mut state, CycleCause::Caller);
                 }
                 // A cycle runs on another thread: once it ends, look again.
                 Err(TryLockError::WouldBlock) => {
@@ -524,7 +529,8 @@ impl Engine {
     }
 
     /// The counters: cycles, tensors, collectives, shm_collectives, fused_tensors, cache_hits, cache_misses,
-    /// negotiation_ns, negotiated_tensors.
+    /// negotiation_ns, negotiated_tensors, what started the cycles (`cycles_*`), cycles_undecided,
+    /// engine_wakeups (see [`stats::CycleCause`]).
     /// With autotuning, also `autotune_trials` (settings applied), `autotune_active` (1 while
     /// searching), and the setting in force: `fusion_threshold` (bytes), `cycle_time_us`,
     /// `cache_enabled`, `hierarchical_allreduce`, `hierarchical_allgather`.
@@ -754,6 +760,7 @@ impl Shared {
         // How many cycles had ended when the wait decided to start one (none yet: the first
         // cycle runs at once).
         let mut decided_at: Option<u64> = None;
+        let mut cause = CycleCause::Start;
         loop {
             {
                 let mut state = lock(&self.cycles);
@@ -764,12 +771,12 @@ impl Shared {
                 // that cycle took what the decision was about, so wait again.
                 let stale = decided_at.is_some_and(|seen| seen != self.handles.cycles_ended())
                     && !lock(&self.inbox).shutdown;
-                if !stale && !self.run_cycle(&mut state) {
+                if !stale && !self.run_cycle(&mut state, cause) {
                     return;
                 }
             }
             match self.wait_for_next_cycle() {
-                Ok(seen) => decided_at = Some(seen),
+                Ok((seen, why)) => (decided_at, cause) = (Some(seen), why),
                 Err(error) => {
                     log::error!(
                         "rank {}: the engine stopped: {error}",
@@ -792,10 +799,10 @@ impl Shared {
     }
 
     /// Runs one cycle; false once the engine stopped (a rank shut down, or it failed).
-    fn run_cycle(&self, state: &mut CycleState) -> bool {
+    fn run_cycle(&self, state: &mut CycleState, cause: CycleCause) -> bool {
         let me = self.comm.info().rank;
         *lock(&self.last_cycle) = Instant::now();
-        self.stats.cycle();
+        self.stats.cycle(cause);
         self.timeline.mark_cycle();
         let outcome = self.comm.run(|session| self.cycle(session, state));
         self.handles.cycle_ended();
@@ -831,7 +838,7 @@ impl Shared {
     ///   after the quiet time of a burst still being submitted;
     /// - another rank started a cycle and this rank has nothing waiting: it joins once
     ///   something is submitted (after the quiet time), else [`PEER_JOIN_GRACE`] after the
-    ///   peer started. Joining at once with nothing would end the peer's cycle with its ops
+    ///   peer started. Joining with nothing would end the peer's cycle with its ops
     ///   undecided: this rank's caller, a moment behind, then needs a second cycle and
     ///   two more thread wake-ups on the peer (the per-step cost of small steps);
     /// - one cycle time after the oldest op not yet in a cycle was submitted (Horovod's
@@ -843,8 +850,9 @@ impl Shared {
     ///   decide nothing);
     /// - shutdown was requested.
     ///
-    /// Returns how many cycles had ended when it decided (see [`Handles::cycles_ended`]).
-    fn wait_for_next_cycle(&self) -> Result<u64> {
+    /// Returns how many cycles had ended when it decided (see [`Handles::cycles_ended`]) and
+    /// why it starts one.
+    fn wait_for_next_cycle(&self) -> Result<(u64, CycleCause)> {
         let mut peer_started: Option<Instant> = None;
         let mut cycles_seen = self.handles.cycles_ended();
         loop {
@@ -859,7 +867,7 @@ impl Shared {
             let (submitted, first_submit, last_submit) = {
                 let inbox = lock(&self.inbox);
                 if inbox.shutdown {
-                    return Ok(cycles_seen);
+                    return Ok((cycles_seen, CycleCause::Start));
                 }
                 (
                     !inbox.items.is_empty(),
@@ -880,18 +888,28 @@ impl Shared {
             let waiting = submitted || due.is_some();
             let start_at = match (submitted, peer_started) {
                 // A burst goes into one cycle (the caller usually runs it itself).
-                (true, _) => last_submit.map(|at| at + self.config.submit_quiet_time),
-                (false, Some(_)) if waiting => Some(now),
-                (false, Some(at)) => Some(at + PEER_JOIN_GRACE),
+                (true, _) => last_submit
+                    .map(|at| (at + self.config.submit_quiet_time, CycleCause::Submitted)),
+                (false, Some(_)) if waiting => Some((now, CycleCause::PeerWaiting)),
+                (false, Some(at)) => Some((at + PEER_JOIN_GRACE, CycleCause::PeerGrace)),
                 (false, None) => None,
             };
+            let due = due.map(|at| {
+                let why = if submitted {
+                    CycleCause::CycleTime
+                } else {
+                    CycleCause::Recheck
+                };
+                (at, why)
+            });
             let until = match (start_at, due) {
-                (Some(a), Some(b)) => a.min(b),
-                (a, b) => a.or(b).unwrap_or(now + IDLE_TICK),
+                (Some(a), Some(b)) => std::cmp::min_by_key(a, b, |(at, _)| *at),
+                (a, b) => a.or(b).unwrap_or((now + IDLE_TICK, CycleCause::Start)),
             };
-            if now >= until {
-                return Ok(cycles_seen);
+            if now >= until.0 {
+                return Ok((cycles_seen, until.1));
             }
+            let until = until.0;
             // Bounded, so an abort or a closing communicator is noticed while idle.
             let timeout = (until - now).min(IDLE_TICK);
             let socket_check = if waiting || !self.starts_over_shared_memory() {
@@ -899,10 +917,11 @@ impl Shared {
             } else {
                 IDLE_SOCKET_CHECK
             };
-            if self
-                .comm
-                .wait_readable(&wake, peer_started.is_none(), timeout, socket_check)?
-            {
+            let peer =
+                self.comm
+                    .wait_readable(&wake, peer_started.is_none(), timeout, socket_check)?;
+            self.stats.woke();
+            if peer {
                 peer_started.get_or_insert_with(Instant::now);
             }
         }
@@ -974,6 +993,7 @@ impl Shared {
         let world = session.size;
         let ids: Vec<u32> = sets.keys().copied().collect();
         let mut actions = Vec::new();
+        let mut decided = false;
         for id in ids {
             let Some(set) = sets.get_mut(&id) else {
                 continue;
@@ -1095,6 +1115,7 @@ impl Shared {
                 join,
                 ..
             } = set;
+            decided |= !decision.responses.is_empty();
             let done = session.with_group(group, |s| {
                 executor.run(s, decision.responses, pending, join)
             })?;
@@ -1111,6 +1132,9 @@ impl Shared {
                 return Ok(Flow::Stop(set.group.members[rank]));
             }
             self.inspect_stalls(id, set, now);
+        }
+        if !decided {
+            self.stats.undecided();
         }
         for action in actions {
             self.apply(action, sets, next_set_id, session.rank);

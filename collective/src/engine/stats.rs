@@ -3,6 +3,26 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
+/// Why a cycle started: a caller ran it while waiting for its handle, or the engine thread's
+/// wait ended for one of these reasons (see `Shared::wait_for_next_cycle`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CycleCause {
+    /// A caller waiting for its handle ran it.
+    Caller,
+    /// The engine thread's first cycle, or one at shutdown.
+    Start,
+    /// Ops were submitted and the submit quiet time passed.
+    Submitted,
+    /// A peer started a cycle and this rank had ops waiting.
+    PeerWaiting,
+    /// A peer started a cycle, this rank had nothing waiting, and the join grace passed.
+    PeerGrace,
+    /// The cycle time after the oldest op not yet in a cycle.
+    CycleTime,
+    /// The stall inspector's re-check of ops negotiated earlier.
+    Recheck,
+}
+
 /// Counters since the engine started; read with [`Stats::snapshot`].
 #[derive(Debug, Default)]
 pub(crate) struct Stats {
@@ -14,11 +34,27 @@ pub(crate) struct Stats {
     cache_hits: AtomicU64,
     cache_misses: AtomicU64,
     negotiation_ns: AtomicU64,
+    /// Cycles by [`CycleCause`], in its order.
+    causes: [AtomicU64; 7],
+    /// Cycles in which no set decided anything (no op ran or failed, nobody joined).
+    undecided: AtomicU64,
+    /// Times the engine thread woke from its wait between cycles.
+    wakeups: AtomicU64,
 }
 
 impl Stats {
-    pub(crate) fn cycle(&self) {
+    pub(crate) fn cycle(&self, cause: CycleCause) {
         self.cycles.fetch_add(1, Relaxed);
+        self.causes[cause as usize].fetch_add(1, Relaxed);
+    }
+
+    /// The cycle that just ran decided nothing in any set.
+    pub(crate) fn undecided(&self) {
+        self.undecided.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn woke(&self) {
+        self.wakeups.fetch_add(1, Relaxed);
     }
 
     /// A tensor of this rank was agreed, through the cache bits (`cached`) or in full.
@@ -62,6 +98,19 @@ impl Stats {
             ("cache_misses", misses),
             ("negotiation_ns", self.negotiation_ns.load(Relaxed)),
             ("negotiated_tensors", hits + misses),
+            ("cycles_by_caller", self.cause(CycleCause::Caller)),
+            ("cycles_at_start", self.cause(CycleCause::Start)),
+            ("cycles_submitted", self.cause(CycleCause::Submitted)),
+            ("cycles_peer_waiting", self.cause(CycleCause::PeerWaiting)),
+            ("cycles_peer_grace", self.cause(CycleCause::PeerGrace)),
+            ("cycles_cycle_time", self.cause(CycleCause::CycleTime)),
+            ("cycles_recheck", self.cause(CycleCause::Recheck)),
+            ("cycles_undecided", self.undecided.load(Relaxed)),
+            ("engine_wakeups", self.wakeups.load(Relaxed)),
         ]
+    }
+
+    fn cause(&self, cause: CycleCause) -> u64 {
+        self.causes[cause as usize].load(Relaxed)
     }
 }

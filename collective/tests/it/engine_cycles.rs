@@ -184,3 +184,45 @@ fn ops_waiting_for_a_late_rank_run_no_timed_cycles() {
         );
     }
 }
+
+#[test]
+fn a_rank_a_few_milliseconds_behind_joins_with_its_ops() {
+    // Rank 1 submits the same ops 10 ms after rank 0 (two ranks' steps a little apart, as in
+    // training). Its engine, with nothing waiting, must not join rank 0's cycle before its
+    // caller submits: joining with nothing (after 1 ms, as before) ended that cycle with rank
+    // 0's ops undecided and took a second cycle to run them (4 of bench/training.py's 11
+    // cycles per step).
+    const TENSORS: usize = 8;
+    let barrier = Barrier::new(2);
+    let counts = with_ranks(2, |rank, comm| {
+        let engine = Engine::start(Arc::new(comm), EngineConfig::default()).unwrap();
+        let mut warm = [rank as f32; 4];
+        let handle = allreduce(&engine, "warm", &mut warm);
+        engine.wait(handle, WAIT).unwrap().unwrap();
+        barrier.wait();
+        let before = (stat(&engine, "cycles"), stat(&engine, "cycles_undecided"));
+        if rank == 1 {
+            sleep(Duration::from_millis(10));
+        }
+        let mut tensors = vec![[rank as f32 + 1.0; 4]; TENSORS];
+        let handles: Vec<u64> = tensors
+            .iter_mut()
+            .enumerate()
+            .map(|(i, t)| allreduce(&engine, &format!("grad.{i}"), t))
+            .collect();
+        for handle in handles {
+            engine.wait(handle, WAIT).unwrap().unwrap();
+        }
+        assert!(tensors.iter().all(|t| *t == [3.0; 4]), "{tensors:?}");
+        let after = (stat(&engine, "cycles"), stat(&engine, "cycles_undecided"));
+        engine.shutdown();
+        (after.0 - before.0, after.1 - before.1)
+    });
+    for (rank, (cycles, undecided)) in counts.into_iter().enumerate() {
+        assert_eq!(
+            (cycles, undecided),
+            (1, 0),
+            "rank {rank}: (cycles, cycles that decided nothing) for one step"
+        );
+    }
+}
