@@ -747,13 +747,12 @@ enum Flow {
 }
 
 impl Shared {
+    /// Stops the engine and fails every pending handle with the first error it stopped for.
     fn stop(&self, error: Error) {
-        let mut stopped = lock(&self.stopped);
-        if stopped.is_none() {
-            *stopped = Some(error.replicate());
-        }
-        drop(stopped);
-        self.handles.fail_all(&error);
+        let first = lock(&self.stopped)
+            .get_or_insert_with(|| error.replicate())
+            .replicate();
+        self.handles.fail_all(&first);
     }
 
     fn run(&self) {
@@ -778,6 +777,11 @@ impl Shared {
             match self.wait_for_next_cycle() {
                 Ok((seen, why)) => (decided_at, cause) = (Some(seen), why),
                 Err(error) => {
+                    // The wait fails once the communicator broke. A caller's cycle that broke
+                    // it (a timeout) holds the cycle lock until it stopped the engine with
+                    // that error: taking the lock first keeps this one, "an earlier one
+                    // failed", from failing the handles in its place.
+                    let _cycle = lock(&self.cycles);
                     log::error!(
                         "rank {}: the engine stopped: {error}",
                         self.comm.info().rank
