@@ -71,12 +71,12 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// The longest an engine with nothing waiting waits for its caller's submissions before it joins
 /// a cycle another rank started (see `wait_for_next_cycle`). Joining with nothing ends that
-/// cycle with the peer's ops undecided, so the grace covers how far apart two ranks' steps
-/// usually are: at 1 ms, a third of `bench/training.py`'s cycles (4 of 11 per step) were such
-/// joins. The peer sleeps in the exchange meanwhile (this rank's submission joins it at once);
-/// only its stall inspector waits, and never longer than a re-check (`negotiated_recheck`, at
-/// least half of the shortest stall check, 0.1 s).
-const PEER_JOIN_GRACE: Duration = Duration::from_millis(50);
+/// cycle with the peer's ops undecided (on 2 training ranks, 4 of 11 cycles per step were such
+/// joins, counted by `cycles_peer_grace`), but a longer grace delays every op of a process set
+/// by that much while a rank outside the set idles: each cycle starts with the global set's
+/// exchange, which that rank must join. At 50 ms, ops on a 2-rank set of a 3-rank job took
+/// 50.8 ms each against 7 ms at 1 ms.
+const PEER_JOIN_GRACE: Duration = Duration::from_millis(1);
 
 /// The longest single wait of an idle engine (it then checks for an abort or shutdown).
 const IDLE_TICK: Duration = Duration::from_millis(100);
