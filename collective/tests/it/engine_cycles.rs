@@ -4,9 +4,9 @@
 
 use std::sync::{Arc, Barrier};
 use std::thread::sleep;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use kolo_collective::engine::{Engine, EngineConfig, RawTensor, Submission};
+use kolo_collective::engine::{Engine, EngineConfig, Output, RawTensor, Submission};
 use kolo_collective::wire::OpKind;
 use kolo_collective::DType;
 
@@ -181,6 +181,52 @@ fn ops_waiting_for_a_late_rank_run_no_timed_cycles() {
         assert!(
             waiting <= 3,
             "rank {rank} ran {waiting} cycles while rank 0's ops waited for rank 1"
+        );
+    }
+}
+
+#[test]
+fn a_rank_outside_a_process_set_does_not_slow_its_ops_while_it_idles() {
+    // Every cycle starts with the global set's exchange, so rank 2, idle outside the set {0, 1},
+    // must join the cycles that run that set's ops. It joins with nothing after
+    // PEER_JOIN_GRACE: a grace of 50 ms made every op of the set take 50 ms (1-3 ms at 1 ms).
+    const OPS: usize = 20;
+    let barrier = Barrier::new(3);
+    let medians = with_ranks(3, |rank, comm| {
+        let engine = Engine::start(Arc::new(comm), EngineConfig::default()).unwrap();
+        let handle = engine.add_process_set(&[0, 1], true).unwrap();
+        let set = match engine.wait(handle, WAIT).unwrap().unwrap() {
+            Output::ProcessSet(id) => id,
+            other => panic!("{other:?}"),
+        };
+        barrier.wait();
+        let mut took = Vec::new();
+        if rank < 2 {
+            for i in 0..OPS {
+                let mut x = [rank as f32 + 1.0; 4];
+                let mut sub = Submission::new(OpKind::Allreduce, &format!("pair.{}", i % 3));
+                sub.dtype = DType::F32;
+                sub.shape = vec![4];
+                sub.process_set = set;
+                // SAFETY: `x` outlives the wait below.
+                sub.tensor = unsafe { RawTensor::new(x.as_mut_ptr().cast(), 16) };
+                let started = Instant::now();
+                let handle = engine.submit(sub).unwrap();
+                engine.wait(handle, WAIT).unwrap().unwrap();
+                took.push(started.elapsed());
+                assert_eq!(x, [3.0; 4]);
+            }
+        }
+        barrier.wait();
+        engine.shutdown();
+        took.sort();
+        took.get(OPS / 2).copied()
+    });
+    for (rank, median) in medians.iter().enumerate().take(2) {
+        let median = median.unwrap();
+        assert!(
+            median < Duration::from_millis(25),
+            "rank {rank}: the set's ops took {median:?} (median) while rank 2 idled"
         );
     }
 }
