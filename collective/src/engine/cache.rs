@@ -58,18 +58,15 @@ impl ResponseCache {
     pub(crate) fn lookup(&mut self, desc: &OpDescriptor) -> Option<usize> {
         // A name is under at most one bit, so the entry at the guessed bit being exactly
         // `desc` is the same answer the name's index would give.
-        let guess = self.next_guess;
-        let slot = match self.slots.get(guess) {
-            Some(Some(entry)) if *entry.desc == *desc => guess,
-            _ => {
-                let &slot = self.by_name.get(&desc.name)?;
-                let entry = self.slots[slot].as_ref()?;
-                if *entry.desc != *desc {
-                    return None;
-                }
-                slot
-            }
-        };
+        let holds = |slot: usize| matches!(self.slots.get(slot), Some(Some(e)) if *e.desc == *desc);
+        let slot = Some(self.next_guess)
+            .filter(|&guess| holds(guess))
+            .or_else(|| {
+                self.by_name
+                    .get(&desc.name)
+                    .copied()
+                    .filter(|&slot| holds(slot))
+            })?;
         self.next_guess = slot + 1;
         Some(slot)
     }
