@@ -23,6 +23,11 @@ pub(crate) enum CycleCause {
     Recheck,
 }
 
+impl CycleCause {
+    /// How many causes there are (the last one's index plus one).
+    const COUNT: usize = CycleCause::Recheck as usize + 1;
+}
+
 /// Counters since the engine started; read with [`Stats::snapshot`].
 #[derive(Debug, Default)]
 pub(crate) struct Stats {
@@ -35,7 +40,7 @@ pub(crate) struct Stats {
     cache_misses: AtomicU64,
     negotiation_ns: AtomicU64,
     /// Cycles by [`CycleCause`], in its order.
-    causes: [AtomicU64; 7],
+    causes: [AtomicU64; CycleCause::COUNT],
     /// Cycles in which no set decided anything (no op ran or failed, nobody joined).
     undecided: AtomicU64,
     /// Times the engine thread woke from its wait between cycles.
