@@ -231,6 +231,9 @@ fn a_peer_that_never_shows_up_is_named_within_the_connect_timeout() {
 #[test]
 fn the_engine_runs_over_a_lazy_mesh_and_reports_its_connections() {
     const N: usize = 4;
+    // Every rank looks at its fresh engine before any rank submits: a peer's first op dials
+    // this rank, and that connection is not the fresh engine's doing.
+    let started = Barrier::new(N);
     let opened = with_meshes(
         N,
         false,
@@ -240,7 +243,9 @@ fn the_engine_runs_over_a_lazy_mesh_and_reports_its_connections() {
         |rank, comm| {
             let engine = Engine::start(Arc::new(comm), EngineConfig::default()).unwrap();
             let stat = |name: &str| stat(&engine, name);
-            assert_eq!(stat("connections_opened"), 0);
+            let at_start = stat("connections_opened");
+            started.wait();
+            assert_eq!(at_start, 0, "rank {rank} at start");
             // The last rank submits late: the others' engines learn of it when it connects.
             if rank == N - 1 {
                 thread::sleep(Duration::from_millis(200));
