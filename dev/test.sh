@@ -4,12 +4,21 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
+# Each stage's heading says how long the run has taken so far (CI keeps the log of a failed run).
+stage() { echo "== [$(( $(date +%s) - start )) s] $*"; }
 dev/system-deps.sh --tests
+# The Rust test binaries compile while dev/setup.sh downloads and unpacks the Python packages
+# (minutes of waiting on the network); their log is shown when the Rust tests run. cargo's lock
+# on the target dir makes setup's own kolo build wait for this one rather than race it.
+rust_tests="cargo test --release --workspace --locked --features kolo-collective/cuda"
+rust_build_log=$(mktemp)
+$rust_tests --no-run >"$rust_build_log" 2>&1 &
+rust_build=$!
+trap 'kill "$rust_build" 2>/dev/null || true; rm -f "$rust_build_log"' EXIT
+stage "dev/setup.sh (the Rust test binaries build meanwhile)"
 dev/setup.sh
 dev/emulators.sh
 export PATH="$PWD/.venv/bin:$PATH"
-# Each stage's heading says how long the run has taken so far (CI keeps the log of a failed run).
-stage() { echo "== [$(( $(date +%s) - start )) s] $*"; }
 
 stage "cargo fmt --check"
 cargo fmt --all -- --check
@@ -19,7 +28,11 @@ stage "cargo clippy (release, -D warnings; with and without the cuda feature)"
 cargo clippy --release --workspace --all-targets --locked --features kolo-collective/cuda -- -D warnings
 cargo clippy --release -p kolo-collective --lib --locked -- -D warnings
 stage "cargo test (release, cuda feature)"
-cargo test --release --workspace --locked --features kolo-collective/cuda
+rust_build_status=0
+wait "$rust_build" || rust_build_status=$?
+cat "$rust_build_log"
+[ "$rust_build_status" = 0 ] || { echo "the Rust test build failed" >&2; exit "$rust_build_status"; }
+$rust_tests
 stage "ruff"
 ruff format --check python tests examples bench
 ruff check python tests examples bench
