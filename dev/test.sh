@@ -10,9 +10,9 @@ dev/system-deps.sh --tests
 # The Rust test binaries compile while dev/setup.sh downloads and unpacks the Python packages
 # (minutes of waiting on the network); their log is shown when the Rust tests run. cargo's lock
 # on the target dir makes setup's own kolo build wait for this one rather than race it.
-rust_tests="cargo test --release --workspace --locked --features kolo-collective/cuda"
+rust_tests=(cargo test --release --workspace --locked --features kolo-collective/cuda)
 rust_build_log=$(mktemp)
-$rust_tests --no-run >"$rust_build_log" 2>&1 &
+"${rust_tests[@]}" --no-run >"$rust_build_log" 2>&1 &
 rust_build=$!
 trap 'kill "$rust_build" 2>/dev/null || true; rm -f "$rust_build_log"' EXIT
 stage "dev/setup.sh (the Rust test binaries build meanwhile)"
@@ -32,7 +32,7 @@ rust_build_status=0
 wait "$rust_build" || rust_build_status=$?
 cat "$rust_build_log"
 [ "$rust_build_status" = 0 ] || { echo "the Rust test build failed" >&2; exit "$rust_build_status"; }
-$rust_tests
+"${rust_tests[@]}"
 stage "ruff"
 ruff format --check python tests examples bench
 ruff check python tests examples bench

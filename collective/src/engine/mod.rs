@@ -883,11 +883,11 @@ impl Shared {
             // An op waits at most one cycle time from its submission; ops negotiated earlier
             // that wait for the others get a cycle for the stall inspector only.
             let due = match first_submit {
-                Some(at) if submitted => Some(at + cycle_time),
-                _ => self
-                    .handles
-                    .any_pending()
-                    .then(|| *lock(&self.last_cycle) + self.negotiated_recheck(cycle_time)),
+                Some(at) if submitted => Some((at + cycle_time, CycleCause::CycleTime)),
+                _ => self.handles.any_pending().then(|| {
+                    let at = *lock(&self.last_cycle) + self.negotiated_recheck(cycle_time);
+                    (at, CycleCause::Recheck)
+                }),
             };
             let waiting = submitted || due.is_some();
             let start_at = match (submitted, peer_started) {
@@ -898,22 +898,13 @@ impl Shared {
                 (false, Some(at)) => Some((at + PEER_JOIN_GRACE, CycleCause::PeerGrace)),
                 (false, None) => None,
             };
-            let due = due.map(|at| {
-                let why = if submitted {
-                    CycleCause::CycleTime
-                } else {
-                    CycleCause::Recheck
-                };
-                (at, why)
-            });
-            let until = match (start_at, due) {
+            let (until, why) = match (start_at, due) {
                 (Some(a), Some(b)) => std::cmp::min_by_key(a, b, |(at, _)| *at),
                 (a, b) => a.or(b).unwrap_or((now + IDLE_TICK, CycleCause::Start)),
             };
-            if now >= until.0 {
-                return Ok((cycles_seen, until.1));
+            if now >= until {
+                return Ok((cycles_seen, why));
             }
-            let until = until.0;
             // Bounded, so an abort or a closing communicator is noticed while idle.
             let timeout = (until - now).min(IDLE_TICK);
             let socket_check = if waiting || !self.starts_over_shared_memory() {

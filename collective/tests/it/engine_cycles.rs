@@ -24,11 +24,17 @@ pub(crate) fn stat(engine: &Engine, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("no counter {name}"))
 }
 
-/// Submits an in-place f32 allreduce of `values` named `name`.
+/// Submits an in-place f32 allreduce of `values` named `name` on the global set.
 fn allreduce(engine: &Engine, name: &str, values: &mut [f32]) -> u64 {
+    allreduce_in(engine, 0, name, values)
+}
+
+/// Submits an in-place f32 allreduce of `values` named `name` on process set `set`.
+fn allreduce_in(engine: &Engine, set: u32, name: &str, values: &mut [f32]) -> u64 {
     let mut sub = Submission::new(OpKind::Allreduce, name);
     sub.dtype = DType::F32;
     sub.shape = vec![values.len() as i64];
+    sub.process_set = set;
     // SAFETY: the callers keep `values` alive and untouched until the handle completes.
     sub.tensor = unsafe { RawTensor::new(values.as_mut_ptr().cast(), values.len() * 4) };
     engine.submit(sub).expect("a valid submission")
@@ -204,14 +210,8 @@ fn a_rank_outside_a_process_set_does_not_slow_its_ops_while_it_idles() {
         if rank < 2 {
             for i in 0..OPS {
                 let mut x = [rank as f32 + 1.0; 4];
-                let mut sub = Submission::new(OpKind::Allreduce, &format!("pair.{}", i % 3));
-                sub.dtype = DType::F32;
-                sub.shape = vec![4];
-                sub.process_set = set;
-                // SAFETY: `x` outlives the wait below.
-                sub.tensor = unsafe { RawTensor::new(x.as_mut_ptr().cast(), 16) };
                 let started = Instant::now();
-                let handle = engine.submit(sub).unwrap();
+                let handle = allreduce_in(&engine, set, &format!("pair.{}", i % 3), &mut x);
                 engine.wait(handle, WAIT).unwrap().unwrap();
                 took.push(started.elapsed());
                 assert_eq!(x, [3.0; 4]);
