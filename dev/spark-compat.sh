@@ -17,4 +17,6 @@ for version in "$@"; do
   echo "== Spark suites on pyspark $version"
   PYTHONPATH="$target" .venv/bin/python -m pytest -q -p no:cacheprovider \
     tests/test_spark_run.py tests/test_spark_estimator.py tests/test_spark_inference.py
+  echo "== the main job (examples/spark_torch_estimator.py) on pyspark $version"
+  PYTHONPATH="$target" .venv/bin/python examples/spark_torch_estimator.py
 done

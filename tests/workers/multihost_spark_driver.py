@@ -1,12 +1,12 @@
-"""The Spark driver of the multi-host tests: fits the same tiny ``TorchEstimator`` twice, first
-on ``local[3]`` (the one-host reference), then on the standalone cluster at ``argv[1]`` (one
-1-core worker per host, so each of the 3 ranks runs on another host), and prints
-``LOCAL <json>``, ``CLUSTER <json>`` (the fitted weights) and ``EXECUTORS <json>`` (the
-executors' hosts).
+"""The Spark driver of the multi-host tests: fits a tiny ``TorchEstimator`` on the standalone
+cluster at ``argv[1]`` (one 1-core worker per host, so each of the 3 ranks runs on another host)
+and prints ``REFERENCE <json>`` (the weights one process reaches by plain full-batch gradient
+descent), ``CLUSTER <json>`` (the fitted weights) and ``EXECUTORS <json>`` (the executors' hosts).
 
 Every epoch is one full batch per rank (24 rows, 8 per rank, no validation), so the averaged
-gradient is the full-data gradient whichever rows Spark hands to which rank: both fits must end
-at the same weights.
+gradient is the full-data gradient whichever rows Spark hands to which rank, and the ranks'
+learning rate is ``lr * size`` (Horovod's scaling): the fit must end at the weights of
+``epochs`` full-batch steps at that rate, taken in this process.
 
     python multihost_spark_driver.py spark://10.231.0.1:7077 10.231.0.1 STORE_DIR
 """
@@ -47,41 +47,63 @@ def session(master: str, host: str) -> SparkSession:
     )
 
 
-def fit(spark: SparkSession, store_dir: str) -> list:
+LR, EPOCHS = 0.1, 5
+
+
+def data() -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(7)
     x = torch.randn(ROWS, 3, generator=g)
-    y = x @ torch.tensor([[1.5], [-2.0], [0.5]]) + 0.25
-    df = spark.createDataFrame([(x[i].tolist(), float(y[i, 0])) for i in range(ROWS)], ["x", "y"])
+    return x, x @ torch.tensor([[1.5], [-2.0], [0.5]]) + 0.25
+
+
+def initial_model() -> torch.nn.Linear:
     torch.manual_seed(0)
-    model = torch.nn.Linear(3, 1)
+    return torch.nn.Linear(3, 1)
+
+
+def weights(model: torch.nn.Module) -> list:
+    return [p.detach().flatten().tolist() for p in model.parameters()]
+
+
+def reference() -> list:
+    """``EPOCHS`` full-batch SGD steps at ``LR * RANKS`` in this process."""
+    x, y = data()
+    model = initial_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR * RANKS)
+    for _ in range(EPOCHS):
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+    return weights(model)
+
+
+def fit(spark: SparkSession, store_dir: str) -> list:
+    x, y = data()
+    df = spark.createDataFrame([(x[i].tolist(), float(y[i, 0])) for i in range(ROWS)], ["x", "y"])
+    model = initial_model()
     estimator = TorchEstimator(
         num_proc=RANKS,
         store=Store.create(store_dir),
         model=model,
-        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        optimizer=torch.optim.SGD(model.parameters(), lr=LR),
         loss=torch.nn.functional.mse_loss,
         feature_cols=["x"],
         label_cols=["y"],
         label_shapes=[[-1, 1]],
         batch_size=ROWS // RANKS,
-        epochs=5,
+        epochs=EPOCHS,
         random_seed=1,
         verbose=0,
     )
-    fitted = estimator.fit(df).getModel()
-    return [p.detach().flatten().tolist() for p in fitted.parameters()]
+    return weights(estimator.fit(df).getModel())
 
 
 def main(master: str, host: str, store_dir: str) -> None:
     start = time.monotonic()
-    local = session(f"local[{RANKS}]", host)
-    local.sparkContext.setLogLevel("ERROR")
-    print("LOCAL " + json.dumps(fit(local, os.path.join(store_dir, "local"))), flush=True)
-    local.stop()
-    print(f"TIMING local {time.monotonic() - start:.1f}s", flush=True)
+    print("REFERENCE " + json.dumps(reference()), flush=True)
     cluster = session(master, host)
     cluster.sparkContext.setLogLevel("ERROR")
-    print("CLUSTER " + json.dumps(fit(cluster, os.path.join(store_dir, "cluster"))), flush=True)
+    print("CLUSTER " + json.dumps(fit(cluster, store_dir)), flush=True)
     # "Map(10.231.0.2:41234 -> (...), ...)": the block managers of the executors and driver.
     status = str(cluster.sparkContext._jsc.sc().getExecutorMemoryStatus())
     hosts = sorted(set(re.findall(r"(\d+\.\d+\.\d+\.\d+):\d+ ->", status)))
