@@ -20,11 +20,12 @@ echo "== installing Python dependencies (dev/requirements.txt, with uv)"
 # uv (from PyPI, into the venv) downloads and unpacks in parallel: about 70 s for the ~5 GB of
 # wheels where pip takes 210 s. Modules compile to bytecode when first imported, not all at
 # install (that would add a minute for files no test imports).
-.venv/bin/python -m pip install --quiet --upgrade pip "$(grep '^uv==' dev/requirements.txt)"
+pin() { sed -n "s/^\($1==[^ ]*\).*/\1/p" dev/requirements.txt; }  # "torch==2.15.0"
+.venv/bin/python -m pip install --quiet --upgrade pip "$(pin uv)"
 uv_install() { .venv/bin/uv pip install --quiet --python .venv/bin/python "$@"; }
 # torch (with its ~3.5 GB of CUDA wheels) first and on its own, so its downloaded wheels are
 # gone before the rest download: a lower peak on a small disk.
-uv_install "$(sed -n 's/^\(torch==[^ ]*\).*/\1/p' dev/requirements.txt)"
+uv_install "$(pin torch)"
 uv_install -r dev/requirements.txt
 
 # kolo's Spark plugin jar goes into the package before it is installed (the wheel ships it).
