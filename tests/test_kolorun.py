@@ -16,8 +16,13 @@ import pytest
 
 from conftest import BIN, REPO, kill_quietly, pid_alive, run_kolorun, worker_env
 
+#: Joins the job with kolo's engine alone, as ``import kolo.torch as hvd; hvd.init()`` does but
+#: without torch's 3 CPU-seconds of import: these tests are about the launcher (scripts that use
+#: kolo.torch under kolorun are the collectives, engine and training suites).
+INIT = "from kolo import _core as hvd, _lifecycle; _lifecycle.init(); "
+
 PRINT_RANKS = (
-    "import json, kolo.torch as hvd; hvd.init(); "
+    f"import json; {INIT}"
     "print(json.dumps(dict(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(), "
     "local_size=hvd.local_size(), cross_rank=hvd.cross_rank(), cross_size=hvd.cross_size())))"
 )
@@ -46,10 +51,7 @@ def test_local_ranks_get_prefixed_output_and_consecutive_assignment() -> None:
 
 
 def test_stderr_is_prefixed_and_output_files_are_written(tmp_path) -> None:
-    code = (
-        "import sys, kolo.torch as hvd; hvd.init(); "
-        "print('out', hvd.rank()); print('err', hvd.rank(), file=sys.stderr)"
-    )
+    code = f"import sys; {INIT}print('out', hvd.rank()); print('err', hvd.rank(), file=sys.stderr)"
     result = run_kolorun(
         ["-np", "2", "--output-filename", str(tmp_path), "python", "-c", code], timeout=120
     )
@@ -73,7 +75,8 @@ def test_nonzero_exit_is_reported_with_rank_and_code() -> None:
 
 def test_start_timeout_names_how_many_ranks_registered() -> None:
     code = (
-        "import os, kolo.torch as hvd; hvd.init() if os.environ['KOLO_TASK_INDEX'] == '0' else None"
+        "import os; from kolo import _lifecycle; "
+        "_lifecycle.init() if os.environ['KOLO_TASK_INDEX'] == '0' else None"
     )
     result = run_kolorun(["-np", "2", "--start-timeout", "15", "python", "-c", code], timeout=90)
     assert result.returncode != 0
@@ -102,7 +105,7 @@ ENGINE_VARS = (
     "KOLO_TIMELINE",
 )
 PRINT_ENGINE_VARS = (
-    "import json, os, kolo.torch as hvd; hvd.init(); "
+    f"import json, os; {INIT}"
     "print(json.dumps(dict(rank=hvd.rank(), "
     f"env={{k: os.environ.get(k) for k in {ENGINE_VARS!r}}})))"
 )
@@ -162,7 +165,7 @@ def test_check_build_reports_this_build() -> None:
 
 def test_ctrl_c_stops_every_rank(tmp_path) -> None:
     code = (
-        "import os, sys, time, kolo.torch as hvd; hvd.init(); "
+        f"import os, sys, time; {INIT}"
         f"open(os.path.join({str(tmp_path)!r}, f'rank{{hvd.rank()}}.pid'), 'w')"
         ".write(str(os.getpid())); print('ready', flush=True); time.sleep(120)"
     )
@@ -212,8 +215,7 @@ HOROVOD_RANK_VARS = (
 PRINT_ENV = (
     "import json, os, sys; names = sys.argv[1].split(','); "
     "before = {k: os.environ.get(k) for k in names}; "
-    "import kolo.torch as hvd; hvd.init(); "
-    "print(json.dumps(dict(rank=hvd.rank(), env=before)))"
+    f"{INIT}print(json.dumps(dict(rank=hvd.rank(), env=before)))"
 )
 
 
@@ -346,7 +348,7 @@ def test_the_launching_environment_reaches_local_ranks_minus_the_deny_list() -> 
 
 
 def test_prefix_output_with_timestamp() -> None:
-    code = "import kolo.torch as hvd; hvd.init(); print('hello', hvd.rank())"
+    code = INIT + "print('hello', hvd.rank())"
     result = run_kolorun(["-np", "2", "-prefix-timestamp", "python", "-c", code], timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     # asctime, like horovodrun: "Wed Nov 25 08:10:00 2026[0]<stdout>:hello 0"
@@ -554,7 +556,7 @@ def test_thread_affinity_pins_each_engine_thread_to_its_core() -> None:
 
 
 def test_log_lines_show_the_time_unless_hidden() -> None:
-    joined = "import kolo.torch as hvd; hvd.init()"
+    joined = INIT
     stamp = r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6}: kolo INFO pid \d+\] joined job"
     for flags, shown in (
         ([], True),
