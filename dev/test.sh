@@ -8,8 +8,9 @@ start=$(date +%s)
 stage() { echo "== [$(( $(date +%s) - start )) s] $*"; }
 dev/system-deps.sh --tests
 # The Rust test binaries compile while dev/setup.sh downloads and unpacks the Python packages
-# (minutes of waiting on the network); their log is shown when the Rust tests run. cargo's lock
-# on the target dir makes setup's own kolo build wait for this one rather than race it.
+# (a couple of minutes, mostly waiting on the network); their log is shown when the Rust tests
+# run. cargo's lock on the target dir makes setup's own kolo build wait for this one rather than
+# race it.
 rust_tests=(cargo test --release --workspace --locked --features kolo-collective/cuda)
 rust_build_log=$(mktemp)
 "${rust_tests[@]}" --no-run >"$rust_build_log" 2>&1 &

@@ -348,7 +348,7 @@ def test_the_launching_environment_reaches_local_ranks_minus_the_deny_list() -> 
 
 
 def test_prefix_output_with_timestamp() -> None:
-    code = INIT + "print('hello', hvd.rank())"
+    code = f"{INIT}print('hello', hvd.rank())"
     result = run_kolorun(["-np", "2", "-prefix-timestamp", "python", "-c", code], timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     # asctime, like horovodrun: "Wed Nov 25 08:10:00 2026[0]<stdout>:hello 0"
