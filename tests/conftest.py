@@ -10,8 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
-# Storage servers on 127.0.0.1 (moto, fake-gcs-server, Azurite, MiniDFS) as fixtures.
 from support.emulators import (  # noqa: F401
     azure_prefix,
     azure_server,
@@ -23,6 +21,9 @@ from support.emulators import (  # noqa: F401
     s3_prefix,
     s3_server,
 )
+
+# Storage servers on 127.0.0.1 (moto, fake-gcs-server, Azurite, MiniDFS) as fixtures.
+from support.processes import pid_alive  # noqa: F401  (the tests import it from here)
 from support.ray import ray_local  # noqa: F401
 from support.spark import connect_server, connect_spark, spark, standalone_cluster  # noqa: F401
 
@@ -30,6 +31,56 @@ from support.spark import connect_server, connect_spark, spark, standalone_clust
 # MiniDFS) live for seconds to minutes: C1 alone compiles them well enough, and leaving out C2's
 # compiler threads cut the Spark suites' CPU time by 13 % (their wall time by 3-10 %).
 os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1")
+
+#: Session fixtures that start a cluster or a server. dev/test.sh runs the suite in two lanes at
+#: once (two pytest processes, ``--lane clusters`` and ``--lane processes``): the modules that use
+#: one of these, or are marked spark or ray, run in one lane, in order, so each cluster starts
+#: once and no two Spark or Ray clusters run at once; every other module (rank processes that
+#: often wait on timeouts) runs in the other.
+CLUSTER_FIXTURES = frozenset(
+    {
+        "spark",
+        "standalone_cluster",
+        "connect_server",
+        "connect_spark",
+        "ray_local",
+        "s3_server",
+        "gcs_server",
+        "azure_server",
+        "hdfs_server",
+        "remote_prefix",  # each storage server in turn, through request.getfixturevalue
+    }
+)
+LANES = ("clusters", "processes")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--lane",
+        choices=LANES,
+        help="run one lane of the suite: the modules that use a Spark, Ray or storage-server "
+        "session fixture (clusters), or the others (processes); dev/test.sh runs both at once",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """With ``--lane``, deselects the modules of the other lane."""
+    lane = config.getoption("lane")
+    if lane is None:
+        return
+    clusters = {
+        item.path
+        for item in items
+        if item.get_closest_marker("spark")
+        or item.get_closest_marker("ray")
+        or CLUSTER_FIXTURES.intersection(item.fixturenames)
+    }
+    keep, other = [], []
+    for item in items:
+        (keep if (item.path in clusters) == (lane == "clusters") else other).append(item)
+    config.hook.pytest_deselected(items=other)
+    items[:] = keep
+
 
 REPO = Path(__file__).resolve().parents[1]
 WORKERS = Path(__file__).resolve().parent / "workers"
@@ -122,19 +173,6 @@ def check_digits_example(script: str) -> None:
 def worker(name: str) -> str:
     """The path of a worker script under tests/workers."""
     return str(WORKERS / name)
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie still answers kill(0); treat it as gone.
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(") ", 1)[1][0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def kill_quietly(pid: int) -> None:

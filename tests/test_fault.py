@@ -5,21 +5,16 @@ from __future__ import annotations
 
 import re
 import time
-from pathlib import Path
 
 import pytest
+from support.shm_segments import leftovers, segments
 
 from conftest import kill_quietly, pid_alive, run_kolorun, worker
 
 
-def kolo_segments() -> set[str]:
-    """kolo's shared-memory segments currently in /dev/shm."""
-    return {p.name for p in Path("/dev/shm").glob("kolo-*")}
-
-
 @pytest.mark.parametrize("transport", ["tcp", "shm"])
 def test_sigkill_mid_allreduce_makes_others_raise_and_kolorun_fail(tmp_path, transport) -> None:
-    segments_before = kolo_segments()
+    segments_before = segments()
     started = time.monotonic()
     result = run_kolorun(
         ["-np", "3", "python", worker("sigkill_worker.py"), str(tmp_path)],
@@ -27,7 +22,7 @@ def test_sigkill_mid_allreduce_makes_others_raise_and_kolorun_fail(tmp_path, tra
         env={"KOLO_TRANSPORT": transport},
     )
     elapsed = time.monotonic() - started
-    segments_after = kolo_segments()
+    left = leftovers(segments_before)
     pids = [int(p.read_text()) for p in tmp_path.glob("rank*.pid")]
     try:
         assert result.returncode != 0, result.stdout + result.stderr
@@ -46,9 +41,7 @@ def test_sigkill_mid_allreduce_makes_others_raise_and_kolorun_fail(tmp_path, tra
                 f"rank {rank} raised {raised_at - killed_at:.1f} s late"
             )
             assert "rank 1" in message, message
-        assert segments_after <= segments_before, (
-            f"left in /dev/shm: {sorted(segments_after - segments_before)}"
-        )
+        assert not left, f"left in /dev/shm: {left}"
         assert len(pids) == 3
         assert not [pid for pid in pids if pid_alive(pid)], "a rank process survived kolorun"
     finally:

@@ -12,7 +12,6 @@ After every test no rank process and no /dev/shm/kolo* segment is left.
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import re
@@ -22,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.shm_segments import leftovers, segments
 
 from conftest import BIN, REPO, pid_alive, run_kolorun, worker, worker_env
 
@@ -62,7 +62,7 @@ def _children() -> list[int]:
 def clean(tmp_path):
     """Checks that nothing the test started outlives it: rank processes (their command lines
     name tmp_path; kolo.run's ranks are this process's children) and shared memory."""
-    segments = set(glob.glob("/dev/shm/kolo*"))
+    segments_before = segments()
     # Other tests' long-lived helpers (Spark, Ray, sshd) may be this process's children too.
     before = set(_children())
 
@@ -75,7 +75,7 @@ def clean(tmp_path):
         time.sleep(0.1)
     assert not _processes_mentioning(str(tmp_path)), "rank processes outlived the launch"
     assert not new_children(), "kolo.run left child processes"
-    assert not set(glob.glob("/dev/shm/kolo*")) - segments, "shared memory segments were left"
+    assert not leftovers(segments_before), "shared memory segments were left"
 
 
 def discovery_script(tmp_path: Path, hosts: list[str]) -> tuple[Path, Path]:

@@ -19,7 +19,6 @@ import signal
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -29,6 +28,7 @@ pytestmark = [pytest.mark.ray]
 ray = pytest.importorskip("ray")
 
 from support.ray import ray_cluster  # noqa: E402
+from support.shm_segments import leftovers, segments  # noqa: E402
 
 from kolo.exceptions import (  # noqa: E402
     InvalidArgumentError,
@@ -173,10 +173,6 @@ def _kolo_actors() -> list:
     ]
 
 
-def _segments() -> set[str]:
-    return {path.name for path in Path("/dev/shm").glob("kolo*")}
-
-
 @pytest.fixture(autouse=True)
 def nothing_left_behind(request):
     """After each test on the cluster: no worker or queue actor alive, no placement group, no
@@ -184,7 +180,7 @@ def nothing_left_behind(request):
     if "cluster" not in request.fixturenames:
         yield
         return
-    before = _segments()
+    before = segments()
     yield
     deadline = time.monotonic() + 15
     while _kolo_actors() and time.monotonic() < deadline:
@@ -192,7 +188,7 @@ def nothing_left_behind(request):
     assert _kolo_actors() == []
     groups = [g for g in ray.util.placement_group_table().values() if g["state"] != "REMOVED"]
     assert groups == []
-    assert _segments() - before == set()
+    assert leftovers(before) == []
 
 
 def _worker_nodes(cluster) -> list:

@@ -8,16 +8,21 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
+from support.shm_segments import creator_pid, segments
 
 from conftest import BIN, REPO, kill_quietly, output_tail, run_kolorun, worker_env
 from kolo import _native
 
-# Each rank lists kolo's segments in /dev/shm right after init() (all ranks mapped them, so
-# none may be left) and runs one allreduce to show the plane works.
+# Each rank lists kolo's segments in its job's segment directory (KOLO_SHM_DIR) right after
+# init() (all ranks mapped them, so none may be left) and runs one allreduce to show the plane
+# works.
 SEGMENTS_AFTER_INIT = (
     "import os, glob, torch, kolo.torch as hvd; hvd.init(); "
-    "left = glob.glob('/dev/shm/kolo-*'); "
+    "left = glob.glob(os.path.join(os.environ['KOLO_SHM_DIR'], 'kolo-*')); "
     "t = hvd.allreduce(torch.ones(4) * (hvd.rank() + 1), op=hvd.Sum); "
     "print('rank', hvd.rank(), 'left', len(left), 'sum', float(t[0]))"
 )
@@ -27,11 +32,21 @@ def test_build_info_reports_shared_memory() -> None:
     assert _native.build_info()["shm"] is True
 
 
-def test_segments_are_gone_once_every_rank_mapped_them() -> None:
+@pytest.fixture
+def shm_dir() -> Iterator[Path]:
+    """A segment directory of the test's own on /dev/shm's tmpfs (``KOLO_SHM_DIR``): other
+    jobs on the machine, such as the suite's other xdist worker's, use /dev/shm itself."""
+    path = Path("/dev/shm") / f"shmtest-{secrets.token_hex(6)}"
+    path.mkdir(mode=0o700)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_segments_are_gone_once_every_rank_mapped_them(shm_dir) -> None:
     result = run_kolorun(
         ["-np", "3", "python", "-c", SEGMENTS_AFTER_INIT],
         timeout=120,
-        env={"KOLO_TRANSPORT": "shm"},
+        env={"KOLO_TRANSPORT": "shm", "KOLO_SHM_DIR": str(shm_dir)},
     )
     assert result.returncode == 0, output_tail(result)
     for rank in range(3):
@@ -68,30 +83,19 @@ PID_THEN_INIT = (
     ".write(str(os.getpid())); "
     "_core.start_engine(); time.sleep(60)"
 )
-SEGMENT_MAGIC = b"KOLOSHM1"
 
 
 def segment_files(shm_dir: Path) -> list[Path]:
-    return sorted(p for p in shm_dir.iterdir() if p.name.startswith("kolo-"))
+    return [shm_dir / name for name in sorted(segments(shm_dir))]
 
 
-def creator_pid(segment: Path) -> int:
-    """The pid in a segment's header (bytes 8..12), or -1 before the header is written."""
-    try:
-        with open(segment, "rb") as f:
-            header = f.read(12)
-    except FileNotFoundError:
-        return -1
-    return int.from_bytes(header[8:12], "little") if header[:8] == SEGMENT_MAGIC else -1
-
-
-def test_segments_of_ranks_killed_before_unlink_are_reclaimed_by_the_next_init(tmp_path) -> None:
+def test_segments_of_ranks_killed_before_unlink_are_reclaimed_by_the_next_init(
+    tmp_path, shm_dir
+) -> None:
     """Issue 20: a crash between creating a segment and unlinking it used to leave the segment
     (and its memory) behind for good. Two ranks are SIGKILLed while their segments exist
     (large halves make reserving one take a while); the next job in the same directory starts,
     reduces correctly, and leaves the directory empty: the dead ranks' segments reclaimed."""
-    shm_dir = Path("/dev/shm") / f"shmtest-{secrets.token_hex(6)}"
-    shm_dir.mkdir(mode=0o700)
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
     env = {"KOLO_TRANSPORT": "shm", "KOLO_SHM_DIR": str(shm_dir)}
@@ -125,7 +129,7 @@ def test_segments_of_ranks_killed_before_unlink_are_reclaimed_by_the_next_init(t
         assert all(creator_pid(s) in pids for s in left), [(s.name, creator_pid(s)) for s in left]
 
         result = run_kolorun(
-            ["-np", "2", "python", "-c", SEGMENTS_AFTER_INIT.replace("/dev/shm", str(shm_dir))],
+            ["-np", "2", "python", "-c", SEGMENTS_AFTER_INIT],
             timeout=120,
             env={**env, "KOLO_SHM_CHUNK_BYTES": str(1 << 20)},
         )
@@ -139,4 +143,3 @@ def test_segments_of_ranks_killed_before_unlink_are_reclaimed_by_the_next_init(t
         if crashed.poll() is None:
             crashed.send_signal(signal.SIGKILL)
             crashed.wait(timeout=30)
-        shutil.rmtree(shm_dir, ignore_errors=True)

@@ -22,6 +22,7 @@ from pathlib import Path
 import cloudpickle
 import pytest
 from support.rank_marker import MARKER_VAR, assert_no_orphans
+from support.shm_segments import leftovers, segments
 
 import kolo.spark
 from kolo.exceptions import ConfigError, InvalidArgumentError, RankFailedError
@@ -39,10 +40,6 @@ KOLO_SPARK_LINE = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) kolo\.spar
 def next_job_id(spark) -> int:
     """The id the next Spark job of this context gets (counts every job ever started)."""
     return int(spark.sparkContext._jsc.sc().dagScheduler().nextJobId())
-
-
-def kolo_segments() -> set[str]:
-    return {name for name in os.listdir("/dev/shm") if name.startswith("kolo")}
 
 
 def executor_pid():
@@ -129,7 +126,7 @@ def test_a_rank_killed_leaves_and_the_survivor_finishes(spark):
     """local[2]: rank 1 SIGKILLs itself mid-training; rank 0 restores its last commit and
     finishes alone (min_num_proc=1); no rank process or shared-memory segment is left."""
     marker = uuid.uuid4().hex
-    segments = kolo_segments()
+    segments_before = segments()
     started = time.monotonic()
     results = kolo.spark.run_elastic(
         elastic_steps,
@@ -149,7 +146,7 @@ def test_a_rank_killed_leaves_and_the_survivor_finishes(spark):
     assert result["sizes"][:2] == [2, 2] and set(result["sizes"][2:]) == {1}, result
     assert result["resets"] == [1]
     assert_no_orphans(marker, within=15.0)
-    assert kolo_segments() <= segments
+    assert not leftovers(segments_before)
     print(f"run_elastic local[2], one rank killed: {elapsed:.2f}s")
 
 
@@ -499,7 +496,7 @@ def standalone_runs(standalone_cluster, tmp_path_factory):
     job's end, the driver's log, and the test processes' marker and shared-memory segments."""
     tmp_path = tmp_path_factory.mktemp("standalone-runs")
     marker = uuid.uuid4().hex
-    segments = kolo_segments()
+    segments_before = segments()
     reports = [tmp_path / "reports-run", tmp_path / "reports-fit"]
     for report_dir in reports:
         report_dir.mkdir()
@@ -513,7 +510,7 @@ def standalone_runs(standalone_cluster, tmp_path_factory):
     )
     print("\n".join(line for line in log.splitlines() if "kolo.spark " in line))
     assert_no_orphans(marker, within=15.0)
-    assert kolo_segments() <= segments
+    assert not leftovers(segments_before)
     yield {
         "values": values,
         "kill_times": kill_times,
