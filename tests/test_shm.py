@@ -3,6 +3,7 @@ leaving nothing in /dev/shm once every local rank mapped the segments."""
 
 from __future__ import annotations
 
+import os
 import secrets
 import shutil
 import signal
@@ -12,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.shm_segments import creator_pid, segments
+from support.shm_segments import SEGMENT_MAGIC, creator_pid, leftovers, segments
 
 from conftest import BIN, REPO, kill_quietly, output_tail, run_kolorun, worker_env
 from kolo import _native
@@ -143,3 +144,19 @@ def test_segments_of_ranks_killed_before_unlink_are_reclaimed_by_the_next_init(
         if crashed.poll() is None:
             crashed.send_signal(signal.SIGKILL)
             crashed.wait(timeout=30)
+
+
+def test_leftovers_are_the_new_segments_of_dead_creators(shm_dir) -> None:
+    """tests/support/shm_segments.py, which the suites' leak checks use while the other lane's
+    jobs set theirs up: a new segment whose creator is dead is a leftover; one whose creator
+    runs, or that existed before, is not."""
+    child = subprocess.Popen(["true"])  # a pid that has exited (and was reaped)
+    child.wait()
+    old = shm_dir / "kolo-old-0"
+    old.write_bytes(SEGMENT_MAGIC + child.pid.to_bytes(4, "little"))
+    before = segments(shm_dir)
+    (shm_dir / "kolo-live-0").write_bytes(SEGMENT_MAGIC + os.getpid().to_bytes(4, "little"))
+    (shm_dir / "kolo-dead-0").write_bytes(SEGMENT_MAGIC + child.pid.to_bytes(4, "little"))
+    (shm_dir / "kolo-headerless-0").write_bytes(b"")
+    (shm_dir / "other-0").write_bytes(b"")
+    assert leftovers(before, shm_dir) == ["kolo-dead-0", "kolo-headerless-0"]
