@@ -174,7 +174,11 @@ pub(crate) mod tests {
         expect(dead_code, reason = "used by the cuda tests")
     )]
     pub(crate) fn use_the_repository_venv() {
-        let lib = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.venv/lib");
+        // The run's CARGO_MANIFEST_DIR (cargo sets it) before the build's: cargo reuses a test
+        // binary built in a checkout at another path, whose venv may not be this one's.
+        let manifest_dir = std::env::var_os("CARGO_MANIFEST_DIR")
+            .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from);
+        let lib = manifest_dir.join("../.venv/lib");
         let dirs: Vec<PathBuf> = std::fs::read_dir(lib)
             .map(|d| {
                 d.flatten()

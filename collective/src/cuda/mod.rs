@@ -160,7 +160,10 @@ mod tests {
     fn the_cuda_wrappers_do_not_reach_into_the_engine() {
         // The engine's device path (engine::device) calls these wrappers; an arrow back would
         // make the engine and the wrappers one circle again.
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/cuda");
+        // The run's CARGO_MANIFEST_DIR (cargo sets it), not the build's: a test binary that
+        // cargo reuses from a checkout at another path would read that checkout's files.
+        let manifest_dir = std::env::var_os("CARGO_MANIFEST_DIR").expect("run by cargo test");
+        let dir = std::path::Path::new(&manifest_dir).join("src/cuda");
         let mut files = 0;
         for entry in std::fs::read_dir(&dir).unwrap() {
             let path = entry.unwrap().path();
