@@ -245,7 +245,7 @@ def test_duplicate_outstanding_name_raises_typed_error_naming_the_tensor(main_jo
     for rank in range(2):
         dup = main_job.one(rank, "dup")
         assert dup["error"] in ("InvalidArgumentError", "MismatchError"), dup
-        assert "dup.tensor" in dup["message"], dup
+        assert f"dup.tensor.{rank}" in dup["message"], dup
 
 
 # --- 9./10. join, barrier, grouped ops ----------------------------------------------------------
