@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+# Storage servers on 127.0.0.1 (moto, fake-gcs-server, Azurite, MiniDFS) as fixtures.
 from support.emulators import (  # noqa: F401
     azure_prefix,
     azure_server,
@@ -21,8 +23,6 @@ from support.emulators import (  # noqa: F401
     s3_prefix,
     s3_server,
 )
-
-# Storage servers on 127.0.0.1 (moto, fake-gcs-server, Azurite, MiniDFS) as fixtures.
 from support.processes import pid_alive  # noqa: F401  (the tests import it from here)
 from support.ray import ray_local  # noqa: F401
 from support.spark import connect_server, connect_spark, spark, standalone_cluster  # noqa: F401

@@ -1,9 +1,9 @@
 """kolo's shared-memory segments in ``/dev/shm``, for tests that check a job left none behind.
 
-The suite runs on two xdist workers (dev/test.sh), so another test's job may be setting its
-segments up at the moment a test looks. A rank unlinks its segment once every local rank mapped
-it, so a segment still there with a live creator belongs to a job in its start-up; one whose
-creator is dead was left behind. :func:`leftovers` reports only those.
+The suite runs in two lanes at once (dev/test.sh, ``--lane``), so another test's job may be
+setting its segments up at the moment a test looks. A rank unlinks its segment once every local
+rank mapped it, so a segment still there with a live creator belongs to a job in its start-up;
+one whose creator is dead was left behind. :func:`leftovers` reports only those.
 """
 
 from __future__ import annotations
