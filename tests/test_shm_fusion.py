@@ -1,5 +1,5 @@
 """Tensor fusion through shared memory at default settings: batches of mixed shapes and dtypes
-are exact on every rank and run as one shared-memory collective per dtype and op, flat (2 and 3
+are exact on every rank, and a grouped batch runs as one shared-memory collective, flat (2 and 3
 ranks, the latter with small halves so every batch takes many rounds) and hierarchical (two
 simulated hosts of two ranks); a mismatched tensor in the middle of a batch fails alone and the
 next batch is exact; a joined rank's stand-ins leave the other rank's tensors as they were."""
@@ -33,10 +33,10 @@ def test_fused_batches_through_shared_memory_are_exact(layout: str) -> None:
     assert len(steps) == 14, output_tail(result)
     # Every collective ran on shared memory.
     assert all(step["shm_collectives"] == step["collectives"] for step in steps), steps
-    # Fusion is not capped on shared memory any more: a whole batch of a dtype whose batch is
-    # larger than 1 MiB (float32, float64, int32; with a tensor of 1.2 MiB or more) ran as one
-    # collective at the default 128 MiB threshold. (A batch may straddle two engine cycles, so
-    # not every step must show it.)
-    large = [step for step in steps if step["dtype"] != "torch.bfloat16"]
-    assert any(step["collectives"] == 1 and step["fused_tensors"] >= 8 for step in large), steps
-    assert sum(step["collectives"] for step in steps) < sum(step["tensors"] for step in steps) / 2
+    # Fusion is not capped on shared memory: each dtype's grouped batch (one cycle on every rank
+    # for certain; over 1 MiB in float32, float64 and int32, with a tensor of 1.2 MiB or more)
+    # ran as one collective at the default 128 MiB threshold. Batches of single ops are only
+    # checked for exactness: on a loaded machine they may straddle engine cycles.
+    grouped = [step for step in steps if step["grouped"]]
+    assert len(grouped) == 4, steps
+    assert all(step["collectives"] == 1 and step["fused_tensors"] >= 8 for step in grouped), steps

@@ -94,10 +94,13 @@ def check(label: str, actual: torch.Tensor, want: torch.Tensor, op: Any = None) 
         )
 
 
-def batch(salt: int, op: Any, dtype: torch.dtype, odd_one: int | None = None) -> None:
+def batch(
+    salt: int, op: Any, dtype: torch.dtype, odd_one: int | None = None, grouped: bool = False
+) -> None:
     """One fused batch: every shape in `dtype`, reduced with `op`. With `odd_one`, rank 1
     submits that tensor with one more element: it must fail with MismatchError on every rank
-    while the rest of the batch is exact."""
+    while the rest of the batch is exact. With `grouped`, one grouped allreduce of the batch:
+    it certainly enters one cycle on every rank, so it must run as one collective."""
     before = kolo.engine_stats()
     tensors = []
     for i, shape in enumerate(SHAPES):
@@ -105,13 +108,19 @@ def batch(salt: int, op: Any, dtype: torch.dtype, odd_one: int | None = None) ->
         if i == odd_one and hvd.rank() == 1:
             t = torch.zeros(t.numel() + 1, dtype=dtype)
         tensors.append(t)
+    label = f"batch {salt} {dtype} {op}"
+    if grouped:
+        hvd.synchronize(hvd.grouped_allreduce_async_(tensors, op=op, name=f"group.{salt}"))
+        for i, (shape, t) in enumerate(zip(SHAPES, tensors)):
+            check(f"{label} tensor {i} {shape}", t, expected(i, shape, dtype, salt, op), op)
+        print_step(before, dtype, grouped)
+        return
     # Submitted back to back (the engine starts a cycle once submissions pause), so the batch
-    # is agreed in one cycle and fused.
+    # is mostly agreed in one cycle and fused; on a loaded machine it may straddle cycles.
     handles = [
         hvd.allreduce_async_(t, op=op, name=f"fuse.{salt}.{dtype}.{op}.{i}")
         for i, t in enumerate(tensors)
     ]
-    label = f"batch {salt} {dtype} {op}"
     for i, (shape, t, h) in enumerate(zip(SHAPES, tensors, handles)):
         if i == odd_one:
             try:
@@ -122,10 +131,16 @@ def batch(salt: int, op: Any, dtype: torch.dtype, odd_one: int | None = None) ->
             continue
         hvd.synchronize(h)
         check(f"{label} tensor {i} {shape}", t, expected(i, shape, dtype, salt, op), op)
+    print_step(before, dtype, grouped)
+
+
+def print_step(before: dict[str, int], dtype: torch.dtype, grouped: bool) -> None:
+    """Prints the step's engine counters (since `before`) as a DATA line."""
     after = kolo.engine_stats()
-    delta = {k: after[k] - before[k] for k in ("tensors", "collectives", "shm_collectives")}
-    delta["fused_tensors"] = after["fused_tensors"] - before["fused_tensors"]
+    keys = ("tensors", "collectives", "shm_collectives", "fused_tensors")
+    delta: dict[str, Any] = {k: after[k] - before[k] for k in keys}
     delta["dtype"] = str(dtype)
+    delta["grouped"] = grouped
     print(f"DATA step {json.dumps(delta)}", flush=True)
 
 
@@ -154,7 +169,7 @@ def main() -> int:
     for dtype in DTYPES:
         for op in ops_for(dtype):
             salt += 1
-            batch(salt, op, dtype)
+            batch(salt, op, dtype, grouped=op is hvd.Sum)
     # A rank error in the middle of a fused batch, then a batch that must be exact again.
     batch(100, hvd.Sum, torch.float32, odd_one=4)
     batch(101, hvd.Sum, torch.float32)
