@@ -34,7 +34,7 @@ import cloudpickle
 
 from kolo.estimator.progress import ProgressReporter, rank_result, send_progress
 from kolo.estimator.spec import TrainingSpec, checkpoint_bytes, checkpoint_file
-from kolo.estimator.torch_trainer import state_bytes
+from kolo.estimator.torch_trainer import state_bytes, tensorboard_without_tensorflow
 
 __all__ = ["LightningSpec", "LightningTrainer"]
 
@@ -281,6 +281,7 @@ class LightningTrainer:
             return logger
         if spec.store.get_logs_path(spec.run_id) is None:
             return False
+        tensorboard_without_tensorflow()
         try:
             from lightning.pytorch.loggers import TensorBoardLogger
 
