@@ -35,8 +35,9 @@ os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1")
 #: Session fixtures that start a cluster or a server. dev/test.sh runs the suite in two lanes at
 #: once (two pytest processes, ``--lane clusters`` and ``--lane processes``): the modules that use
 #: one of these, or are marked spark or ray, run in one lane, in order, so each cluster starts
-#: once and no two Spark or Ray clusters run at once; every other module (rank processes that
-#: often wait on timeouts) runs in the other.
+#: once and no two Spark or Ray clusters run at once; so do the modules marked ``clusters_lane``
+#: (CPU-bound ones moved there so both lanes end at about the same time); every other module
+#: (rank processes that often wait on timeouts) runs in the other.
 CLUSTER_FIXTURES = frozenset(
     {
         "spark",
@@ -71,8 +72,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     clusters = {
         item.path
         for item in items
-        if item.get_closest_marker("spark")
-        or item.get_closest_marker("ray")
+        if any(item.get_closest_marker(name) for name in ("spark", "ray", "clusters_lane"))
         or CLUSTER_FIXTURES.intersection(item.fixturenames)
     }
     keep, other = [], []
