@@ -31,6 +31,11 @@ from support.spark import connect_server, connect_spark, spark, standalone_clust
 # MiniDFS) live for seconds to minutes: C1 alone compiles them well enough, and leaving out C2's
 # compiler threads cut the Spark suites' CPU time by 13 % (their wall time by 3-10 %).
 os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1")
+# One intra-op thread per process (what torchrun sets for several ranks per host; Spark's and
+# Ray's workers get it already): the suites run 2-4 ranks beside the other lane on 2 cores, and
+# each rank's OpenMP pool of one thread per core spins after every parallel op. Measured: the
+# 4-rank shared-memory fusion job 25 s -> 8 s, three quarters of its CPU time had been libgomp.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 #: Session fixtures that start a cluster or a server. dev/test.sh runs the suite in two lanes at
 #: once (two pytest processes, ``--lane clusters`` and ``--lane processes``): the modules that use
