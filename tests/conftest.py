@@ -40,9 +40,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 #: Session fixtures that start a cluster or a server. dev/test.sh runs the suite in two lanes at
 #: once (two pytest processes, ``--lane clusters`` and ``--lane processes``): the modules that use
 #: one of these, or are marked spark or ray, run in one lane, in order, so each cluster starts
-#: once and no two Spark or Ray clusters run at once; so do the modules marked ``clusters_lane``
-#: (CPU-bound ones moved there so both lanes end at about the same time); every other module
-#: (rank processes that often wait on timeouts) runs in the other.
+#: once and no two Spark or Ray clusters run at once; every other module (rank processes that
+#: often wait on timeouts) runs in the other.
 CLUSTER_FIXTURES = frozenset(
     {
         "spark",
@@ -77,7 +76,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     clusters = {
         item.path
         for item in items
-        if any(item.get_closest_marker(name) for name in ("spark", "ray", "clusters_lane"))
+        if item.get_closest_marker("spark")
+        or item.get_closest_marker("ray")
         or CLUSTER_FIXTURES.intersection(item.fixturenames)
     }
     keep, other = [], []

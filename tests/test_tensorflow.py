@@ -20,9 +20,6 @@ import pytest
 
 from conftest import REPO, check_digits_example, check_scenario, run_kolorun, worker, worker_env
 
-#: In dev/test.sh's clusters lane, which otherwise ends minutes before the processes lane.
-pytestmark = pytest.mark.clusters_lane
-
 SCENARIOS = (
     "ops",
     "grads",
