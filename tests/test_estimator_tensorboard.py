@@ -29,9 +29,9 @@ RANK0 = textwrap.dedent(
 
     hvd.init()
     store = Store.create(sys.argv[1])
-    trainer = TorchTrainer.__new__(TorchTrainer)
-    trainer.spec = types.SimpleNamespace(store=store, run_id="tb_run")
     if sys.argv[2] == "torch":
+        trainer = TorchTrainer.__new__(TorchTrainer)
+        trainer.spec = types.SimpleNamespace(store=store, run_id="tb_run")
         writer, local_dir, sync = trainer._tensorboard(hvd)
         writer.add_scalar("loss", 0.5, 0)
         writer.close()

@@ -111,16 +111,15 @@ def batch(
     label = f"batch {salt} {dtype} {op}"
     if grouped:
         hvd.synchronize(hvd.grouped_allreduce_async_(tensors, op=op, name=f"group.{salt}"))
-        for i, (shape, t) in enumerate(zip(SHAPES, tensors)):
-            check(f"{label} tensor {i} {shape}", t, expected(i, shape, dtype, salt, op), op)
-        print_step(before, dtype, grouped)
-        return
-    # Submitted back to back (the engine starts a cycle once submissions pause), so the batch
-    # is mostly agreed in one cycle and fused; on a loaded machine it may straddle cycles.
-    handles = [
-        hvd.allreduce_async_(t, op=op, name=f"fuse.{salt}.{dtype}.{op}.{i}")
-        for i, t in enumerate(tensors)
-    ]
+        handles: list[Any] = [None] * len(tensors)
+    else:
+        # Submitted back to back (the engine starts a cycle once submissions pause), so the
+        # batch is mostly agreed in one cycle and fused; on a loaded machine it may straddle
+        # cycles.
+        handles = [
+            hvd.allreduce_async_(t, op=op, name=f"fuse.{salt}.{dtype}.{op}.{i}")
+            for i, t in enumerate(tensors)
+        ]
     for i, (shape, t, h) in enumerate(zip(SHAPES, tensors, handles)):
         if i == odd_one:
             try:
@@ -129,13 +128,9 @@ def batch(
             except MismatchError:
                 pass
             continue
-        hvd.synchronize(h)
+        if h is not None:
+            hvd.synchronize(h)
         check(f"{label} tensor {i} {shape}", t, expected(i, shape, dtype, salt, op), op)
-    print_step(before, dtype, grouped)
-
-
-def print_step(before: dict[str, int], dtype: torch.dtype, grouped: bool) -> None:
-    """Prints the step's engine counters (since `before`) as a DATA line."""
     after = kolo.engine_stats()
     keys = ("tensors", "collectives", "shm_collectives", "fused_tensors")
     delta: dict[str, Any] = {k: after[k] - before[k] for k in keys}
