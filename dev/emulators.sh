@@ -2,7 +2,8 @@
 # Provisions the storage servers the test suite starts on 127.0.0.1 (tests/support/emulators.py)
 # into .tools/ at pinned versions: fake-gcs-server (Go proxy; wrapped by tests/support/fake-gcs),
 # Azurite (npm; tests/support/azurite) and a MiniDFSCluster launcher (Maven Central;
-# tests/support/minidfs). moto_server (S3) comes from dev/requirements.txt via dev/setup.sh.
+# tests/support/minidfs). moto_server (S3) comes from dev/requirements.txt via dev/setup.sh, so
+# this script needs no .venv: dev/test.sh runs it beside dev/setup.sh.
 # Every step runs on a fresh clone; a stamp in .tools/ holding a hash of the step's pinned inputs
 # only skips a step whose exact output is already there. Caches outside the clone (GOMODCACHE /
 # GOCACHE, the npm cache, ~/.m2) make a cold run faster. A missing toolchain (go, npm/node,
@@ -84,11 +85,6 @@ install_minidfs() {
 }
 
 echo "== provisioning storage emulators into .tools/"
-if [ -x .venv/bin/moto_server ]; then
-  echo "   moto_server: .venv/bin/moto_server (from dev/requirements.txt)"
-else
-  missing+=("moto_server (run dev/setup.sh)")
-fi
 if command -v go >/dev/null 2>&1; then
   step fake-gcs install_fake_gcs_server
 else
