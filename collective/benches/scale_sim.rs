@@ -14,7 +14,9 @@
 //! `KOLO_SIM_LATENCY_US` and `KOLO_SIM_GBPS` (bytes: gigabytes per second) change the link;
 //! `KOLO_SIM_FANOUT` the tree's children per node (default: the engine's `TREE_FANOUT`);
 //! `KOLO_SIM_DEBUG=1` prints percentiles over the ranks of each phase's CPU and of agreement.
-//! Agreement is reported for the median rank and the latest.
+//! Agreement is reported for the median rank and the latest, with the floor this host allows
+//! (`SimReport::floor`: the slowest rank's message built, the tree's hops at the link's latency,
+//! the rank's own decode and decision) and the median rank's share of it (floor / agreement).
 
 use std::time::Duration;
 
@@ -40,6 +42,9 @@ struct Row {
     cpu_max_us: f64,
     agreement_us: f64,
     agreement_p50_us: f64,
+    /// The median rank's floor (`SimReport::floor`) and the median over ranks of floor / agreement.
+    floor_p50_us: f64,
+    floor_share: f64,
     peers_max: usize,
     peers_root: usize,
     identical: bool,
@@ -49,6 +54,11 @@ struct Row {
 
 fn us(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
 fn main() {
@@ -110,6 +120,7 @@ fn main() {
                     eprintln!("{label} decide {}", pct(&|c| us(c.phases.decide)));
                     eprintln!("{label} agreed {}", pct(&|c| us(c.agreed_at)));
                 }
+                let floor = report.floor(step);
                 let non_root = &cycles[1.min(cycles.len() - 1)..];
                 let others = non_root.len().max(1) as f64;
                 rows.push(Row {
@@ -130,6 +141,14 @@ fn main() {
                         at.sort_unstable();
                         us(at[at.len() / 2])
                     },
+                    floor_p50_us: median(floor.iter().map(|&f| us(f)).collect()),
+                    floor_share: median(
+                        floor
+                            .iter()
+                            .zip(cycles)
+                            .map(|(f, c)| f.as_secs_f64() / c.agreed_at.as_secs_f64().max(1e-12))
+                            .collect(),
+                    ),
                     peers_max: report.peers.iter().copied().max().unwrap_or(0),
                     peers_root: report.peers[0],
                     identical: cycles.iter().all(|c| c.decision == cycles[0].decision)
@@ -145,13 +164,13 @@ fn main() {
         }
     }
     println!(
-        "{:>5} {:>10} {:>6} | {:>9} {:>11} | {:>8} {:>8} {:>11} | {:>9} {:>9} | {:>19} | {:>5} {:>5} | agree | cpu µs: build negotiate decode decide",
+        "{:>5} {:>10} {:>6} | {:>9} {:>11} | {:>8} {:>8} {:>11} | {:>9} {:>9} | {:>19} | {:>15} | {:>5} {:>5} | agree | cpu µs: build negotiate decode decide",
         "n", "protocol", "step", "root msgs", "root bytes", "nr msg mx", "nr msg", "nr bytes", "cpu µs", "cpu mx µs",
-        "agreement p50/max µs", "peers", "root"
+        "agreement p50/max µs", "floor p50 µs/share", "peers", "root"
     );
     for r in &rows {
         println!(
-            "{:>5} {:>10} {:>6} | {:>9} {:>11} | {:>8} {:>8.1} {:>11.0} | {:>9.1} {:>9.1} | {:>9.1} {:>9.1} | {:>5} {:>5} | {:>5} | {:>12.1} {:>9.1} {:>6.1} {:>6.1}",
+            "{:>5} {:>10} {:>6} | {:>9} {:>11} | {:>8} {:>8.1} {:>11.0} | {:>9.1} {:>9.1} | {:>9.1} {:>9.1} | {:>8.1} {:>5.0}% | {:>5} {:>5} | {:>5} | {:>12.1} {:>9.1} {:>6.1} {:>6.1}",
             r.n,
             r.protocol,
             r.step,
@@ -164,6 +183,8 @@ fn main() {
             r.cpu_max_us,
             r.agreement_p50_us,
             r.agreement_us,
+            r.floor_p50_us,
+            100.0 * r.floor_share,
             r.peers_max,
             r.peers_root,
             if r.identical { "yes" } else { "NO" },
@@ -179,7 +200,7 @@ fn main() {
             format!(
                 "{{\"n\":{},\"protocol\":\"{}\",\"step\":\"{}\",\"root_messages\":{},\"root_bytes\":{},\
                  \"non_root_messages_max\":{},\"non_root_messages_mean\":{:.2},\"non_root_bytes_mean\":{:.0},\
-                 \"cpu_mean_us\":{:.1},\"cpu_max_us\":{:.1},\"agreement_us\":{:.1},\"agreement_p50_us\":{:.1},\"peers_max\":{},\
+                 \"cpu_mean_us\":{:.1},\"cpu_max_us\":{:.1},\"agreement_us\":{:.1},\"agreement_p50_us\":{:.1},\"floor_p50_us\":{:.1},\"floor_share\":{:.3},\"peers_max\":{},\
                  \"peers_root\":{},\"identical_decisions\":{},\"cpu_phases_us\":{{\"build\":{:.1},\
                  \"negotiate\":{:.1},\"decode\":{:.1},\"decide\":{:.1}}}}}",
                 r.n,
@@ -194,6 +215,8 @@ fn main() {
                 r.cpu_max_us,
                 r.agreement_us,
                 r.agreement_p50_us,
+                r.floor_p50_us,
+                r.floor_share,
                 r.peers_max,
                 r.peers_root,
                 r.identical,

@@ -246,9 +246,10 @@ impl Coordinator {
         // Cache bits: those every active member sent run at once; the rest wait in the table.
         let any_joined = self.joined.iter().any(|&j| j);
         let active = self.joined.iter().filter(|&&j| !j).count();
-        // How many active members sent each bit, indexed by bit (bits are below the cache's
-        // capacity, checked when the message was decoded).
-        let mut counts: Vec<usize> = Vec::new();
+        // How many active members sent each bit, indexed by bit (the longest message's words
+        // hold every bit; bits are below the cache's capacity, checked when it was decoded).
+        let words = groups.iter().map(|g| g.msg.bits.len()).max().unwrap_or(0);
+        let mut counts: Vec<usize> = vec![0; words * 64];
         for g in groups {
             let senders = if any_joined {
                 g.members().filter(|&r| !self.joined[r]).count()
@@ -259,9 +260,6 @@ impl Coordinator {
                 continue;
             }
             for bit in g.msg.bit_indices() {
-                if bit >= counts.len() {
-                    counts.resize(bit + 1, 0);
-                }
                 counts[bit] += senders;
             }
         }
@@ -277,6 +275,7 @@ impl Coordinator {
             })
             .map(|(bit, _)| bit)
             .collect();
+        decision.responses.reserve(everywhere.len());
         // Groups whose message needs more than the bits every member sent (bits that wait,
         // descriptors), in the order of their first member: the table's entries are numbered
         // in the order of the first sender.

@@ -38,7 +38,8 @@ pub enum Negotiation {
     Auto,
     /// Every member sends every other member its message (today's design).
     AllToAll,
-    /// Gather up and broadcast down a binary tree rooted at group rank 0.
+    /// Gather up and broadcast down a tree of [`TREE_FANOUT`] children per node, rooted at
+    /// group rank 0.
     Tree,
 }
 
@@ -52,12 +53,15 @@ pub enum Negotiation {
 pub const AUTO_TREE_FROM: usize = 4;
 
 /// Children per node of the negotiation tree (the same on every member: a constant, not a
-/// knob). Measured in the simulator at 1,024 ranks (`KOLO_SIM_FANOUT=2|4|8`, three runs each,
-/// docs/scale.md): fan-out 4 and 8 agreed on the cached step at a lower median rank than 2
-/// (272–332 and 249–336 µs against 385–417 µs) but not reliably at the latest rank on a host
-/// at load 15–60, and they double or quadruple a rank's messages and peers; 2 stays until a
-/// quieter measurement decides.
-pub const TREE_FANOUT: usize = 2;
+/// knob). Measured in the simulator on a quiet host (`KOLO_SIM_FANOUT=2|4|8`, three runs each,
+/// interleaved, docs/scale.md), the median rank agreed on the cached 161-tensor step at 1,024
+/// ranks in 170–208 µs with fan-out 2, 124–139 µs with 4 (one run at 272 µs, when this host's
+/// floor alone was 245 µs) and 132–141 µs with 8; at 256 ranks in 118–144, 97–108 (165) and
+/// 83–111 µs. Half the depth of the binary tree halves the hops; 8 gains little more in the
+/// simulator, which charges nothing for a send, while a real send costs a system call per child
+/// (a parent sends each child a poke and the digest) and a rank would have 9 peers: 4 it is
+/// (≤ 9 sends, ≤ 6 receives and 5 peers per member per cycle).
+pub const TREE_FANOUT: usize = 4;
 
 /// The protocol one process set runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -9,6 +9,12 @@
 //! advances its clock. Sending `b` bytes occupies the sender for `b / bandwidth`; the message
 //! arrives `latency` after that. A receive sets the clock to the later of its own value and the
 //! message's arrival. A rank's agreement time is its clock once it has the cycle's decision.
+//!
+//! Two corrections keep the host's artefacts out of the figures: the cost of reading the CPU
+//! clock itself (a system call, ~0.5 µs on a VM, measured at the start of every run) is taken
+//! off every measured interval, and each virtual rank gets its own malloc heap, as the process
+//! it stands for has (glibc's default of 8 heaps per core made 1,024 threads on 2 cores queue
+//! for 16 heaps, which doubled the decision's CPU and made the slowest ranks several times slower).
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
@@ -16,6 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::digest::{just, Entry};
+use super::tree::Node;
 use super::{negotiate_with, Digest, Links, Negotiation, Protocol, TREE_FANOUT};
 use crate::dtype::{DType, ReduceOp};
 use crate::engine::coordinator::{Coordinator, Response, Senders};
@@ -125,6 +132,11 @@ pub struct SimReport {
     /// For every rank, the distinct peers it exchanged control messages with (the connections
     /// the control plane needs).
     pub peers: Vec<usize>,
+    /// For every rank, its depth in the negotiation tree (hops below the root); all zero under
+    /// all-to-all, where every message crosses one link.
+    pub depth: Vec<usize>,
+    /// The modelled network.
+    pub link: LinkModel,
 }
 
 impl SimReport {
@@ -135,6 +147,45 @@ impl SimReport {
             .map(|c| c.agreed_at)
             .max()
             .unwrap_or_default()
+    }
+
+    /// For every rank, the earliest it could have had `step`'s decision with the CPU time this
+    /// run measured and the protocol's paths: every member's message, once built, crosses its
+    /// path to this rank at the link's latency alone (the tree: up to the root, then down to
+    /// the rank; all-to-all: one link), then the rank decodes and decides. What a rank's
+    /// agreement exceeds it by is the protocol's own work on the path (merging, encoding,
+    /// forwarding); the rest is what this host's CPU allows.
+    pub fn floor(&self, step: usize) -> Vec<Duration> {
+        let cycles = &self.cycles[step];
+        let latency = self.link.latency;
+        let hops = |n: usize| latency * u32::try_from(n).unwrap_or(u32::MAX);
+        // When each member's message could be at the root (the tree) or sent (all-to-all).
+        let ready: Vec<Duration> = cycles
+            .iter()
+            .zip(&self.depth)
+            .map(|(c, &depth)| c.phases.build + hops(depth))
+            .collect();
+        let latest = |except: Option<usize>| {
+            ready
+                .iter()
+                .enumerate()
+                .filter(|&(s, _)| Some(s) != except)
+                .map(|(_, &t)| t)
+                .max()
+        };
+        let root_has_all = latest(None).unwrap_or_default();
+        cycles
+            .iter()
+            .enumerate()
+            .map(|(r, c)| {
+                let all_here = match self.protocol {
+                    Protocol::Tree => root_has_all + hops(self.depth[r]),
+                    Protocol::AllToAll => latest(Some(r))
+                        .map_or(c.phases.build, |t| (t + latency).max(c.phases.build)),
+                };
+                all_here + c.phases.decode + c.phases.decide
+            })
+            .collect()
     }
 }
 
@@ -159,10 +210,38 @@ struct SimLinks {
     clock: f64,
     /// Thread CPU time when the clock last took it in.
     cpu_mark: Duration,
+    /// What reading the CPU clock costs (see [`clock_overhead`]).
+    clock_cost: Duration,
     cpu: Duration,
     messages: usize,
     bytes: usize,
     peers: BTreeSet<usize>,
+}
+
+/// The least CPU time two back-to-back readings of the thread CPU clock show: the clock's own
+/// cost, taken off every measured interval.
+fn clock_overhead() -> Duration {
+    (0..1000)
+        .map(|_| {
+            let a = thread_cpu();
+            thread_cpu().saturating_sub(a)
+        })
+        .min()
+        .unwrap_or_default()
+}
+
+/// Gives every thread (virtual rank) its own malloc heap (glibc only; see the module docs).
+/// glibc fixes the limit when a process first has more heaps than it tests for, so this runs
+/// before the first simulation starts its threads.
+fn one_heap_per_rank() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        // SAFETY: mallopt only sets an allocator parameter.
+        ONCE.call_once(|| unsafe {
+            libc::mallopt(libc::M_ARENA_MAX, 1 << 16);
+        });
+    }
 }
 
 fn thread_cpu() -> Duration {
@@ -179,7 +258,9 @@ impl SimLinks {
     /// Adds the CPU time spent since the last call to the clock.
     fn account(&mut self) {
         let now = thread_cpu();
-        let spent = now.saturating_sub(self.cpu_mark);
+        let spent = now
+            .saturating_sub(self.cpu_mark)
+            .saturating_sub(self.clock_cost);
         self.cpu_mark = now;
         self.cpu += spent;
         self.clock += spent.as_secs_f64();
@@ -267,12 +348,9 @@ impl Links for SimLinks {
         self.post(peer, Arc::from(bytes))
     }
 
+    /// The copy is charged with the work that follows it (the clock runs from the arrival).
     fn recv(&mut self, peer: usize, max_len: usize) -> Result<Vec<u8>> {
-        let bytes = self.recv_shared(peer, max_len)?;
-        self.account();
-        let out = bytes.to_vec();
-        self.cpu_mark = thread_cpu();
-        Ok(out)
+        Ok(self.recv_shared(peer, max_len)?.to_vec())
     }
 
     /// Sends one shared copy of `payload` to every peer and merges what arrives as it
@@ -418,6 +496,8 @@ pub fn run(config: &SimConfig) -> Result<SimReport> {
     }
     let (senders, receivers): (Vec<_>, Vec<_>) = (0..n).map(|_| channel::<Packet>()).unzip();
     let outboxes = Arc::new(senders);
+    one_heap_per_rank();
+    let clock_cost = clock_overhead();
     let mut threads = Vec::with_capacity(n);
     for (rank, inbox) in receivers.into_iter().enumerate() {
         let config = config.clone();
@@ -435,6 +515,7 @@ pub fn run(config: &SimConfig) -> Result<SimReport> {
                     stash: HashMap::new(),
                     clock: 0.0,
                     cpu_mark: Duration::ZERO,
+                    clock_cost,
                     cpu: Duration::ZERO,
                     messages: 0,
                     bytes: 0,
@@ -470,10 +551,19 @@ pub fn run(config: &SimConfig) -> Result<SimReport> {
     let cycles = (0..config.steps)
         .map(|s| per_rank.iter().map(|r| r[s].clone()).collect())
         .collect();
+    let protocol = config.negotiation.protocol(n);
+    let depth = match protocol {
+        Protocol::AllToAll => vec![0; n],
+        Protocol::Tree => (0..n)
+            .map(|r| Node::of(r, n, config.fanout).depth)
+            .collect(),
+    };
     Ok(SimReport {
-        protocol: config.negotiation.protocol(n),
+        protocol,
         cycles,
         peers,
+        depth,
+        link: config.link,
     })
 }
 
