@@ -231,8 +231,12 @@ fn a_peer_that_never_shows_up_is_named_within_the_connect_timeout() {
 #[test]
 fn the_engine_runs_over_a_lazy_mesh_and_reports_its_connections() {
     const N: usize = 4;
-    // Every rank looks at its fresh engine before any rank submits: a peer's first op dials
-    // this rank, and that connection is not the fresh engine's doing.
+    // Each rank connects to the peers its work needs, not to every member: the negotiation
+    // tree's edges (at 4 members a star, rank 0 and each other) and the small allreduce's
+    // recursive-doubling partners (r ^ 1, r ^ 2). Ranks 1 and 2 never talk.
+    let needs: [u64; N] = [3, 2, 2, 3];
+    // Every rank looks at its fresh engine before any rank submits. The engine's first cycle
+    // runs as it starts and may already have reached its tree peers, never more.
     let started = Barrier::new(N);
     let opened = with_meshes(
         N,
@@ -245,7 +249,8 @@ fn the_engine_runs_over_a_lazy_mesh_and_reports_its_connections() {
             let stat = |name: &str| stat(&engine, name);
             let at_start = stat("connections_opened");
             started.wait();
-            assert_eq!(at_start, 0, "rank {rank} at start");
+            let tree_peers = if rank == 0 { N - 1 } else { 1 } as u64;
+            assert!(at_start <= tree_peers, "rank {rank} at start: {at_start}");
             // The last rank submits late: the others' engines learn of it when it connects.
             if rank == N - 1 {
                 thread::sleep(Duration::from_millis(200));
@@ -267,10 +272,6 @@ fn the_engine_runs_over_a_lazy_mesh_and_reports_its_connections() {
             opened
         },
     );
-    // Each rank connects to the peers its work needs, not to every member: the negotiation
-    // tree's edges (at 4 members a star, rank 0 and each other) and the small allreduce's
-    // recursive-doubling partners (r ^ 1, r ^ 2). Ranks 1 and 2 never talk.
-    let needs = [3, 2, 2, 3];
     for (rank, opened) in opened.into_iter().enumerate() {
         assert_eq!(opened.unwrap(), (needs[rank], needs[rank]), "rank {rank}");
     }
