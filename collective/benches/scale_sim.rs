@@ -15,7 +15,7 @@
 //! `KOLO_SIM_FANOUT` the tree's children per node (default: the engine's `TREE_FANOUT`);
 //! `KOLO_SIM_DEBUG=1` prints percentiles over the ranks of each phase's CPU and of agreement.
 //! Agreement is reported for the median rank and the latest, with the floor this host allows
-//! (`SimReport::floor`: the slowest rank's message built, the tree's hops at the link's latency,
+//! (`SimReport::floor`: every message built, carried along its path at the link's latency, then
 //! the rank's own decode and decision) and the median rank's share of it (floor / agreement).
 
 use std::time::Duration;
@@ -56,6 +56,7 @@ fn us(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
 
+/// The median (the upper one of an even count) of `v`.
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied().unwrap_or(0.0)
@@ -136,11 +137,7 @@ fn main() {
                     cpu_mean_us: cycles.iter().map(|c| us(c.cpu)).sum::<f64>() / n as f64,
                     cpu_max_us: cycles.iter().map(|c| us(c.cpu)).fold(0.0, f64::max),
                     agreement_us: us(report.agreement(step)),
-                    agreement_p50_us: {
-                        let mut at: Vec<Duration> = cycles.iter().map(|c| c.agreed_at).collect();
-                        at.sort_unstable();
-                        us(at[at.len() / 2])
-                    },
+                    agreement_p50_us: median(cycles.iter().map(|c| us(c.agreed_at)).collect()),
                     floor_p50_us: median(floor.iter().map(|&f| us(f)).collect()),
                     floor_share: median(
                         floor
