@@ -121,6 +121,25 @@ def ceiling_figures(kolo: float, ceiling: float, horovod: Optional[float]) -> di
     return figures
 
 
+def synchronous_floor(durations: list[float]) -> float:
+    """The least time any synchronous data-parallel trainer needs for the steps this rank timed
+    as `durations` (seconds each), every rank having timed its own alone after one barrier:
+    the sum over steps of the slowest rank's duration of that step. A trainer that
+    communicates for free still ends each step only when its slowest rank does, so the
+    ranks' step-to-step jitter costs it this much over the no-communication ceiling (which
+    takes each rank's total, letting a rank's fast steps make up for its slow ones)."""
+    each = hvd.allgather(torch.tensor([durations], dtype=torch.float64), name="bench.durations")
+    return float(each.max(dim=0).values.sum())
+
+
+def synchronous_floor_line(kolo: float, ceiling: float, floor: float) -> str:
+    """What a bench prints about the synchronous floor (samples/s, as `kolo` and `ceiling`)."""
+    return (
+        f"synchronous floor {floor:.1f} samples/s ({floor / ceiling:.1%} of the no-communication "
+        f"ceiling: the ranks' step-to-step jitter): kolo reaches {kolo / floor:.1%} of it"
+    )
+
+
 def ceiling_lines(figures: dict[str, Any], unit: str) -> list[str]:
     """What a bench prints about `ceiling_figures`: the ceiling and each trainer's share of
     it, the bound on kolo / Horovod, and one line saying so when the bound is below the

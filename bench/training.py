@@ -27,7 +27,10 @@ warm-up steps, then that block's rounds of ``--steps`` steps, timed the same way
 second line: Horovod's samples/s and kolo / Horovod (target >= 1.25x), then the share of the
 no-communication ceiling each reaches (kolo's target >= 97%) and the bound it implies, kolo /
 Horovod <= ceiling / Horovod, with one more line when that bound is below the 1.25x target
-(``common.ceiling_lines``, shared with bench/synthetic_benchmark.py). For the same torch on
+(``common.ceiling_lines``, shared with bench/synthetic_benchmark.py). It also prints the
+synchronous floor (``common.synchronous_floor``): from the ceiling's own per-step times, the
+sum over steps of the slowest rank's step, which no synchronous trainer can beat (each step
+ends with its slowest rank), and kolo's share of it. For the same torch on
 both sides, start the job with the peer venv's python (``kolorun -np 2 <venv>/bin/python
 ...``); the line says when the two differ.
 
@@ -69,6 +72,8 @@ from common import (
     no_communication_step,
     reinit,
     seconds_per_step,
+    synchronous_floor,
+    synchronous_floor_line,
     take_autotune_environment,
     train_step,
     write_results,
@@ -184,6 +189,22 @@ def timed(step: Callable[[], None], steps: int, batch_size: int) -> float:
     return batch_size * hvd.size() * steps / slowest
 
 
+def timed_alone(step: Callable[[], None], steps: int, batch_size: int) -> tuple[float, float]:
+    """The no-communication ceiling's round: samples/sec over all ranks as ``timed``, and the
+    synchronous floor of the same steps (``common.synchronous_floor``)."""
+    hvd.barrier()
+    start = time.perf_counter()
+    durations = []
+    for _ in range(steps):
+        began = time.perf_counter()
+        step()
+        durations.append(time.perf_counter() - began)
+    elapsed = torch.tensor([time.perf_counter() - start])
+    slowest = float(hvd.allreduce(elapsed, op=hvd.Max, name="bench.elapsed").item())
+    samples = batch_size * hvd.size() * steps
+    return samples / slowest, samples / synchronous_floor(durations)
+
+
 def horovod_main(args: argparse.Namespace) -> None:
     """This script's Horovod run (``--horovod-peer``): Horovod's DistributedOptimizer on the
     same model, weights and data; its warm-up, then ``--rounds`` timed rounds. Rank 0 hands
@@ -234,10 +255,16 @@ def main() -> None:
         horovod = horovod_peer.HorovodBeside(hvd, peer_python, Path(__file__).resolve())
         samples["horovod"] = []
     order = list(trainers)
+    floor: list[float] = []
     for block in blocks(args.rounds, args.horovod_blocks if horovod else 1):
         for _ in range(block):
             for name in order:
-                samples[name].append(timed(trainers[name], args.steps, args.batch_size))
+                if name == "no_comm":
+                    alone, synchronous = timed_alone(local_step, args.steps, args.batch_size)
+                    samples[name].append(alone)
+                    floor.append(synchronous)
+                else:
+                    samples[name].append(timed(trainers[name], args.steps, args.batch_size))
             order.reverse()  # kolo first, then DDP first, ...: neither always follows the other
         if horovod is not None:
             theirs = horovod.run(horovod_args(args, block), timeout=1200)
@@ -256,6 +283,7 @@ def main() -> None:
             f"{row['ddp'] / row['no_comm']:.0%})",
             flush=True,
         )
+        print(synchronous_floor_line(row["kolo"], row["no_comm"], statistics.median(floor)))
         horovod_figures = None
         if horovod is not None:
             horovod_figures = horovod_summary(row, horovod_runs, args.batch_size, size)
@@ -279,6 +307,8 @@ def main() -> None:
             "median_samples_per_sec": row,
             "ratio_kolo_over_ddp": ratio,
             "kolo_share_of_no_comm": row["kolo"] / row["no_comm"],
+            "synchronous_floor_samples_per_sec": statistics.median(floor),
+            "kolo_share_of_synchronous_floor": row["kolo"] / statistics.median(floor),
             "horovod": horovod_figures,
             "single_rank_median_samples_per_sec": (
                 json.loads(args.single_rank_json.read_text())["median_samples_per_sec"]

@@ -325,9 +325,25 @@ def test_training_benchmark_reports_scaling_efficiency(tmp_path) -> None:
         re.match(r"scaling 1 -> 2 ranks: kolo [\d.]+x \(\d+% efficiency\) .* kolo/ddp [\d.]+x$", x)
         for x in lines
     ), lines
+    assert any(
+        re.match(
+            r"synchronous floor [\d.]+ samples/s \([\d.]+% of the no-communication ceiling: "
+            r"the ranks' step-to-step jitter\): kolo reaches [\d.]+% of it$",
+            x,
+        )
+        for x in lines
+    ), lines
     figures = json.loads(two.read_text())
     assert figures["ranks"] == 2 and figures["horovod"] is None
     assert figures["kolo_share_of_no_comm"] > 0
+    # Each step ends with its slowest rank: never faster than the ranks' own totals (the
+    # ceiling), up to the timer calls between steps.
+    floor = figures["synchronous_floor_samples_per_sec"]
+    assert 0 < floor <= 1.01 * figures["median_samples_per_sec"]["no_comm"], figures
+    assert (
+        figures["kolo_share_of_synchronous_floor"]
+        == figures["median_samples_per_sec"]["kolo"] / floor
+    )
     assert set(figures["scaling_efficiency"]) == {"kolo", "ddp", "no_comm"}
     assert json.loads(one.read_text())["ranks"] == 1
 

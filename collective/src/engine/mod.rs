@@ -120,13 +120,19 @@ struct Inbox {
 }
 
 impl Inbox {
-    fn push(&mut self, item: Item) {
+    /// Adds `item`; true when the inbox was empty. Only that push needs to wake the engine
+    /// thread: once it has seen a non-empty inbox it sleeps until the submit quiet time or the
+    /// cycle time, and later pushes only move the first of those later (it reads them when
+    /// it wakes). Waking it for each op of a burst cost a context switch per op.
+    fn push(&mut self, item: Item) -> bool {
         let now = Instant::now();
-        if self.items.is_empty() {
+        let first = self.items.is_empty();
+        if first {
             self.first_submit = Some(now);
         }
         self.items.push(item);
         self.last_submit = Some(now);
+        first
     }
 
     /// Takes every item submitted so far.
@@ -235,6 +241,7 @@ impl Engine {
         let thread = std::thread::Builder::new()
             .name("kolo-engine".into())
             .spawn(move || {
+                crate::transport::wait_in_background();
                 if let Some(text) = affinity {
                     affinity::apply(&text, local_size, local_rank);
                 }
@@ -310,11 +317,12 @@ impl Engine {
             return;
         }
         let mut inbox = lock(&self.shared.inbox);
+        let mut first = false;
         for (handle, sub) in held.0 {
-            inbox.push(Item::Op(handle, sub));
+            first |= inbox.push(Item::Op(handle, sub));
         }
         drop(inbox);
-        if wake {
+        if wake && first {
             self.shared.wake.notify();
         }
     }
@@ -328,8 +336,8 @@ impl Engine {
 
     fn enqueue(&self, sub: Submission, wake: bool, check: bool) -> Result<u64> {
         let handle = self.admit(&sub, check)?;
-        lock(&self.shared.inbox).push(Item::Op(handle, sub));
-        if wake {
+        let first = lock(&self.shared.inbox).push(Item::Op(handle, sub));
+        if wake && first {
             self.shared.wake.notify();
         }
         Ok(handle)
@@ -912,9 +920,13 @@ impl Shared {
             } else {
                 IDLE_SOCKET_CHECK
             };
-            let peer =
-                self.comm
-                    .wait_readable(&wake, peer_started.is_none(), timeout, socket_check)?;
+            // While ops of this rank's own are in the inbox a peer's start changes nothing
+            // (they start at the quiet time or the cycle time either way): being woken for
+            // it would only take a core from a computation.
+            let watch_peers = peer_started.is_none() && !submitted;
+            let peer = self
+                .comm
+                .wait_readable(&wake, watch_peers, timeout, socket_check)?;
             self.stats.woke();
             if peer {
                 peer_started.get_or_insert_with(Instant::now);

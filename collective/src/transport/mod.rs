@@ -46,8 +46,8 @@ use crate::control::mac::MacKey;
 use crate::control::silence;
 use crate::error::{Error, Result};
 use crate::wire::{self, FrameError, FrameKind, JobId};
-pub(crate) use shm::futex_wake;
 use shm::ShmNode;
+pub(crate) use shm::{futex_wake, wait_in_background};
 
 /// How often blocking waits wake up to check the abort signal and shutdown.
 pub(crate) const TICK: Duration = Duration::from_millis(100);

@@ -763,3 +763,60 @@ fn the_first_collective_takes_no_page_faults_on_the_segments() {
     }
     assert!(dir.entries().is_empty());
 }
+
+#[test]
+fn only_a_background_waiter_without_a_core_of_its_own_gives_up_spinning() {
+    let full = (SPIN_FOR, YIELD_FOR);
+    let short = (BACKGROUND_SPIN_FOR, Duration::ZERO);
+    assert_eq!(spin_budget(false, 2, 2), full, "a caller blocks anyway");
+    assert_eq!(
+        spin_budget(true, 4, 2),
+        full,
+        "a core per rank and per engine thread"
+    );
+    assert_eq!(spin_budget(true, 3, 2), short);
+    assert_eq!(spin_budget(true, 2, 2), short);
+    assert_eq!(spin_budget(true, 1, 1), short);
+}
+
+/// CPU time this thread used so far.
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out-pointer for the calling thread's clock.
+    let status = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(status, 0);
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+#[test]
+fn a_background_waiter_without_a_core_of_its_own_sleeps_instead_of_spinning() {
+    // Rank 0 waits 3 ms for rank 1 on a background thread of a host with one core per rank:
+    // the CPU it uses meanwhile is taken from a computation. With the foreground's budget
+    // (spin, then yield) it used 208-233 us; spinning a moment and sleeping, 11-39 us.
+    let dir = Dir::new("background");
+    let go = Arc::new(Barrier::new(2));
+    let used = run(&dir, 2, 4096, move |me, mut node| {
+        // A first phase together: what a first wait costs once (page faults, lazy binding)
+        // is not what this test is about.
+        node.phase(&ok, |_| Ok(())).map(|_| ()).unwrap();
+        go.wait();
+        if me == 1 {
+            std::thread::sleep(Duration::from_millis(3));
+            node.phase(&ok, |_| Ok(())).map(|_| ()).unwrap();
+            return Duration::ZERO;
+        }
+        node.cores = 2;
+        wait_in_background();
+        let before = thread_cpu();
+        node.phase(&ok, |_| Ok(())).map(|_| ()).unwrap();
+        thread_cpu() - before
+    });
+    assert!(
+        used[0] < Duration::from_micros(100),
+        "the background waiter used {:?} of CPU while its peer was 3 ms late",
+        used[0]
+    );
+}
