@@ -151,8 +151,8 @@ def engine_stats() -> dict[str, int]:
     collectives used so far; with ``KOLO_CONNECT=eager``, ``size - 1`` from the start);
     what started this rank's cycles (``cycles_by_caller``, ``cycles_submitted``,
     ``cycles_peer_waiting``, ``cycles_peer_grace``, ``cycles_cycle_time``, ``cycles_recheck``,
-    ``cycles_at_start``), ``cycles_undecided`` (cycles that decided nothing) and
-    ``engine_wakeups`` (docs/engine.md, "Counters").
+    ``cycles_at_start``), ``cycles_undecided`` (cycles that decided nothing),
+    ``engine_wakeups`` and ``engine_wakeups_by_peers`` (docs/engine.md, "Counters").
 
     Example::
 

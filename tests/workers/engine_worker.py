@@ -368,6 +368,7 @@ def check_engine_stats_keys() -> None:
         "cycles_at_start",
         "cycles_undecided",
         "engine_wakeups",
+        "engine_wakeups_by_peers",
     }
     missing = want - set(stats)
     if missing:

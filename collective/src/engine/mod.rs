@@ -538,7 +538,7 @@ impl Engine {
 
     /// The counters: cycles, tensors, collectives, shm_collectives, fused_tensors, cache_hits, cache_misses,
     /// negotiation_ns, negotiated_tensors, what started the cycles (`cycles_*`), cycles_undecided,
-    /// engine_wakeups (see [`stats::CycleCause`]).
+    /// engine_wakeups, engine_wakeups_by_peers (see [`stats::CycleCause`]).
     /// With autotuning, also `autotune_trials` (settings applied), `autotune_active` (1 while
     /// searching), and the setting in force: `fusion_threshold` (bytes), `cycle_time_us`,
     /// `cache_enabled`, `hierarchical_allreduce`, `hierarchical_allgather`.
@@ -764,9 +764,11 @@ impl Shared {
     }
 
     fn run(&self) {
-        // How many cycles had ended when the wait decided to start one (none yet: the first
-        // cycle runs at once).
-        let mut decided_at: Option<u64> = None;
+        // How many cycles had ended when the wait decided to start one. The first cycle runs
+        // at once, unless a caller's cycle ran before this thread got to it: that one did the
+        // start-up's exchange, and a late start cycle would only take the ops just submitted
+        // into a cycle the other ranks are not in (a thread scheduled late, on a loaded host).
+        let mut decided_at = 0;
         let mut cause = CycleCause::Start;
         loop {
             {
@@ -776,14 +778,14 @@ impl Shared {
                 }
                 // A caller ran a cycle after the wait decided (it held the lock meanwhile):
                 // that cycle took what the decision was about, so wait again.
-                let stale = decided_at.is_some_and(|seen| seen != self.handles.cycles_ended())
-                    && !lock(&self.inbox).shutdown;
+                let stale =
+                    decided_at != self.handles.cycles_ended() && !lock(&self.inbox).shutdown;
                 if !stale && !self.run_cycle(&mut state, cause) {
                     return;
                 }
             }
             match self.wait_for_next_cycle() {
-                Ok((seen, why)) => (decided_at, cause) = (Some(seen), why),
+                Ok((seen, why)) => (decided_at, cause) = (seen, why),
                 Err(error) => {
                     // The wait fails once the communicator broke. A caller's cycle that broke
                     // it (a timeout) holds the cycle lock until it stopped the engine with
@@ -927,7 +929,7 @@ impl Shared {
             let peer = self
                 .comm
                 .wait_readable(&wake, watch_peers, timeout, socket_check)?;
-            self.stats.woke();
+            self.stats.woke(peer);
             if peer {
                 peer_started.get_or_insert_with(Instant::now);
             }

@@ -45,6 +45,8 @@ pub(crate) struct Stats {
     undecided: AtomicU64,
     /// Times the engine thread woke from its wait between cycles.
     wakeups: AtomicU64,
+    /// Of those, the times a peer's start (its message, its phase counter) woke it.
+    peer_wakeups: AtomicU64,
 }
 
 impl Stats {
@@ -58,8 +60,12 @@ impl Stats {
         self.undecided.fetch_add(1, Relaxed);
     }
 
-    pub(crate) fn woke(&self) {
+    /// The engine thread woke; `by_peer`: a peer's start woke it.
+    pub(crate) fn woke(&self, by_peer: bool) {
         self.wakeups.fetch_add(1, Relaxed);
+        if by_peer {
+            self.peer_wakeups.fetch_add(1, Relaxed);
+        }
     }
 
     /// A tensor of this rank was agreed, through the cache bits (`cached`) or in full.
@@ -112,6 +118,7 @@ impl Stats {
             ("cycles_recheck", self.cause(CycleCause::Recheck)),
             ("cycles_undecided", self.undecided.load(Relaxed)),
             ("engine_wakeups", self.wakeups.load(Relaxed)),
+            ("engine_wakeups_by_peers", self.peer_wakeups.load(Relaxed)),
         ]
     }
 

@@ -199,13 +199,23 @@ fn a_peer_starting_a_cycle_does_not_wake_an_engine_with_ops_of_its_own_waiting()
         let mut values = [rank as f32; 4];
         let mut woke = 0;
         if rank == 1 {
+            let seen = stat(&engine, "engine_wakeups");
             let handle = allreduce(&engine, "late", &mut values);
-            // The submission's own wake-up is over before counting starts.
+            // The thread has taken the submission's wake-up (and looked at the inbox) before
+            // rank 0 starts.
+            let deadline = Instant::now() + WAIT;
+            while stat(&engine, "engine_wakeups") == seen {
+                assert!(
+                    Instant::now() < deadline,
+                    "the submission never woke the engine"
+                );
+                sleep(Duration::from_millis(1));
+            }
             sleep(Duration::from_millis(10));
-            let before = stat(&engine, "engine_wakeups");
+            let before = stat(&engine, "engine_wakeups_by_peers");
             barrier.wait();
             sleep(Duration::from_millis(50));
-            woke = stat(&engine, "engine_wakeups") - before;
+            woke = stat(&engine, "engine_wakeups_by_peers") - before;
             engine.wait(handle, WAIT).unwrap().unwrap();
         } else {
             barrier.wait();
@@ -218,7 +228,8 @@ fn a_peer_starting_a_cycle_does_not_wake_an_engine_with_ops_of_its_own_waiting()
     });
     assert_eq!(
         wakeups[1], 0,
-        "rank 1's engine thread woke while its op waited for the quiet time (wake-ups: {wakeups:?})"
+        "rank 1's engine thread was woken by rank 0's start while its op waited for the quiet \
+         time (wake-ups by peers: {wakeups:?})"
     );
 }
 
