@@ -180,18 +180,11 @@ def distributed_optimizer_step(
 
 def timed(step: Callable[[], None], steps: int, batch_size: int) -> float:
     """Samples/sec over all ranks for ``steps`` steps (the slowest rank's time)."""
-    hvd.barrier()
-    start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    elapsed = torch.tensor([time.perf_counter() - start])
-    slowest = float(hvd.allreduce(elapsed, op=hvd.Max, name="bench.elapsed").item())
-    return batch_size * hvd.size() * steps / slowest
+    return timed_steps(step, steps, batch_size)[0]
 
 
-def timed_alone(step: Callable[[], None], steps: int, batch_size: int) -> tuple[float, float]:
-    """The no-communication ceiling's round: samples/sec over all ranks as ``timed``, and the
-    synchronous floor of the same steps (``common.synchronous_floor``)."""
+def timed_steps(step: Callable[[], None], steps: int, batch_size: int) -> tuple[float, list[float]]:
+    """``timed``'s samples/sec, and this rank's duration of each step (seconds)."""
     hvd.barrier()
     start = time.perf_counter()
     durations = []
@@ -201,8 +194,7 @@ def timed_alone(step: Callable[[], None], steps: int, batch_size: int) -> tuple[
         durations.append(time.perf_counter() - began)
     elapsed = torch.tensor([time.perf_counter() - start])
     slowest = float(hvd.allreduce(elapsed, op=hvd.Max, name="bench.elapsed").item())
-    samples = batch_size * hvd.size() * steps
-    return samples / slowest, samples / synchronous_floor(durations)
+    return batch_size * hvd.size() * steps / slowest, durations
 
 
 def horovod_main(args: argparse.Namespace) -> None:
@@ -259,12 +251,11 @@ def main() -> None:
     for block in blocks(args.rounds, args.horovod_blocks if horovod else 1):
         for _ in range(block):
             for name in order:
+                rate, durations = timed_steps(trainers[name], args.steps, args.batch_size)
+                samples[name].append(rate)
                 if name == "no_comm":
-                    alone, synchronous = timed_alone(local_step, args.steps, args.batch_size)
-                    samples[name].append(alone)
-                    floor.append(synchronous)
-                else:
-                    samples[name].append(timed(trainers[name], args.steps, args.batch_size))
+                    each = args.batch_size * size * args.steps
+                    floor.append(each / synchronous_floor(durations))
             order.reverse()  # kolo first, then DDP first, ...: neither always follows the other
         if horovod is not None:
             theirs = horovod.run(horovod_args(args, block), timeout=1200)
@@ -272,6 +263,7 @@ def main() -> None:
             samples["horovod"] += theirs.get("samples_per_sec", [])
 
     row = {name: statistics.median(values) for name, values in samples.items() if values}
+    floor_rate = statistics.median(floor)
     ratio = row["kolo"] / row["ddp"]
     record: dict[str, Any] = {}
     if rank == 0:
@@ -283,7 +275,7 @@ def main() -> None:
             f"{row['ddp'] / row['no_comm']:.0%})",
             flush=True,
         )
-        print(synchronous_floor_line(row["kolo"], row["no_comm"], statistics.median(floor)))
+        print(synchronous_floor_line(row["kolo"], row["no_comm"], floor_rate))
         horovod_figures = None
         if horovod is not None:
             horovod_figures = horovod_summary(row, horovod_runs, args.batch_size, size)
@@ -307,8 +299,8 @@ def main() -> None:
             "median_samples_per_sec": row,
             "ratio_kolo_over_ddp": ratio,
             "kolo_share_of_no_comm": row["kolo"] / row["no_comm"],
-            "synchronous_floor_samples_per_sec": statistics.median(floor),
-            "kolo_share_of_synchronous_floor": row["kolo"] / statistics.median(floor),
+            "synchronous_floor_samples_per_sec": floor_rate,
+            "kolo_share_of_synchronous_floor": row["kolo"] / floor_rate,
             "horovod": horovod_figures,
             "single_rank_median_samples_per_sec": (
                 json.loads(args.single_rank_json.read_text())["median_samples_per_sec"]

@@ -40,6 +40,22 @@ fn allreduce_in(engine: &Engine, set: u32, name: &str, values: &mut [f32]) -> u6
     engine.submit(sub).expect("a valid submission")
 }
 
+/// The default configuration with these timers.
+fn timers(cycle_time: Duration, submit_quiet_time: Duration) -> EngineConfig {
+    EngineConfig {
+        cycle_time,
+        submit_quiet_time,
+        ..EngineConfig::default()
+    }
+}
+
+/// Waits for every handle in `handles`, each of which must succeed.
+fn wait_all(engine: &Engine, handles: Vec<u64>) {
+    for handle in handles {
+        engine.wait(handle, WAIT).unwrap().unwrap();
+    }
+}
+
 /// Cycles each of two ranks ran in 100 ms (100 cycle times of the default 1 ms) with nothing
 /// submitted anywhere, after a warm-up allreduce, over meshes formed at once (`eager`) or on
 /// demand.
@@ -96,11 +112,7 @@ fn an_idle_engine_over_a_lazy_mesh_runs_no_cycles() {
 fn a_burst_after_a_long_compute_goes_into_one_cycle() {
     const STEPS: usize = 4;
     const TENSORS: usize = 8;
-    let config = EngineConfig {
-        cycle_time: Duration::from_millis(50),
-        submit_quiet_time: Duration::from_millis(20),
-        ..EngineConfig::default()
-    };
+    let config = timers(Duration::from_millis(50), Duration::from_millis(20));
     let barrier = Barrier::new(2);
     let collectives = with_ranks(2, |rank, comm| {
         let engine = Engine::start(Arc::new(comm), config.clone()).unwrap();
@@ -120,9 +132,7 @@ fn a_burst_after_a_long_compute_goes_into_one_cycle() {
                 handles.push(allreduce(&engine, name, t));
                 sleep(Duration::from_millis(1));
             }
-            for handle in handles {
-                engine.wait(handle, WAIT).unwrap().unwrap();
-            }
+            wait_all(&engine, handles);
             let want = (2 * step + 1) as f32;
             assert!(tensors.iter().all(|t| *t == [want; 4]), "{tensors:?}");
             counts.push(stat(&engine, "collectives") - before);
@@ -144,11 +154,7 @@ fn a_burst_of_async_ops_wakes_the_engine_thread_once() {
     // core, preempts the caller (or the other rank) computing: the thread only needs to learn
     // that the inbox is no longer empty, not of every op pushed after that.
     const OPS: usize = 16;
-    let config = EngineConfig {
-        cycle_time: Duration::from_secs(5),
-        submit_quiet_time: Duration::from_secs(5),
-        ..EngineConfig::default()
-    };
+    let config = timers(Duration::from_secs(5), Duration::from_secs(5));
     let barrier = Barrier::new(2);
     let wakeups = with_ranks(2, |rank, comm| {
         let engine = Engine::start(Arc::new(comm), config.clone()).unwrap();
@@ -162,9 +168,7 @@ fn a_burst_of_async_ops_wakes_the_engine_thread_once() {
             sleep(Duration::from_millis(2));
         }
         let woke = stat(&engine, "engine_wakeups") - before;
-        for handle in handles {
-            engine.wait(handle, WAIT).unwrap().unwrap();
-        }
+        wait_all(&engine, handles);
         assert!(tensors.iter().all(|t| *t == [1.0; 4]), "{tensors:?}");
         engine.shutdown();
         woke
@@ -183,11 +187,7 @@ fn a_peer_starting_a_cycle_does_not_wake_an_engine_with_ops_of_its_own_waiting()
     // changes nothing for rank 1 (its op starts at the quiet time either way), so its engine
     // thread sleeps on. Woken, it took a core from whoever computed there, often the other
     // rank (2 ranks of 10 async ops per step: 250-400 us per step, 110 us without).
-    let config = EngineConfig {
-        cycle_time: Duration::from_secs(5),
-        submit_quiet_time: Duration::from_millis(200),
-        ..EngineConfig::default()
-    };
+    let config = timers(Duration::from_secs(5), Duration::from_millis(200));
     let barrier = Barrier::new(2);
     let wakeups = with_ranks(2, |rank, comm| {
         let engine = Engine::start(Arc::new(comm), config.clone()).unwrap();
@@ -269,9 +269,7 @@ fn ops_waiting_for_a_late_rank_run_no_timed_cycles() {
         if rank == 1 {
             handles = submit(&mut tensors);
         }
-        for handle in handles {
-            engine.wait(handle, WAIT).unwrap().unwrap();
-        }
+        wait_all(&engine, handles);
         assert!(tensors.iter().all(|t| *t == [3.0; 4]), "{tensors:?}");
         engine.shutdown();
         waiting
