@@ -12,9 +12,12 @@
 //! 4096 of a 16,384-row window; the later ones from L2). Taking the runs in turn on tiles of
 //! 4 KiB of each column's source (so that three runs of four read it from L1) was tried and
 //! cost 1.11x the process's CPU per GB (median of 6 interleaved pairs, 5 against it, load 8-11):
-//! each run sweeps the window's sources.
+//! each run sweeps the window's sources. Where the CPU has AVX-512, such a window's 4- and
+//! 8-byte columns are split instead ([`Split`]: one sequential read of each source).
 
 use std::ops::Range;
+
+use super::split::Split;
 
 /// Columns gathered together by one pass over the row indices.
 const COLUMNS_PER_PASS: usize = 4;
@@ -39,6 +42,9 @@ pub struct Gather<'a> {
     /// window, or no shuffle): the reads then stream through each source, and prefetching a
     /// little ahead in the loop beats sweeping the whole source into the cache first.
     streaming: bool,
+    /// When the positions read every row once in a few runs, and the CPU can: the split that
+    /// fills 4- and 8-byte columns in one sequential pass over their sources instead.
+    split: Option<Split>,
 }
 
 /// One column to gather: its part of the window buffer and its source per segment.
@@ -69,16 +75,18 @@ impl<'a> Gather<'a> {
             in_range,
             "a position's row lies outside its segment's range"
         );
-        let mut runs = 1;
+        let mut starts = vec![0];
         for i in 1..row_of.len() {
-            let back = (segment_of[i], row_of[i]) < (segment_of[i - 1], row_of[i - 1]);
-            runs += usize::from(back);
+            if (segment_of[i], row_of[i]) < (segment_of[i - 1], row_of[i - 1]) {
+                starts.push(i);
+            }
         }
         Self {
             segment_of,
             row_of,
             ranges,
-            streaming: runs <= STREAMING_RUNS,
+            streaming: starts.len() <= STREAMING_RUNS,
+            split: Split::new(segment_of, row_of, ranges, &starts),
         }
     }
 
@@ -103,6 +111,18 @@ impl<'a> Gather<'a> {
                     "source shorter than its rows"
                 );
             }
+        }
+        if let Some(split) = self
+            .split
+            .as_ref()
+            .filter(|_| len == 1 && matches!(width, 4 | 8))
+        {
+            for column in columns.iter_mut() {
+                // SAFETY: the sources hold their ranges' rows and `dst` the window's (both
+                // checked above); the split was made for these ranges.
+                unsafe { split.run(width, self.ranges, column.dst, &column.sources) };
+            }
+            return;
         }
         for pass in columns.chunks_mut(COLUMNS_PER_PASS) {
             if !self.streaming {
@@ -390,6 +410,7 @@ pub(crate) mod avx512 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::loader::split;
 
     /// What every position of a column should hold: its segment's row, by plain indexing.
     fn expected(sources: &[&[u8]], segment_of: &[u32], rows: &[u32], row_bytes: usize) -> Vec<u8> {
@@ -455,6 +476,76 @@ mod tests {
                             );
                         }
                     }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn windows_read_in_a_few_runs_split_the_same_as_indexing() {
+        // Windows as `Window::new` makes them: a shuffle of the rows of a few segments (that
+        // start anywhere in their chunks and hold no whole number of 16-row blocks), cut into
+        // runs each read in ascending order. Up to MAX_RUNS runs take the split (on a CPU with
+        // AVX-512F), more take the gather; both must give what indexing gives.
+        let lens = [700usize, 3, 333];
+        let offsets = [5u32, 0, 17];
+        let n: usize = lens.iter().sum();
+        let mut order: Vec<usize> = (0..n).collect();
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        for i in (1..n).rev() {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1);
+            order.swap(i, (state >> 33) as usize % (i + 1));
+        }
+        for runs in [1usize, 2, 3, 4, 5, 9] {
+            let mut shuffled = order.clone();
+            for run in shuffled.chunks_mut(n.div_ceil(runs)) {
+                run.sort_unstable();
+            }
+            let (mut segment_of, mut row_of) = (Vec::new(), Vec::new());
+            for p in shuffled {
+                let (mut s, mut p) = (0, p);
+                while p >= lens[s] {
+                    p -= lens[s];
+                    s += 1;
+                }
+                segment_of.push(s as u32);
+                row_of.push(offsets[s] + p as u32);
+            }
+            let ranges: Vec<Range<u32>> = offsets
+                .iter()
+                .zip(lens)
+                .map(|(&o, l)| o..o + l as u32)
+                .collect();
+            let map = Gather::new(&segment_of, &row_of, &ranges);
+            let split = runs <= split::MAX_RUNS && split::available();
+            assert_eq!(map.split.is_some(), split, "{runs} runs");
+            for width in [4usize, 8] {
+                let data: Vec<Vec<Vec<u8>>> = (0..3)
+                    .map(|c| {
+                        (0..lens.len())
+                            .map(|s| source(offsets[s] as usize + lens[s], width, c, s))
+                            .collect()
+                    })
+                    .collect();
+                let mut out = vec![vec![0u8; n * width]; 3];
+                let mut columns: Vec<Column<'_>> = out
+                    .iter_mut()
+                    .zip(&data)
+                    .map(|(dst, srcs)| Column {
+                        dst,
+                        sources: srcs.iter().map(|v| &v[1..]).collect(),
+                    })
+                    .collect();
+                map.run(width, 1, &mut columns);
+                for (c, (got, srcs)) in out.iter().zip(&data).enumerate() {
+                    let srcs: Vec<&[u8]> = srcs.iter().map(|v| &v[1..]).collect();
+                    assert_eq!(
+                        *got,
+                        expected(&srcs, &segment_of, &row_of, width),
+                        "column {c}, width {width}, {runs} runs, split {split}"
+                    );
                 }
             }
         }

@@ -30,6 +30,7 @@ mod pipeline;
 mod plain;
 pub mod queue;
 pub mod source;
+mod split;
 pub mod state;
 mod workers;
 
