@@ -152,7 +152,8 @@ def engine_stats() -> dict[str, int]:
     what started this rank's cycles (``cycles_by_caller``, ``cycles_submitted``,
     ``cycles_peer_waiting``, ``cycles_peer_grace``, ``cycles_cycle_time``, ``cycles_recheck``,
     ``cycles_at_start``), ``cycles_undecided`` (cycles that decided nothing),
-    ``engine_wakeups`` and ``engine_wakeups_by_peers`` (docs/engine.md, "Counters").
+    ``engine_wakeups``, ``engine_wakeups_by_peers`` and ``engine_deferrals`` (docs/engine.md,
+    "Counters").
 
     Example::
 

@@ -369,6 +369,7 @@ def check_engine_stats_keys() -> None:
         "cycles_undecided",
         "engine_wakeups",
         "engine_wakeups_by_peers",
+        "engine_deferrals",
     }
     missing = want - set(stats)
     if missing:

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::autotune::settings::AutotuneConfig;
+use super::deferral::{BackgroundCycles, BACKGROUND_CYCLES};
 use super::negotiation::Negotiation;
 use crate::control::env::parse_seconds;
 use crate::error::{Error, Result};
@@ -49,6 +50,10 @@ pub struct EngineConfig {
     /// `auto`, the default, `all_to_all` or `tree`; kolo's own knob; see
     /// [`super::negotiation`]).
     pub negotiation: Negotiation,
+    /// Whether the engine thread holds back cycles for this rank's ops while the rank computes
+    /// (`KOLO_BACKGROUND_CYCLES`: `auto`, the default, `eager` or `lazy`; kolo's own knob; see
+    /// [`super::deferral`]).
+    pub background_cycles: BackgroundCycles,
 }
 
 /// Which tunable knobs the environment set explicitly.
@@ -82,6 +87,7 @@ impl Default for EngineConfig {
             autotune: AutotuneConfig::default(),
             fixed: FixedKnobs::default(),
             negotiation: Negotiation::Auto,
+            background_cycles: BackgroundCycles::Auto,
         }
     }
 }
@@ -172,6 +178,9 @@ impl EngineConfig {
                      (every member messages every other each cycle) or tree"
                 ))
             })?;
+        }
+        if let Some(text) = get(BACKGROUND_CYCLES).filter(|v| !v.trim().is_empty()) {
+            config.background_cycles = BackgroundCycles::parse(&text)?;
         }
         config.thread_affinity = knob("THREAD_AFFINITY").map(|(_, text)| text);
         config.autotune = AutotuneConfig::from_knobs(knob)?;
@@ -287,6 +296,22 @@ mod tests {
         assert!(c.fixed.hierarchical_allgather && !c.fixed.fusion_threshold);
         match config(&[("KOLO_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "many")]) {
             Err(Error::Config(m)) => assert!(m.contains("KOLO_AUTOTUNE_BAYES_OPT_MAX_SAMPLES")),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn background_cycles_is_kolo_only_and_refuses_unknown_modes() {
+        assert_eq!(
+            config(&[]).unwrap().background_cycles,
+            BackgroundCycles::Auto
+        );
+        let c = config(&[("KOLO_BACKGROUND_CYCLES", "eager")]).unwrap();
+        assert_eq!(c.background_cycles, BackgroundCycles::Eager);
+        let c = config(&[("HOROVOD_BACKGROUND_CYCLES", "lazy")]).unwrap();
+        assert_eq!(c.background_cycles, BackgroundCycles::Auto);
+        match config(&[("KOLO_BACKGROUND_CYCLES", "always")]) {
+            Err(Error::Config(m)) => assert!(m.contains("KOLO_BACKGROUND_CYCLES"), "{m}"),
             other => panic!("{other:?}"),
         }
     }

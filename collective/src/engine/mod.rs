@@ -21,6 +21,7 @@ pub mod autotune;
 mod cache;
 pub mod config;
 mod coordinator;
+pub mod deferral;
 pub mod device;
 mod execute;
 #[cfg(feature = "fuzzing")]
@@ -37,6 +38,7 @@ mod wake;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -165,6 +167,11 @@ struct Shared {
     cycles: Mutex<CycleState>,
     /// When the latest cycle started, on whichever thread.
     last_cycle: Mutex<Instant>,
+    /// Whether the engine thread defers starts for this rank's ops while the rank computes
+    /// ([`deferral`]).
+    lazy: bool,
+    /// A caller polled a handle whose op is not in a cycle yet: start without deferring.
+    urged: AtomicBool,
 }
 
 /// The state cycles carry from one to the next.
@@ -220,6 +227,8 @@ impl Engine {
             autotune,
         });
         let tuning = Tuning::new(&config);
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        let config_lazy = config.background_cycles.lazy(cores, info.local_size);
         let shared = Arc::new(Shared {
             comm,
             tuning,
@@ -234,6 +243,8 @@ impl Engine {
             set_ops: Mutex::new(0),
             cycles,
             last_cycle: Mutex::new(Instant::now()),
+            lazy: config_lazy,
+            urged: AtomicBool::new(false),
         });
         let worker = Arc::clone(&shared);
         let affinity = shared.config.thread_affinity.clone();
@@ -452,9 +463,20 @@ impl Engine {
             .ok_or_else(|| no_such_set(id))
     }
 
-    /// True once `handle` completed.
+    /// True once `handle` completed. While the engine thread defers its starts
+    /// ([`deferral`]), polling an op that is not in a cycle yet makes it start at once: a
+    /// caller that polls rather than waits would otherwise see it only after the deferral.
     pub fn poll(&self, handle: u64) -> Result<bool> {
-        self.shared.handles.poll(handle)
+        let done = self.shared.handles.poll(handle)?;
+        let shared = &self.shared;
+        if !done
+            && shared.lazy
+            && shared.wants_cycle_for(handle)
+            && !shared.urged.swap(true, Relaxed)
+        {
+            shared.wake.notify();
+        }
+        Ok(done)
     }
 
     /// Waits up to `timeout` for `handle`: its result (the handle is then consumed), or `None`
@@ -538,7 +560,7 @@ impl Engine {
 
     /// The counters: cycles, tensors, collectives, shm_collectives, fused_tensors, cache_hits, cache_misses,
     /// negotiation_ns, negotiated_tensors, what started the cycles (`cycles_*`), cycles_undecided,
-    /// engine_wakeups, engine_wakeups_by_peers (see [`stats::CycleCause`]).
+    /// engine_wakeups, engine_wakeups_by_peers, engine_deferrals (see [`stats::CycleCause`]).
     /// With autotuning, also `autotune_trials` (settings applied), `autotune_active` (1 while
     /// searching), and the setting in force: `fusion_threshold` (bytes), `cycle_time_us`,
     /// `cache_enabled`, `hierarchical_allreduce`, `hierarchical_allgather`.
@@ -869,6 +891,9 @@ impl Shared {
     fn wait_for_next_cycle(&self) -> Result<(u64, CycleCause)> {
         let mut peer_started: Option<Instant> = None;
         let mut cycles_seen = self.handles.cycles_ended();
+        let mut probe = self.lazy.then(deferral::BusyProbe::default);
+        // Until when a start for this rank's ops is held back while the rank computes.
+        let mut deferred: Option<Instant> = None;
         loop {
             let wake = self.wake.rearm();
             // A cycle a caller ran meanwhile answered the peer's start this wait saw.
@@ -908,11 +933,29 @@ impl Shared {
                 (false, Some(at)) => Some((at + PEER_JOIN_GRACE, CycleCause::PeerGrace)),
                 (false, None) => None,
             };
-            let (until, why) = match (start_at, due) {
+            let (mut until, why) = match (start_at, due) {
                 (Some(a), Some(b)) => std::cmp::min_by_key(a, b, |(at, _)| *at),
                 (a, b) => a.or(b).unwrap_or((now + IDLE_TICK, CycleCause::Start)),
             };
+            let own_ops = submitted && matches!(why, CycleCause::Submitted | CycleCause::CycleTime);
+            if !own_ops || self.urged.load(Relaxed) {
+                deferred = None;
+            }
+            if let Some(at) = deferred {
+                until = until.max(at);
+            }
             if now >= until {
+                let oldest = first_submit.unwrap_or(now);
+                let latest = oldest + deferral::MAX_DEFERRAL;
+                let defer = (own_ops && !self.urged.load(Relaxed) && now < latest)
+                    .then(|| probe.as_mut().and_then(deferral::BusyProbe::defer_for))
+                    .flatten();
+                if let Some(defer) = defer {
+                    self.stats.deferred();
+                    deferred = Some((now + defer).min(latest));
+                    continue;
+                }
+                self.urged.store(false, Relaxed);
                 return Ok((cycles_seen, why));
             }
             // Bounded, so an abort or a closing communicator is noticed while idle.

@@ -47,6 +47,8 @@ pub(crate) struct Stats {
     wakeups: AtomicU64,
     /// Of those, the times a peer's start (its message, its phase counter) woke it.
     peer_wakeups: AtomicU64,
+    /// Times the engine thread held back a start for its rank's ops while the rank computed.
+    deferrals: AtomicU64,
 }
 
 impl Stats {
@@ -66,6 +68,11 @@ impl Stats {
         if by_peer {
             self.peer_wakeups.fetch_add(1, Relaxed);
         }
+    }
+
+    /// The engine thread deferred a start while its rank computed.
+    pub(crate) fn deferred(&self) {
+        self.deferrals.fetch_add(1, Relaxed);
     }
 
     /// A tensor of this rank was agreed, through the cache bits (`cached`) or in full.
@@ -119,6 +126,7 @@ impl Stats {
             ("cycles_undecided", self.undecided.load(Relaxed)),
             ("engine_wakeups", self.wakeups.load(Relaxed)),
             ("engine_wakeups_by_peers", self.peer_wakeups.load(Relaxed)),
+            ("engine_deferrals", self.deferrals.load(Relaxed)),
         ]
     }
 

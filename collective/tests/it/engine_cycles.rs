@@ -6,6 +6,7 @@ use std::sync::{Arc, Barrier};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
+use kolo_collective::engine::deferral::BackgroundCycles;
 use kolo_collective::engine::{Engine, EngineConfig, Output, RawTensor, Submission};
 use kolo_collective::wire::OpKind;
 use kolo_collective::DType;
@@ -321,5 +322,128 @@ fn a_rank_outside_a_process_set_does_not_slow_its_ops_while_it_idles() {
             median < Duration::from_millis(25),
             "rank {rank}: the set's ops took {median:?} (median) while rank 2 idled"
         );
+    }
+}
+
+/// Spins this thread and a helper for `wall` (a rank computing on two threads, as torch may:
+/// on a loaded host two ranks' four spinning threads still keep half a core busy at every
+/// look), polling `handle` every millisecond when given; returns whether the rank's op ran
+/// meanwhile (its `collectives` counter moved, or the poll saw the handle done) and when.
+fn compute(engine: &Engine, wall: Duration, poll: Option<u64>) -> Option<Duration> {
+    let start = Instant::now();
+    let _helper = Spinner::start(wall);
+    let before = stat(engine, "collectives");
+    let mut next_poll = start;
+    while start.elapsed() < wall {
+        std::hint::spin_loop();
+        if let Some(handle) = poll.filter(|_| Instant::now() >= next_poll) {
+            next_poll += Duration::from_millis(1);
+            if engine.poll(handle).unwrap() {
+                return Some(start.elapsed());
+            }
+        }
+        if stat(engine, "collectives") != before {
+            return Some(start.elapsed());
+        }
+    }
+    None
+}
+
+/// A thread that spins until its time is up or it is dropped.
+struct Spinner {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Spinner {
+    fn start(wall: Duration) -> Self {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            let start = Instant::now();
+            while start.elapsed() < wall && !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                std::hint::spin_loop();
+            }
+        });
+        Self {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Spinner {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Each rank submits an allreduce, then computes for 60 ms (polling it when `poll`), then
+/// waits for it: per rank, when the op ran during the compute (if it did), and the engine
+/// thread's deferrals and wake-ups meanwhile.
+fn submit_then_compute(config: &EngineConfig, poll: bool) -> Vec<(Option<Duration>, u64, u64)> {
+    let barrier = Barrier::new(2);
+    with_ranks(2, |rank, comm| {
+        let engine = Engine::start(Arc::new(comm), config.clone()).unwrap();
+        let mut values = [rank as f32; 4];
+        let handle = allreduce(&engine, "warm", &mut values);
+        engine.wait(handle, WAIT).unwrap().unwrap();
+        barrier.wait();
+        let (deferrals, wakeups) = (
+            stat(&engine, "engine_deferrals"),
+            stat(&engine, "engine_wakeups"),
+        );
+        let mut values = [rank as f32; 4];
+        let handle = allreduce(&engine, "step", &mut values);
+        let ran = compute(&engine, Duration::from_millis(60), poll.then_some(handle));
+        let deferred = stat(&engine, "engine_deferrals") - deferrals;
+        let woke = stat(&engine, "engine_wakeups") - wakeups;
+        engine.wait(handle, WAIT).unwrap().unwrap();
+        assert_eq!(values, [1.0; 4]);
+        engine.shutdown();
+        (ran, deferred, woke)
+    })
+}
+
+#[test]
+fn a_lazy_engine_leaves_a_computing_ranks_ops_to_its_caller() {
+    // Without a spare core, an engine-thread cycle during the compute takes a core from it
+    // (and wakes the other rank to join): the op waits for its caller's wait instead.
+    let config = EngineConfig {
+        background_cycles: BackgroundCycles::Lazy,
+        ..EngineConfig::default()
+    };
+    for (rank, (ran, deferred, woke)) in submit_then_compute(&config, false).into_iter().enumerate()
+    {
+        assert_eq!(ran, None, "rank {rank}: the op ran while its rank computed");
+        // Woken for the submission and again at the quiet time, the thread looked and
+        // deferred (on a loaded host it may not have run at all within the 60 ms).
+        assert!(
+            woke < 2 || deferred >= 1,
+            "rank {rank}: the engine thread woke {woke} times and never deferred"
+        );
+    }
+    // A caller that polls rather than waits gets its op started at once.
+    for (rank, (ran, _, _)) in submit_then_compute(&config, true).into_iter().enumerate() {
+        let ran = ran.unwrap_or_else(|| panic!("rank {rank}: a polled op waited out the compute"));
+        assert!(
+            ran < Duration::from_millis(50),
+            "rank {rank}: polled op ran after {ran:?}"
+        );
+    }
+}
+
+#[test]
+fn an_eager_engine_runs_a_computing_ranks_ops_in_the_background() {
+    let config = EngineConfig {
+        background_cycles: BackgroundCycles::Eager,
+        ..EngineConfig::default()
+    };
+    for (rank, (ran, deferred, _)) in submit_then_compute(&config, false).into_iter().enumerate() {
+        assert!(ran.is_some(), "rank {rank}: the op waited for its caller");
+        assert_eq!(deferred, 0, "rank {rank}");
     }
 }
