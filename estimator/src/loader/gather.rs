@@ -432,6 +432,42 @@ mod tests {
         bytes
     }
 
+    /// A column's segment sources without their first byte (so that no value is aligned).
+    fn unaligned(srcs: &[Vec<u8>]) -> Vec<&[u8]> {
+        srcs.iter().map(|v| &v[1..]).collect()
+    }
+
+    /// Runs `map` over one column per `data[c]` (segment `s`'s source is `data[c][s]` after
+    /// its first byte, so that no value is aligned) and checks every column against plain
+    /// indexing of the positions `(segment_of, rows)`.
+    fn run_and_check(
+        map: &Gather<'_>,
+        (width, len): (usize, usize),
+        data: &[Vec<Vec<u8>>],
+        (segment_of, rows): (&[u32], &[u32]),
+        what: &str,
+    ) {
+        let row_bytes = width * len;
+        let mut out = vec![vec![0u8; rows.len() * row_bytes]; data.len()];
+        let mut columns: Vec<Column<'_>> = out
+            .iter_mut()
+            .zip(data)
+            .map(|(dst, srcs)| Column {
+                dst,
+                sources: unaligned(srcs),
+            })
+            .collect();
+        map.run(width, len, &mut columns);
+        for (c, (got, srcs)) in out.iter().zip(data).enumerate() {
+            assert_eq!(
+                *got,
+                expected(&unaligned(srcs), segment_of, rows, row_bytes),
+                "column {c} of {}, width {width} len {len}, {what}",
+                data.len()
+            );
+        }
+    }
+
     #[test]
     fn every_width_column_count_and_order_gathers_the_same_as_indexing() {
         // Odd sizes exercise the vector loops' tails; six columns make a pass of four and one
@@ -456,25 +492,13 @@ mod tests {
                         let data: Vec<Vec<Vec<u8>>> = (0..count)
                             .map(|c| (0..segments).map(|s| source(n, row_bytes, c, s)).collect())
                             .collect();
-                        let mut out = vec![vec![0u8; n * row_bytes]; count];
-                        let mut columns: Vec<Column<'_>> = out
-                            .iter_mut()
-                            .zip(&data)
-                            .map(|(dst, srcs)| Column {
-                                dst,
-                                sources: srcs.iter().map(|v| &v[1..]).collect(),
-                            })
-                            .collect();
-                        map.run(width, len, &mut columns);
-                        for (c, (got, srcs)) in out.iter().zip(&data).enumerate() {
-                            let srcs: Vec<&[u8]> = srcs.iter().map(|v| &v[1..]).collect();
-                            assert_eq!(
-                                *got,
-                                expected(&srcs, segment_of, rows, row_bytes),
-                                "column {c} of {count}, width {width} len {len}, \
-                                 {segments} segments, streaming {streaming}"
-                            );
-                        }
+                        run_and_check(
+                            &map,
+                            (width, len),
+                            &data,
+                            (segment_of, rows),
+                            &format!("{segments} segments, streaming {streaming}"),
+                        );
                     }
                 }
             }
@@ -529,24 +553,13 @@ mod tests {
                             .collect()
                     })
                     .collect();
-                let mut out = vec![vec![0u8; n * width]; 3];
-                let mut columns: Vec<Column<'_>> = out
-                    .iter_mut()
-                    .zip(&data)
-                    .map(|(dst, srcs)| Column {
-                        dst,
-                        sources: srcs.iter().map(|v| &v[1..]).collect(),
-                    })
-                    .collect();
-                map.run(width, 1, &mut columns);
-                for (c, (got, srcs)) in out.iter().zip(&data).enumerate() {
-                    let srcs: Vec<&[u8]> = srcs.iter().map(|v| &v[1..]).collect();
-                    assert_eq!(
-                        *got,
-                        expected(&srcs, &segment_of, &row_of, width),
-                        "column {c}, width {width}, {runs} runs, split {split}"
-                    );
-                }
+                run_and_check(
+                    &map,
+                    (width, 1),
+                    &data,
+                    (&segment_of, &row_of),
+                    &format!("{runs} runs, split {split}"),
+                );
             }
         }
     }
