@@ -938,6 +938,10 @@ impl Shared {
                 (a, b) => a.or(b).unwrap_or((now + IDLE_TICK, CycleCause::Start)),
             };
             let own_ops = submitted && matches!(why, CycleCause::Submitted | CycleCause::CycleTime);
+            if !submitted {
+                // A caller's cycle took the ops a poll urged.
+                self.urged.store(false, Relaxed);
+            }
             if !own_ops || self.urged.load(Relaxed) {
                 deferred = None;
             }
