@@ -59,7 +59,7 @@ impl BackgroundCycles {
     /// `local_ranks` ranks.
     pub fn lazy(self, cores: usize, local_ranks: usize) -> bool {
         match self {
-            Self::Auto => cores < 2 * local_ranks,
+            Self::Auto => crate::transport::shm::no_spare_core(cores, local_ranks),
             Self::Eager => false,
             Self::Lazy => true,
         }

@@ -227,8 +227,9 @@ impl Engine {
             autotune,
         });
         let tuning = Tuning::new(&config);
-        let cores = std::thread::available_parallelism().map_or(1, usize::from);
-        let config_lazy = config.background_cycles.lazy(cores, info.local_size);
+        let config_lazy = config
+            .background_cycles
+            .lazy(crate::transport::shm::usable_cores(), info.local_size);
         let shared = Arc::new(Shared {
             comm,
             tuning,

@@ -180,15 +180,21 @@ pub(crate) fn wait_in_background() {
 /// engine thread) takes the cycles it spins from a computation, its own rank's or another's:
 /// with two ranks training on two cores it spun and yielded ~0.5 ms of every 60 ms step.
 fn spin_budget(background: bool, cores: usize, local_ranks: usize) -> (Duration, Duration) {
-    if background && cores < 2 * local_ranks {
+    if background && no_spare_core(cores, local_ranks) {
         (BACKGROUND_SPIN_FOR, Duration::ZERO)
     } else {
         (SPIN_FOR, YIELD_FOR)
     }
 }
 
+/// Whether a host where this process may use `cores` cores, running `local_ranks` ranks, has
+/// fewer than two cores per rank: no core for a rank's engine thread beside its computation.
+pub(crate) fn no_spare_core(cores: usize, local_ranks: usize) -> bool {
+    cores < 2 * local_ranks
+}
+
 /// The cores this process may run on (its affinity and CPU quota), at least one.
-fn usable_cores() -> usize {
+pub(crate) fn usable_cores() -> usize {
     std::thread::available_parallelism().map_or(1, usize::from)
 }
 
