@@ -72,13 +72,14 @@ def test_a_frozen_rank_is_named_by_every_survivors_timeout(tmp_path) -> None:
     elapsed = time.monotonic() - started
     assert result.returncode != 0, result.stdout + result.stderr
     stopped_at = float(re.search(r"rank 2 SIGSTOPs itself at ([\d.]+)", result.stdout).group(1))
+    raised = []
     for rank in (0, 1):
         match = re.search(
             rf"\[{rank}\]<stdout>:rank {rank} raised (\w+) at ([\d.]+): (.*)", result.stdout
         )
         assert match, f"rank {rank} did not raise:\n{result.stdout[-3000:]}"
         error_name, raised_at, message = match.group(1), float(match.group(2)), match.group(3)
-        assert error_name in ("TimeoutError", "PeerConnectionError"), (error_name, message)
+        raised.append(error_name)
         assert raised_at - stopped_at < 3 + 8, (
             f"rank {rank} raised {raised_at - stopped_at:.1f} s late"
         )
@@ -87,4 +88,9 @@ def test_a_frozen_rank_is_named_by_every_survivors_timeout(tmp_path) -> None:
             r"for [\d.]+ s: it is probably unreachable",
             message,
         ), f"rank {rank}: {message}"
+    # The data plane timed out first. Both ranks' timeouts fire about together: the first
+    # rank to exit (with 3) makes the driver abort the job, so the other may get that abort
+    # (JobAbortedError, naming rank 2 the same way) just before its own timeout.
+    assert set(raised) <= {"TimeoutError", "PeerConnectionError", "JobAbortedError"}, raised
+    assert set(raised) - {"JobAbortedError"}, f"no rank's collective timed out: {raised}"
     assert elapsed < 60, f"kolorun took {elapsed:.1f} s"

@@ -98,6 +98,16 @@ def test_strategy_kolo_runs_as_one_rank_without_a_launcher(tmp_path: Path) -> No
     assert "rank 0: single ok" in result.stdout, result.stdout + result.stderr[-4000:]
 
 
+def test_lightnings_mpi_probe_in_a_kolorun_rank_starts_no_open_mpi_daemon() -> None:
+    # A strategy given by name lets Lightning probe MPI in every rank (a singleton MPI_Init);
+    # kolo.lightning makes that init skip Open MPI's orted, which on a loaded host failed to
+    # start and aborted the rank.
+    result = run_kolorun(["-np", "2", "python", worker("mpi_probe_worker.py")], timeout=120)
+    assert result.returncode == 0, output_tail(result)
+    for rank in (0, 1):
+        assert f"[{rank}]<stdout>:detected False; children []" in result.stdout, result.stdout
+
+
 def test_lightning_digits_example_trains_to_90_percent_with_identical_weights() -> None:
     result = run_kolorun(["-np", "2", "python", "examples/lightning_digits.py"], timeout=300)
     assert result.returncode == 0, output_tail(result)

@@ -19,12 +19,13 @@ from lightning.fabric.strategies import STRATEGY_REGISTRY
 from lightning.pytorch.strategies import StrategyRegistry
 
 from kolo.lightning import elastic
-from kolo.lightning.environment import KoloEnvironment
+from kolo.lightning.environment import KoloEnvironment, isolate_mpi_singleton
 from kolo.lightning.fabric import KoloFabricStrategy
 from kolo.lightning.layer_sync import KoloSyncBatchNorm
 from kolo.lightning.strategy import KoloStrategy
 
 __all__ = ["KoloEnvironment", "KoloFabricStrategy", "KoloStrategy", "KoloSyncBatchNorm", "elastic"]
 
+isolate_mpi_singleton()
 KoloStrategy.register_strategies(StrategyRegistry)
 KoloFabricStrategy.register_strategies(STRATEGY_REGISTRY)

@@ -22,6 +22,29 @@ __all__ = ["KoloEnvironment"]
 
 log = logging.getLogger(__name__)
 
+#: Open MPI's switch for a singleton ``MPI_Init`` that starts no ``orted`` daemon.
+SINGLETON_ISOLATED = "OMPI_MCA_ess_singleton_isolated"
+
+
+def isolate_mpi_singleton() -> None:
+    """Let an ``MPI_Init`` in a process no MPI launcher started skip Open MPI's daemon.
+
+    A ``Trainer``/``Fabric`` given a strategy by name picks its cluster environment before the
+    strategy: ``MPIEnvironment.detect()`` imports mpi4py (when installed) and asks
+    ``MPI.COMM_WORLD`` its size, so every rank kolorun, Spark or Ray started does a singleton
+    ``MPI_Init``. Open MPI then forks an ``orted`` per rank, which on a loaded host can fail
+    ("Unable to start a daemon on the local node") and abort the rank. The answer is always 1
+    there, and kolo's strategy keeps its own ``KoloEnvironment``, so the daemon buys nothing:
+    set ``OMPI_MCA_ess_singleton_isolated=1`` unless the user chose a value or ``mpirun``/``srun``
+    started the process (where ``MPI_Init`` joins the launcher's job and needs no singleton).
+    """
+    import os
+
+    from kolo._mpi_launch import launcher_rank
+
+    if launcher_rank() is None:
+        os.environ.setdefault(SINGLETON_ISOLATED, "1")
+
 
 def _hvd():  # type: ignore[no-untyped-def]
     """``kolo.torch``, initialized."""
