@@ -316,8 +316,18 @@ impl Window {
         }
         let mut segment_of = Vec::with_capacity(permutation.len());
         let mut row_of = Vec::with_capacity(permutation.len());
+        // Each batch's block of positions ascends: walk the segments forward, and search
+        // again only where a position goes back (a binary search per position cost as much
+        // as the window's shuffle).
+        let (mut s, mut previous) = (0, 0);
         for &p in permutation {
-            let s = starts.partition_point(|&start| start <= p) - 1;
+            if p < previous {
+                s = starts.partition_point(|&start| start <= p) - 1;
+            }
+            while starts.get(s + 1).is_some_and(|&next| next <= p) {
+                s += 1;
+            }
+            previous = p;
             segment_of.push(s as u32);
             row_of.push((segments[s].start as u32) + (p - starts[s]));
         }

@@ -66,20 +66,18 @@ impl<'a> Gather<'a> {
     /// so it is checked in every build, once per window (one pass over the positions).
     pub fn new(segment_of: &'a [u32], row_of: &'a [u32], ranges: &'a [Range<u32>]) -> Self {
         assert_eq!(segment_of.len(), row_of.len(), "one segment per position");
-        let in_range = segment_of.iter().zip(row_of).all(|(&s, r)| {
-            ranges
-                .get(s as usize)
-                .is_some_and(|range| range.contains(r))
-        });
-        assert!(
-            in_range,
-            "a position's row lies outside its segment's range"
-        );
+        // One pass: each position's range, and where its ascending runs start.
         let mut starts = vec![0];
-        for i in 1..row_of.len() {
-            if (segment_of[i], row_of[i]) < (segment_of[i - 1], row_of[i - 1]) {
+        let mut previous = (0, 0);
+        for (i, (&s, &r)) in segment_of.iter().zip(row_of).enumerate() {
+            let inside = ranges
+                .get(s as usize)
+                .is_some_and(|range| range.contains(&r));
+            assert!(inside, "a position's row lies outside its segment's range");
+            if (s, r) < previous {
                 starts.push(i);
             }
+            previous = (s, r);
         }
         Self {
             segment_of,
