@@ -429,7 +429,7 @@ struct SplitMix64(u64);
 fn sort_blocks(order: &mut [u32], block: usize) {
     let block = block.max(1);
     let mut chunk_of = vec![0u32; order.len()];
-    // By block, not `position / block`: a division per row cost more than the shuffle.
+    // By block, not `position / block`: a division per row cost as much as the shuffle.
     for (chunk, rows) in order.chunks(block).enumerate() {
         for &row in rows {
             chunk_of[row as usize] = chunk as u32;
