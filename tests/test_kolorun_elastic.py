@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.processes import children
 from support.shm_segments import leftovers, segments
 
 from conftest import BIN, REPO, pid_alive, run_kolorun, worker, worker_env
@@ -44,18 +45,7 @@ def _processes_mentioning(text: str) -> list[int]:
 
 
 def _children() -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as stat:
-                fields = stat.read().rsplit(") ", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == os.getpid() and fields[0] != "Z":
-            found.append(int(entry))
-    return found
+    return list(children(os.getpid()))
 
 
 @pytest.fixture

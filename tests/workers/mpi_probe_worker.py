@@ -6,27 +6,16 @@ and the names of this process's children (Open MPI's singleton daemon, ``orted``
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 from lightning.fabric.plugins.environments import MPIEnvironment
 
 import kolo.lightning  # noqa: F401 - what a training script imports for strategy="kolo"
 
-
-def children() -> list[str]:
-    names = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as stat_file:
-                stat = stat_file.read()
-        except OSError:
-            continue
-        parent = int(stat[stat.rindex(")") + 2 :].split()[1])
-        if parent == os.getpid():
-            names.append(stat[stat.index("(") + 1 : stat.rindex(")")])
-    return names
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from support.processes import children
 
 if __name__ == "__main__":
-    print(f"detected {MPIEnvironment.detect()}; children {children()}", flush=True)
+    detected = MPIEnvironment.detect()
+    print(f"detected {detected}; children {sorted(children(os.getpid()).values())}", flush=True)
