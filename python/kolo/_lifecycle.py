@@ -12,7 +12,7 @@ import os
 import time
 from typing import Any, Callable
 
-from kolo import _core, _mpi_launch
+from kolo import _allocator, _core, _mpi_launch
 from kolo import process_sets as _sets
 from kolo._env import elastic_joining, elastic_launch
 
@@ -99,6 +99,7 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         _mpi_launch.forget_env_vars()
     global _registered_once
     _registered_once = True
+    _allocator.keep_freed_memory()
     _refresh_elastic_rank_env()
     # Registered afresh at every init so it runs first at exit: before the exit hook of a job
     # driver this process hosts for mpirun/srun ranks (it waits for every rank to leave).

@@ -25,6 +25,7 @@ LAYERS: List[List[str]] = [
     ["kolo.torch", "kolo.tensorflow", "kolo.keras", "kolo.lightning"],
     [
         "kolo",
+        "kolo._allocator",
         "kolo._core",
         "kolo._env",
         "kolo._launch_times",
