@@ -8,12 +8,14 @@
 //! another's), and the step gains nothing, since the data must move anyway and the caller that
 //! waits for it runs the cycle itself (`Engine::wait`). So there the thread defers such a start
 //! while the process keeps at least half a core busy (its own thread excepted), looking first
-//! [`FIRST_LOOK`] after the ops' quiet time and then every [`RECHECK`], for at most [`MAX_DEFERRAL`] after the oldest op was submitted; it starts
-//! at once when the process goes idle (a caller blocked on something other than the engine),
-//! and when a caller polls a handle of an op not yet in a cycle.
+//! [`FIRST_LOOK`] after the ops' quiet time and then every [`RECHECK`], for at most
+//! [`MAX_DEFERRAL`] after the oldest op was submitted; it starts at once when the process goes
+//! idle (a caller blocked on something other than the engine), and when a caller polls a
+//! handle of an op not yet in a cycle.
 
 use std::time::{Duration, Instant};
 
+use super::cpu_clock;
 use crate::error::{Error, Result};
 
 /// How long after the ops' quiet time a start first looks whether the process computes.
@@ -97,22 +99,7 @@ fn half_a_core(before: (Instant, Duration), now: (Instant, Duration)) -> bool {
 
 /// The CPU time of this process's threads but the calling one.
 fn other_threads_cpu() -> Duration {
-    cpu_time(libc::CLOCK_PROCESS_CPUTIME_ID).saturating_sub(cpu_time(libc::CLOCK_THREAD_CPUTIME_ID))
-}
-
-fn cpu_time(clock: libc::clockid_t) -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid timespec to write; both clocks exist on every Linux.
-    if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
-        return Duration::ZERO;
-    }
-    Duration::new(
-        u64::try_from(ts.tv_sec).unwrap_or(0),
-        u32::try_from(ts.tv_nsec).unwrap_or(0),
-    )
+    cpu_clock::process().saturating_sub(cpu_clock::thread())
 }
 
 #[cfg(test)]
@@ -159,12 +146,12 @@ mod tests {
     #[test]
     fn another_threads_cpu_time_is_counted_and_this_ones_is_not() {
         let before = other_threads_cpu();
-        let mine = cpu_time(libc::CLOCK_THREAD_CPUTIME_ID);
+        let mine = cpu_clock::thread();
         // This thread spins 30 ms of its own CPU, then another thread 50 ms of its own
         // (thread CPU clocks, so a loaded machine only makes it take longer).
         let spin = |cpu: Duration| {
-            let start = cpu_time(libc::CLOCK_THREAD_CPUTIME_ID);
-            while cpu_time(libc::CLOCK_THREAD_CPUTIME_ID) - start < cpu {
+            let start = cpu_clock::thread();
+            while cpu_clock::thread() - start < cpu {
                 std::hint::spin_loop();
             }
         };
@@ -172,7 +159,7 @@ mod tests {
         std::thread::spawn(move || spin(Duration::from_millis(50)))
             .join()
             .unwrap();
-        assert!(cpu_time(libc::CLOCK_THREAD_CPUTIME_ID) - mine >= Duration::from_millis(30));
+        assert!(cpu_clock::thread() - mine >= Duration::from_millis(30));
         let others = other_threads_cpu() - before;
         assert!(others >= Duration::from_millis(50), "{others:?}");
     }

@@ -21,6 +21,7 @@ pub mod autotune;
 mod cache;
 pub mod config;
 mod coordinator;
+mod cpu_clock;
 pub mod deferral;
 pub mod device;
 mod execute;
@@ -227,7 +228,7 @@ impl Engine {
             autotune,
         });
         let tuning = Tuning::new(&config);
-        let config_lazy = config
+        let lazy = config
             .background_cycles
             .lazy(crate::transport::shm::usable_cores(), info.local_size);
         let shared = Arc::new(Shared {
@@ -244,7 +245,7 @@ impl Engine {
             set_ops: Mutex::new(0),
             cycles,
             last_cycle: Mutex::new(Instant::now()),
-            lazy: config_lazy,
+            lazy,
             urged: AtomicBool::new(false),
         });
         let worker = Arc::clone(&shared);
@@ -470,11 +471,7 @@ impl Engine {
     pub fn poll(&self, handle: u64) -> Result<bool> {
         let done = self.shared.handles.poll(handle)?;
         let shared = &self.shared;
-        if !done
-            && shared.lazy
-            && shared.wants_cycle_for(handle)
-            && !shared.urged.swap(true, Relaxed)
-        {
+        if !done && shared.lazy && shared.new_work_pending() && !shared.urged.swap(true, Relaxed) {
             shared.wake.notify();
         }
         Ok(done)
@@ -830,9 +827,12 @@ impl Shared {
     /// engine runs: a waiting caller should run a cycle itself. (Without new submissions a
     /// cycle could not change anything before the other ranks start one.)
     fn wants_cycle_for(&self, handle: u64) -> bool {
-        matches!(self.handles.poll(handle), Ok(false))
-            && !lock(&self.inbox).items.is_empty()
-            && lock(&self.stopped).is_none()
+        matches!(self.handles.poll(handle), Ok(false)) && self.new_work_pending()
+    }
+
+    /// True when something was submitted since the last cycle and the engine runs.
+    fn new_work_pending(&self) -> bool {
+        !lock(&self.inbox).items.is_empty() && lock(&self.stopped).is_none()
     }
 
     /// Runs one cycle; false once the engine stopped (a rank shut down, or it failed).

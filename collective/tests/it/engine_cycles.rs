@@ -331,7 +331,7 @@ fn a_rank_outside_a_process_set_does_not_slow_its_ops_while_it_idles() {
 /// meanwhile (its `collectives` counter moved, or the poll saw the handle done) and when.
 fn compute(engine: &Engine, wall: Duration, poll: Option<u64>) -> Option<Duration> {
     let start = Instant::now();
-    let _helper = Spinner::start(wall);
+    let _helper = Spinner::start();
     let before = stat(engine, "collectives");
     let mut next_poll = start;
     while start.elapsed() < wall {
@@ -349,19 +349,18 @@ fn compute(engine: &Engine, wall: Duration, poll: Option<u64>) -> Option<Duratio
     None
 }
 
-/// A thread that spins until its time is up or it is dropped.
+/// A thread that spins until it is dropped.
 struct Spinner {
     stop: Arc<std::sync::atomic::AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Spinner {
-    fn start(wall: Duration) -> Self {
+    fn start() -> Self {
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = Arc::clone(&stop);
         let thread = std::thread::spawn(move || {
-            let start = Instant::now();
-            while start.elapsed() < wall && !flag.load(std::sync::atomic::Ordering::Relaxed) {
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
                 std::hint::spin_loop();
             }
         });

@@ -26,6 +26,7 @@ use super::tree::Node;
 use super::{negotiate_with, Digest, Links, Negotiation, Protocol, TREE_FANOUT};
 use crate::dtype::{DType, ReduceOp};
 use crate::engine::coordinator::{Coordinator, Response, Senders};
+use crate::engine::cpu_clock;
 use crate::engine::message::{CycleMessage, MAX_MESSAGE_LEN};
 use crate::error::{Error, Result};
 use crate::wire::{OpDescriptor, OpKind};
@@ -223,8 +224,8 @@ struct SimLinks {
 fn clock_overhead() -> Duration {
     (0..1000)
         .map(|_| {
-            let a = thread_cpu();
-            thread_cpu().saturating_sub(a)
+            let a = cpu_clock::thread();
+            cpu_clock::thread().saturating_sub(a)
         })
         .min()
         .unwrap_or_default()
@@ -244,20 +245,10 @@ fn one_heap_per_rank() {
     }
 }
 
-fn thread_cpu() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid timespec the call writes.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-}
-
 impl SimLinks {
     /// Adds the CPU time spent since the last call to the clock.
     fn account(&mut self) {
-        let now = thread_cpu();
+        let now = cpu_clock::thread();
         let spent = now
             .saturating_sub(self.cpu_mark)
             .saturating_sub(self.clock_cost);
@@ -277,7 +268,7 @@ impl SimLinks {
         self.cpu = Duration::ZERO;
         self.messages = 0;
         self.bytes = 0;
-        self.cpu_mark = thread_cpu();
+        self.cpu_mark = cpu_clock::thread();
     }
 
     fn post(&mut self, peer: usize, bytes: Arc<[u8]>) -> Result<()> {
@@ -294,7 +285,7 @@ impl SimLinks {
                 arrival,
             })
             .map_err(|_| Error::Closed(format!("simulated rank {peer} is gone")))?;
-        self.cpu_mark = thread_cpu();
+        self.cpu_mark = cpu_clock::thread();
         Ok(())
     }
 
@@ -330,7 +321,7 @@ impl SimLinks {
             )));
         }
         self.clock = self.clock.max(packet.arrival);
-        self.cpu_mark = thread_cpu();
+        self.cpu_mark = cpu_clock::thread();
         Ok(packet.bytes)
     }
 }
