@@ -76,6 +76,54 @@ def test_an_unknown_transport_is_a_config_error() -> None:
     assert "is not a transport; use tcp, shm or auto" in result.stderr, result.stderr[-3000:]
 
 
+# Each rank checks every collective that writes a shared half, over sizes that take one phase
+# or many and copies short and long (the allreduce's largest is 3 MiB of integers, exact).
+EVERY_COLLECTIVE = (
+    "import torch, kolo.torch as hvd; hvd.init(); r = hvd.rank(); "
+    "sizes = [3, 5000, 300000, 786433]; "
+    "ok = all(torch.equal(hvd.allreduce(torch.arange(n, dtype=torch.float32) * (r + 1), "
+    "op=hvd.Sum, name=f'a{n}'), torch.arange(n, dtype=torch.float32) * 3) for n in sizes); "
+    "ok &= all(torch.equal(hvd.allgather(torch.full((n,), float(r)), name=f'g{n}'), "
+    "torch.cat([torch.zeros(n), torch.ones(n)])) for n in sizes); "
+    "ok &= all(torch.equal(hvd.broadcast(torch.full((n,), float(r + 7)), 1, name=f'b{n}'), "
+    "torch.full((n,), 8.0)) for n in sizes); "
+    "ok &= all(torch.equal(hvd.reducescatter(torch.arange(2 * n, dtype=torch.float32), "
+    "op=hvd.Sum, name=f'r{n}'), 2 * torch.arange(2 * n, dtype=torch.float32)[r * n:(r + 1) * n]) "
+    "for n in sizes); "
+    "print('rank', r, 'correct', ok)"
+)
+
+
+@pytest.mark.parametrize("way", ["streaming", "ordinary"])
+def test_every_collective_is_exact_with_each_way_of_storing_into_shared_memory(way) -> None:
+    """docs/transport.md "Stores into a half": KOLO_SHM_STORES fixes the way; both are exact."""
+    result = run_kolorun(
+        ["-np", "2", "python", "-c", EVERY_COLLECTIVE],
+        timeout=120,
+        env={"KOLO_TRANSPORT": "shm", "KOLO_SHM_STORES": way},
+    )
+    assert result.returncode == 0, output_tail(result)
+    for rank in range(2):
+        assert f"[{rank}]<stdout>:rank {rank} correct True" in result.stdout, result.stdout
+
+
+def test_an_unknown_way_of_storing_into_shared_memory_is_a_config_error() -> None:
+    code = (
+        "import kolo.torch as hvd\n"
+        "from kolo.exceptions import ConfigError\n"
+        "try:\n    hvd.init()\n"
+        "except ConfigError as e:\n    print('ConfigError:', e)\n"
+    )
+    result = run_kolorun(
+        ["-np", "2", "python", "-c", code],
+        timeout=120,
+        env={"KOLO_TRANSPORT": "shm", "KOLO_SHM_STORES": "nt"},
+    )
+    assert 'ConfigError: KOLO_SHM_STORES="nt" is not a way to store into shared memory' in (
+        result.stdout
+    ), output_tail(result)
+
+
 # Each rank writes its pid, then joins the job: init() stays inside the shared-memory setup
 # (creating and reserving its segment) long enough for the test to SIGKILL it there.
 PID_THEN_INIT = (

@@ -5,6 +5,7 @@
 use std::ops::Range;
 
 use crate::error::{Error, Result};
+use crate::transport::shm;
 
 /// Several disjoint byte slices viewed as their concatenation (the "joint range").
 pub(crate) struct Scattered<'a> {
@@ -83,6 +84,21 @@ impl<'a> Scattered<'a> {
         check_len(&range, dst.len())?;
         self.visit(range, |at, piece| {
             dst[at..at + piece.len()].copy_from_slice(piece);
+            Ok(())
+        })
+    }
+
+    /// Copies `range` of the joint range into `half` (of `range.len()` bytes), a shared half
+    /// that peers read next ([`shm::copy_into_half`]).
+    pub(crate) fn gather_into_half(
+        &mut self,
+        range: Range<usize>,
+        half: &mut [u8],
+        streaming: bool,
+    ) -> Result<()> {
+        check_len(&range, half.len())?;
+        self.visit(range, |at, piece| {
+            shm::copy_into_half(&mut half[at..at + piece.len()], piece, streaming);
             Ok(())
         })
     }

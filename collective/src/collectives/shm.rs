@@ -13,13 +13,14 @@
 //! - allgather, broadcast, alltoall: chunked copies through the halves.
 
 use std::ops::Range;
+use std::time::{Duration, Instant};
 
 use super::even_segments;
 use super::scattered::Scattered;
 use crate::dtype::{DType, ReduceOp};
 use crate::error::Error;
 use crate::reduce;
-use crate::transport::shm::{Halves, ShmNode};
+use crate::transport::shm::{copy_into_half, publish_fence, Halves, ShmNode};
 use crate::transport::Failure;
 #[cfg(doc)]
 use crate::transport::Mesh;
@@ -88,7 +89,7 @@ impl Node<'_> {
             let halves = self.phase(|half| {
                 half[..8].copy_from_slice(&(payload.len() as u64).to_le_bytes());
                 let part = &payload[at.min(payload.len())..(at + cap).min(payload.len())];
-                half[8..8 + part.len()].copy_from_slice(part);
+                copy_into_half(&mut half[8..8 + part.len()], part, false);
                 Ok(())
             })?;
             let mut more = false;
@@ -161,34 +162,50 @@ impl Node<'_> {
         let region = self.region(elem).min(round_region(elem));
         let rounds = buf_rounds(len, elem, region, n);
         let at = |j: usize, len: usize| j * region..j * region + len;
+        let streaming = self.node.streaming(len);
+        let mut work = Duration::ZERO;
         for p in 0..=rounds.len() {
             let (current, previous) = (rounds.get(p), p.checked_sub(1).map(|q| &rounds[q]));
             let halves = self.phase(|half| {
-                // This rank's reduced part of the previous round first, while it is in the cache.
+                timed(&mut work, || {
+                    // This rank's reduced part of the previous round first, while it is in
+                    // the cache.
+                    if let Some(segs) = previous {
+                        let seg = segs[me].clone();
+                        buf.gather_into_half(seg.clone(), &mut half[at(me, seg.len())], streaming)?;
+                    }
+                    if let Some(segs) = current {
+                        for (j, seg) in segs.iter().enumerate().filter(|(j, _)| *j != me) {
+                            buf.gather_into_half(
+                                seg.clone(),
+                                &mut half[at(j, seg.len())],
+                                streaming,
+                            )?;
+                        }
+                    }
+                    // The streamed stores drain here, inside the timed work (the phase's own
+                    // fence then finds none left).
+                    publish_fence();
+                    Ok(())
+                })
+            })?;
+            timed(&mut work, || {
                 if let Some(segs) = previous {
-                    let seg = segs[me].clone();
-                    buf.gather(seg.clone(), &mut half[at(me, seg.len())])?;
-                }
-                if let Some(segs) = current {
                     for (j, seg) in segs.iter().enumerate().filter(|(j, _)| *j != me) {
-                        buf.gather(seg.clone(), &mut half[at(j, seg.len())])?;
+                        let src = &halves.get(j)[at(j, seg.len())];
+                        buf.scatter(seg.clone(), src)?;
                     }
                 }
-                Ok(())
-            })?;
-            if let Some(segs) = previous {
-                for (j, seg) in segs.iter().enumerate().filter(|(j, _)| *j != me) {
-                    let src = &halves.get(j)[at(j, seg.len())];
-                    buf.scatter(seg.clone(), src).map_err(Failure::Other)?;
+                if let Some(segs) = current {
+                    buf.visit(segs[me].clone(), |offset, acc| {
+                        reduce_blocks(&halves, me, me * region + offset, acc, dtype, op, factor)
+                    })?;
                 }
-            }
-            if let Some(segs) = current {
-                buf.visit(segs[me].clone(), |offset, acc| {
-                    reduce_blocks(&halves, me, me * region + offset, acc, dtype, op, factor)
-                })
-                .map_err(Failure::Other)?;
-            }
+                Ok(())
+            })
+            .map_err(Failure::Other)?;
         }
+        self.node.tune_stores(streaming, len, work);
         Ok(())
     }
 
@@ -215,17 +232,29 @@ impl Node<'_> {
         factor: f64,
     ) -> Result<(), Failure> {
         let len = buf.len();
-        let halves = self.phase(|half| buf.gather(0..len, &mut half[..len]))?;
+        let streaming = self.node.streaming(len);
+        let mut work = Duration::ZERO;
+        let halves = self.phase(|half| {
+            timed(&mut work, || {
+                buf.gather_into_half(0..len, &mut half[..len], streaming)?;
+                publish_fence();
+                Ok(())
+            })
+        })?;
         // Every rank reduces in rank order, so all get bit-identical results.
-        buf.visit(0..len, |offset, piece| {
-            let range = offset..offset + piece.len();
-            piece.copy_from_slice(&halves.get(0)[range.clone()]);
-            for j in 1..self.n() {
-                reduce::reduce_into(dtype, op, piece, &halves.get(j)[range.clone()])?;
-            }
-            reduce::scale(dtype, piece, factor)
+        timed(&mut work, || {
+            buf.visit(0..len, |offset, piece| {
+                let range = offset..offset + piece.len();
+                piece.copy_from_slice(&halves.get(0)[range.clone()]);
+                for j in 1..self.n() {
+                    reduce::reduce_into(dtype, op, piece, &halves.get(j)[range.clone()])?;
+                }
+                reduce::scale(dtype, piece, factor)
+            })
         })
-        .map_err(Failure::Other)
+        .map_err(Failure::Other)?;
+        self.node.tune_stores(streaming, len, work);
+        Ok(())
     }
 
     /// Reduces `input` across the node; `segs[j]` (byte ranges of `input`, by local rank) is
@@ -243,10 +272,15 @@ impl Node<'_> {
         let me = self.me();
         let region = self.region(dtype.size());
         let base = segs[me].start;
+        let streaming = self.node.streaming(input.len());
         for piece in pieces(segs, region) {
             let halves = self.phase(|half| {
                 for (j, seg) in piece.iter().enumerate().filter(|(j, _)| *j != me) {
-                    half[j * region..j * region + seg.len()].copy_from_slice(&input[seg.clone()]);
+                    copy_into_half(
+                        &mut half[j * region..j * region + seg.len()],
+                        &input[seg.clone()],
+                        streaming,
+                    );
                 }
                 Ok(())
             })?;
@@ -265,10 +299,11 @@ impl Node<'_> {
             return Ok(());
         }
         let me = self.me();
+        let streaming = self.node.streaming(buf.len());
         for piece in pieces(segs, self.node.half()) {
             let mine = piece[me].clone();
             let halves = self.phase(|half| {
-                half[..mine.len()].copy_from_slice(&buf[mine.clone()]);
+                copy_into_half(&mut half[..mine.len()], &buf[mine.clone()], streaming);
                 Ok(())
             })?;
             for (j, seg) in piece.iter().enumerate().filter(|(j, _)| *j != me) {
@@ -296,11 +331,12 @@ impl Node<'_> {
         let cap = self.node.half();
         let len = buf.len();
         let mut at = 0;
+        let streaming = self.node.streaming(len);
         while at < len {
             let end = (at + cap).min(len);
             let halves = self.phase(|half| {
                 if me == root {
-                    buf.gather(at..end, &mut half[..end - at])?;
+                    buf.gather_into_half(at..end, &mut half[..end - at], streaming)?;
                 }
                 Ok(())
             })?;
@@ -325,6 +361,7 @@ impl Node<'_> {
     ) -> Result<(), Failure> {
         let (n, me) = (self.n(), self.me());
         let region = self.region(1);
+        let streaming = self.node.streaming(input.len());
         for round in 0..longest.div_ceil(region) {
             let at = round * region;
             let part = |r: &Range<usize>| {
@@ -334,7 +371,11 @@ impl Node<'_> {
             let halves = self.phase(|half| {
                 for (j, seg) in send.iter().enumerate().filter(|(j, _)| *j != me) {
                     let piece = part(seg);
-                    half[j * region..j * region + piece.len()].copy_from_slice(&input[piece]);
+                    copy_into_half(
+                        &mut half[j * region..j * region + piece.len()],
+                        &input[piece],
+                        streaming,
+                    );
                 }
                 Ok(())
             })?;
@@ -405,6 +446,14 @@ fn pieces(segs: &[Range<usize>], cap: usize) -> Vec<Vec<Range<usize>>> {
                 .collect()
         })
         .collect()
+}
+
+/// Runs `f`, adding the time it took to `work`.
+fn timed<T>(work: &mut Duration, f: impl FnOnce() -> T) -> T {
+    let start = Instant::now();
+    let out = f();
+    *work += start.elapsed();
+    out
 }
 
 fn lcm(a: usize, b: usize) -> usize {

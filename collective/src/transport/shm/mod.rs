@@ -33,14 +33,17 @@
 //! timeout is reported like a TCP timeout.
 
 mod segment;
+mod stores;
 
 use std::cell::Cell;
 use std::io;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 pub(crate) use segment::Segment;
+pub(crate) use stores::{copy_into_half, publish_fence, TUNED_MIN};
 
 use super::Failure;
 use crate::control::mac::MacKey;
@@ -155,6 +158,9 @@ const DATA_OFFSET: usize = 4096;
 const MAGIC: u64 = u64::from_le_bytes(*b"KOLOSHM1");
 const POSTED_OFFSET: usize = 64;
 const WAITERS_OFFSET: usize = 128;
+/// In the first local rank's header: bit `c` set when copies into halves stream in
+/// collectives of size class `c` (see [`stores`]).
+const STORES_OFFSET: usize = 192;
 /// The longest a waiter sleeps before checking abort, shutdown and the peer's liveness.
 pub(crate) const SLEEP_SLICE: Duration = Duration::from_millis(5);
 /// How long a waiter spins before it yields, and yields before it sleeps.
@@ -252,6 +258,11 @@ pub(crate) struct ShmNode {
     op_timeout: Duration,
     /// [`usable_cores`] when the node was set up.
     cores: usize,
+    /// The first local rank's choice of stores into halves, per size class (unused on the
+    /// others).
+    stores: Mutex<[stores::StoreTuner; stores::SIZE_CLASSES]>,
+    /// The way [`SHM_STORES`] forces on this rank, if any.
+    forced_stores: Option<bool>,
 }
 
 /// Read access to every local rank's half of the current phase.
@@ -288,6 +299,7 @@ impl ShmNode {
         mut sync: impl FnMut(u32) -> Result<(), Error>,
     ) -> Result<ShmNode, Error> {
         let len = DATA_OFFSET + 2 * half;
+        let forced_stores = stores::forced_way()?;
         let mine_path = names.path(members[me]);
         if names.set == 0 {
             // Once per job start, not again for every process set's node.
@@ -327,6 +339,8 @@ impl ShmNode {
             phase: AtomicU32::new(0),
             op_timeout,
             cores: usable_cores(),
+            stores: Mutex::default(),
+            forced_stores,
         })
     }
 
@@ -348,6 +362,37 @@ impl ShmNode {
     /// Bytes of one data half.
     pub(crate) fn half(&self) -> usize {
         self.half
+    }
+
+    /// Whether the copies into halves of a collective of `bytes` stream: the first local
+    /// rank's choice for that size (see [`stores`]).
+    pub(crate) fn streaming(&self, bytes: usize) -> bool {
+        if let Some(way) = self.forced_stores {
+            return way;
+        }
+        let mask = self.word(0, STORES_OFFSET).load(Ordering::Relaxed);
+        mask & (1 << stores::size_class(bytes)) != 0
+    }
+
+    /// On the first local rank: records the work (copies and reduction, not waits) of an
+    /// allreduce of `bytes` done with `streaming` stores, and publishes the way of the next
+    /// one of its size.
+    pub(crate) fn tune_stores(&self, streaming: bool, bytes: usize, work: Duration) {
+        if self.me != 0 || bytes < TUNED_MIN || self.forced_stores.is_some() {
+            return;
+        }
+        let class = stores::size_class(bytes);
+        let mut tuners = self.stores.lock().unwrap_or_else(PoisonError::into_inner);
+        let tuner = &mut tuners[class];
+        tuner.record(streaming, bytes, work);
+        let next = tuner.next(Instant::now());
+        // Stored only when it changes: the other ranks read this line at every collective.
+        let word = self.word(0, STORES_OFFSET);
+        let old = word.load(Ordering::Relaxed);
+        let new = old & !(1 << class) | (u32::from(next) << class);
+        if new != old {
+            word.store(new, Ordering::Relaxed);
+        }
     }
 
     fn half_ptr(&self, j: usize, index: usize) -> *mut u8 {
@@ -431,6 +476,7 @@ impl ShmNode {
                 unsafe { std::slice::from_raw_parts_mut(self.half_ptr(self.me, index), self.half) };
             write(mine).map_err(Failure::Other)?;
         }
+        stores::publish_fence();
         self.phase.store(phase, Ordering::Relaxed);
         let posted = self.word(self.me, POSTED_OFFSET);
         posted.store(phase, Ordering::SeqCst);

@@ -447,80 +447,84 @@ fn node_collectives_match_the_reference() {
     use crate::dtype::{DType, ReduceOp};
     let dir = Dir::new("collectives");
     let n = 3;
-    // A small half (16 KiB) so every algorithm takes many phases.
-    run(&dir, n, 16 << 10, move |me, node| {
-        let node = Node {
-            alive: &ok,
-            node: &node,
-        };
-        let input = |r: usize, len: usize| -> Vec<f32> {
-            (0..len).map(|i| ((i * 7 + r * 3) % 11) as f32).collect()
-        };
-        for len in [0usize, 1, 5, 1000, 4096, 30_011] {
-            let mut buf = f32s(input(me, len));
-            node.allreduce(&mut buf, DType::F32, ReduceOp::Sum, 0.5)
-                .unwrap();
-            let expected =
-                f32s((0..len).map(|i| (0..n).map(|r| input(r, len)[i]).sum::<f32>() * 0.5));
-            assert_eq!(buf, expected, "allreduce of {len}");
+    // A small half (16 KiB) so every algorithm takes many phases; each way of storing into it.
+    for streaming in [false, true] {
+        run(&dir, n, 16 << 10, move |me, mut node| {
+            node.forced_stores = Some(streaming);
+            let node = Node {
+                alive: &ok,
+                node: &node,
+            };
+            let input = |r: usize, len: usize| -> Vec<f32> {
+                (0..len).map(|i| ((i * 7 + r * 3) % 11) as f32).collect()
+            };
+            for len in [0usize, 1, 5, 1000, 4096, 30_011] {
+                let mut buf = f32s(input(me, len));
+                node.allreduce(&mut buf, DType::F32, ReduceOp::Sum, 0.5)
+                    .unwrap();
+                let expected =
+                    f32s((0..len).map(|i| (0..n).map(|r| input(r, len)[i]).sum::<f32>() * 0.5));
+                assert_eq!(buf, expected, "allreduce of {len}");
 
-            let segs = crate::collectives::shm_test_segments(len * 4, n);
-            let mut out = vec![0u8; segs[me].len()];
-            let full = f32s(input(me, len));
-            node.reducescatter(&full, &mut out, &segs, DType::F32, ReduceOp::Max, 1.0)
-                .unwrap();
-            let max = f32s((0..len).map(|i| (0..n).map(|r| input(r, len)[i]).fold(0.0, f32::max)));
-            assert_eq!(out, max[segs[me].clone()], "reducescatter of {len}");
+                let segs = crate::collectives::shm_test_segments(len * 4, n);
+                let mut out = vec![0u8; segs[me].len()];
+                let full = f32s(input(me, len));
+                node.reducescatter(&full, &mut out, &segs, DType::F32, ReduceOp::Max, 1.0)
+                    .unwrap();
+                let max =
+                    f32s((0..len).map(|i| (0..n).map(|r| input(r, len)[i]).fold(0.0, f32::max)));
+                assert_eq!(out, max[segs[me].clone()], "reducescatter of {len}");
 
-            let mut gathered = vec![0u8; len * 4 * n];
-            let gsegs: Vec<_> = (0..n).map(|r| r * len * 4..(r + 1) * len * 4).collect();
-            gathered[gsegs[me].clone()].copy_from_slice(&f32s(input(me, len)));
-            node.allgather(&mut gathered, &gsegs).unwrap();
-            let all: Vec<u8> = (0..n).flat_map(|r| f32s(input(r, len))).collect();
-            assert_eq!(gathered, all, "allgather of {len}");
+                let mut gathered = vec![0u8; len * 4 * n];
+                let gsegs: Vec<_> = (0..n).map(|r| r * len * 4..(r + 1) * len * 4).collect();
+                gathered[gsegs[me].clone()].copy_from_slice(&f32s(input(me, len)));
+                node.allgather(&mut gathered, &gsegs).unwrap();
+                let all: Vec<u8> = (0..n).flat_map(|r| f32s(input(r, len))).collect();
+                assert_eq!(gathered, all, "allgather of {len}");
 
-            let mut b = f32s(input(me, len));
-            node.broadcast(&mut b, 2).unwrap();
-            assert_eq!(b, f32s(input(2, len)), "broadcast of {len}");
-        }
-        // alltoall: rank r sends (r + j) * 5000 + 1 bytes to rank j.
-        let size = |from: usize, to: usize| (from + to) * 5000 + 1;
-        let byte = |from: usize, to: usize, i: usize| (from * 31 + to * 7 + i) as u8;
-        let send: Vec<_> = (0..n)
-            .scan(0, |at, j| {
-                let r = *at..*at + size(me, j);
-                *at = r.end;
-                Some(r)
-            })
-            .collect();
-        let recv: Vec<_> = (0..n)
-            .scan(0, |at, j| {
-                let r = *at..*at + size(j, me);
-                *at = r.end;
-                Some(r)
-            })
-            .collect();
-        let mut input = vec![0u8; send.last().unwrap().end];
-        for (j, r) in send.iter().enumerate() {
-            for (i, b) in input[r.clone()].iter_mut().enumerate() {
-                *b = byte(me, j, i);
+                let mut b = f32s(input(me, len));
+                node.broadcast(&mut b, 2).unwrap();
+                assert_eq!(b, f32s(input(2, len)), "broadcast of {len}");
             }
-        }
-        let mut output = vec![0u8; recv.last().unwrap().end];
-        output[recv[me].clone()].copy_from_slice(&input[send[me].clone()]);
-        node.alltoall(&input, &send, &mut output, &recv, size(n - 1, n - 1))
-            .unwrap();
-        for (j, r) in recv.iter().enumerate() {
-            for (i, b) in output[r.clone()].iter().enumerate() {
-                assert_eq!(*b, byte(j, me, i), "alltoall from {j}");
+            // alltoall: rank r sends (r + j) * 5000 + 1 bytes to rank j.
+            let size = |from: usize, to: usize| (from + to) * 5000 + 1;
+            let byte = |from: usize, to: usize, i: usize| (from * 31 + to * 7 + i) as u8;
+            let send: Vec<_> = (0..n)
+                .scan(0, |at, j| {
+                    let r = *at..*at + size(me, j);
+                    *at = r.end;
+                    Some(r)
+                })
+                .collect();
+            let recv: Vec<_> = (0..n)
+                .scan(0, |at, j| {
+                    let r = *at..*at + size(j, me);
+                    *at = r.end;
+                    Some(r)
+                })
+                .collect();
+            let mut input = vec![0u8; send.last().unwrap().end];
+            for (j, r) in send.iter().enumerate() {
+                for (i, b) in input[r.clone()].iter_mut().enumerate() {
+                    *b = byte(me, j, i);
+                }
             }
-        }
-        let long = vec![me as u8; 40_000 * (me + 1)];
-        let got = node.exchange(&long, 1 << 20).unwrap();
-        for (j, payload) in got.iter().enumerate() {
-            assert_eq!(payload, &vec![j as u8; 40_000 * (j + 1)]);
-        }
-    });
+            let mut output = vec![0u8; recv.last().unwrap().end];
+            output[recv[me].clone()].copy_from_slice(&input[send[me].clone()]);
+            node.alltoall(&input, &send, &mut output, &recv, size(n - 1, n - 1))
+                .unwrap();
+            for (j, r) in recv.iter().enumerate() {
+                for (i, b) in output[r.clone()].iter().enumerate() {
+                    assert_eq!(*b, byte(j, me, i), "alltoall from {j}");
+                }
+            }
+            let long = vec![me as u8; 40_000 * (me + 1)];
+            let got = node.exchange(&long, 1 << 20).unwrap();
+            for (j, payload) in got.iter().enumerate() {
+                assert_eq!(payload, &vec![j as u8; 40_000 * (j + 1)]);
+            }
+        });
+    }
     assert!(dir.entries().is_empty());
 }
 
@@ -633,9 +637,10 @@ fn reference(
 fn allreduce_of_every_dtype_and_op_around_the_round_boundaries() {
     use crate::collectives::shm::{ROUND_REGION_MAX, SMALL_ALLREDUCE};
     use crate::dtype::{DType, ReduceOp};
-    for n in [2usize, 3] {
-        let dir = Dir::new(&format!("rounds{n}"));
-        run(&dir, n, DEFAULT_HALF_BYTES, move |me, node| {
+    for (n, streaming) in [(2usize, false), (3, false), (2, true), (3, true)] {
+        let dir = Dir::new(&format!("rounds{n}{streaming}"));
+        run(&dir, n, DEFAULT_HALF_BYTES, move |me, mut node| {
+            node.forced_stores = Some(streaming);
             let node = Node {
                 alive: &ok,
                 node: &node,
@@ -683,6 +688,43 @@ fn allreduce_of_every_dtype_and_op_around_the_round_boundaries() {
         });
         assert!(dir.entries().is_empty());
     }
+}
+
+#[test]
+fn the_first_local_ranks_choice_of_stores_reaches_the_others_per_size() {
+    let dir = Dir::new("stores");
+    let step = Arc::new(Barrier::new(2));
+    let seen = run(&dir, 2, 16 << 10, move |me, node| {
+        let mib = 1 << 20;
+        let mut seen = Vec::new();
+        // Ordinary until tried; a few tuned allreduces of 1 MiB, then a trial of streaming.
+        seen.push((node.streaming(mib), node.streaming(TUNED_MIN)));
+        step.wait();
+        if me == 0 {
+            for _ in 0..4 {
+                node.tune_stores(false, mib, Duration::from_micros(500));
+            }
+        }
+        step.wait();
+        seen.push((node.streaming(mib), node.streaming(TUNED_MIN)));
+        step.wait();
+        // The trial is 5x cheaper: streaming is kept for 1 MiB, and only for that size.
+        if me == 0 {
+            node.tune_stores(true, mib, Duration::from_micros(100));
+            node.tune_stores(true, mib, Duration::from_micros(100));
+        }
+        step.wait();
+        seen.push((node.streaming(mib), node.streaming(TUNED_MIN)));
+        seen
+    });
+    for (me, seen) in seen.iter().enumerate() {
+        assert_eq!(
+            seen,
+            &[(false, false), (true, false), (true, false)],
+            "rank {me}"
+        );
+    }
+    assert!(dir.entries().is_empty());
 }
 
 /// A fused batch at the real half and round sizes: tensors of odd lengths whose ends fall
