@@ -59,21 +59,20 @@ def test_forcing_shm_across_hosts_is_a_config_error() -> None:
         "import os; os.environ['KOLO_HOSTNAME'] = 'simhost' + os.environ['KOLO_TASK_INDEX']; "
         "import kolo.torch as hvd; hvd.init()"
     )
-    result = run_kolorun(
-        ["-np", "2", "python", "-c", code], timeout=120, env={"KOLO_TRANSPORT": "shm"}
-    )
-    assert result.returncode != 0
-    assert "KOLO_TRANSPORT=shm needs every rank on one host" in result.stderr, result.stderr[-3000:]
+    stderr = failed_init({"KOLO_TRANSPORT": "shm"}, code)
+    assert "KOLO_TRANSPORT=shm needs every rank on one host" in stderr, stderr[-3000:]
 
 
 def test_an_unknown_transport_is_a_config_error() -> None:
-    result = run_kolorun(
-        ["-np", "2", "python", "-c", "import kolo.torch as hvd; hvd.init()"],
-        timeout=120,
-        env={"KOLO_TRANSPORT": "carrier-pigeon"},
-    )
-    assert result.returncode != 0
-    assert "is not a transport; use tcp, shm or auto" in result.stderr, result.stderr[-3000:]
+    stderr = failed_init({"KOLO_TRANSPORT": "carrier-pigeon"})
+    assert "is not a transport; use tcp, shm or auto" in stderr, stderr[-3000:]
+
+
+def failed_init(env: dict[str, str], code: str = "import kolo.torch as hvd; hvd.init()") -> str:
+    """Runs `code` on 2 ranks with `env`, checks that the job failed, and returns its stderr."""
+    result = run_kolorun(["-np", "2", "python", "-c", code], timeout=120, env=env)
+    assert result.returncode != 0, output_tail(result)
+    return result.stderr
 
 
 # Each rank checks every collective that writes a shared half, over sizes that take one phase
@@ -108,20 +107,10 @@ def test_every_collective_is_exact_with_each_way_of_storing_into_shared_memory(w
 
 
 def test_an_unknown_way_of_storing_into_shared_memory_is_a_config_error() -> None:
-    code = (
-        "import kolo.torch as hvd\n"
-        "from kolo.exceptions import ConfigError\n"
-        "try:\n    hvd.init()\n"
-        "except ConfigError as e:\n    print('ConfigError:', e)\n"
+    stderr = failed_init({"KOLO_TRANSPORT": "shm", "KOLO_SHM_STORES": "nt"})
+    assert 'ConfigError: KOLO_SHM_STORES="nt" is not a way to store into shared memory' in stderr, (
+        stderr[-3000:]
     )
-    result = run_kolorun(
-        ["-np", "2", "python", "-c", code],
-        timeout=120,
-        env={"KOLO_TRANSPORT": "shm", "KOLO_SHM_STORES": "nt"},
-    )
-    assert 'ConfigError: KOLO_SHM_STORES="nt" is not a way to store into shared memory' in (
-        result.stdout
-    ), output_tail(result)
 
 
 # Each rank writes its pid, then joins the job: init() stays inside the shared-memory setup
