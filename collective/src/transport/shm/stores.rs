@@ -115,12 +115,17 @@ pub(crate) fn size_class(bytes: usize) -> usize {
     (log.saturating_sub(min) as usize).min(SIZE_CLASSES - 1)
 }
 
-/// The first trial of the way not in use follows this many tuned allreduces.
-const FIRST_TRIAL: u32 = 4;
+/// The first trial of the way not in use follows this many tuned allreduces (so that it falls
+/// in a job's warm-up).
+const FIRST_TRIAL: u32 = 1;
 /// Later trials follow at least this many tuned allreduces...
 const TRIAL_EVERY: u32 = 64;
-/// ...and this long after the last trial (a trial of the worse way costs up to 5x one op).
+/// ...and this long after the last trial (a trial of the worse way costs up to 2.5x one op)...
 const TRIAL_GAP: Duration = Duration::from_millis(200);
+/// ...both multiplied by 2 after every trial that kept the way, up to this factor, and reset
+/// when the way changes: a machine that stays as it is pays for fewer trials. A slowdown of
+/// the kept way is seen without a trial (its cost rises past the other's).
+const MAX_BACKOFF: u32 = 16;
 /// The way not in use is taken when its cost is below the current way's by this factor.
 const SWITCH_MARGIN: f64 = 1.2;
 /// Weight of the newest sample in the current way's cost.
@@ -135,6 +140,8 @@ pub(crate) struct StoreTuner {
     /// Tuned allreduces since the last trial, and when it ran.
     since_trial: u32,
     last_trial: Option<Instant>,
+    /// What [`TRIAL_EVERY`] and [`TRIAL_GAP`] are multiplied by (0 counts as 1).
+    backoff: u32,
 }
 
 impl StoreTuner {
@@ -144,10 +151,11 @@ impl StoreTuner {
         let due = if untried {
             self.since_trial >= FIRST_TRIAL
         } else {
-            self.since_trial >= TRIAL_EVERY
+            let backoff = self.backoff.max(1);
+            self.since_trial >= TRIAL_EVERY * backoff
                 && self
                     .last_trial
-                    .is_none_or(|at| now.duration_since(at) >= TRIAL_GAP)
+                    .is_none_or(|at| now.duration_since(at) >= TRIAL_GAP * backoff)
         };
         if due {
             self.since_trial = 0;
@@ -170,7 +178,8 @@ impl StoreTuner {
             Some(old) if streaming == self.streaming => old + NEWEST_WEIGHT * (sample - old),
             _ => sample,
         });
-        if streaming == self.streaming {
+        let trial = streaming != self.streaming;
+        if !trial {
             self.since_trial += 1;
         }
         if let [Some(ordinary), Some(streamed)] = self.cost {
@@ -181,6 +190,9 @@ impl StoreTuner {
             };
             if other * SWITCH_MARGIN < current {
                 self.streaming = !self.streaming;
+                self.backoff = 1;
+            } else if trial {
+                self.backoff = (self.backoff.max(1) * 2).min(MAX_BACKOFF);
             }
         }
     }
@@ -288,6 +300,22 @@ mod tests {
         assert_eq!(size_class(2 * TUNED_MIN), 1);
         assert_eq!(size_class(2_232 << 10), 5);
         assert_eq!(size_class(usize::MAX), SIZE_CLASSES - 1);
+    }
+
+    #[test]
+    fn trials_thin_out_while_the_machine_stays_as_it_is() {
+        let mut tuner = StoreTuner::default();
+        let ways = tuned(&mut tuner, 70.0, 140.0, 4000);
+        let trials: Vec<usize> = (0..ways.len()).filter(|&i| ways[i]).collect();
+        // The second allreduce, then after 128, 256, 512, ... allreduces, at most 1024 apart.
+        assert_eq!(trials[..4], [1, 130, 387, 900], "{trials:?}");
+        let gaps: Vec<usize> = trials.windows(2).map(|w| w[1] - w[0]).collect();
+        assert!(gaps.iter().all(|&g| g <= 16 * 64 + 1), "{gaps:?}");
+        assert!(
+            trials.len() <= 8,
+            "{} trials in 4000 allreduces",
+            trials.len()
+        );
     }
 
     #[test]
