@@ -36,6 +36,8 @@ echo "== collectives ($ranks ranks; kolo with KOLO_TRANSPORT=auto and tcp vs glo
 kolorun -np "$ranks" python bench/collectives.py "${quick[@]}" | figures
 echo "== fusion (ResNet-50 gradients)"
 kolorun -np "$ranks" python bench/fusion.py "${quick[@]}" | figures
+echo "== shared-memory stores (ordinary, streaming, auto)"
+kolorun -np "$ranks" python bench/shm_stores.py "${quick[@]}" | figures
 echo "== training (1 rank, then $ranks)"
 kolorun -np 1 python bench/training.py "${quick[@]}" --horovod no --json "$scratch/one.json" |
   figures

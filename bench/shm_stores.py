@@ -1,7 +1,7 @@
 """Shared-memory allreduce with each way of storing into the shared halves, interleaved.
 
-    kolorun -np 2 python bench/shm_stores.py [--min-bytes 65536] [--max-bytes 67108864]
-        [--rounds 6] [--reps 30] [--json PATH]
+    kolorun -np 2 python bench/shm_stores.py [--quick] [--min-bytes 65536]
+        [--max-bytes 67108864] [--rounds 6] [--reps 30] [--json PATH]
 
 ``KOLO_SHM_STORES`` (read at ``hvd.init()``) is ``ordinary``, ``streaming`` (non-temporal
 stores) or ``auto`` (the default: the first local rank measures both and keeps the cheaper per
@@ -10,7 +10,9 @@ order flipped every round, and times ``--reps`` allreduces (a barrier before eac
 then prints per size the median over rounds of each way and auto's time over the better fixed
 way's (1.00 = auto found it; the trials it runs cost a little). Which fixed way wins depends on
 how far apart the ranks' cores are, which on a VM changes as the hypervisor moves vCPUs: run it
-more than once. JSON goes to bench/results/ (or ``--json``).
+more than once, with bench/core_round_trip.c beside it to tell which state the host was in.
+``--quick``: 2 rounds of 10 allreduces, up to 4 MiB. JSON goes to bench/results/ (or
+``--json``).
 """
 
 from __future__ import annotations
@@ -52,7 +54,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--quick", action="store_true", help="--rounds 2 --reps 10, up to 4 MiB")
     args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.reps = min(args.rounds, 2), min(args.reps, 10)
+        args.max_bytes = min(args.max_bytes, 4 << 20)
     torch.set_num_threads(1)
     sizes = []
     size = args.min_bytes

@@ -295,6 +295,27 @@ def test_fusion_benchmark_sweeps_threshold_and_cycle_time(tmp_path) -> None:
         assert row["memcpy2_step_s"] > 0 and row["ratio_time_over_memcpy2"] > 0
 
 
+def test_shm_stores_benchmark_times_every_way_at_every_size(tmp_path) -> None:
+    out = tmp_path / "stores.json"
+    args = ["--rounds", "1", "--reps", "2", "--max-bytes", str(256 << 10), "--json", str(out)]
+    result = run_kolorun(
+        ["-np", "2", "python", str(REPO / "bench" / "shm_stores.py"), *args], timeout=60
+    )
+    assert result.returncode == 0, output_tail(result)
+    lines = [x for x in rank0_lines(result.stdout) if x.startswith("allreduce ")]
+    assert [int(x.split()[1]) for x in lines] == [64 << 10, 256 << 10], result.stdout
+    for line in lines:
+        assert re.search(
+            r"ordinary +[\d.]+ us \| streaming +[\d.]+ us \| auto +[\d.]+ us \| "
+            r"ordinary/streaming [\d.]+x \| auto/best [\d.]+x$",
+            line,
+        ), line
+    rows = json.loads(out.read_text())["rows"]
+    assert [row["bytes"] for row in rows] == [64 << 10, 256 << 10]
+    for row in rows:
+        assert all(row["seconds"][way] > 0 for way in ("ordinary", "streaming", "auto")), row
+
+
 def test_training_benchmark_reports_scaling_efficiency(tmp_path) -> None:
     one, two = tmp_path / "one.json", tmp_path / "two.json"
     script = str(REPO / "bench" / "training.py")

@@ -8,9 +8,10 @@
 //! trip is ~80 ns at times and ~330 ns at others (the hypervisor moves the vCPUs), and copying
 //! 64 KiB into lines the other core had read then takes 7 µs or 28 µs (2.3 GB/s), while
 //! non-temporal stores write the same 64 KiB in 2 µs either way and the reader fetches it in
-//! 4 µs from memory. Measured in a 2-rank allreduce of 1 MiB, streaming is 5x faster while
-//! the cores are far apart and 2x slower while they are near (the data then stays in the
-//! shared L3 instead of making a round trip through memory).
+//! 4 µs from memory (`bench/core_round_trip.c` shows which state a host is in). Measured in a
+//! 2-rank allreduce of 1 MiB (`bench/shm_stores.py`), streaming is 5x faster while the cores
+//! are far apart and 2x slower while they are near (the data then stays in the shared L3
+//! instead of making a round trip through memory).
 //!
 //! So the way is chosen by measurement ([`StoreTuner`]): the node's first local rank times the
 //! work of its allreduces (the copies and the reduction, not the waits) per byte under each
