@@ -5,14 +5,14 @@
 
 ``KOLO_SHM_STORES`` (read at ``hvd.init()``) is ``ordinary``, ``streaming`` (non-temporal
 stores) or ``auto`` (the default: the first local rank measures both and keeps the cheaper per
-size, docs/engine.md). For every size the script re-initializes kolo with each value in turn,
-order flipped every round, and times ``--reps`` allreduces (a barrier before each; median),
-then prints per size the median over rounds of each way and auto's time over the better fixed
-way's (1.00 = auto found it; the trials it runs cost a little). Which fixed way wins depends on
-how far apart the ranks' cores are, which on a VM changes as the hypervisor moves vCPUs: run it
-more than once, with bench/core_round_trip.c beside it to tell which state the host was in.
-``--quick``: 2 rounds of 10 allreduces, up to 4 MiB. JSON goes to bench/results/ (or
-``--json``).
+size, docs/transport.md "Stores into a half"). For every size the script re-initializes kolo
+with each value in turn, order flipped every round, and times ``--reps`` allreduces (a barrier
+before each; median), then prints per size the median over rounds of each way and auto's time
+over the better fixed way's (1.00 = auto found it; the trials it runs cost a little). Which
+fixed way wins depends on how far apart the ranks' cores are, which on a VM changes as the
+hypervisor moves vCPUs: run it more than once, with bench/core_round_trip.c beside it to tell
+which state the host was in. ``--quick``: 2 rounds of 10 allreduces, up to 4 MiB. JSON goes to
+bench/results/ (or ``--json``).
 """
 
 from __future__ import annotations

@@ -150,7 +150,7 @@ pub(crate) fn allreduce_scattered(
     if leader {
         let len = buf.len();
         let flat = packed.get(len);
-        buf.gather(0..len, flat)?;
+        buf.gather(0..len, flat, false)?;
         let leaders = hosts.leaders();
         super::allreduce::among(session, &leaders, host, tag, what, flat, dtype, op, factor)?;
         buf.scatter(0..len, flat)?;

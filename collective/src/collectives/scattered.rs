@@ -79,26 +79,17 @@ impl<'a> Scattered<'a> {
         Ok(())
     }
 
-    /// Copies `range` of the joint range into `dst` (of `range.len()` bytes).
-    pub(crate) fn gather(&mut self, range: Range<usize>, dst: &mut [u8]) -> Result<()> {
-        check_len(&range, dst.len())?;
-        self.visit(range, |at, piece| {
-            dst[at..at + piece.len()].copy_from_slice(piece);
-            Ok(())
-        })
-    }
-
-    /// Copies `range` of the joint range into `half` (of `range.len()` bytes), a shared half
-    /// that peers read next ([`shm::copy_into_half`]).
-    pub(crate) fn gather_into_half(
+    /// Copies `range` of the joint range into `dst` (of `range.len()` bytes); `streaming` when
+    /// `dst` is a shared half peers read next ([`shm::copy_into_half`]).
+    pub(crate) fn gather(
         &mut self,
         range: Range<usize>,
-        half: &mut [u8],
+        dst: &mut [u8],
         streaming: bool,
     ) -> Result<()> {
-        check_len(&range, half.len())?;
+        check_len(&range, dst.len())?;
         self.visit(range, |at, piece| {
-            shm::copy_into_half(&mut half[at..at + piece.len()], piece, streaming);
+            shm::copy_into_half(&mut dst[at..at + piece.len()], piece, streaming);
             Ok(())
         })
     }
@@ -133,11 +124,11 @@ mod tests {
         let mut s = Scattered::new(vec![&mut a, &mut b, &mut c, &mut d]).unwrap();
         assert_eq!(s.len(), 9);
         let mut out = [0u8; 5];
-        s.gather(2..7, &mut out).unwrap();
+        s.gather(2..7, &mut out, false).unwrap();
         assert_eq!(out, [3, 4, 5, 6, 7]);
         s.scatter(1..8, &[10, 11, 12, 13, 14, 15, 16]).unwrap();
         let mut all = [0u8; 9];
-        s.gather(0..9, &mut all).unwrap();
+        s.gather(0..9, &mut all, false).unwrap();
         assert_eq!(all, [1, 10, 11, 12, 13, 14, 15, 16, 9]);
         let mut seen = Vec::new();
         s.visit(2..9, |at, piece| {
@@ -147,11 +138,11 @@ mod tests {
         .unwrap();
         assert_eq!(seen, vec![(0, 1), (1, 2), (3, 4)]);
         // Out-of-range and wrong-length requests are errors, not panics or partial copies.
-        assert!(s.gather(5..10, &mut [0; 5]).is_err());
+        assert!(s.gather(5..10, &mut [0; 5], false).is_err());
         assert!(s.scatter(0..3, &[1, 2]).is_err());
         assert_eq!(all, {
             let mut again = [0u8; 9];
-            s.gather(0..9, &mut again).unwrap();
+            s.gather(0..9, &mut again, false).unwrap();
             again
         });
     }

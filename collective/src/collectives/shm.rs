@@ -89,7 +89,7 @@ impl Node<'_> {
             let halves = self.phase(|half| {
                 half[..8].copy_from_slice(&(payload.len() as u64).to_le_bytes());
                 let part = &payload[at.min(payload.len())..(at + cap).min(payload.len())];
-                copy_into_half(&mut half[8..8 + part.len()], part, false);
+                half[8..8 + part.len()].copy_from_slice(part);
                 Ok(())
             })?;
             let mut more = false;
@@ -172,15 +172,11 @@ impl Node<'_> {
                     // the cache.
                     if let Some(segs) = previous {
                         let seg = segs[me].clone();
-                        buf.gather_into_half(seg.clone(), &mut half[at(me, seg.len())], streaming)?;
+                        buf.gather(seg.clone(), &mut half[at(me, seg.len())], streaming)?;
                     }
                     if let Some(segs) = current {
                         for (j, seg) in segs.iter().enumerate().filter(|(j, _)| *j != me) {
-                            buf.gather_into_half(
-                                seg.clone(),
-                                &mut half[at(j, seg.len())],
-                                streaming,
-                            )?;
+                            buf.gather(seg.clone(), &mut half[at(j, seg.len())], streaming)?;
                         }
                     }
                     // The streamed stores drain here, inside the timed work (the phase's own
@@ -236,7 +232,7 @@ impl Node<'_> {
         let mut work = Duration::ZERO;
         let halves = self.phase(|half| {
             timed(&mut work, || {
-                buf.gather_into_half(0..len, &mut half[..len], streaming)?;
+                buf.gather(0..len, &mut half[..len], streaming)?;
                 publish_fence();
                 Ok(())
             })
@@ -336,7 +332,7 @@ impl Node<'_> {
             let end = (at + cap).min(len);
             let halves = self.phase(|half| {
                 if me == root {
-                    buf.gather_into_half(at..end, &mut half[..end - at], streaming)?;
+                    buf.gather(at..end, &mut half[..end - at], streaming)?;
                 }
                 Ok(())
             })?;
