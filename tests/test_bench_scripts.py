@@ -268,7 +268,7 @@ def test_collectives_benchmark_covers_every_op_dtype_and_transport(tmp_path) -> 
 def test_fusion_benchmark_sweeps_threshold_and_cycle_time(tmp_path) -> None:
     out = tmp_path / "fusion.json"
     args = ["--thresholds-mib", "0,1", "--cycle-times-ms", "0,1", "--steps", "1"]
-    args += ["--scale", "1000", "--json", str(out)]
+    args += ["--scale", "1000", "--retime-rounds", "2", "--json", str(out)]
     result = run_kolorun(
         ["-np", "2", "python", str(REPO / "bench" / "fusion.py"), *args], timeout=60
     )
@@ -282,7 +282,17 @@ def test_fusion_benchmark_sweeps_threshold_and_cycle_time(tmp_path) -> None:
         ), line
     targets = [x for x in rank0_lines(result.stdout) if x.startswith("targets (issue 24)")]
     assert len(targets) == 1 and "2-memcpy floor" in targets[0], result.stdout
+    retimed = [x for x in rank0_lines(result.stdout) if x.startswith("targets re-timed")]
+    assert len(retimed) == 1, result.stdout
+    verdict = (
+        r"[\d.]+x \[[\d.]+, [\d.]+\] \(\d+ % interval; target <= {}x: (met|missed|unresolved)\)"
+    )
+    assert re.search("default/no-fusion " + verdict.format("1.00"), retimed[0]), retimed[0]
+    assert re.search("default/2memcpy " + verdict.format("1.30"), retimed[0]), retimed[0]
     figures = json.loads(out.read_text())
+    target = figures["fusion_target_retimed"]
+    assert len(target["default_step_s"]) == len(target["no_fusion_step_s"]) == 2
+    assert all(t > 0 for t in target["memcpy2_step_s"]), target
     assert figures["tensors"] == 161 and len(figures["shapes"]) == 161
     assert sorted((r["threshold_bytes"], r["cycle_time_ms"]) for r in figures["results"]) == [
         (0, 0),
