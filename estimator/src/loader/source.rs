@@ -59,6 +59,8 @@ pub struct FileReader {
     /// page tables stay filled while the file is mapped, so later epochs skip the call.
     populated: Mutex<HashMap<usize, Vec<Range<usize>>>>,
     populates: AtomicUsize,
+    /// The pages of the mapped file's uncompressed column chunks, once read.
+    pages: plain::PageCache,
 }
 
 impl FileReader {
@@ -74,6 +76,7 @@ impl FileReader {
             opens: AtomicUsize::new(0),
             populated: Mutex::new(HashMap::new()),
             populates: AtomicUsize::new(0),
+            pages: plain::PageCache::default(),
         }
     }
 
@@ -216,6 +219,7 @@ impl FileReader {
             specs,
             row_group,
             rows,
+            &self.pages,
         )
         .map_err(|e| self.parquet_error(e))?;
         if runs.iter().any(Option::is_some) && self.first_read(row_group, rows) {
