@@ -100,6 +100,31 @@ def no_communication_step(
     return train_step(alone, torch.optim.SGD(alone.parameters(), lr=lr, momentum=0.9), data, target)
 
 
+def lockstep_step(step: Callable[[], None]) -> Callable[[], None]:
+    """`step` (the no-communication step), then a one-element allreduce: the ranks step
+    together, as every synchronous data-parallel trainer's ranks must (each step ends when
+    the last rank's gradients arrive), with no gradient moved. Its throughput is the lockstep
+    floor: on a machine whose cores share caches and memory, ranks that run the same phase at
+    the same moment contend for them, which the no-communication ceiling (each rank on its
+    own schedule) does not pay."""
+    one = torch.zeros(1)
+
+    def stepped_together() -> None:
+        step()
+        hvd.allreduce_(one, name="bench.lockstep")
+
+    return stepped_together
+
+
+def lockstep_floor_line(kolo: float, ceiling: float, lockstep: float) -> str:
+    """What a bench prints about the lockstep floor (samples/s, as `kolo` and `ceiling`)."""
+    return (
+        f"lockstep floor {lockstep:.1f} samples/s ({lockstep / ceiling:.1%} of the "
+        f"no-communication ceiling: the ranks stepping together, a 4-byte allreduce per step "
+        f"and no gradients): kolo reaches {kolo / lockstep:.1%} of it"
+    )
+
+
 # A trainer should reach this share of the no-communication ceiling (issue 24).
 CEILING_SHARE_TARGET = 0.97
 # kolo / Horovod on the synthetic benchmark should reach this (issue 24).

@@ -30,7 +30,12 @@ Horovod <= ceiling / Horovod, with one more line when that bound is below the 1.
 (``common.ceiling_lines``, shared with bench/synthetic_benchmark.py). It also prints the
 synchronous floor (``common.synchronous_floor``): from the ceiling's own per-step times, the
 sum over steps of the slowest rank's step, which no synchronous trainer can beat (each step
-ends with its slowest rank), and kolo's share of it. For the same torch on
+ends with its slowest rank), and kolo's share of it; and the lockstep floor
+(``common.lockstep_step``): the no-communication step followed by a 4-byte kolo allreduce,
+timed in the same rounds, i.e. the ranks stepping together as a synchronous trainer's must but
+moving no gradient; on a machine whose two cores share their caches and memory, ranks that
+run the same phase at the same time contend for them, which the ceiling does not pay. For the
+same torch on
 both sides, start the job with the peer venv's python (``kolorun -np 2 <venv>/bin/python
 ...``); the line says when the two differ.
 
@@ -69,6 +74,8 @@ from common import (
     csv_floats,
     grid_settings,
     init_gloo,
+    lockstep_floor_line,
+    lockstep_step,
     no_communication_step,
     reinit,
     seconds_per_step,
@@ -236,8 +243,10 @@ def main() -> None:
     )
     # The ceiling: the same steps with no communication at all (every rank trains alone).
     local_step = no_communication_step(base, data, target, lr=0.01)
+    # The lockstep floor: the same, with the ranks stepping together (a 4-byte allreduce).
+    lockstep = lockstep_step(no_communication_step(base, data, target, lr=0.01))
 
-    trainers = {"kolo": kolo_step, "ddp": ddp_step, "no_comm": local_step}
+    trainers = {"kolo": kolo_step, "ddp": ddp_step, "no_comm": local_step, "lockstep": lockstep}
     for step in trainers.values():
         timed(step, args.warmup_steps, args.batch_size)
     samples: dict[str, list[float]] = {name: [] for name in trainers}
@@ -276,6 +285,7 @@ def main() -> None:
             flush=True,
         )
         print(synchronous_floor_line(row["kolo"], row["no_comm"], floor_rate))
+        print(lockstep_floor_line(row["kolo"], row["no_comm"], row["lockstep"]), flush=True)
         horovod_figures = None
         if horovod is not None:
             horovod_figures = horovod_summary(row, horovod_runs, args.batch_size, size)
@@ -301,6 +311,8 @@ def main() -> None:
             "kolo_share_of_no_comm": row["kolo"] / row["no_comm"],
             "synchronous_floor_samples_per_sec": floor_rate,
             "kolo_share_of_synchronous_floor": row["kolo"] / floor_rate,
+            "lockstep_floor_share_of_no_comm": row["lockstep"] / row["no_comm"],
+            "kolo_share_of_lockstep_floor": row["kolo"] / row["lockstep"],
             "horovod": horovod_figures,
             "single_rank_median_samples_per_sec": (
                 json.loads(args.single_rank_json.read_text())["median_samples_per_sec"]

@@ -364,9 +364,21 @@ def test_training_benchmark_reports_scaling_efficiency(tmp_path) -> None:
         )
         for x in lines
     ), lines
+    assert any(
+        re.match(
+            r"lockstep floor [\d.]+ samples/s \([\d.]+% of the no-communication ceiling: "
+            r"the ranks stepping together, .*\): kolo reaches [\d.]+% of it$",
+            x,
+        )
+        for x in lines
+    ), lines
     figures = json.loads(two.read_text())
     assert figures["ranks"] == 2 and figures["horovod"] is None
     assert figures["kolo_share_of_no_comm"] > 0
+    lockstep = figures["median_samples_per_sec"]["lockstep"]
+    assert figures["kolo_share_of_lockstep_floor"] == figures["median_samples_per_sec"]["kolo"] / (
+        lockstep
+    )
     # Each step ends with its slowest rank: never faster than the ranks' own totals (the
     # ceiling), up to the timer calls between steps.
     floor = figures["synchronous_floor_samples_per_sec"]
@@ -375,7 +387,7 @@ def test_training_benchmark_reports_scaling_efficiency(tmp_path) -> None:
         figures["kolo_share_of_synchronous_floor"]
         == figures["median_samples_per_sec"]["kolo"] / floor
     )
-    assert set(figures["scaling_efficiency"]) == {"kolo", "ddp", "no_comm"}
+    assert set(figures["scaling_efficiency"]) == {"kolo", "ddp", "no_comm", "lockstep"}
     assert json.loads(one.read_text())["ranks"] == 1
 
 
