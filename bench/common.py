@@ -200,8 +200,11 @@ def human(nbytes: float) -> str:
 
 
 def pin_one_core_per_rank(local_rank: Optional[int] = None) -> Optional[int]:
-    """Pins this rank to core ``local_rank % cpus`` (default: kolo's local rank); returns the
-    core (None where unsupported)."""
+    """Pins this rank to core ``local_rank % cpus`` (default: kolo's local rank) with one torch
+    thread; returns the core (None where unsupported). torch's default pool has a thread per
+    core: on one core its threads take turns, and a 64 KiB ``copy_`` (a parallel region from
+    32 KiB) took 8 ms instead of 2 us, which made the benches' memcpy floors wrong."""
+    torch.set_num_threads(1)
     try:
         core = (hvd.local_rank() if local_rank is None else local_rank) % (os.cpu_count() or 1)
         os.sched_setaffinity(0, {core})

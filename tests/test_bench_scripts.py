@@ -265,6 +265,30 @@ def test_collectives_benchmark_covers_every_op_dtype_and_transport(tmp_path) -> 
             assert row["kolo_auto"]["ratio_time_over_2_memcpys"] > 0
 
 
+def test_a_pinned_rank_copies_with_one_torch_thread() -> None:
+    # torch's pool on one core turned a 64 KiB copy_ (the benches' memcpy floors) into 8 ms.
+    code = (
+        "import sys, time, torch; sys.path.insert(0, 'bench'); import common; "
+        "common.pin_one_core_per_rank(0); assert torch.get_num_threads() == 1; "
+        "src = torch.ones(1 << 16, dtype=torch.uint8); dst = torch.empty_like(src); "
+        "dst.copy_(src); t = time.perf_counter(); [dst.copy_(src) for _ in range(100)]; "
+        "print((time.perf_counter() - t) / 100)"
+    )
+    env = worker_env()
+    for knob in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        env.pop(knob, None)  # torch's default pool: one thread per core
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert float(result.stdout.split()[-1]) < 1e-3, result.stdout
+
+
 def test_fusion_benchmark_sweeps_threshold_and_cycle_time(tmp_path) -> None:
     out = tmp_path / "fusion.json"
     args = ["--thresholds-mib", "0,1", "--cycle-times-ms", "0,1", "--steps", "1"]
