@@ -123,10 +123,10 @@ const FIRST_TRIAL: u32 = 1;
 const TRIAL_EVERY: u32 = 64;
 /// ...and this long after the last trial (a trial of the worse way costs up to 2.5x one op)...
 const TRIAL_GAP: Duration = Duration::from_millis(200);
-/// ...both multiplied by 2 after every trial that kept the way, up to this factor, and reset
-/// when the way changes: a machine that stays as it is pays for fewer trials. A slowdown of
-/// the kept way is seen without a trial (its cost rises past the other's).
-const MAX_BACKOFF: u32 = 16;
+/// ...both doubled after every trial that kept the way, at most this many times (16x), and
+/// reset when the way changes: a machine that stays as it is pays for fewer trials. A slowdown
+/// of the kept way is seen without a trial (its cost rises past the other's).
+const MAX_DOUBLINGS: u32 = 4;
 /// The way not in use is taken when its cost is below the current way's by this factor.
 const SWITCH_MARGIN: f64 = 1.2;
 /// Weight of the newest sample in the current way's cost.
@@ -141,8 +141,8 @@ pub(crate) struct StoreTuner {
     /// Tuned allreduces since the last trial, and when it ran.
     since_trial: u32,
     last_trial: Option<Instant>,
-    /// What [`TRIAL_EVERY`] and [`TRIAL_GAP`] are multiplied by (0 counts as 1).
-    backoff: u32,
+    /// How many times [`TRIAL_EVERY`] and [`TRIAL_GAP`] are doubled.
+    doublings: u32,
 }
 
 impl StoreTuner {
@@ -152,7 +152,7 @@ impl StoreTuner {
         let due = if untried {
             self.since_trial >= FIRST_TRIAL
         } else {
-            let backoff = self.backoff.max(1);
+            let backoff = 1 << self.doublings;
             self.since_trial >= TRIAL_EVERY * backoff
                 && self
                     .last_trial
@@ -191,9 +191,9 @@ impl StoreTuner {
             };
             if other * SWITCH_MARGIN < current {
                 self.streaming = !self.streaming;
-                self.backoff = 1;
+                self.doublings = 0;
             } else if trial {
-                self.backoff = (self.backoff.max(1) * 2).min(MAX_BACKOFF);
+                self.doublings = (self.doublings + 1).min(MAX_DOUBLINGS);
             }
         }
     }
