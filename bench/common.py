@@ -408,21 +408,29 @@ def warm_up(step: Callable[[], None]) -> None:
 
 
 def retime_interleaved(
-    settings: list[Setting], make_step: Callable[[], Callable[[], None]], steps: int, rounds: int
+    settings: list[Setting],
+    make_step: Callable[[], Callable[[], None]],
+    steps: int,
+    rounds: int,
+    after_round: Optional[Callable[[], None]] = None,
 ) -> list[list[float]]:
     """Times each of `settings` (distinct) once per round for `rounds` rounds, `steps` steps
-    each after `warm_up`, in an order rotated every round and reversed every other
-    round (no setting always runs first or right after another); returns the seconds per step,
+    each after `warm_up`, in an order reversed every round and rotated every other round (no
+    setting always runs first or right after another; with two settings each runs first every
+    other round), calling `after_round` after each round; returns the seconds per step,
     ``[setting][round]``."""
     times: list[list[float]] = [[] for _ in settings]
     order = list(range(len(settings)))
     for r in range(rounds):
-        rotated = order[r % len(order) :] + order[: r % len(order)]
+        shift = (r // 2) % len(order)
+        rotated = order[shift:] + order[:shift]
         for i in rotated[::-1] if r % 2 else rotated:
             reinit(settings[i])
             step = make_step()
             warm_up(step)
             times[i].append(seconds_per_step(step, steps))
+        if after_round is not None:
+            after_round()
     return times
 
 

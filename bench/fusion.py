@@ -119,15 +119,14 @@ def retime_fusion_target(
     few seconds apart, and this host's two cores change speed for seconds to minutes at a time
     (bench/core_round_trip.c), so a single pair can land on either side of the target."""
     unfused = DEFAULT_SETTING._replace(threshold_bytes=0, cycle_ms=cycle_ms)
-    default_s: list[float] = []
-    unfused_s: list[float] = []
     memcpy_s: list[float] = []
-    for r in range(rounds):
-        order = [DEFAULT_SETTING, unfused] if r % 2 == 0 else [unfused, DEFAULT_SETTING]
-        (first,), (second,) = retime_interleaved(order, lambda: kolo_step, steps, 1)
-        default_s.append(first if r % 2 == 0 else second)
-        unfused_s.append(second if r % 2 == 0 else first)
-        memcpy_s.append(seconds_per_step(memcpy_step, steps))
+    default_s, unfused_s = retime_interleaved(
+        [DEFAULT_SETTING, unfused],
+        lambda: kolo_step,
+        steps,
+        rounds,
+        after_round=lambda: memcpy_s.append(seconds_per_step(memcpy_step, steps)),
+    )
     vs_unfused = paired_verdict(default_s, unfused_s, target=1.0)
     vs_memcpy = paired_verdict(default_s, memcpy_s, target=FLOOR_TARGET)
     figures = {
