@@ -28,6 +28,7 @@ LAUNCHES = {
         "accumulate",
         "fp16",
         "bf16",
+        "failed_reduction",
     ),
     "state": ("broadcast", "syncbn"),
     "join": ("join",),
@@ -79,6 +80,10 @@ def test_sparse_gradients_are_gathered_and_summed() -> None:
 
 def test_sparse_as_dense_reduces_sparse_gradients_densely() -> None:
     check("sparse_as_dense")
+
+
+def test_a_failed_reduction_raises_after_the_others_finished_and_the_job_goes_on() -> None:
+    check("failed_reduction")
 
 
 def test_gradient_clipping_between_synchronize_and_step() -> None:

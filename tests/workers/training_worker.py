@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 
 import kolo.torch as hvd
+from kolo import _native
+from kolo.exceptions import MismatchError
 
 B = 8  # rows per rank and step
 STEPS = 20
@@ -175,6 +177,58 @@ def scenario_errors() -> str:
             continue
         raise AssertionError(f"{label}: DistributedOptimizer did not raise {error.__name__}")
     return "errors 8 raised"
+
+
+class OddNet(Net):
+    """Net plus a parameter whose shape differs between the ranks: its reduction fails."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.odd = torch.nn.Parameter(torch.zeros(1 + hvd.rank()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) + self.odd.sum()
+
+
+def scenario_failed_reduction() -> str:
+    # One gradient's reduction fails (its shape differs between the ranks): synchronize()
+    # raises MismatchError only once every other reduction is over (each averaged, none left
+    # holding its gradient in the engine), and the next step pairs every tensor right.
+    X, Y = dataset(2)
+    torch.manual_seed(0)
+    model = OddNet()
+    opt = hvd.DistributedOptimizer(sgd(model), named_parameters=model.named_parameters())
+    opt.zero_grad()
+    F.mse_loss(model(my_rows(X[0])), my_rows(Y[0])).backward()
+    started = [pending.handle for pending in opt._pending.values()]
+    assert len(started) == 5, f"the hooks started {len(started)} reductions, not 5"
+    # A gradient replaced after its hook fired still receives the average (as the one
+    # synchronize() writes back into).
+    replaced = model.fc1.bias.grad
+    model.fc1.bias.grad = replaced.clone()
+    try:
+        opt.synchronize()
+    except MismatchError as err:
+        assert "odd" in str(err), err
+    else:
+        raise AssertionError("synchronize() did not raise MismatchError for allreduce.odd")
+    held = [h for h in started if isinstance(h, int) and _native.holds(h)]
+    assert not held, f"handles {held} still hold their gradients after synchronize() raised"
+    ref = make_model()
+    ref.zero_grad()
+    F.mse_loss(ref(X[0]), Y[0]).backward()
+    checks = [("fc1.bias replaced", model.fc1.bias.grad, ref.fc1.bias.grad)]
+    want = dict(ref.named_parameters())
+    checks += [(n, p.grad, want[n].grad) for n, p in model.named_parameters() if n[:2] == "fc"]
+    for label, got, want in checks:
+        expect(f"failed_reduction {label}", (got - want).abs().max().item(), 1e-12)
+    # The job goes on: a consistent model's step averages every gradient.
+    opt.zero_grad()
+    model.odd.data = torch.zeros(1)
+    F.mse_loss(model(my_rows(X[1])), my_rows(Y[1])).backward()
+    opt.synchronize()
+    gathered_equal("failed_reduction next step", [p.grad for p in model.parameters()])
+    return f"MismatchError after {len(started) - 1} reductions averaged"
 
 
 def scenario_groups_int() -> str:
