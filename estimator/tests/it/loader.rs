@@ -830,7 +830,7 @@ fn plain_uncompressed_files_are_copied_once_per_epoch() {
     }
 }
 
-/// Issue 24, item 5: every plain read mapped its pages in (`MADV_POPULATE_READ`) on the
+/// Issue 24, item 5: every plain read mapped its pages in (`plain::map_in`) on the
 /// decode threads, every epoch: in later epochs, with the file's page tables already filled,
 /// only a page-table walk (0.03-0.07 CPU-s per GB of the decode threads at batch 4096). Each
 /// row range is now mapped in on its first read only, and the epochs after read the same.
