@@ -11,6 +11,7 @@ use crate::loader::columns::DType;
 use crate::loader::decode::{Chunk, ColumnSpec};
 use crate::loader::gather::{Column, Gather};
 use crate::loader::memory::{BufferPool, Plain, Storage};
+use crate::loader::split::Split;
 
 /// One output buffer of every batch: its columns, dtype and shape.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,6 +39,12 @@ impl Group {
             None if self.row_major => Some(self.columns.len()),
             None => None,
         }
+    }
+
+    /// Whether its columns are 4- or 8-byte scalars (one value per row): what a window's
+    /// [`Split`] fills.
+    fn splits(&self) -> bool {
+        self.array_len.unwrap_or(1) == 1 && matches!(self.dtype.width(), 4 | 8)
     }
 }
 
@@ -314,29 +321,38 @@ impl Window {
             starts.push(total);
             total += segment.len as u32;
         }
-        let mut segment_of = Vec::with_capacity(permutation.len());
-        let mut row_of = Vec::with_capacity(permutation.len());
-        // Each batch's block of positions ascends: walk the segments forward, and search
-        // again only where a position goes back (a binary search per position cost as much
-        // as the window's shuffle).
-        let (mut s, mut previous) = (0, 0);
-        for &p in permutation {
-            if p < previous {
-                s = starts.partition_point(|&start| start <= p) - 1;
-            }
-            while starts.get(s + 1).is_some_and(|&next| next <= p) {
-                s += 1;
-            }
-            previous = p;
-            segment_of.push(s as u32);
-            row_of.push((segments[s].start as u32) + (p - starts[s]));
-        }
         let rows = permutation.len();
         let ranges: Vec<_> = segments
             .iter()
             .map(|s| s.start as u32..(s.start + s.len) as u32)
             .collect();
-        let gather = Gather::new(&segment_of, &row_of, &ranges);
+        let lens: Vec<usize> = segments.iter().map(|s| s.len).collect();
+        let split = Split::new(permutation, &lens);
+        let (mut segment_of, mut row_of) = (Vec::new(), Vec::new());
+        let gather = match split {
+            // Every column splits: no per-position lists (two passes over the positions less).
+            Some(split) if groups.iter().all(Group::splits) => Gather::split(rows, &ranges, split),
+            split => {
+                segment_of.reserve(rows);
+                row_of.reserve(rows);
+                // Each batch's block of positions ascends: walk the segments forward, and
+                // search again only where a position goes back (a binary search per position
+                // cost as much as the window's shuffle).
+                let (mut s, mut previous) = (0, 0);
+                for &p in permutation {
+                    if p < previous {
+                        s = starts.partition_point(|&start| start <= p) - 1;
+                    }
+                    while starts.get(s + 1).is_some_and(|&next| next <= p) {
+                        s += 1;
+                    }
+                    previous = p;
+                    segment_of.push(s as u32);
+                    row_of.push((segments[s].start as u32) + (p - starts[s]));
+                }
+                Gather::new(&segment_of, &row_of, &ranges, split)
+            }
+        };
         let mut buffers = allocate(groups, rows, pool);
         let bytes: usize = buffers.iter().map(BatchBuffer::byte_len).sum();
         let mut written = bytes;

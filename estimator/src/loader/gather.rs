@@ -32,9 +32,11 @@ const STREAMING_RUNS: usize = 4;
 /// One window's row mapping, shared by all its columns.
 #[derive(Debug)]
 pub struct Gather<'a> {
-    /// For each output position, its segment.
+    /// Output positions.
+    positions: usize,
+    /// For each output position, its segment (empty for a window that only splits).
     segment_of: &'a [u32],
-    /// For each output position, its row in the segment's chunk.
+    /// For each output position, its row in the segment's chunk (as `segment_of`).
     row_of: &'a [u32],
     /// For each segment, the rows of its chunk that positions read.
     ranges: &'a [Range<u32>],
@@ -58,33 +60,50 @@ pub struct Column<'a> {
 
 impl<'a> Gather<'a> {
     /// The mapping of positions to (`segment_of[i]`, `row_of[i]`), each row in
-    /// `ranges[segment]`.
+    /// `ranges[segment]`, with `split` (made for these positions and ranges) for its 4- and
+    /// 8-byte scalar columns.
     ///
     /// # Panics
     /// When the two position lists differ in length, or a position's row is not in its
     /// segment's range (or names no segment). [`Gather::run`]'s unchecked loops rely on this,
     /// so it is checked in every build, once per window (one pass over the positions).
-    pub fn new(segment_of: &'a [u32], row_of: &'a [u32], ranges: &'a [Range<u32>]) -> Self {
+    pub fn new(
+        segment_of: &'a [u32],
+        row_of: &'a [u32],
+        ranges: &'a [Range<u32>],
+        split: Option<Split>,
+    ) -> Self {
         assert_eq!(segment_of.len(), row_of.len(), "one segment per position");
-        // One pass: each position's range, and where its ascending runs start.
-        let mut starts = vec![0];
+        let mut runs = 1;
         let mut previous = (0, 0);
-        for (i, (&s, &r)) in segment_of.iter().zip(row_of).enumerate() {
+        for (&s, &r) in segment_of.iter().zip(row_of) {
             let inside = ranges
                 .get(s as usize)
                 .is_some_and(|range| range.contains(&r));
             assert!(inside, "a position's row lies outside its segment's range");
-            if (s, r) < previous {
-                starts.push(i);
-            }
+            runs += usize::from((s, r) < previous);
             previous = (s, r);
         }
         Self {
+            positions: row_of.len(),
             segment_of,
             row_of,
             ranges,
-            streaming: starts.len() <= STREAMING_RUNS,
-            split: Split::new(segment_of, row_of, ranges, &starts),
+            streaming: runs <= STREAMING_RUNS,
+            split,
+        }
+    }
+
+    /// A window of `positions` whose columns are all 4- and 8-byte scalars, filled by `split`
+    /// (made for `ranges`): no per-position lists to make or check.
+    pub fn split(positions: usize, ranges: &'a [Range<u32>], split: Split) -> Self {
+        Self {
+            positions,
+            segment_of: &[],
+            row_of: &[],
+            ranges,
+            streaming: true,
+            split: Some(split),
         }
     }
 
@@ -95,7 +114,7 @@ impl<'a> Gather<'a> {
     /// When a source is shorter than the rows it must give, or a `dst` is not the right size.
     pub fn run(&self, width: usize, len: usize, columns: &mut [Column<'_>]) {
         let row_bytes = width * len;
-        let n = self.row_of.len();
+        let n = self.positions;
         for column in columns.iter() {
             assert_eq!(column.dst.len(), n * row_bytes, "window buffer size");
             assert_eq!(
@@ -122,6 +141,11 @@ impl<'a> Gather<'a> {
             }
             return;
         }
+        assert_eq!(
+            self.row_of.len(),
+            n,
+            "a window made for its split fills only 4- and 8-byte scalars"
+        );
         for pass in columns.chunks_mut(COLUMNS_PER_PASS) {
             if !self.streaming {
                 for column in pass.iter() {
@@ -484,7 +508,9 @@ mod tests {
                     let zeros = vec![0u32; n];
                     let segment_of = if segments == 1 { &zeros } else { &alternating };
                     let ranges = vec![0..n as u32; segments];
-                    let map = Gather::new(segment_of, rows, &ranges);
+                    // One segment read whole: the sorted blocks split (4 runs).
+                    let split = (segments == 1).then(|| Split::new(rows, &[n])).flatten();
+                    let map = Gather::new(segment_of, rows, &ranges, split);
                     assert_eq!(map.streaming, streaming && segments == 1);
                     for count in [1usize, 6] {
                         let data: Vec<Vec<Vec<u8>>> = (0..count)
@@ -525,6 +551,7 @@ mod tests {
             for run in shuffled.chunks_mut(n.div_ceil(runs)) {
                 run.sort_unstable();
             }
+            let permutation: Vec<u32> = shuffled.iter().map(|&p| p as u32).collect();
             let (mut segment_of, mut row_of) = (Vec::new(), Vec::new());
             for p in shuffled {
                 let (mut s, mut p) = (0, p);
@@ -540,24 +567,31 @@ mod tests {
                 .zip(lens)
                 .map(|(&o, l)| o..o + l as u32)
                 .collect();
-            let map = Gather::new(&segment_of, &row_of, &ranges);
+            let made = Split::new(&permutation, &lens);
             let split = runs <= split::MAX_RUNS && split::available();
-            assert_eq!(map.split.is_some(), split, "{runs} runs");
-            for width in [4usize, 8] {
-                let data: Vec<Vec<Vec<u8>>> = (0..3)
-                    .map(|c| {
-                        (0..lens.len())
-                            .map(|s| source(offsets[s] as usize + lens[s], width, c, s))
-                            .collect()
-                    })
-                    .collect();
-                run_and_check(
-                    &map,
-                    (width, 1),
-                    &data,
-                    (&segment_of, &row_of),
-                    &format!("{runs} runs, split {split}"),
-                );
+            assert_eq!(made.is_some(), split, "{runs} runs");
+            // The split beside the per-position lists (a window with other columns too), and
+            // alone (a window of 4- and 8-byte scalars only).
+            let alone = Split::new(&permutation, &lens).map(|s| Gather::split(n, &ranges, s));
+            let beside = Gather::new(&segment_of, &row_of, &ranges, made);
+            for (map, what) in [(Some(beside), "beside"), (alone, "alone")] {
+                let Some(map) = map else { continue };
+                for width in [4usize, 8] {
+                    let data: Vec<Vec<Vec<u8>>> = (0..3)
+                        .map(|c| {
+                            (0..lens.len())
+                                .map(|s| source(offsets[s] as usize + lens[s], width, c, s))
+                                .collect()
+                        })
+                        .collect();
+                    run_and_check(
+                        &map,
+                        (width, 1),
+                        &data,
+                        (&segment_of, &row_of),
+                        &format!("{runs} runs, split {split} {what}"),
+                    );
+                }
             }
         }
     }
@@ -581,7 +615,7 @@ mod tests {
         let rows: Vec<u32> = (0..n).map(|i| ((i * 17) % n) as u32).collect();
         let segment_of: Vec<u32> = (0..n).map(|i| (i % 2) as u32).collect();
         let ranges = [0..n as u32, 0..n as u32];
-        let map = Gather::new(&segment_of, &rows, &ranges);
+        let map = Gather::new(&segment_of, &rows, &ranges, None);
         let sources: [Vec<&[u8]>; 3] = [
             vec![&FAR[..], &heap[..]],
             vec![&near[..], &near[4 * n..]],
@@ -606,7 +640,7 @@ mod tests {
     #[should_panic(expected = "source shorter than its rows")]
     fn a_short_source_is_refused_before_any_unchecked_read() {
         let rows = [0u32, 9];
-        let gather = Gather::new(&[0, 0], &rows, std::slice::from_ref(&(0..10)));
+        let gather = Gather::new(&[0, 0], &rows, std::slice::from_ref(&(0..10)), None);
         let mut dst = vec![0u8; 8];
         gather.run(
             4,
@@ -624,12 +658,33 @@ mod tests {
         // Row 10 of a source that holds rows 0..10 (40 bytes): the unchecked loop would read
         // past it. Release builds (the ones CI and users run) must refuse it too.
         let rows = [0u32, 10];
-        let _ = Gather::new(&[0, 0], &rows, std::slice::from_ref(&(0..10)));
+        let _ = Gather::new(&[0, 0], &rows, std::slice::from_ref(&(0..10)), None);
     }
 
     #[test]
     #[should_panic(expected = "outside its segment's range")]
     fn a_position_naming_no_segment_is_refused() {
-        let _ = Gather::new(&[1], &[0], std::slice::from_ref(&(0..10)));
+        let _ = Gather::new(&[1], &[0], std::slice::from_ref(&(0..10)), None);
+    }
+
+    #[test]
+    #[should_panic(expected = "fills only 4- and 8-byte scalars")]
+    fn a_window_made_for_its_split_refuses_other_columns() {
+        if !split::available() {
+            panic!("fills only 4- and 8-byte scalars (no AVX-512F here: nothing to test)");
+        }
+        let rows = 0..4u32;
+        let split = Split::new(&[1, 3, 0, 2], &[4]).expect("a split");
+        let gather = Gather::split(4, std::slice::from_ref(&rows), split);
+        let source = [0u8; 8];
+        let mut dst = vec![0u8; 8];
+        gather.run(
+            2,
+            1,
+            &mut [Column {
+                dst: &mut dst,
+                sources: vec![&source[..]],
+            }],
+        );
     }
 }

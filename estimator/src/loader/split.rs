@@ -57,45 +57,55 @@ pub struct Split {
 }
 
 impl Split {
-    /// The split of the window whose position `i` reads row `row_of[i]` of segment
-    /// `segment_of[i]`, each row in its segment's range of `ranges`, with runs starting at the
-    /// positions `starts` (ascending, the first 0). `None` when the CPU cannot run it, when
-    /// there are more than [`MAX_RUNS`] runs, or when the positions do not read every row of
-    /// the ranges exactly once (then each run's cursor would not meet the next run's start).
-    pub fn new(
-        segment_of: &[u32],
-        row_of: &[u32],
-        ranges: &[Range<u32>],
-        starts: &[usize],
-    ) -> Option<Self> {
-        if !available() || starts.is_empty() || starts.len() > MAX_RUNS {
+    /// The split of the window whose position `i` reads its row `permutation[i]`, the window's
+    /// rows being the rows of its segments in order (segment `s` holds `lens[s]` of them),
+    /// read in the runs where the permutation ascends. `None` when the CPU cannot run it, when
+    /// there are more than [`MAX_RUNS`] runs, or when the permutation does not read every row
+    /// exactly once (then each run's cursor would not meet the next run's start).
+    ///
+    /// Made from the permutation itself (one pass per run, each walking the segments
+    /// forward), so a window that splits needs no per-position segment and row lists.
+    pub fn new(permutation: &[u32], lens: &[usize]) -> Option<Self> {
+        if !available() {
             return None;
         }
-        let total: usize = ranges.iter().map(|r| r.len()).sum();
-        if total != row_of.len() {
-            return None;
+        let mut starts = vec![0];
+        for (i, pair) in permutation.windows(2).enumerate() {
+            if pair[1] < pair[0] {
+                if starts.len() == MAX_RUNS {
+                    return None;
+                }
+                starts.push(i + 1);
+            }
         }
-        let mut first_block = Vec::with_capacity(ranges.len());
-        let mut blocks = 0;
-        for range in ranges {
+        // Per segment: its first window row and first block (blocks never span two).
+        let (mut first_row, mut first_block) = (Vec::new(), Vec::new());
+        let (mut rows, mut blocks) = (0, 0);
+        for &len in lens {
+            first_row.push(rows);
             first_block.push(blocks);
-            blocks += range.len().div_ceil(BLOCK);
+            rows += len;
+            blocks += len.div_ceil(BLOCK);
+        }
+        if rows != permutation.len() {
+            return None;
         }
         let runs = starts.len();
         let mut masks = vec![0u16; blocks * runs];
-        let ends = starts[1..].iter().copied().chain([row_of.len()]);
+        let ends = starts[1..].iter().copied().chain([permutation.len()]);
         for (run, (&from, to)) in starts.iter().zip(ends).enumerate() {
-            // A run's rows ascend, so its segment changes rarely: look its range up then.
-            let mut segment = None;
-            let (mut first_row, mut block_base) = (0, 0);
-            for (&s, &r) in segment_of[from..to].iter().zip(&row_of[from..to]) {
-                if segment != Some(s) {
-                    segment = Some(s);
-                    first_row = ranges[s as usize].start;
-                    block_base = first_block[s as usize];
+            // A run's rows ascend, so its segment only moves forward.
+            let mut segment = 0;
+            for &row in &permutation[from..to] {
+                let row = row as usize;
+                while segment < lens.len() && row >= first_row[segment] + lens[segment] {
+                    segment += 1;
                 }
-                let local = (r - first_row) as usize;
-                masks[(block_base + local / BLOCK) * runs + run] |= 1 << (local % BLOCK);
+                if segment == lens.len() {
+                    return None; // past the window's rows
+                }
+                let local = row - first_row[segment];
+                masks[(first_block[segment] + local / BLOCK) * runs + run] |= 1 << (local % BLOCK);
             }
         }
         // As many positions as rows: each row is read once exactly when the rows read are
@@ -112,13 +122,7 @@ impl Split {
             }
             distinct += read.count_ones() as usize;
         }
-        if distinct != row_of.len() {
-            return None;
-        }
-        Some(Self {
-            starts: starts.to_vec(),
-            masks,
-        })
+        (distinct == permutation.len()).then_some(Self { starts, masks })
     }
 
     /// Fills `dst` (one value of `width` = 4 or 8 bytes per position) from `sources`, source
@@ -260,24 +264,34 @@ mod tests {
         if !available() {
             return;
         }
-        let four = 0..4u32;
-        let ranges = std::slice::from_ref(&four);
         // Runs [1, 3] and [0, 2]: every row once.
-        let (segment_of, row_of) = ([0u32; 4], [1u32, 3, 0, 2]);
-        let split = Split::new(&segment_of, &row_of, ranges, &[0, 2]).expect("a split");
-        assert_eq!(split.masks, vec![0b1010, 0b0101]);
+        let split = Split::new(&[1, 3, 0, 2], &[4]).expect("a split");
+        assert_eq!(
+            (split.starts.clone(), split.masks),
+            (vec![0, 2], vec![0b1010, 0b0101])
+        );
+        // Two segments of 3 and 2 rows: window rows 3 and 4 are segment 1's rows 0 and 1,
+        // each segment's rows starting a block of its own.
+        let split = Split::new(&[0, 4, 1, 2, 3], &[3, 2]).expect("a split");
+        assert_eq!(split.starts, vec![0, 2]);
+        assert_eq!(split.masks, vec![0b001, 0b110, 0b10, 0b01]);
         // Row 1 twice, row 2 never.
-        assert!(Split::new(&segment_of, &[1, 3, 0, 1], ranges, &[0, 2]).is_none());
+        assert!(Split::new(&[1, 3, 0, 1], &[4]).is_none());
         // One run reading row 0 twice (and row 3 never).
-        assert!(Split::new(&segment_of, &[0, 0, 1, 2], ranges, &[0]).is_none());
-        // Fewer positions than rows.
-        assert!(Split::new(&[0; 3], &[1, 3, 0], ranges, &[0, 2]).is_none());
+        assert!(Split::new(&[0, 0, 1, 2], &[4]).is_none());
+        // Fewer positions than rows; a row past the window's.
+        assert!(Split::new(&[1, 3, 0], &[4]).is_none());
+        assert!(Split::new(&[1, 3, 0, 4], &[4]).is_none());
         // More runs than MAX_RUNS.
-        let many: Vec<usize> = (0..=MAX_RUNS).collect();
         let rows: Vec<u32> = (0..=MAX_RUNS as u32).rev().collect();
-        let all = 0..rows.len() as u32;
-        let ranges = std::slice::from_ref(&all);
-        let segment_of = vec![0; rows.len()];
-        assert!(Split::new(&segment_of, &rows, ranges, &many).is_none());
+        assert!(Split::new(&rows, &[rows.len()]).is_none());
+        let rows: Vec<u32> = (0..MAX_RUNS as u32).rev().collect();
+        assert_eq!(
+            Split::new(&rows, &[rows.len()])
+                .expect("a split")
+                .starts
+                .len(),
+            MAX_RUNS
+        );
     }
 }
