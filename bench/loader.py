@@ -23,12 +23,14 @@ every epoch of a training job but the first does) of the loaders that got past t
 epoch within ``--seconds``. GB/s counts the logical bytes of the selected columns (408 B per
 row). kolo's GB/s at the largest batch on uncompressed data is also given as a share of a
 single-threaded memcpy, for the first epoch and the later ones (the memcpy is timed on buffers
-written once before, without first-touch page faults, as in the later epochs), and as a share of
-the machine's ceiling for such a loader (``Floor``): every byte copied once (a shuffle must) at
-the one-thread memcpy rate per core and at most the all-cores memcpy rate, plus the caller's
-hand-off of each batch to per-column tensors (``from_numpy`` + ``unbind``, timed here), on the
-cores available; with kolo's CPU seconds per GB beside the floor's (steadier than GB/s on a
-loaded machine), the bytes it wrote per byte delivered, and its CPU seconds per GB by thread
+written once before, without first-touch page faults, as in the later epochs, and after the
+loaders ran: its GiB buffers, allocated and freed just before a loader, slowed it), and as a
+share of the machine's ceiling for such a loader (``Floor``): every byte copied once (a shuffle
+must) at the one-thread memcpy rate per core and at most the all-cores memcpy rate, plus the
+caller's hand-off of each batch to per-column tensors (``from_numpy`` + ``unbind``, timed
+here), on the cores available; with kolo's CPU seconds per GB beside the floor's (steadier than
+GB/s on a loaded machine), the bytes it wrote per byte delivered, and its CPU seconds per GB by
+thread
 (``kolo-gather``, ``kolo-decode``, ``kolo-assemble``, ``python`` = the caller's thread).
 JSON goes to bench/results/loader-<time>.json (or ``--json``).
 """
@@ -376,18 +378,10 @@ def main(argv: Optional[list[str]] = None) -> None:
             f"({time.perf_counter() - started:.1f} s)",
             flush=True,
         )
-    memcpy = memcpy_bound_gbps(args.memcpy_bytes)
-    print(f"memcpy bound: {memcpy:.2f} GB/s (np.copyto of {args.memcpy_bytes >> 20} MiB, 1 thread)")
-    floor = Floor.measure(memcpy, args.memcpy_bytes, args.columns, max(args.batch_sizes))
-    print(
-        f"{floor.cores} cores: memcpy {floor.parallel_GBps:.2f} GB/s on {floor.cores} threads at "
-        f"once; tensor hand-off {floor.handoff_s * 1e6:.0f} us per batch of "
-        f"{max(args.batch_sizes)} (from_numpy + unbind of {args.columns} columns + label)",
-        flush=True,
-    )
-
     load_before = os.getloadavg()
     results = []
+    # (entry, kolo's figures, row bytes) of the rows that get the memcpy share and ceiling
+    shared: list[tuple[dict[str, Any], dict[str, Any], int]] = []
     for variant, (spec, folder, files) in datasets.items():
         for batch_size in args.batch_sizes:
             runs: dict[str, list[dict[str, Any]]] = {name: [] for name in loaders}
@@ -435,28 +429,38 @@ def main(argv: Optional[list[str]] = None) -> None:
             }
             kolo = row.get("kolo", {})
             if variant == "uncompressed" and batch_size == max(args.batch_sizes) and "GBps" in kolo:
-                share = kolo["GBps"] / memcpy
-                entry["kolo_share_of_memcpy"] = share
-                text = f"kolo {kolo['GBps']:.2f} GB/s = {share:.0%} (first epoch)"
-                if "later_GBps" in kolo:
-                    entry["kolo_later_share_of_memcpy"] = kolo["later_GBps"] / memcpy
-                    text += (
-                        f", {kolo['later_GBps']:.2f} GB/s = "
-                        f"{kolo['later_GBps'] / memcpy:.0%} (later epochs)"
-                    )
-                print(
-                    f"memcpy share {variant} b={batch_size}: {text} of the memcpy bound "
-                    f"({memcpy:.2f} GB/s)",
-                    flush=True,
-                )
-                entry["ceiling"] = floor.describe(kolo, batch_size, spec.row_bytes)
-                print(f"ceiling {variant} b={batch_size}: {entry['ceiling']['text']}", flush=True)
-                print(
-                    f"kolo CPU-s/GB by thread {variant} b={batch_size} (first epoch | later "
-                    f"epochs; a memcpy costs {1 / memcpy:.3f}): {thread_text(kolo)}",
-                    flush=True,
-                )
+                shared.append((entry, kolo, spec.row_bytes))
             results.append(entry)
+
+    # The memcpy is timed after the loaders ran: allocating and freeing its GiB buffers just
+    # before a loader's process cut that loader's later epochs by up to a quarter (7.5-9.8
+    # GB/s against 10.0-10.1, 3 interleaved pairs, this VM).
+    memcpy = memcpy_bound_gbps(args.memcpy_bytes)
+    print(f"memcpy bound: {memcpy:.2f} GB/s (np.copyto of {args.memcpy_bytes >> 20} MiB, 1 thread)")
+    floor = Floor.measure(memcpy, args.memcpy_bytes, args.columns, max(args.batch_sizes))
+    print(
+        f"{floor.cores} cores: memcpy {floor.parallel_GBps:.2f} GB/s on {floor.cores} threads at "
+        f"once; tensor hand-off {floor.handoff_s * 1e6:.0f} us per batch of "
+        f"{max(args.batch_sizes)} (from_numpy + unbind of {args.columns} columns + label)",
+        flush=True,
+    )
+    for entry, kolo, row_bytes in shared:
+        where = f"{entry['variant']} b={entry['batch_size']}"
+        share = kolo["GBps"] / memcpy
+        entry["kolo_share_of_memcpy"] = share
+        text = f"kolo {kolo['GBps']:.2f} GB/s = {share:.0%} (first epoch)"
+        if "later_GBps" in kolo:
+            entry["kolo_later_share_of_memcpy"] = kolo["later_GBps"] / memcpy
+            later = kolo["later_GBps"]
+            text += f", {later:.2f} GB/s = {later / memcpy:.0%} (later epochs)"
+        print(f"memcpy share {where}: {text} of the memcpy bound ({memcpy:.2f} GB/s)", flush=True)
+        entry["ceiling"] = floor.describe(kolo, entry["batch_size"], row_bytes)
+        print(f"ceiling {where}: {entry['ceiling']['text']}", flush=True)
+        print(
+            f"kolo CPU-s/GB by thread {where} (first epoch | later epochs; a memcpy costs "
+            f"{1 / memcpy:.3f}): {thread_text(kolo)}",
+            flush=True,
+        )
 
     from common import write_results
 
