@@ -331,7 +331,7 @@ impl Window {
         let (mut segment_of, mut row_of) = (Vec::new(), Vec::new());
         let gather = match split {
             // Every column splits: no per-position lists (two passes over the positions less).
-            Some(split) if groups.iter().all(Group::splits) => Gather::split(rows, &ranges, split),
+            Some(split) if groups.iter().all(Group::splits) => Gather::split(&ranges, split),
             split => {
                 segment_of.reserve(rows);
                 row_of.reserve(rows);

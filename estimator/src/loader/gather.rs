@@ -65,8 +65,9 @@ impl<'a> Gather<'a> {
     ///
     /// # Panics
     /// When the two position lists differ in length, or a position's row is not in its
-    /// segment's range (or names no segment). [`Gather::run`]'s unchecked loops rely on this,
-    /// so it is checked in every build, once per window (one pass over the positions).
+    /// segment's range (or names no segment), or `split` was made for other segments.
+    /// [`Gather::run`]'s unchecked loops rely on this, so it is checked in every build, once per
+    /// window (one pass over the positions).
     pub fn new(
         segment_of: &'a [u32],
         row_of: &'a [u32],
@@ -74,6 +75,12 @@ impl<'a> Gather<'a> {
         split: Option<Split>,
     ) -> Self {
         assert_eq!(segment_of.len(), row_of.len(), "one segment per position");
+        if let Some(split) = &split {
+            assert!(
+                split.fits(ranges) && split.positions() == row_of.len(),
+                "a split made for other segments"
+            );
+        }
         let mut runs = 1;
         let mut previous = (0, 0);
         for (&s, &r) in segment_of.iter().zip(row_of) {
@@ -94,11 +101,15 @@ impl<'a> Gather<'a> {
         }
     }
 
-    /// A window of `positions` whose columns are all 4- and 8-byte scalars, filled by `split`
-    /// (made for `ranges`): no per-position lists to make or check.
-    pub fn split(positions: usize, ranges: &'a [Range<u32>], split: Split) -> Self {
+    /// A window whose columns are all 4- and 8-byte scalars, filled by `split`: no
+    /// per-position lists to make or check.
+    ///
+    /// # Panics
+    /// When `split` was made for other segments than `ranges`'.
+    pub fn split(ranges: &'a [Range<u32>], split: Split) -> Self {
+        assert!(split.fits(ranges), "a split made for other segments");
         Self {
-            positions,
+            positions: split.positions(),
             segment_of: &[],
             row_of: &[],
             ranges,
@@ -136,7 +147,7 @@ impl<'a> Gather<'a> {
         {
             for column in columns.iter_mut() {
                 // SAFETY: the sources hold their ranges' rows and `dst` the window's (both
-                // checked above); the split was made for these ranges.
+                // checked above); the split was made for these ranges (checked when it was given).
                 unsafe { split.run(width, self.ranges, column.dst, &column.sources) };
             }
             return;
@@ -572,7 +583,7 @@ mod tests {
             assert_eq!(made.is_some(), split, "{runs} runs");
             // The split beside the per-position lists (a window with other columns too), and
             // alone (a window of 4- and 8-byte scalars only).
-            let alone = Split::new(&permutation, &lens).map(|s| Gather::split(n, &ranges, s));
+            let alone = Split::new(&permutation, &lens).map(|s| Gather::split(&ranges, s));
             let beside = Gather::new(&segment_of, &row_of, &ranges, made);
             for (map, what) in [(Some(beside), "beside"), (alone, "alone")] {
                 let Some(map) = map else { continue };
@@ -675,7 +686,7 @@ mod tests {
         }
         let rows = 0..4u32;
         let split = Split::new(&[1, 3, 0, 2], &[4]).expect("a split");
-        let gather = Gather::split(4, std::slice::from_ref(&rows), split);
+        let gather = Gather::split(std::slice::from_ref(&rows), split);
         let source = [0u8; 8];
         let mut dst = vec![0u8; 8];
         gather.run(
@@ -686,5 +697,17 @@ mod tests {
                 sources: vec![&source[..]],
             }],
         );
+    }
+
+    #[test]
+    #[should_panic(expected = "a split made for other segments")]
+    fn a_split_made_for_other_segments_is_refused() {
+        if !split::available() {
+            panic!("a split made for other segments (no AVX-512F here: nothing to test)");
+        }
+        let split = Split::new(&[1, 3, 0, 2], &[4]).expect("a split");
+        // Five rows where the split was made for four: its kernel would read past its masks.
+        let rows = 0..5u32;
+        let _ = Gather::split(std::slice::from_ref(&rows), split);
     }
 }

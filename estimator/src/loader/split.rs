@@ -54,6 +54,8 @@ pub struct Split {
     /// span two segments), per run, the block's rows the run reads:
     /// `masks[block * runs + run]`.
     masks: Vec<u16>,
+    /// Per segment, its rows.
+    lens: Vec<usize>,
 }
 
 impl Split {
@@ -122,7 +124,25 @@ impl Split {
             }
             distinct += read.count_ones() as usize;
         }
-        (distinct == permutation.len()).then_some(Self { starts, masks })
+        (distinct == permutation.len()).then(|| Self {
+            starts,
+            masks,
+            lens: lens.to_vec(),
+        })
+    }
+
+    /// Whether this split was made for segments of `ranges` (one per segment, of its rows).
+    pub fn fits(&self, ranges: &[Range<u32>]) -> bool {
+        ranges.len() == self.lens.len()
+            && ranges
+                .iter()
+                .zip(&self.lens)
+                .all(|(r, &len)| r.len() == len)
+    }
+
+    /// Output positions: the window's rows.
+    pub fn positions(&self) -> usize {
+        self.lens.iter().sum()
     }
 
     /// Fills `dst` (one value of `width` = 4 or 8 bytes per position) from `sources`, source
