@@ -2,7 +2,9 @@
 //!
 //! (Transparent huge pages for the 6 MiB windows were tried: the gather wrote them about a
 //! tenth faster once warm, but a loader's first epoch, which must fault in its windows, got
-//! slower; they are plain heap memory.)
+//! slower; they are plain heap memory. Tried again with the split filling the windows
+//! (session 21, `MADV_HUGEPAGE` on windows of 4 MiB and more, 6 interleaved pairs): later
+//! epochs were faster in 4 pairs and took no less CPU per GB, first epochs were slower in 5.)
 
 use std::sync::Mutex;
 
