@@ -11,7 +11,7 @@ use crate::loader::columns::DType;
 use crate::loader::decode::{Chunk, ColumnSpec};
 use crate::loader::gather::{Column, Gather};
 use crate::loader::memory::{BufferPool, Plain, Storage};
-use crate::loader::split::Split;
+use crate::loader::split::{self, Split};
 
 /// One output buffer of every batch: its columns, dtype and shape.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,10 +41,9 @@ impl Group {
         }
     }
 
-    /// Whether its columns are 4- or 8-byte scalars (one value per row): what a window's
-    /// [`Split`] fills.
+    /// Whether a window's [`Split`] fills its columns.
     fn splits(&self) -> bool {
-        self.array_len.unwrap_or(1) == 1 && matches!(self.dtype.width(), 4 | 8)
+        split::fills(self.dtype.width(), self.array_len.unwrap_or(1))
     }
 }
 
@@ -327,7 +326,11 @@ impl Window {
             .map(|s| s.start as u32..(s.start + s.len) as u32)
             .collect();
         let lens: Vec<usize> = segments.iter().map(|s| s.len).collect();
-        let split = Split::new(permutation, &lens);
+        let split = groups
+            .iter()
+            .any(Group::splits)
+            .then(|| Split::new(permutation, &lens))
+            .flatten();
         let (mut segment_of, mut row_of) = (Vec::new(), Vec::new());
         let gather = match split {
             // Every column splits: no per-position lists (two passes over the positions less).

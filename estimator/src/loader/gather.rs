@@ -17,7 +17,7 @@
 
 use std::ops::Range;
 
-use super::split::Split;
+use super::split::{self, Split};
 
 /// Columns gathered together by one pass over the row indices.
 const COLUMNS_PER_PASS: usize = 4;
@@ -140,11 +140,7 @@ impl<'a> Gather<'a> {
                 );
             }
         }
-        if let Some(split) = self
-            .split
-            .as_ref()
-            .filter(|_| len == 1 && matches!(width, 4 | 8))
-        {
+        if let Some(split) = self.split.as_ref().filter(|_| split::fills(width, len)) {
             for column in columns.iter_mut() {
                 // SAFETY: the sources hold their ranges' rows and `dst` the window's (both
                 // checked above); the split was made for these ranges (checked when it was given).

@@ -173,6 +173,12 @@ impl Split {
     }
 }
 
+/// Whether a split fills a column of `len` values of `width` bytes per row: one 4- or 8-byte
+/// value per row.
+pub fn fills(width: usize, len: usize) -> bool {
+    len == 1 && matches!(width, 4 | 8)
+}
+
 /// Whether this CPU runs the split's kernel (AVX-512F).
 pub(super) fn available() -> bool {
     #[cfg(target_arch = "x86_64")]

@@ -120,24 +120,16 @@ def _submit(
 _NO_SPLITS: list[int] = []
 
 
-def _start_allreduce_in_place(
-    tensor: torch.Tensor,
-    name: str,
-    op: ReduceOp,
-    prescale: float,
-    postscale: float,
-    ps: ProcessSet,
-    wake: bool = True,
-) -> int:
-    """Starts an in-place allreduce of ``tensor``, a contiguous CPU tensor (the caller checked),
-    and returns the native handle, which holds ``tensor`` until :func:`kolo._native.wait` took
-    its result; the result is ``tensor`` itself. No ``kolo.torch`` handle: the hot paths that
-    wait for it themselves (the synchronous ops; ``DistributedOptimizer``'s gradient hooks, which
-    run inside backward, where every Python call finds cold caches) pay one native call.
-    ``wake=False``: the caller waits at once, so the engine thread is not woken."""
+def _allreduce_now(
+    tensor: torch.Tensor, name: str, op: ReduceOp, prescale: float, postscale: float, ps: ProcessSet
+) -> torch.Tensor:
+    """Allreduces the contiguous CPU ``tensor`` in place and waits for it: the synchronous ops'
+    path, with no handle and no engine wake-up (this thread runs the engine's cycle). Returns
+    ``tensor``. Python's share of a small allreduce's latency, so kept to one submit and one
+    wait (an allocation per call less also means fewer garbage collections)."""
     if op is Adasum:
         check_adasum(ps.size() or _core.size())
-    return _native.submit(
+    native = _native.submit(
         "allreduce",
         name,
         tensor.data_ptr(),
@@ -152,19 +144,9 @@ def _start_allreduce_in_place(
         ps.process_set_id or 0,
         -1,
         0,
-        wake,
+        False,
         tensor,
     )
-
-
-def _allreduce_now(
-    tensor: torch.Tensor, name: str, op: ReduceOp, prescale: float, postscale: float, ps: ProcessSet
-) -> torch.Tensor:
-    """Allreduces the contiguous CPU ``tensor`` in place and waits for it: the synchronous ops'
-    path, with no handle and no engine wake-up (this thread runs the engine's cycle). Returns
-    ``tensor``. Python's share of a small allreduce's latency, so kept to one submit and one
-    wait (an allocation per call less also means fewer garbage collections)."""
-    native = _start_allreduce_in_place(tensor, name, op, prescale, postscale, ps, wake=False)
     try:
         _native.wait(native)
     except KeyboardInterrupt:

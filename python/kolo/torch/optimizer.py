@@ -17,13 +17,11 @@ from typing import Any, Callable, Optional, Union
 
 import torch
 
-from kolo import _core, _native
+from kolo import _core
 from kolo._core import Adasum, Average, resolve_op
 from kolo._env import elastic_launch
 from kolo.process_sets import resolve
 from kolo.torch._adasum_optimizer import _DistributedAdasumOptimizerMixin
-from kolo.torch._buffers import _plain_cpu
-from kolo.torch._handles import _start_allreduce_in_place
 from kolo.torch._objects import broadcast_object
 from kolo.torch._process_set_args import _process_set_included, _process_set_kwargs
 from kolo.torch.compression import Compression
@@ -40,23 +38,15 @@ _Group = tuple[torch.Tensor, ...]
 
 
 class _Pending:
-    """One started reduction: the handle, one compression context per tensor, whether each
-    gradient was sparse (and so is written back as sparse), and for a native handle (the hot
-    path, see :func:`_start_allreduce_in_place`) the tensor it reduces in place."""
+    """One started reduction: the handle, one compression context per tensor, and whether each
+    gradient was sparse (and so is written back as sparse)."""
 
-    __slots__ = ("contexts", "handle", "in_place", "sparse")
+    __slots__ = ("contexts", "handle", "sparse")
 
-    def __init__(
-        self,
-        handle: Union[int, Callable[[], Any]],
-        contexts: list,
-        sparse: list,
-        in_place: Optional[torch.Tensor] = None,
-    ) -> None:
+    def __init__(self, handle: Union[int, Callable[[], Any]], contexts: list, sparse: list) -> None:
         self.handle = handle
         self.contexts = contexts
         self.sparse = sparse
-        self.in_place = in_place
 
 
 class _DistributedOptimizerMixin:
@@ -212,20 +202,6 @@ class _DistributedOptimizerMixin:
                 self._pending[group] = _Pending(handle, [None], sparse)
                 return
             tensor = p.grad.to_dense() if sparse[0] else p.grad
-            if self._compression is Compression.none and _plain_cpu(tensor):
-                # The common case, in one native call instead of allreduce_async_'s layers: it
-                # runs once per gradient inside backward (0.1-0.25 ms less CPU per step of the
-                # 8-gradient bench/training.py model).
-                native = _start_allreduce_in_place(
-                    tensor,
-                    name,
-                    resolve_op(self.op, None),
-                    prescale,
-                    postscale,
-                    resolve(self.process_set),
-                )
-                self._pending[group] = _Pending(native, [None], sparse, in_place=tensor)
-                return
             compressed, context = self._compression.compress(tensor)
             handle = allreduce_async_(
                 compressed,
@@ -301,10 +277,7 @@ class _DistributedOptimizerMixin:
         self._synchronized = True
 
     def _finish(self, group: _Group, pending: _Pending) -> None:
-        if pending.in_place is not None:
-            _native.wait(pending.handle)
-            outputs = [pending.in_place]
-        elif callable(pending.handle):
+        if callable(pending.handle):
             outputs = [pending.handle()]
         else:
             result = synchronize(pending.handle)
